@@ -1,0 +1,219 @@
+"""One run, whatever started it (``%%horovod`` or ``HorovodRunner``): hub + launcher + supervision.
+
+``execute`` starts the hub with the payload, starts the launcher, feeds rank events to a view
+(console lines, widgets) and turns the outcome into rank 0's value or one clear exception.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import cloudpickle
+
+from .capture import Captured
+from .errors import LaunchError, RankFailedError, RunError, RunInterrupted, RunTimeout
+from .hub import Event, Hub
+from .launch import Launcher, LaunchPlan, thread_budget_env
+from .launch.local import LocalGlooLauncher, LocalMpiLauncher
+from .options import RunOptions
+from .worker import ENV_HUB, ENV_TOKEN
+
+__all__ = ["ConsoleView", "RunView", "execute"]
+
+# After the launcher exits, how long to wait for ranks' last messages still in flight.
+DRAIN_SECONDS = 5.0
+
+
+class RunView(Protocol):
+    """Where a run's events go: console lines here, widgets in the notebook."""
+
+    def notice(self, text: str) -> None: ...
+
+    def event(self, event: Event) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class ConsoleView:
+    """Prints rank output as it arrives, each line tagged with its rank: ``[1] text``."""
+
+    def __init__(self) -> None:
+        self._at_line_start: dict[tuple[int, str], bool] = {}
+
+    def notice(self, text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    def event(self, event: Event) -> None:
+        if event.kind != "log":
+            return
+        stream = str(event.header.get("stream", "stdout"))
+        text = event.blob.decode("utf-8", errors="replace")
+        out = sys.stderr if stream == "stderr" else sys.stdout
+        key = (event.rank, stream)
+        pieces = []
+        for line in text.splitlines(keepends=True):
+            if self._at_line_start.get(key, True):
+                pieces.append(f"[{event.rank}] ")
+            pieces.append(line)
+            self._at_line_start[key] = line.endswith("\n")
+        out.write("".join(pieces))
+        out.flush()
+
+    def close(self) -> None:
+        for (_rank, stream), at_start in self._at_line_start.items():
+            if not at_start:
+                (sys.stderr if stream == "stderr" else sys.stdout).write("\n")
+
+
+@dataclass
+class _RunState:
+    ranks: int
+    started: dict[int, str] = field(default_factory=dict)  # rank -> host
+    exited: dict[int, int] = field(default_factory=dict)
+    first_error: Event | None = None
+    result: bytes | None = None
+    last_event: float = field(default_factory=time.monotonic)
+
+    def apply(self, event: Event) -> None:
+        self.last_event = event.received
+        if event.kind == "started":
+            self.started[event.rank] = str(event.header.get("host", ""))
+        elif event.kind == "error" and self.first_error is None:
+            self.first_error = event
+        elif event.kind == "result":
+            self.result = event.blob
+        elif event.kind == "exit":
+            self.exited[event.rank] = int(event.header.get("code", 0))
+
+    def missing(self, ranks: dict[int, Any] | dict[int, str]) -> list[int]:
+        return [r for r in range(self.ranks) if r not in ranks]
+
+
+def _make_launcher(plan: LaunchPlan) -> Launcher:
+    if plan.launcher == "gloo":
+        return LocalGlooLauncher(plan)
+    return LocalMpiLauncher(plan)
+
+
+def _rank_env(options: RunOptions, hub: Hub) -> dict[str, str]:
+    env = dict(options.env)
+    env |= thread_budget_env(options.ranks, os.cpu_count() or 1, options.env)
+    if "TF_USE_LEGACY_KERAS" not in env and "TF_USE_LEGACY_KERAS" not in os.environ:
+        # Horovod's Keras binding needs Keras 2 (tf-keras) on TensorFlow >= 2.16.
+        env["TF_USE_LEGACY_KERAS"] = "1"
+    env[ENV_HUB] = hub.address
+    env[ENV_TOKEN] = hub.keys.client_token()
+    return env
+
+
+def execute(captured: Captured, options: RunOptions, view: RunView) -> Any:
+    """Run the payload on ``options.np`` ranks; return rank 0's value (and returned names)."""
+    for text in captured.notices:
+        view.notice(text)
+    if options.np > 0:
+        raise LaunchError("np > 0 (Spark mode) is not available yet; use np=-N to run N ranks locally.")
+    hub = Hub("127.0.0.1", captured.blob)
+    plan = LaunchPlan(
+        np=options.ranks,
+        command=[sys.executable, "-m", "hvd_magic.worker"],
+        env=_rank_env(options, hub),
+        launcher=options.launcher,
+    )
+    launcher = _make_launcher(plan)
+    state = _RunState(options.ranks)
+    try:
+        launcher.start()
+        return _supervise(hub, launcher, state, view, options)
+    except KeyboardInterrupt:
+        launcher.stop()
+        raise RunInterrupted(
+            f"interrupted: the {options.ranks} ranks were stopped. The notebook's state is unchanged."
+        ) from None
+    finally:
+        launcher.stop()
+        view.close()
+        hub.close()
+
+
+def _supervise(hub: Hub, launcher: Launcher, state: _RunState, view: RunView, options: RunOptions) -> Any:
+    while True:
+        _pump(hub, state, view, wait=0.1)
+        if state.first_error is not None:
+            launcher.stop()
+            _pump(hub, state, view, wait=0)
+            raise _rank_failed(state)
+        code = launcher.poll()
+        if code is not None:
+            _drain(hub, state, view)
+            return _outcome(state, code, launcher)
+        if options.timeout and time.monotonic() - state.last_event > options.timeout:
+            launcher.stop()
+            silent = state.missing(state.started)
+            raise RunTimeout(
+                f"no rank reported anything for {options.timeout:.0f} s; the run was stopped."
+                + (f" Ranks that never started: {silent}." if silent else "")
+            )
+
+
+def _pump(hub: Hub, state: _RunState, view: RunView, wait: float) -> None:
+    try:
+        event = hub.events.get(timeout=wait) if wait else hub.events.get_nowait()
+    except queue.Empty:
+        return
+    while True:
+        state.apply(event)
+        view.event(event)
+        try:
+            event = hub.events.get_nowait()
+        except queue.Empty:
+            return
+
+
+def _drain(hub: Hub, state: _RunState, view: RunView) -> None:
+    deadline = time.monotonic() + DRAIN_SECONDS
+    while len(state.exited) < len(state.started) and time.monotonic() < deadline:
+        _pump(hub, state, view, wait=0.05)
+    _pump(hub, state, view, wait=0)
+
+
+def _rank_failed(state: _RunState) -> RankFailedError:
+    error = state.first_error
+    assert error is not None
+    header = error.header
+    return RankFailedError(
+        rank=error.rank,
+        host=str(header.get("host", "")),
+        exc_type=str(header.get("exc_type", "Exception")),
+        message=str(header.get("message", "")),
+        remote_traceback=str(header.get("traceback", "")),
+        stopped=state.ranks - 1,
+    )
+
+
+def _outcome(state: _RunState, code: int, launcher: Launcher) -> Any:
+    if state.first_error is not None:
+        raise _rank_failed(state)
+    never_started = state.missing(state.started)
+    unfinished = [r for r in state.started if r not in state.exited]
+    if code != 0 or never_started or unfinished or state.result is None:
+        problems = []
+        if never_started:
+            problems.append(f"ranks {never_started} never started")
+        if unfinished:
+            problems.append(
+                f"ranks {sorted(unfinished)} died without reporting (killed, or crashed in native code)"
+            )
+        if state.result is None and not problems:
+            problems.append("rank 0 finished without sending its result")
+        tail = launcher.diagnostics()
+        raise RunError(
+            f"the run failed (launcher exit code {code}): "
+            + "; ".join(problems or ["see the output above"])
+            + (f"\n\nlauncher output:\n{tail}" if tail else "")
+        )
+    return cloudpickle.loads(state.result)

@@ -1,0 +1,97 @@
+"""Every exception hvd_magic raises, in one tree.
+
+::
+
+    HorovodMagicError
+    ├── CaptureError          the cell or function cannot be shipped to the ranks
+    ├── LaunchError           the job could not be started (no mpirun, no slots, bad setup)
+    └── RunError              the job started but did not finish cleanly
+        ├── RankFailedError   a rank raised; carries its rank, host and remote traceback
+        ├── RunInterrupted    the user interrupted the run
+        └── RunTimeout        the run stopped making progress within its time limit
+
+Messages say what happened, to what, and what to do. ``RankFailedError`` renders as the
+remote traceback in IPython (``_render_traceback_``) instead of hvd_magic's own frames.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CaptureError",
+    "HorovodMagicError",
+    "LaunchError",
+    "RankFailedError",
+    "RunError",
+    "RunInterrupted",
+    "RunTimeout",
+]
+
+
+class HorovodMagicError(Exception):
+    """Base class of every hvd_magic error."""
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython shows this instead of our internal frames: the message is the whole story.
+        return [f"\x1b[31m{type(self).__name__}\x1b[0m: {self}"]
+
+
+class CaptureError(HorovodMagicError):
+    """The cell or function cannot be turned into a payload for the ranks."""
+
+
+class LaunchError(HorovodMagicError):
+    """The job could not be started."""
+
+
+class RunError(HorovodMagicError):
+    """The job started but did not finish cleanly."""
+
+
+class RunInterrupted(RunError):
+    """The user interrupted the run; every process was stopped."""
+
+
+class RunTimeout(RunError):
+    """The run made no progress within its time limit."""
+
+
+class RankFailedError(RunError):
+    """A rank raised an exception (or died); the other ranks were stopped.
+
+    ``rank``, ``host``, ``exc_type`` and ``remote_traceback`` describe the first failure.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        host: str,
+        exc_type: str,
+        message: str,
+        remote_traceback: str,
+        stopped: int = 0,
+    ) -> None:
+        self.rank = rank
+        self.host = host
+        self.exc_type = exc_type
+        self.message = message
+        self.remote_traceback = remote_traceback
+        self.stopped = stopped
+        super().__init__(self._summary())
+
+    def _summary(self) -> str:
+        where = f"rank {self.rank}" + (f" on {self.host}" if self.host else "")
+        tail = f"; the other {self.stopped} ranks were stopped" if self.stopped else ""
+        return f"{where} failed: {self.exc_type}: {self.message}{tail}"
+
+    def __str__(self) -> str:
+        return f"{self._summary()}\n\nremote traceback ({self._where()}):\n{self.remote_traceback}"
+
+    def _where(self) -> str:
+        return f"rank {self.rank}" + (f" on {self.host}" if self.host else "")
+
+    def _render_traceback_(self) -> list[str]:
+        red, reset = "\x1b[31m", "\x1b[0m"
+        lines = [f"{red}--- remote traceback, {self._where()} ---{reset}"]
+        lines += self.remote_traceback.rstrip("\n").split("\n")
+        lines.append(f"{red}RankFailedError{reset}: {self._summary()}")
+        return lines

@@ -1,0 +1,204 @@
+"""Ranks on this host: ``mpirun`` (Open MPI) or Horovod's Gloo rendezvous, for np < 0."""
+
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+
+import psutil
+
+from ..errors import LaunchError
+from . import Launcher, LaunchPlan
+
+__all__ = ["LocalGlooLauncher", "LocalMpiLauncher", "mpirun_argv", "stop_processes"]
+
+_TAIL_LINES = 200
+STOP_GRACE_SECONDS = 1.5
+
+
+def mpirun_argv(
+    np: int,
+    command: list[str],
+    *,
+    as_root: bool = False,
+    hosts: list[tuple[str, int]] | None = None,
+    rsh_agent: str | None = None,
+    export_env: list[str] | tuple[str, ...] = (),
+) -> list[str]:
+    """The mpirun command line for ``np`` ranks of ``command``.
+
+    Not horovodrun's flags: its ``-mca btl ^openib`` re-enables the ofi BTL (+1 s at shutdown
+    here); ``pml ob1`` skips probing for psm/psm2 fabrics.
+    """
+    argv = ["mpirun"]
+    if as_root:
+        argv.append("--allow-run-as-root")
+    argv += ["-np", str(np), "--bind-to", "none", "--map-by", "slot", "--mca", "pml", "ob1"]
+    if hosts:
+        argv += ["-H", ",".join(f"{host}:{slots}" for host, slots in hosts)]
+        argv += ["--mca", "btl", "self,vader,tcp"]
+    else:
+        argv += ["--oversubscribe", "--mca", "btl", "self,vader"]
+    if rsh_agent:
+        argv += ["--mca", "plm_rsh_agent", rsh_agent]
+    for name in export_env:
+        argv += ["-x", name]
+    return argv + command
+
+
+def stop_processes(processes: list[psutil.Process], grace: float = STOP_GRACE_SECONDS) -> None:
+    """SIGINT, then SIGTERM, then SIGKILL, waiting ``grace`` seconds between steps."""
+    alive = [p for p in processes if p.is_running()]
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+        for process in alive:
+            try:
+                process.send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(alive, timeout=grace)
+        if not alive:
+            return
+
+
+class _OutputTail:
+    """Reads a process's output on a thread and keeps the last lines for error messages."""
+
+    def __init__(self, stream: object) -> None:
+        self.lines: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: object) -> None:
+        for line in stream:  # type: ignore[attr-defined]
+            self.lines.append(line.rstrip("\n"))
+
+    def text(self) -> str:
+        self._thread.join(timeout=1)
+        return "\n".join(self.lines)
+
+
+class _ProcessGroupLauncher(Launcher):
+    """Common part: processes in one new session, stopped together with their descendants."""
+
+    def __init__(self, plan: LaunchPlan) -> None:
+        self.plan = plan
+        self.processes: list[subprocess.Popen[str]] = []
+        self.tails: list[_OutputTail] = []
+
+    def _spawn(self, argv: list[str], env: dict[str, str]) -> None:
+        group = {"process_group": self.processes[0].pid} if self.processes else {"start_new_session": True}
+        process = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=self.plan.cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            **group,  # type: ignore[call-overload]
+        )
+        self.processes.append(process)
+        self.tails.append(_OutputTail(process.stdout))
+
+    def poll(self) -> int | None:
+        codes = [p.poll() for p in self.processes]
+        if any(code is None for code in codes):
+            return None
+        return next((code for code in codes if code), 0)
+
+    def stop(self) -> None:
+        family: list[psutil.Process] = []
+        for process in self.processes:
+            try:
+                parent = psutil.Process(process.pid)
+                family += [parent, *parent.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                continue
+        stop_processes(family)
+        for process in self.processes:
+            process.wait()
+
+    def diagnostics(self) -> str:
+        return "\n".join(tail.text() for tail in self.tails).strip()
+
+    def base_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.plan.env)
+        path = env.get("PYTHONPATH", "")
+        env["PYTHONPATH"] = self.plan.cwd + (os.pathsep + path if path else "")
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+
+class LocalMpiLauncher(_ProcessGroupLauncher):
+    """``mpirun -np N`` on this host."""
+
+    def start(self) -> None:
+        if shutil.which("mpirun") is None:
+            raise LaunchError(
+                "mpirun was not found on this machine. Install Open MPI (Debian/Ubuntu: "
+                "`apt-get install openmpi-bin libopenmpi-dev`) or use launcher=gloo."
+            )
+        argv = mpirun_argv(self.plan.np, self.plan.command, as_root=os.geteuid() == 0)
+        self._spawn(argv, self.base_env())
+
+
+class LocalGlooLauncher(_ProcessGroupLauncher):
+    """N processes with Horovod's Gloo rendezvous server (bound to loopback) on this host."""
+
+    def start(self) -> None:
+        try:
+            from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+            from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+        except ImportError as err:
+            raise LaunchError(
+                f"launcher=gloo needs Horovod on the notebook's machine ({err}); see the README's setup."
+            ) from None
+        np = self.plan.np
+        slots = get_host_assignments(parse_hosts(f"localhost:{np}"), np)
+        self._server = RendezvousHTTPServer(("127.0.0.1", 0), RendezvousHandler, 0)
+        self._server.init(slots)
+        port = self._server.server_address[1]
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        env = self.base_env() | {
+            "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
+            "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
+            "HOROVOD_CONTROLLER": "gloo",
+            "HOROVOD_CPU_OPERATIONS": "gloo",
+            "HOROVOD_GLOO_IFACE": "lo",
+        }
+        for slot in slots:
+            self._spawn(
+                self.plan.command,
+                env
+                | {
+                    "HOROVOD_HOSTNAME": slot.hostname,
+                    "HOROVOD_RANK": str(slot.rank),
+                    "HOROVOD_SIZE": str(slot.size),
+                    "HOROVOD_LOCAL_RANK": str(slot.local_rank),
+                    "HOROVOD_LOCAL_SIZE": str(slot.local_size),
+                    "HOROVOD_CROSS_RANK": str(slot.cross_rank),
+                    "HOROVOD_CROSS_SIZE": str(slot.cross_size),
+                },
+            )
+
+    def stop(self) -> None:
+        super().stop()
+        server = getattr(self, "_server", None)
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+            self._server = None
+
+
+def wait_for_exit(launcher: Launcher, timeout: float) -> int | None:
+    deadline = time.monotonic() + timeout
+    while (code := launcher.poll()) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return code

@@ -1,0 +1,70 @@
+"""``%%horovod``: parse the line, capture the cell, run it, hand back rank 0's value."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from .capture import capture_cell
+from .engine import ConsoleView, execute
+from .options import OptionError, make_options
+
+__all__ = ["HorovodMagics", "normalize_line"]
+
+OPTIONS = ("np", "launcher", "env", "return", "timeout")
+
+
+def normalize_line(line: str) -> str:
+    """``np=4 env=A=1`` and ``-np 4`` become argparse's ``--np=4 --env=A=1``/``--np 4``."""
+    tokens = []
+    for token in shlex.split(line):
+        key, sep, _ = token.partition("=")
+        if token == "-np":
+            token = "--np"
+        elif sep and not key.startswith("-"):
+            if key not in OPTIONS:
+                raise UsageError(f"unknown option {key!r}; the options are: {', '.join(OPTIONS)}")
+            token = f"--{token}"
+        tokens.append(shlex.quote(token))
+    return " ".join(tokens)
+
+
+@magics_class
+class HorovodMagics(Magics):
+    @magic_arguments()
+    @argument("--np", required=True, help="number of ranks: -N runs N ranks on this machine, N on Spark")
+    @argument("--launcher", choices=["mpi", "gloo"], help="mpi (default when mpirun exists) or gloo")
+    @argument("--env", help="extra environment for the ranks: KEY=VALUE,KEY2=VALUE2")
+    @argument("--return", dest="return_names", help="rank 0 variables to copy back: a,b")
+    @argument("--timeout", help="end the run when no rank reports anything for this many seconds")
+    @cell_magic
+    def horovod(self, line: str, cell: str) -> Any:
+        """Run the cell as a Horovod job; its last expression on rank 0 is the cell's value.
+
+        Example::
+
+            %%horovod np=-2
+            import horovod.torch as hvd
+            hvd.init()
+            hvd.rank()
+        """
+        usage = self.horovod.parser.format_usage().strip()  # type: ignore[attr-defined]
+        try:
+            args = parse_argstring(self.horovod, normalize_line(line))
+            options = make_options(args.np, args.launcher, args.env, args.return_names, args.timeout)
+        except (UsageError, OptionError) as err:
+            raise UsageError(f"{err}\n{usage}") from None
+        source = self.shell.transform_cell(cell)  # type: ignore[union-attr]
+        captured = capture_cell(
+            source,
+            self.shell.user_ns,  # type: ignore[union-attr]
+            set(self.shell.user_ns_hidden),  # type: ignore[union-attr]
+            options.return_names,
+        )
+        value, returned = execute(captured, options, ConsoleView())
+        self.shell.user_ns.update(returned)  # type: ignore[union-attr]
+        return value

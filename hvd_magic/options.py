@@ -1,0 +1,97 @@
+"""Validates run options given as ``key=value`` (magic line) or keywords (HorovodRunner)."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+
+__all__ = ["RunOptions", "OptionError", "make_options", "parse_env", "parse_names"]
+
+
+@dataclass
+class RunOptions:
+    np: int
+    launcher: str = "mpi"
+    env: dict[str, str] = field(default_factory=dict)
+    return_names: list[str] = field(default_factory=list)
+    timeout: float | None = None  # seconds without any rank event before the run is ended
+
+    @property
+    def ranks(self) -> int:
+        return abs(self.np)
+
+
+class OptionError(ValueError):
+    """A bad option; the magic turns it into a UsageError, HorovodRunner into a ValueError."""
+
+
+def parse_np(value: object) -> int:
+    try:
+        np = int(str(value))
+    except ValueError:
+        raise OptionError(f"np must be a whole number, got {value!r}") from None
+    if np == 0:
+        raise OptionError(
+            "np must not be 0: use np=-N to run N ranks on this machine, np=N for N ranks on Spark"
+        )
+    return np
+
+
+def parse_env(text: str | dict[str, str] | None) -> dict[str, str]:
+    if not text:
+        return {}
+    if isinstance(text, dict):
+        return {str(k): str(v) for k, v in text.items()}
+    env = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise OptionError(f"env takes KEY=VALUE pairs separated by commas, got {item!r}")
+        env[key.strip()] = value
+    return env
+
+
+def parse_names(text: str | list[str] | None) -> list[str]:
+    if not text:
+        return []
+    names = [n.strip() for n in text.split(",")] if isinstance(text, str) else list(text)
+    bad = [n for n in names if not n.isidentifier()]
+    if bad:
+        raise OptionError(f"return takes variable names separated by commas; not names: {bad}")
+    return names
+
+
+def parse_launcher(value: str | None) -> str:
+    if value is None:
+        return "mpi" if shutil.which("mpirun") else "gloo"
+    if value not in ("mpi", "gloo"):
+        raise OptionError(f"launcher must be mpi or gloo, got {value!r}")
+    return value
+
+
+def parse_timeout(value: object) -> float | None:
+    if value is None:
+        return None
+    try:
+        seconds = float(str(value))
+    except ValueError:
+        raise OptionError(f"timeout must be a number of seconds, got {value!r}") from None
+    if seconds <= 0:
+        raise OptionError(f"timeout must be positive, got {value!r}")
+    return seconds
+
+
+def make_options(
+    np: object,
+    launcher: str | None = None,
+    env: str | dict[str, str] | None = None,
+    return_names: str | list[str] | None = None,
+    timeout: object = None,
+) -> RunOptions:
+    return RunOptions(
+        np=parse_np(np),
+        launcher=parse_launcher(launcher),
+        env=parse_env(env),
+        return_names=parse_names(return_names),
+        timeout=parse_timeout(timeout),
+    )

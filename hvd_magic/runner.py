@@ -1,0 +1,48 @@
+"""``HorovodRunner``: the function API, for people leaving ``sparkdl.HorovodRunner``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .capture import capture_function
+from .engine import ConsoleView, execute
+from .options import OptionError, make_options
+
+__all__ = ["HorovodRunner"]
+
+
+class HorovodRunner:
+    """Runs a function as a Horovod job and returns rank 0's return value.
+
+    >>> def main(lr):                                   # doctest: +SKIP
+    ...     import horovod.torch as hvd
+    ...     hvd.init()
+    ...     return hvd.rank()
+    >>> HorovodRunner(np=-2).run(main, lr=0.1)          # doctest: +SKIP
+    0
+
+    ``np=-N`` runs N ranks on this machine, ``np=N`` on the Spark cluster.
+    ``driver_log_verbosity`` is accepted for compatibility with sparkdl and ignored: rank output
+    is always streamed.
+    """
+
+    def __init__(
+        self,
+        np: int,
+        driver_log_verbosity: str = "all",
+        *,
+        launcher: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        try:
+            self.options = make_options(np, launcher, env, None, timeout)
+        except OptionError as err:
+            raise ValueError(str(err)) from None
+        self.num_processor = abs(self.options.np)
+
+    def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
+        """Run ``main(**kwargs)`` on every rank; return rank 0's return value."""
+        value, _ = execute(capture_function(main, kwargs), self.options, ConsoleView())
+        return value

@@ -1,0 +1,179 @@
+"""Runs inside every rank: ``python -m hvd_magic.worker``.
+
+It connects to the notebook's hub (address and keys come from the environment, which it then
+scrubs), fetches the payload, sends its stdout/stderr to the hub as it is written (file
+descriptor level, so C++ and child-process output is caught too), runs the cell or function,
+and reports rank 0's value or the rank's traceback. It must not import IPython.
+"""
+
+from __future__ import annotations
+
+import ast
+import ctypes
+import faulthandler
+import linecache
+import os
+import signal
+import socket
+import sys
+import threading
+import traceback
+import types
+from typing import Any
+
+import cloudpickle
+
+from . import report as report_module
+from .capture import CELL_FILENAME, CellPayload, FunctionPayload
+from .hub import HubClient
+
+ENV_HUB = "HVD_MAGIC_HUB"
+ENV_TOKEN = "HVD_MAGIC_TOKEN"
+PAYLOAD_TIMEOUT = 120.0
+_CHUNK = 65536
+
+
+def rank_from_env() -> tuple[int, int, int]:
+    """(rank, local_rank, size) as set by mpirun (Open MPI / PMI) or Horovod's Gloo launcher."""
+    env = os.environ
+    for rank_var, local_var, size_var in (
+        ("HOROVOD_RANK", "HOROVOD_LOCAL_RANK", "HOROVOD_SIZE"),
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE"),
+        ("PMI_RANK", "MPI_LOCALRANKID", "PMI_SIZE"),
+    ):
+        if rank_var in env:
+            return int(env[rank_var]), int(env.get(local_var, 0)), int(env.get(size_var, 1))
+    return 0, 0, 1
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to kill this rank when its launcher (mpirun, orted, agent) dies."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+    if os.getppid() == 1:
+        os._exit(1)
+
+
+class _OutputForwarder:
+    """Points fd 1 and 2 at pipes and forwards what arrives to the hub, chunk by chunk."""
+
+    def __init__(self, client: HubClient) -> None:
+        self.client = client
+        self.original_stderr = os.dup(2)
+        self.threads: list[threading.Thread] = []
+        for fd, stream in ((1, "stdout"), (2, "stderr")):
+            read_end, write_end = os.pipe()
+            os.dup2(write_end, fd)
+            os.close(write_end)
+            thread = threading.Thread(target=self._pump, args=(read_end, stream), daemon=True)
+            thread.start()
+            self.threads.append(thread)
+        sys.stdout = open(1, "w", buffering=1, closefd=False, encoding="utf-8", errors="replace")
+        sys.stderr = open(2, "w", buffering=1, closefd=False, encoding="utf-8", errors="replace")
+
+    def _pump(self, fd: int, stream: str) -> None:
+        while chunk := os.read(fd, _CHUNK):
+            self.client.send("log", {"stream": stream}, chunk)
+        os.close(fd)
+
+    def close(self) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+        for thread in self.threads:
+            thread.join(timeout=5)
+
+
+def _run_cell(payload: CellPayload) -> tuple[Any, dict[str, Any]]:
+    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
+    namespace.update(payload.namespace)
+    sys.modules["__main__"].__dict__.update(namespace)
+    namespace = sys.modules["__main__"].__dict__
+    lines = payload.source.splitlines(keepends=True)
+    linecache.cache[CELL_FILENAME] = (len(payload.source), None, lines, CELL_FILENAME)
+    tree = ast.parse(payload.source, CELL_FILENAME)
+    last: ast.expr | None = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = tree.body.pop().value  # type: ignore[attr-defined]
+    exec(compile(tree, CELL_FILENAME, "exec"), namespace)
+    value = None
+    if last is not None:
+        value = eval(compile(ast.Expression(last), CELL_FILENAME, "eval"), namespace)
+    if payload.silent:
+        value = None
+    missing = [n for n in payload.return_names if n not in namespace]
+    if missing:
+        raise NameError(f"return= names not defined by the cell on rank 0: {', '.join(missing)}")
+    return value, {n: namespace[n] for n in payload.return_names}
+
+
+def _user_traceback(err: BaseException) -> str:
+    tb: types.TracebackType | None = err.__traceback__
+    # Drop the worker's own frames: the user's story starts in their cell or function.
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(err), err, tb))
+
+
+def _send_result(client: HubClient, value: Any, returned: dict[str, Any]) -> None:
+    try:
+        blob = cloudpickle.dumps((value, returned))
+    except Exception as err:  # noqa: BLE001
+        raise TypeError(
+            f"rank 0's result (a {type(value).__name__}) cannot be pickled back to the notebook: "
+            f"{err}. Return plain data (numbers, lists, dicts, arrays, state_dicts)."
+        ) from None
+    client.send("result", {}, blob)
+
+
+def main() -> int:
+    _die_with_parent()
+    rank, local_rank, size = rank_from_env()
+    address = os.environ.pop(ENV_HUB)
+    token = os.environ.pop(ENV_TOKEN)
+    client = HubClient(address, token, rank)
+    host = socket.gethostname()
+    try:
+        blob = client.fetch_payload(PAYLOAD_TIMEOUT)
+    except (TimeoutError, ConnectionError) as err:
+        print(f"hvd_magic worker rank {rank}: {err}", file=sys.stderr)
+        client.close()
+        return 3
+    client.send("started", {"host": host, "pid": os.getpid(), "local_rank": local_rank, "size": size})
+    forwarder = _OutputForwarder(client)
+    faulthandler.enable(file=os.fdopen(forwarder.original_stderr, "w"), all_threads=True)
+    report_module._attach(client)
+    code = 0
+    try:
+        payload = cloudpickle.loads(blob)
+        if isinstance(payload, FunctionPayload):
+            value, returned = payload.function(**payload.kwargs), {}
+        else:
+            value, returned = _run_cell(payload)
+        if rank == 0:
+            _send_result(client, value, returned)
+    except BaseException as err:  # noqa: BLE001 - every failure is reported, then we exit
+        code = 130 if isinstance(err, KeyboardInterrupt) else 1
+        traceback_text = _user_traceback(err)
+        sys.stderr.flush()
+        client.send(
+            "error",
+            {"host": host, "exc_type": type(err).__name__, "message": str(err), "traceback": traceback_text},
+        )
+    report_module._detach()
+    forwarder.close()
+    client.send("exit", {"code": code})
+    client.close()
+    return code
+
+
+if __name__ == "__main__":
+    # os._exit: skip interpreter teardown, where frameworks' atexit hooks can hang a rank.
+    sys.stdout.flush()
+    os._exit(main())

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import psutil
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+RUN_MARKERS = ("hvd_magic.worker", "mpirun", "orted")
+
+
+def leftover_processes() -> list[str]:
+    """Processes of ours that a finished run must not leave behind."""
+    me = psutil.Process()
+    found = []
+    for process in me.children(recursive=True):
+        try:
+            cmdline = " ".join(process.cmdline())
+        except psutil.NoSuchProcess:
+            continue
+        if any(marker in cmdline for marker in RUN_MARKERS):
+            found.append(f"{process.pid}: {cmdline}")
+    return found
+
+
+@pytest.fixture
+def ip() -> Iterator[InteractiveShell]:
+    shell = InteractiveShell.instance()
+    shell.run_cell("%load_ext hvd_magic")
+    yield shell
+    shell.reset()
+    assert leftover_processes() == []
+
+
+@pytest.fixture(autouse=True)
+def _no_thread_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Tests check the budget the launcher sets; a developer's OMP_NUM_THREADS would hide it.
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import threading
+
+import cloudpickle
+import pytest
+
+from hvd_magic.capture import CellPayload, capture_cell, capture_function, names_read
+from hvd_magic.errors import CaptureError
+
+
+def test_names_read_covers_functions_and_comprehensions():
+    source = "def f():\n    return a + g(b)\n[x * c for x in d]\nglobal e\n"
+    assert {"a", "b", "c", "d", "e", "g", "x"} <= names_read(source)
+
+
+def test_only_names_the_cell_reads_are_shipped():
+    ns = {"used": 1, "unused": 2, "helper": lambda: 3, "In": [], "__name__": "__main__"}
+    captured = capture_cell("used + helper()\nIn", ns, hidden={"In"})
+    payload = cloudpickle.loads(captured.blob)
+    assert isinstance(payload, CellPayload)
+    assert set(payload.namespace) == {"used", "helper"}
+    assert payload.namespace["helper"]() == 3
+
+
+def test_unpicklable_name_reassigned_by_the_cell_is_not_needed():
+    ns = {"lock": threading.Lock()}
+    payload = cloudpickle.loads(capture_cell("import threading\nlock = threading.Lock()\nlock", ns).blob)
+    assert "lock" not in payload.namespace
+
+
+def test_ipython_syntax_is_refused_with_advice():
+    with pytest.raises(CaptureError, match="cell of its own"):
+        capture_cell("get_ipython().run_line_magic('time', 'x')\n", {})
+
+
+def test_large_payload_gets_a_notice():
+    big = bytes(60 * 1024 * 1024)
+    captured = capture_cell("len(big)", {"big": big})
+    assert captured.notices and "big 60 MB" in captured.notices[0]
+
+
+def test_function_payload_needs_a_callable():
+    with pytest.raises(CaptureError, match="needs a function"):
+        capture_function(42, {})  # type: ignore[arg-type]

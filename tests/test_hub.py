@@ -1,0 +1,66 @@
+"""The hub only accepts peers holding the run's keys: checked with real sockets."""
+
+from __future__ import annotations
+
+import queue
+import socket
+
+import pytest
+import zmq
+
+from hvd_magic.hub import Hub, HubClient, RunKeys
+
+
+@pytest.fixture
+def hub():
+    h = Hub("127.0.0.1", payload=b"the payload")
+    yield h
+    h.close()
+
+
+def _port(hub: Hub) -> int:
+    return int(hub.address.rsplit(":", 1)[1])
+
+
+def test_client_with_the_run_keys_gets_the_payload_and_delivers(hub):
+    client = HubClient(hub.address, hub.keys.client_token(), rank=3)
+    assert client.fetch_payload(timeout=10) == b"the payload"
+    client.send("log", {"stream": "stdout"}, b"hello\n")
+    events = [hub.events.get(timeout=10), hub.events.get(timeout=10)]
+    client.close()
+    assert [(e.kind, e.rank) for e in events] == [("hello", 3), ("log", 3)]
+    assert events[1].blob == b"hello\n"
+
+
+def test_client_with_other_keys_is_refused(hub):
+    forged = RunKeys.generate()
+    token = b",".join([hub.keys.server_public, forged.client_public, forged.client_secret]).decode()
+    client = HubClient(hub.address, token, rank=0)
+    with pytest.raises(TimeoutError):
+        client.fetch_payload(timeout=2)
+    client.send("result", {}, b"forged")
+    client.close()
+    with pytest.raises(queue.Empty):
+        hub.events.get(timeout=1)
+    assert hub.refused_handshakes >= 1
+
+
+def test_plain_zmq_client_without_curve_delivers_nothing(hub):
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(hub.address)
+    sock.send_multipart([b"result", b'{"rank": 0}', b"x"])
+    assert not sock.poll(1000)
+    sock.close()
+    context.term()
+    with pytest.raises(queue.Empty):
+        hub.events.get(timeout=1)
+
+
+def test_raw_junk_does_not_break_the_hub(hub):
+    with socket.create_connection(("127.0.0.1", _port(hub)), timeout=5) as raw:
+        raw.sendall(b"GET / HTTP/1.0\r\n\r\n" + bytes(range(256)) * 64)
+    client = HubClient(hub.address, hub.keys.client_token(), rank=1)
+    assert client.fetch_payload(timeout=10) == b"the payload"
+    client.close()

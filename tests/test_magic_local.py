@@ -1,0 +1,167 @@
+"""%%horovod np=-N end to end: a real IPython shell, real mpirun / Gloo, real Horovod ranks."""
+
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+
+import pytest
+from IPython.core.error import UsageError
+
+from hvd_magic import CaptureError, RankFailedError
+
+from .conftest import leftover_processes
+
+ALLREDUCE_CELL = """
+import horovod.torch as hvd, torch
+hvd.init()
+hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum).item()
+"""
+
+
+@pytest.mark.parametrize("launcher", ["mpi", "gloo"])
+def test_last_expression_of_rank0_is_the_cell_output(ip, launcher):
+    result = ip.run_cell(f"%%horovod np=-2 launcher={launcher}\n{ALLREDUCE_CELL}", store_history=True)
+    assert result.error_in_exec is None, result.error_in_exec
+    assert result.result == 3.0
+    assert ip.user_ns["_"] == 3.0
+    assert ip.user_ns["Out"][result.execution_count] == 3.0
+
+
+def test_notebook_names_travel_and_return_names_come_back(ip):
+    ip.run_cell("import torch\nlr = 0.25\ndef make_model():\n    return torch.nn.Linear(2, 1)\n")
+    ip.run_cell("class Scale:\n    def __init__(self, k):\n        self.k = k\n")
+    cell = """
+import horovod.torch as hvd
+hvd.init()
+model = make_model()
+steps = int(Scale(4).k * lr * 8)
+size = hvd.size()
+rank_seen = hvd.rank()
+"""
+    ip.run_cell_magic("horovod", "np=-2 return=steps,size,rank_seen,model", cell)
+    assert ip.user_ns["steps"] == 8
+    assert ip.user_ns["size"] == 2
+    assert ip.user_ns["rank_seen"] == 0
+    assert ip.user_ns["model"].weight.shape == (1, 2)
+
+
+class _Watcher(io.StringIO):
+    """Stands in for sys.stdout; opens the gate for the ranks once both said they are running."""
+
+    def __init__(self, gate: Path) -> None:
+        super().__init__()
+        self.gate = gate
+
+    def write(self, text: str) -> int:
+        n = super().write(text)
+        value = self.getvalue()
+        if "[0] running" in value and "[1] running" in value and not self.gate.exists():
+            self.gate.write_text("go")
+        return n
+
+
+def test_rank_output_streams_while_the_run_is_going(ip, tmp_path, monkeypatch):
+    gate = tmp_path / "gate"
+    watcher = _Watcher(gate)
+    monkeypatch.setattr(sys, "stdout", watcher)
+    # Each rank prints, then waits (bounded) for the gate that only the streamed output opens.
+    cell = f"""
+import os, time, horovod.torch as hvd
+hvd.init()
+print("running", hvd.rank())
+deadline = time.monotonic() + 60
+while not os.path.exists({str(gate)!r}):
+    assert time.monotonic() < deadline, "output did not reach the notebook while the run was going"
+    time.sleep(0.05)
+print("finished", hvd.rank())
+"""
+    ip.run_cell_magic("horovod", "np=-2", cell)
+    out = watcher.getvalue()
+    assert "[0] finished 0" in out and "[1] finished 1" in out
+    assert out.index("[1] running 1") < out.index("[1] finished 1")
+
+
+def test_failing_rank_is_named_with_traceback_and_nothing_is_left(ip):
+    cell = """
+import horovod.torch as hvd, torch
+hvd.init()
+if hvd.rank() == 1:
+    1 / 0
+hvd.allreduce(torch.tensor([1.0]))   # rank 0 blocks here until it is stopped
+"""
+    with pytest.raises(RankFailedError) as info:
+        ip.run_cell_magic("horovod", "np=-2", cell)
+    err = info.value
+    assert err.rank == 1
+    assert err.exc_type == "ZeroDivisionError"
+    assert "1 / 0" in err.remote_traceback and "<horovod cell>" in err.remote_traceback
+    assert "rank 1" in str(err) and "the other 1 ranks were stopped" in str(err)
+    assert leftover_processes() == []
+    # The next run works.
+    assert ip.run_cell_magic("horovod", "np=-2", ALLREDUCE_CELL) == 3.0
+
+
+def test_horovod_runner_returns_rank0_value():
+    from hvd_magic import HorovodRunner
+
+    def main(base):
+        import horovod.torch as hvd
+        import torch
+
+        hvd.init()
+        return hvd.allreduce(torch.tensor([base + hvd.rank()]), op=hvd.Sum).item()
+
+    assert HorovodRunner(np=-2).run(main, base=10.0) == 21.0
+    assert leftover_processes() == []
+
+
+@pytest.mark.parametrize(
+    "line, fragment",
+    [
+        ("", "the following arguments are required: --np"),
+        ("np=0", "np must not be 0"),
+        ("np=two", "np must be a whole number"),
+        ("np=-2 launcher=ssh", "invalid choice"),
+        ("np=-2 frobnicate=1", "unknown option 'frobnicate'"),
+        ("np=-2 env=NOEQUALS", "env takes KEY=VALUE"),
+        ("np=-2 return=a,1b", "not names"),
+        ("np=-2 timeout=-3", "timeout must be positive"),
+        ("np=-2 'unclosed", "No closing quotation"),
+    ],
+)
+def test_bad_options_raise_usage_error_with_usage(ip, line, fragment):
+    with pytest.raises((UsageError, ValueError)) as info:
+        ip.run_cell_magic("horovod", line, "1")
+    assert fragment in str(info.value)
+    if isinstance(info.value, UsageError) and "closing" not in fragment:
+        assert "usage: %horovod" in str(info.value)
+
+
+def test_option_spellings(ip):
+    for line in ("-np -2", "--np -2", "--np=-2", "np=-2"):
+        assert ip.run_cell_magic("horovod", line, "import os\n40 + 2") == 42
+
+
+def test_help_is_generated_from_the_options(ip):
+    doc = ip.find_cell_magic("horovod").__doc__
+    assert "--np" in doc and "--launcher" in doc and "--return" in doc
+
+
+def test_unpicklable_name_is_reported_by_name_before_launch(ip):
+    ip.run_cell("import threading\nlock = threading.Lock()")
+    with pytest.raises(CaptureError) as info:
+        ip.run_cell_magic("horovod", "np=-2", "with lock:\n    pass\n")
+    message = str(info.value)
+    assert "lock (_thread.lock)" in message and "inside the cell" in message
+    assert ip.user_ns["lock"] is not None  # the notebook's state is untouched
+
+
+def test_syntax_error_is_reported_before_launch(ip):
+    with pytest.raises(CaptureError, match="syntax error on line 2"):
+        ip.run_cell_magic("horovod", "np=-2", "x = 1\nx +* 2\n")
+
+
+def test_trailing_semicolon_suppresses_the_value(ip):
+    assert ip.run_cell_magic("horovod", "np=-2", "41 + 1;") is None
