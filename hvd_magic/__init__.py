@@ -11,7 +11,7 @@ from .errors import (
     RunInterrupted,
     RunTimeout,
 )
-from .report import report
+from .reporting import report
 
 __all__ = [
     "CaptureError",

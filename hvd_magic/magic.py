@@ -16,6 +16,10 @@ from .options import OptionError, make_options
 __all__ = ["HorovodMagics", "normalize_line"]
 
 OPTIONS = ("np", "launcher", "env", "return", "timeout")
+USAGE = (
+    "usage: %%horovod np=N [launcher=mpi|gloo] [env=K=V,...] [return=a,b] [timeout=SECONDS]\n"
+    "np=-N runs N ranks on this machine, np=N on Spark; %%horovod? shows the full help."
+)
 
 
 def normalize_line(line: str) -> str:
@@ -52,12 +56,11 @@ class HorovodMagics(Magics):
             hvd.init()
             hvd.rank()
         """
-        usage = self.horovod.parser.format_usage().strip()  # type: ignore[attr-defined]
         try:
             args = parse_argstring(self.horovod, normalize_line(line))
             options = make_options(args.np, args.launcher, args.env, args.return_names, args.timeout)
         except (UsageError, OptionError) as err:
-            raise UsageError(f"{err}\n{usage}") from None
+            raise UsageError(f"{err}\n{USAGE}") from None
         source = self.shell.transform_cell(cell)  # type: ignore[union-attr]
         captured = capture_cell(
             source,

@@ -9,6 +9,7 @@ and reports rank 0's value or the rank's traceback. It must not import IPython.
 from __future__ import annotations
 
 import ast
+import atexit
 import ctypes
 import faulthandler
 import linecache
@@ -23,7 +24,7 @@ from typing import Any
 
 import cloudpickle
 
-from . import report as report_module
+from . import reporting
 from .capture import CELL_FILENAME, CellPayload, FunctionPayload
 from .hub import HubClient
 
@@ -148,32 +149,39 @@ def main() -> int:
     client.send("started", {"host": host, "pid": os.getpid(), "local_rank": local_rank, "size": size})
     forwarder = _OutputForwarder(client)
     faulthandler.enable(file=os.fdopen(forwarder.original_stderr, "w"), all_threads=True)
-    report_module._attach(client)
+    reporting._attach(client)
     code = 0
     try:
         payload = cloudpickle.loads(blob)
         if isinstance(payload, FunctionPayload):
-            value, returned = payload.function(**payload.kwargs), {}
+            value, returned = payload.function(**payload.kwargs), dict[str, Any]()
         else:
             value, returned = _run_cell(payload)
         if rank == 0:
             _send_result(client, value, returned)
     except BaseException as err:  # noqa: BLE001 - every failure is reported, then we exit
         code = 130 if isinstance(err, KeyboardInterrupt) else 1
-        traceback_text = _user_traceback(err)
         sys.stderr.flush()
         client.send(
             "error",
-            {"host": host, "exc_type": type(err).__name__, "message": str(err), "traceback": traceback_text},
+            {
+                "host": host,
+                "exc_type": type(err).__name__,
+                "message": str(err),
+                "traceback": _user_traceback(err),
+            },
         )
-    report_module._detach()
-    forwarder.close()
-    client.send("exit", {"code": code})
-    client.close()
+    finally:
+        reporting._detach()
+        forwarder.close()
+        client.send("exit", {"code": code})
+        client.close()
     return code
 
 
 if __name__ == "__main__":
-    # os._exit: skip interpreter teardown, where frameworks' atexit hooks can hang a rank.
-    sys.stdout.flush()
-    os._exit(main())
+    exit_code = main()
+    # atexit hooks finalize MPI (mpirun counts a rank that skips MPI_Finalize as failed); then
+    # skip the interpreter's module teardown, where frameworks' destructors can hang a rank.
+    atexit._run_exitfuncs()
+    os._exit(exit_code)

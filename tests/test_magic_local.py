@@ -136,7 +136,7 @@ def test_bad_options_raise_usage_error_with_usage(ip, line, fragment):
         ip.run_cell_magic("horovod", line, "1")
     assert fragment in str(info.value)
     if isinstance(info.value, UsageError) and "closing" not in fragment:
-        assert "usage: %horovod" in str(info.value)
+        assert "usage: %%horovod np=N" in str(info.value)
 
 
 def test_option_spellings(ip):
@@ -165,3 +165,17 @@ def test_syntax_error_is_reported_before_launch(ip):
 
 def test_trailing_semicolon_suppresses_the_value(ip):
     assert ip.run_cell_magic("horovod", "np=-2", "41 + 1;") is None
+
+
+def test_tensorflow_keras_ranks(ip):
+    cell = """
+import tensorflow as tf
+import horovod.tensorflow.keras as hvd
+hvd.init()
+model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])
+model.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1)), loss="mse")
+model.fit(tf.ones((8, 2)), tf.ones((8, 1)), epochs=1, verbose=0,
+          callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+float(hvd.allreduce(tf.constant(float(hvd.rank() + 1)), op=hvd.Sum))
+"""
+    assert ip.run_cell_magic("horovod", "np=-2", cell) == 3.0

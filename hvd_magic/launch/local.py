@@ -83,7 +83,7 @@ class _OutputTail:
 
 
 class _ProcessGroupLauncher(Launcher):
-    """Common part: processes in one new session, stopped together with their descendants."""
+    """Common part: processes in new sessions, stopped together with their descendants."""
 
     def __init__(self, plan: LaunchPlan) -> None:
         self.plan = plan
@@ -91,7 +91,6 @@ class _ProcessGroupLauncher(Launcher):
         self.tails: list[_OutputTail] = []
 
     def _spawn(self, argv: list[str], env: dict[str, str]) -> None:
-        group = {"process_group": self.processes[0].pid} if self.processes else {"start_new_session": True}
         process = subprocess.Popen(
             argv,
             env=env,
@@ -101,7 +100,7 @@ class _ProcessGroupLauncher(Launcher):
             stderr=subprocess.STDOUT,
             text=True,
             errors="replace",
-            **group,  # type: ignore[call-overload]
+            start_new_session=True,  # the notebook's Ctrl-C reaches us, not the ranks directly
         )
         self.processes.append(process)
         self.tails.append(_OutputTail(process.stdout))

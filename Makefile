@@ -1,0 +1,20 @@
+# The two commands of the README: `make demo` and `make test`. Both set up first (idempotent).
+PY := .venv/bin/python
+
+.PHONY: setup demo test lint bench
+
+setup:
+	bash scripts/setup.sh
+
+demo: setup
+	$(PY) scripts/run_notebook.py example_notebooks/quickstart.ipynb
+
+lint: setup
+	$(PY) -m ruff check hvd_magic tests scripts bench
+	$(PY) -m mypy
+
+test: setup lint
+	$(PY) -m pytest -ra
+
+bench: setup
+	$(PY) bench/launch.py
