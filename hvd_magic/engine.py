@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import cloudpickle
 
 from .capture import Captured
-from .errors import LaunchError, RankFailedError, RunError, RunInterrupted, RunTimeout
+from .errors import RankFailedError, RunError, RunInterrupted, RunTimeout
 from .hub import Event, Hub
 from .launch import Launcher, LaunchPlan, thread_budget_env
 from .launch.local import LocalGlooLauncher, LocalMpiLauncher
@@ -94,15 +94,10 @@ class _RunState:
         return [r for r in range(self.ranks) if r not in ranks]
 
 
-def _make_launcher(plan: LaunchPlan) -> Launcher:
-    if plan.launcher == "gloo":
-        return LocalGlooLauncher(plan)
-    return LocalMpiLauncher(plan)
-
-
-def _rank_env(options: RunOptions, hub: Hub) -> dict[str, str]:
+def _rank_env(options: RunOptions, hub: Hub, local: bool) -> dict[str, str]:
     env = dict(options.env)
-    env |= thread_budget_env(options.ranks, os.cpu_count() or 1, options.env)
+    if local:  # on Spark, each task sets the budget of its own host
+        env |= thread_budget_env(options.ranks, os.cpu_count() or 1, options.env)
     if "TF_USE_LEGACY_KERAS" not in env and "TF_USE_LEGACY_KERAS" not in os.environ:
         # Horovod's Keras binding needs Keras 2 (tf-keras) on TensorFlow >= 2.16.
         env["TF_USE_LEGACY_KERAS"] = "1"
@@ -111,20 +106,28 @@ def _rank_env(options: RunOptions, hub: Hub) -> dict[str, str]:
     return env
 
 
+def _prepare(blob: bytes, options: RunOptions) -> tuple[Hub, Launcher]:
+    command = [sys.executable, "-m", "hvd_magic.worker"]
+    if options.np < 0:
+        hub = Hub("127.0.0.1", blob)
+        plan = LaunchPlan(options.ranks, command, _rank_env(options, hub, True), launcher=options.launcher)
+        if options.launcher == "gloo":
+            return hub, LocalGlooLauncher(plan)
+        return hub, LocalMpiLauncher(plan)
+    from .launch.spark import SparkLauncher, active_or_embedded_session, driver_address
+
+    session = active_or_embedded_session()
+    hub = Hub(driver_address(session), blob)
+    plan = LaunchPlan(options.ranks, command, _rank_env(options, hub, False), launcher=options.launcher)
+    task_cpus = int(session.sparkContext.getConf().get("spark.task.cpus", "1"))
+    return hub, SparkLauncher(plan, hub, session, task_cpus)
+
+
 def execute(captured: Captured, options: RunOptions, view: RunView) -> Any:
     """Run the payload on ``options.np`` ranks; return rank 0's value (and returned names)."""
     for text in captured.notices:
         view.notice(text)
-    if options.np > 0:
-        raise LaunchError("np > 0 (Spark mode) is not available yet; use np=-N to run N ranks locally.")
-    hub = Hub("127.0.0.1", captured.blob)
-    plan = LaunchPlan(
-        np=options.ranks,
-        command=[sys.executable, "-m", "hvd_magic.worker"],
-        env=_rank_env(options, hub),
-        launcher=options.launcher,
-    )
-    launcher = _make_launcher(plan)
+    hub, launcher = _prepare(captured.blob, options)
     state = _RunState(options.ranks)
     try:
         launcher.start()

@@ -1,12 +1,13 @@
 """The driver-side endpoint that ranks report to, and the client ranks use to reach it.
 
 Transport is ZeroMQ with CURVE: every run gets a fresh server key pair and a fresh client key
-pair. The hub only completes the handshake with a peer that holds the run's client secret key
+pair. A server only completes the handshake with a peer that holds the run's client secret key
 (checked by a ZAP handler), so a connection without the run's keys never delivers a message.
 Traffic is encrypted too, which matters when executors report across a cluster network.
 
 A message is three frames: kind, a JSON header and an optional binary blob (pickled values,
 raw log bytes). The first message of a rank is ``hello``; the hub answers it with the payload.
+Spark tasks use the same channel for their rendezvous (``join``, answered by ``plan``).
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ from typing import Any
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
-__all__ = ["Event", "Hub", "HubClient", "RunKeys"]
+__all__ = ["CurveServer", "Event", "Hub", "HubClient", "RunKeys"]
 
-_POLL_MS = 50
+_POLL_MS = 200
+CONTROL_KINDS = frozenset({"join", "launcher_log", "launcher_exit"})
 
 
 @dataclass(frozen=True)
 class RunKeys:
-    """The CURVE keys of one run; ``encode()`` is the secret handed to ranks (never on argv)."""
+    """The CURVE keys of one run; ``client_token()`` is the secret handed to peers (never argv)."""
 
     server_public: bytes
     server_secret: bytes
@@ -42,7 +44,7 @@ class RunKeys:
         return cls(server_public, server_secret, client_public, client_secret)
 
     def client_token(self) -> str:
-        """What a rank needs to connect: server public key and the client key pair."""
+        """What a peer needs to connect: server public key and the client key pair (z85, ',')."""
         return b",".join([self.server_public, self.client_public, self.client_secret]).decode()
 
 
@@ -53,6 +55,7 @@ class Event:
     header: dict[str, Any] = field(default_factory=dict)
     blob: bytes = b""
     received: float = field(default_factory=time.monotonic)
+    identity: bytes = b""
 
 
 class _ClientKeyCheck:
@@ -67,8 +70,104 @@ class _ClientKeyCheck:
         return ok
 
 
-class Hub:
-    """Receives rank events on a background thread and queues them for the run loop.
+class CurveServer:
+    """A ROUTER socket that only talks to holders of ``keys``, served on its own thread.
+
+    Subclasses implement ``handle(event)``; any thread may call ``send_to``.
+    """
+
+    def __init__(self, bind_host: str, keys: RunKeys, name: str) -> None:
+        self.keys = keys
+        self._context = zmq.Context()
+        self._auth = ThreadAuthenticator(self._context)
+        self._auth.start()
+        self._key_check = _ClientKeyCheck(keys.client_public)
+        self._auth.configure_curve_callback(domain="*", credentials_provider=self._key_check)
+        self._socket = self._context.socket(zmq.ROUTER)
+        self._socket.curve_server = True
+        self._socket.curve_publickey = keys.server_public
+        self._socket.curve_secretkey = keys.server_secret
+        self._socket.linger = 0
+        port = self._socket.bind_to_random_port(f"tcp://{bind_host}")
+        self.address = f"tcp://{bind_host}:{port}"
+        # Replies from other threads go through an outbox; an inproc socket wakes the loop.
+        self._outbox: queue.Queue[list[bytes]] = queue.Queue()
+        wake_address = f"inproc://wake-{id(self)}"
+        self._wake_in = self._context.socket(zmq.PULL)
+        self._wake_in.bind(wake_address)
+        self._wake_out = self._context.socket(zmq.PUSH)
+        self._wake_out.connect(wake_address)
+        self._wake_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def refused_handshakes(self) -> int:
+        return self._key_check.refused
+
+    def send_to(
+        self, identity: bytes, kind: str, header: dict[str, Any] | None = None, blob: bytes = b""
+    ) -> None:
+        self._outbox.put([identity, kind.encode(), json.dumps(header or {}).encode(), blob])
+        with self._wake_lock:
+            if not self._stop.is_set():
+                self._wake_out.send(b"")
+
+    def _serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._socket, zmq.POLLIN)
+        poller.register(self._wake_in, zmq.POLLIN)
+        while not self._stop.is_set():
+            ready = dict(poller.poll(_POLL_MS))
+            if self._wake_in in ready:
+                while self._wake_in.poll(0):
+                    self._wake_in.recv()
+            while not self._outbox.empty():
+                self._socket.send_multipart(self._outbox.get_nowait())
+            if self._socket in ready:
+                self._receive_all()
+
+    def _receive_all(self) -> None:
+        while True:
+            try:
+                frames = self._socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            event = _parse(frames)
+            if event is not None:
+                self.handle(event)
+
+    def handle(self, event: Event) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        with self._wake_lock:
+            self._stop.set()
+        self._thread.join(timeout=5)
+        for sock in (self._socket, self._wake_in, self._wake_out):
+            sock.close(linger=0)
+        self._auth.stop()
+        self._context.term()
+
+
+def _parse(frames: list[bytes]) -> Event | None:
+    if len(frames) not in (3, 4):
+        return None
+    identity, kind_raw, header_raw = frames[:3]
+    try:
+        header = json.loads(header_raw)
+        kind = kind_raw.decode()
+        rank = int(header.get("rank", -1))
+    except (ValueError, UnicodeDecodeError, AttributeError, TypeError):
+        return None
+    return Event(kind, rank, header, frames[3] if len(frames) == 4 else b"", identity=identity)
+
+
+class Hub(CurveServer):
+    """Receives rank events and queues them for the run loop; answers ``hello`` with the payload.
+
+    Launch-control messages from Spark tasks go to ``control`` instead of ``events``.
 
     >>> hub = Hub("127.0.0.1", payload=b"...")      # doctest: +SKIP
     >>> hub.address, hub.keys.client_token()          # handed to the ranks
@@ -76,67 +175,19 @@ class Hub:
     """
 
     def __init__(self, bind_host: str, payload: bytes) -> None:
-        self.keys = RunKeys.generate()
         self.events: queue.Queue[Event] = queue.Queue()
+        self.control: queue.Queue[Event] = queue.Queue()
         self.payload = payload
-        self._context = zmq.Context()
-        self._auth = ThreadAuthenticator(self._context)
-        self._auth.start()
-        self._key_check = _ClientKeyCheck(self.keys.client_public)
-        self._auth.configure_curve_callback(domain="*", credentials_provider=self._key_check)
-        self._socket = self._context.socket(zmq.ROUTER)
-        self._socket.curve_server = True
-        self._socket.curve_publickey = self.keys.server_public
-        self._socket.curve_secretkey = self.keys.server_secret
-        self._socket.linger = 0
-        port = self._socket.bind_to_random_port(f"tcp://{bind_host}")
-        self.address = f"tcp://{bind_host}:{port}"
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name="hvd_magic-hub", daemon=True)
-        self._thread.start()
+        super().__init__(bind_host, RunKeys.generate(), "hvd_magic-hub")
 
-    @property
-    def refused_handshakes(self) -> int:
-        return self._key_check.refused
-
-    def _serve(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self._socket, zmq.POLLIN)
-        while not self._stop.is_set():
-            if not poller.poll(_POLL_MS):
-                continue
-            while True:
-                try:
-                    frames = self._socket.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                self._handle(frames)
-
-    def _handle(self, frames: list[bytes]) -> None:
-        if len(frames) not in (3, 4):
-            return
-        identity, kind_raw, header_raw = frames[:3]
-        blob = frames[3] if len(frames) == 4 else b""
-        try:
-            header = json.loads(header_raw)
-            kind = kind_raw.decode()
-            rank = int(header.get("rank", -1))
-        except (ValueError, UnicodeDecodeError, AttributeError):
-            return
-        if kind == "hello":
-            self._socket.send_multipart([identity, b"payload", self.payload])
-        self.events.put(Event(kind, rank, header, blob))
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self._socket.close(linger=0)
-        self._auth.stop()
-        self._context.term()
+    def handle(self, event: Event) -> None:
+        if event.kind == "hello":
+            self.send_to(event.identity, "payload", {}, self.payload)
+        (self.control if event.kind in CONTROL_KINDS else self.events).put(event)
 
 
 class HubClient:
-    """A rank's connection to the hub. Thread-safe; ``send`` never blocks for long."""
+    """A peer's connection to a ``CurveServer``. Thread-safe; ``send`` never blocks for long."""
 
     def __init__(self, address: str, token: str, rank: int) -> None:
         server_public, client_public, client_secret = token.encode().split(b",")
@@ -163,15 +214,27 @@ class HubClient:
             except zmq.Again:
                 return False
 
+    def receive(self, timeout: float) -> tuple[str, dict[str, Any], bytes] | None:
+        """The next message from the server, or None after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            # Poll in slices so other threads can send in between (sockets are not thread-safe).
+            with self._lock:
+                if self._socket.poll(50, zmq.POLLIN):
+                    kind, header, blob = self._socket.recv_multipart()
+                    return kind.decode(), json.loads(header), blob
+            if time.monotonic() >= deadline:
+                return None
+
     def fetch_payload(self, timeout: float) -> bytes:
         """Say hello and wait for the run's payload."""
         self.send("hello")
-        if not self._socket.poll(int(timeout * 1000), zmq.POLLIN):
+        answer = self.receive(timeout)
+        if answer is None:
             raise TimeoutError(f"no answer from the notebook's hub within {timeout:.0f} s")
-        kind, payload = self._socket.recv_multipart()
-        if kind != b"payload":
-            raise ConnectionError(f"unexpected answer from the hub: {kind!r}")
-        return payload
+        if answer[0] != "payload":
+            raise ConnectionError(f"unexpected answer from the hub: {answer[0]!r}")
+        return answer[2]
 
     def close(self) -> None:
         with self._lock:

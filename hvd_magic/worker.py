@@ -12,6 +12,7 @@ import ast
 import atexit
 import ctypes
 import faulthandler
+import json
 import linecache
 import os
 import signal
@@ -30,6 +31,7 @@ from .hub import HubClient
 
 ENV_HUB = "HVD_MAGIC_HUB"
 ENV_TOKEN = "HVD_MAGIC_TOKEN"
+ENV_SLOT_GPUS = "HVD_MAGIC_SLOT_GPUS"  # JSON list: local rank -> GPU addresses of its Spark slot
 PAYLOAD_TIMEOUT = 120.0
 _CHUNK = 65536
 
@@ -45,6 +47,16 @@ def rank_from_env() -> tuple[int, int, int]:
         if rank_var in env:
             return int(env[rank_var]), int(env.get(local_var, 0)), int(env.get(size_var, 1))
     return 0, 0, 1
+
+
+def gpu_for_local_rank(slot_gpus: str | None, local_rank: int) -> str | None:
+    """CUDA_VISIBLE_DEVICES for this rank: the GPUs Spark gave the slot of ``local_rank``."""
+    if not slot_gpus:
+        return None
+    slots = json.loads(slot_gpus)
+    if local_rank >= len(slots) or not slots[local_rank]:
+        return None
+    return ",".join(str(gpu) for gpu in slots[local_rank])
 
 
 def _die_with_parent() -> None:
@@ -114,6 +126,17 @@ def _run_cell(payload: CellPayload) -> tuple[Any, dict[str, Any]]:
     return value, {n: namespace[n] for n in payload.return_names}
 
 
+def _load_payload(blob: bytes) -> CellPayload | FunctionPayload:
+    try:
+        payload = cloudpickle.loads(blob)
+    except ImportError as err:
+        raise ImportError(
+            f"the payload needs module {err.name!r}, which this rank cannot import ({err}). Install it "
+            "where the ranks run (on Spark: on every executor), or define the code in the notebook."
+        ) from None
+    return payload  # type: ignore[no-any-return]
+
+
 def _user_traceback(err: BaseException) -> str:
     tb: types.TracebackType | None = err.__traceback__
     # Drop the worker's own frames: the user's story starts in their cell or function.
@@ -138,6 +161,10 @@ def main() -> int:
     rank, local_rank, size = rank_from_env()
     address = os.environ.pop(ENV_HUB)
     token = os.environ.pop(ENV_TOKEN)
+    # Before anything imports a framework: each rank sees only its slot's GPUs.
+    gpus = gpu_for_local_rank(os.environ.pop(ENV_SLOT_GPUS, None), local_rank)
+    if gpus is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus
     client = HubClient(address, token, rank)
     host = socket.gethostname()
     try:
@@ -152,7 +179,7 @@ def main() -> int:
     reporting._attach(client)
     code = 0
     try:
-        payload = cloudpickle.loads(blob)
+        payload = _load_payload(blob)
         if isinstance(payload, FunctionPayload):
             value, returned = payload.function(**payload.kwargs), dict[str, Any]()
         else:

@@ -1,0 +1,182 @@
+"""The exec agent inside a Spark task, and the rsh client mpirun calls instead of ssh.
+
+mpirun starts its daemon on a "remote" host by running ``<agent> HOST orted ...``. Here the
+agent command is ``python -m hvd_magic.launch.agent HOST orted ...``: it connects to the
+ExecAgent that the Spark task on HOST serves (CURVE keys of this run, from the environment),
+asks it to run the command, relays its output and exit code, and pings every second. The agent
+kills the command when the caller stops pinging or disconnects, so no orted outlives its mpirun.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+import psutil
+
+from ..hub import CurveServer, Event, HubClient, RunKeys
+from .local import stop_processes
+
+__all__ = ["ENV_AGENTS", "ENV_AGENT_TOKEN", "ExecAgent", "main"]
+
+ENV_AGENTS = "HVD_MAGIC_AGENTS"  # JSON: host token -> agent address
+ENV_AGENT_TOKEN = "HVD_MAGIC_AGENT_TOKEN"
+ENV_VIA_AGENT = "HVD_MAGIC_VIA_AGENT"  # set on what an agent starts: the host token
+PING_SECONDS = 1.0
+PING_TIMEOUT = 6.0
+
+
+def die_with_parent() -> None:
+    """preexec_fn: SIGKILL this child when the thread that started it ends (PR_SET_PDEATHSIG)."""
+    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)
+
+
+class ExecAgent(CurveServer):
+    """Runs commands for authenticated callers: ``exec`` → output frames → ``exit``."""
+
+    def __init__(self, bind_host: str, keys: RunKeys, host_token: str, host_env: dict[str, str]) -> None:
+        self.host_token = host_token
+        self.host_env = host_env
+        self.launches = 0
+        self._children: dict[bytes, subprocess.Popen[bytes]] = {}
+        self._last_ping: dict[bytes, float] = {}
+        self._lock = threading.Lock()
+        self._shm_dir: str | None = None
+        super().__init__(bind_host, keys, "hvd_magic-agent")
+        self._watchdog = threading.Thread(target=self._watch, daemon=True)
+        self._watchdog.start()
+
+    def handle(self, event: Event) -> None:
+        if event.kind == "exec":
+            # Started from the server thread, which lives as long as the agent: the child's
+            # PDEATHSIG then fires only if the whole task dies.
+            self._start(event.identity, str(event.header["command"]))
+        elif event.kind == "ping":
+            self._last_ping[event.identity] = time.monotonic()
+        elif event.kind == "kill":
+            self._kill(event.identity)
+
+    def _start(self, identity: bytes, command: str) -> None:
+        if self._shm_dir is None:
+            self._shm_dir = tempfile.mkdtemp(prefix="hvd_magic-shm-")
+        env = dict(os.environ) | self.host_env | {ENV_VIA_AGENT: self.host_token}
+        # Executors sharing a machine get one "host" each; Open MPI names its shared-memory
+        # files by the real hostname and local rank, so give each its own directory.
+        env["OMPI_MCA_btl_vader_backing_directory"] = self._shm_dir
+        child = subprocess.Popen(
+            ["/bin/sh", "-c", command],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
+        with self._lock:
+            self.launches += 1
+            self._children[identity] = child
+            self._last_ping[identity] = time.monotonic()
+        pumps = [
+            threading.Thread(target=self._pump, args=(identity, stream, name), daemon=True)
+            for stream, name in ((child.stdout, "stdout"), (child.stderr, "stderr"))
+        ]
+        for pump in pumps:
+            pump.start()
+        threading.Thread(target=self._reap, args=(identity, child, pumps), daemon=True).start()
+
+    def _pump(self, identity: bytes, stream: Any, name: str) -> None:
+        while chunk := stream.read1(65536):
+            self.send_to(identity, "output", {"stream": name}, chunk)
+
+    def _reap(self, identity: bytes, child: subprocess.Popen[bytes], pumps: list[threading.Thread]) -> None:
+        code = child.wait()
+        for pump in pumps:
+            pump.join(timeout=5)
+        with self._lock:
+            self._children.pop(identity, None)
+        self.send_to(identity, "exit", {"code": code})
+
+    def _kill(self, identity: bytes) -> None:
+        with self._lock:
+            child = self._children.get(identity)
+        if child is not None:
+            _stop_tree(child.pid)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(PING_SECONDS):
+            now = time.monotonic()
+            with self._lock:
+                silent = [i for i in self._children if now - self._last_ping.get(i, now) > PING_TIMEOUT]
+            for identity in silent:
+                self._kill(identity)
+
+    def close(self) -> None:
+        with self._lock:
+            children = list(self._children.values())
+        for child in children:
+            _stop_tree(child.pid)
+        super().close()
+        if self._shm_dir is not None:
+            shutil.rmtree(self._shm_dir, ignore_errors=True)
+
+
+def _stop_tree(pid: int) -> None:
+    try:
+        parent = psutil.Process(pid)
+        stop_processes([parent, *parent.children(recursive=True)])
+    except psutil.NoSuchProcess:
+        pass
+
+
+def main(argv: list[str]) -> int:
+    """``python -m hvd_magic.launch.agent HOST COMMAND...`` (called by mpirun)."""
+    host, command = argv[0], " ".join(argv[1:])
+    agents = json.loads(os.environ[ENV_AGENTS])
+    if host not in agents:
+        print(f"hvd_magic: no exec agent for host {host!r} (known: {sorted(agents)})", file=sys.stderr)
+        return 255
+    client = HubClient(agents[host], os.environ[ENV_AGENT_TOKEN], rank=-1)
+    stopping = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    client.send("exec", {"command": command})
+    code = _relay(client, stopping)
+    client.close()
+    return code
+
+
+def _relay(client: HubClient, stopping: threading.Event) -> int:
+    next_ping = 0.0
+    while not stopping.is_set():
+        if time.monotonic() >= next_ping:
+            client.send("ping")
+            next_ping = time.monotonic() + PING_SECONDS
+        message = client.receive(timeout=0.2)
+        if message is None:
+            continue
+        kind, header, blob = message
+        if kind == "output":
+            out = sys.stderr.buffer if header.get("stream") == "stderr" else sys.stdout.buffer
+            out.write(blob)
+            out.flush()
+        elif kind == "exit":
+            return int(header.get("code", 1))
+    client.send("kill")
+    return 143
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

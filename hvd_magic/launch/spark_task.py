@@ -1,0 +1,204 @@
+"""What each Spark barrier task runs on its executor (imported there by reference).
+
+Every task reports itself to the notebook's hub (``join``: executor, address, GPUs, agent
+address) and gets the run's plan back: one rendezvous through the driver, not Spark's
+``allGather`` (~1 s per call here). With MPI, the first task runs mpirun, and the first task of
+each executor serves the exec agent that starts that executor's share of the ranks. With Gloo,
+each task starts its own rank. Every task holds its slot (and GPU) until the driver releases it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+from ..hub import HubClient, RunKeys
+from ..worker import ENV_SLOT_GPUS
+from . import thread_budget_env
+from .agent import ENV_AGENT_TOKEN, ENV_AGENTS, ExecAgent, die_with_parent
+from .local import mpirun_argv, stop_processes
+
+__all__ = ["TaskSpec", "barrier_task"]
+PLAN_TIMEOUT = 120.0
+
+
+@dataclass
+class TaskSpec:
+    np: int
+    launcher: str
+    env: dict[str, str]
+    hub_address: str
+    hub_token: str
+    agent_keys: RunKeys
+    task_cpus: int
+
+
+def own_address(toward: str) -> str:
+    """This executor's address: SPARK_LOCAL_IP if set, else the one that routes to the driver."""
+    if os.environ.get("SPARK_LOCAL_IP"):
+        return os.environ["SPARK_LOCAL_IP"]
+    host = toward.split("//")[-1].rsplit(":", 1)[0]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((host, 9))
+        return str(probe.getsockname()[0])
+
+
+def interface_of(address: str) -> str:
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address == address for a in addresses):
+            return name
+    return "lo" if address.startswith("127.") else ""
+
+
+def barrier_task(spec: TaskSpec, _rows: Iterator[Any]) -> Iterator[int]:
+    from pyspark import BarrierTaskContext
+
+    context = BarrierTaskContext.get()
+    partition = context.partitionId()
+    resources = context.resources()
+    join: dict[str, Any] = {
+        "partition": partition,
+        "executor": context.getTaskInfos()[partition].address,
+        "ip": own_address(spec.hub_address),
+        "gpus": list(resources["gpu"].addresses) if "gpu" in resources else [],
+        "python": sys.executable,
+    }
+    client = HubClient(spec.hub_address, spec.hub_token, rank=-1)
+    agent = ExecAgent(join["ip"], spec.agent_keys, "", {}) if spec.launcher == "mpi" else None
+    if agent is not None:
+        join["agent"] = agent.address
+    client.send("join", join)
+    code = 1
+    try:
+        answer = client.receive(PLAN_TIMEOUT)
+        if answer is None or answer[0] != "plan":
+            raise RuntimeError(
+                f"task {partition}: no launch plan from the notebook within {PLAN_TIMEOUT:.0f} s"
+            )
+        plan = answer[1]
+        if spec.launcher == "mpi":
+            assert agent is not None
+            code = _mpi_task(spec, plan, partition, agent, client)
+        else:
+            code = _gloo_task(spec, plan, partition, client)
+    finally:
+        if agent is not None:
+            agent.close()
+        _stop_children()
+        client.close()
+    yield code
+
+
+def _my_host(plan: dict[str, Any], partition: int) -> dict[str, Any]:
+    return next(h for h in plan["hosts"] if partition in h["partitions"])
+
+
+def _mpi_task(
+    spec: TaskSpec, plan: dict[str, Any], partition: int, agent: ExecAgent, client: HubClient
+) -> int:
+    host = _my_host(plan, partition)
+    if host["partitions"][0] == partition:
+        agent.host_token = host["token"]
+        local_ranks = len(host["partitions"])
+        agent.host_env = {ENV_SLOT_GPUS: json.dumps(host["gpus"])} | thread_budget_env(
+            local_ranks, local_ranks * spec.task_cpus, spec.env
+        )
+    process = _start_mpirun(spec, plan) if partition == plan["mpirun_partition"] else None
+    return _hold_slot(client, process)
+
+
+def _start_mpirun(spec: TaskSpec, plan: dict[str, Any]) -> subprocess.Popen[bytes]:
+    agents = {h["token"]: h["agent"] for h in plan["hosts"]}
+    argv = mpirun_argv(
+        spec.np,
+        [sys.executable, "-m", "hvd_magic.worker"],
+        as_root=os.geteuid() == 0,
+        hosts=[(h["token"], len(h["partitions"])) for h in plan["hosts"]],
+        rsh_agent=f"{sys.executable} -m hvd_magic.launch.agent",
+        export_env=sorted(spec.env),
+    )
+    secrets = {ENV_AGENTS: json.dumps(agents), ENV_AGENT_TOKEN: spec.agent_keys.client_token()}
+    return _spawn(argv, dict(os.environ) | spec.env | secrets)
+
+
+def _gloo_task(spec: TaskSpec, plan: dict[str, Any], partition: int, client: HubClient) -> int:
+    slot = plan["slots"][str(partition)]
+    host = _my_host(plan, partition)
+    local_ranks = len(host["partitions"])
+    gpus = host["gpus"][slot["local_rank"]]
+    env = dict(os.environ) | spec.env | thread_budget_env(local_ranks, local_ranks * spec.task_cpus, spec.env)
+    env |= {
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": plan["rendezvous_ip"],
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(plan["rendezvous_port"]),
+        "HOROVOD_CONTROLLER": "gloo",
+        "HOROVOD_CPU_OPERATIONS": "gloo",
+        "HOROVOD_GLOO_IFACE": interface_of(host["ip"]),
+        "HOROVOD_HOSTNAME": host["token"],
+    }
+    env |= {f"HOROVOD_{key.upper()}": str(value) for key, value in slot.items()}
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+    return _hold_slot(client, _spawn([sys.executable, "-m", "hvd_magic.worker"], env))
+
+
+def _spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        argv,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=die_with_parent,  # the task's main thread: dies with the Python worker
+    )
+
+
+def _hold_slot(client: HubClient, process: subprocess.Popen[bytes] | None) -> int:
+    """Forward the process's output, report its exit, and keep the slot until released."""
+    reader = None
+    if process is not None:
+        reader = threading.Thread(target=_forward, args=(process, client), daemon=True)
+        reader.start()
+    code, reported = 0, process is None
+    while True:
+        if not reported and process is not None and process.poll() is not None:
+            if reader is not None:
+                reader.join(timeout=5)
+            code, reported = process.returncode, True
+            client.send("launcher_exit", {"code": code})
+        answer = client.receive(timeout=0.2)
+        if answer is None:
+            continue
+        if answer[0] == "abort" and process is not None:
+            _stop_tree(process.pid)
+            code = process.wait()
+        if answer[0] in ("release", "abort"):
+            return code
+
+
+def _forward(process: subprocess.Popen[bytes], client: HubClient) -> None:
+    assert process.stdout is not None
+    for line in process.stdout:
+        client.send("launcher_log", {}, line)
+
+
+def _stop_tree(pid: int) -> None:
+    try:
+        parent = psutil.Process(pid)
+        stop_processes([parent, *parent.children(recursive=True)])
+    except psutil.NoSuchProcess:
+        pass
+
+
+def _stop_children() -> None:
+    me = psutil.Process()
+    stop_processes(me.children(recursive=True))

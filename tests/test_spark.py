@@ -1,0 +1,109 @@
+"""%%horovod np=N on a real local-cluster: two executor JVMs, fake GPUs, real mpirun/Gloo."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from hvd_magic import HorovodRunner, LaunchError
+from hvd_magic.launch import spark as spark_launch
+
+from .conftest import leftover_processes
+from .spark_fixtures import fake_gpu_script, spark_session
+
+REPORT_CELL = """
+import json, os, horovod.torch as hvd, torch
+hvd.init()
+me = {"rank": hvd.rank(), "local_rank": hvd.local_rank(), "size": hvd.size(),
+      "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "host": os.environ.get("HVD_MAGIC_VIA_AGENT"),
+      "pid": os.getpid(), "threads": os.environ.get("OMP_NUM_THREADS"),
+      "sum": hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum).item()}
+[json.loads(s) for s in hvd.allgather_object(json.dumps(me))]
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    gpus = fake_gpu_script(tmp_path_factory.mktemp("gpu"), ["0", "1"])
+    conf = {
+        "spark.worker.resource.gpu.amount": "2",
+        "spark.worker.resource.gpu.discoveryScript": str(gpus),
+        "spark.executor.resource.gpu.amount": "2",
+        "spark.executor.resource.gpu.discoveryScript": str(gpus),
+        "spark.task.resource.gpu.amount": "1",
+        "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "1",
+    }
+    with spark_session("local-cluster[2,2,1024]", conf) as session:
+        spark_launch.check_slots(session, 4, wait=60)  # executors register after the session starts
+        yield session
+
+
+@pytest.fixture
+def plans(monkeypatch):
+    """Records the plans the launcher makes (the real function still runs)."""
+    made = []
+    real = spark_launch.make_plan
+
+    def spy(joins, launcher):
+        made.append(real(joins, launcher))
+        return made[-1]
+
+    monkeypatch.setattr(spark_launch, "make_plan", spy)
+    return made
+
+
+def test_np4_spreads_over_both_executors_with_each_rank_on_its_slots_gpu(ip, cluster, plans):
+    ranks = ip.run_cell_magic("horovod", "np=4", REPORT_CELL)
+    assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
+    assert {r["size"] for r in ranks} == {4} and {r["sum"] for r in ranks} == {10.0}
+    (plan,) = plans
+    assert len(plan["hosts"]) == 2 and len({h["executor"] for h in plan["hosts"]}) == 2
+    # Every rank was started through the exec agent of its executor, none by ssh.
+    assert sorted(r["host"] for r in ranks) == ["hvd-host-0", "hvd-host-0", "hvd-host-1", "hvd-host-1"]
+    gpus_by_host = {h["token"]: h["gpus"] for h in plan["hosts"]}
+    for rank in ranks:
+        assert [rank["gpus"]] == gpus_by_host[rank["host"]][rank["local_rank"]]
+    for host in plan["hosts"]:
+        assert sorted(g for [g] in host["gpus"]) == ["0", "1"]  # two slots, two different GPUs
+    assert {r["threads"] for r in ranks} == {"1"}  # spark.task.cpus=1 per rank
+    assert leftover_processes() == []
+
+
+def test_gloo_launcher_on_spark(ip, cluster):
+    ranks = ip.run_cell_magic("horovod", "np=4 launcher=gloo", REPORT_CELL)
+    assert {r["sum"] for r in ranks} == {10.0}
+    assert sorted(r["gpus"] for r in ranks) == ["0", "0", "1", "1"]
+
+
+def test_failing_rank_on_spark_names_rank_and_host(ip, cluster):
+    cell = "import horovod.torch as hvd, torch\nhvd.init()\nif hvd.rank() == 3:\n    raise ValueError('bad shard')\n"
+    cell += "hvd.allreduce(torch.tensor([1.0]))\n"
+    from hvd_magic import RankFailedError
+
+    with pytest.raises(RankFailedError) as info:
+        ip.run_cell_magic("horovod", "np=4", cell)
+    assert info.value.rank == 3 and info.value.exc_type == "ValueError" and info.value.host
+    assert "bad shard" in info.value.remote_traceback
+    assert leftover_processes() == []
+    assert HorovodRunner(np=2).run(rank_sum()) == 3.0  # the cluster is usable again
+
+
+def rank_sum():
+    def main() -> float:  # nested: pickled by value, as a notebook function would be
+        import horovod.torch as hvd
+        import torch
+
+        hvd.init()
+        return float(hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum).item())
+
+    return main
+
+
+def test_more_ranks_than_slots_fails_fast_with_advice(cluster):
+    started = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        HorovodRunner(np=6).run(rank_sum())
+    assert time.monotonic() - started < 15
+    message = str(info.value)
+    assert "np=6" in message and "has 4" in message and "spark.executor" in message
