@@ -134,7 +134,7 @@ def _load_payload(blob: bytes) -> CellPayload | FunctionPayload:
             f"the payload needs module {err.name!r}, which this rank cannot import ({err}). Install it "
             "where the ranks run (on Spark: on every executor), or define the code in the notebook."
         ) from None
-    return payload  # type: ignore[no-any-return]
+    return payload
 
 
 def _user_traceback(err: BaseException) -> str:

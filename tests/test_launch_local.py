@@ -27,3 +27,31 @@ def test_thread_budget_divides_cores_among_local_ranks(monkeypatch):
     assert env["OMP_NUM_THREADS"] == "4" and env["TF_NUM_INTRAOP_THREADS"] == "4"
     assert thread_budget_env(local_ranks=4, cores=2, user_env={})["OMP_NUM_THREADS"] == "1"
     assert thread_budget_env(local_ranks=2, cores=8, user_env={"OMP_NUM_THREADS": "3"}) == {}
+
+
+def test_spark_plan_groups_tasks_by_executor_and_numbers_ranks_host_by_host():
+    from hvd_magic.launch.spark import make_plan
+
+    joins = [
+        {"partition": p, "executor": e, "ip": ip, "gpus": [str(g)], "agent": f"tcp://{ip}:1"}
+        for p, e, ip, g in [(0, "a:1", "10.0.0.1", 0), (1, "b:1", "10.0.0.2", 0), (2, "a:1", "10.0.0.1", 1), (3, "b:1", "10.0.0.2", 1)]
+    ]  # fmt: skip
+    plan = make_plan(list(reversed(joins)), "gloo")
+    assert [(h["token"], h["partitions"], h["gpus"]) for h in plan["hosts"]] == [
+        ("hvd-host-0", [0, 2], [["0"], ["1"]]),
+        ("hvd-host-1", [1, 3], [["0"], ["1"]]),
+    ]
+    assert plan["mpirun_partition"] == 0
+    assert plan["slots"]["2"] == {
+        "rank": 1, "size": 4, "local_rank": 1, "local_size": 2, "cross_rank": 0, "cross_size": 2,
+    }  # fmt: skip
+    assert plan["slots"]["1"]["rank"] == 2
+
+
+def test_gpu_for_local_rank():
+    from hvd_magic.worker import gpu_for_local_rank
+
+    assert gpu_for_local_rank('[["0"], ["1"]]', 1) == "1"
+    assert gpu_for_local_rank('[["0", "1"], ["2", "3"]]', 1) == "2,3"
+    assert gpu_for_local_rank(None, 0) is None
+    assert gpu_for_local_rank("[[]]", 0) is None

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from hvd_magic import HorovodRunner, LaunchError
+from hvd_magic import HorovodRunner, LaunchError, RankFailedError
 from hvd_magic.launch import spark as spark_launch
 
 from .conftest import leftover_processes
@@ -77,9 +77,11 @@ def test_gloo_launcher_on_spark(ip, cluster):
 
 
 def test_failing_rank_on_spark_names_rank_and_host(ip, cluster):
-    cell = "import horovod.torch as hvd, torch\nhvd.init()\nif hvd.rank() == 3:\n    raise ValueError('bad shard')\n"
-    cell += "hvd.allreduce(torch.tensor([1.0]))\n"
-    from hvd_magic import RankFailedError
+    cell = (
+        "import horovod.torch as hvd, torch\nhvd.init()\n"
+        "if hvd.rank() == 3:\n    raise ValueError('bad shard')\n"
+        "hvd.allreduce(torch.tensor([1.0]))\n"
+    )
 
     with pytest.raises(RankFailedError) as info:
         ip.run_cell_magic("horovod", "np=4", cell)
@@ -107,3 +109,28 @@ def test_more_ranks_than_slots_fails_fast_with_advice(cluster):
     assert time.monotonic() - started < 15
     message = str(info.value)
     assert "np=6" in message and "has 4" in message and "spark.executor" in message
+
+
+def test_run_secrets_never_appear_on_command_lines(ip, cluster, monkeypatch):
+    from hvd_magic import hub as hub_module
+
+    made = []
+    real = hub_module.RunKeys.generate
+
+    def spy():
+        made.append(real())
+        return made[-1]
+
+    monkeypatch.setattr(hub_module.RunKeys, "generate", staticmethod(spy))
+    # Rank 0 reads the process table while mpirun, the agents, orted and all ranks are alive.
+    cell = (
+        "import subprocess, horovod.torch as hvd\nhvd.init()\nhvd.barrier()\n"
+        "table = subprocess.run(['ps', '-eo', 'args'], capture_output=True, text=True).stdout\n"
+        "hvd.barrier()\ntable"
+    )
+    table = ip.run_cell_magic("horovod", "np=4", cell)
+    assert "hvd_magic.launch.agent hvd-host-1" in table and "orted" in table
+    assert len(made) == 2  # the hub's keys and the exec agents' keys
+    for keys in made:
+        for secret in (keys.client_secret, keys.server_secret):
+            assert secret.decode() not in table

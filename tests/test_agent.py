@@ -1,0 +1,70 @@
+"""The exec agent runs commands only for callers holding the run's keys (real sockets, real processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hvd_magic.hub import HubClient, RunKeys
+from hvd_magic.launch.agent import ENV_AGENT_TOKEN, ENV_AGENTS, ExecAgent
+
+
+@pytest.fixture
+def agent():
+    keys = RunKeys.generate()
+    a = ExecAgent("127.0.0.1", keys, "hvd-host-0", {"FROM_AGENT": "yes"})
+    yield a
+    a.close()
+
+
+def _rsh(agent: ExecAgent, token: str, host: str, command: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, **{ENV_AGENTS: json.dumps({"hvd-host-0": agent.address}), ENV_AGENT_TOKEN: token})
+    return subprocess.run(
+        [sys.executable, "-m", "hvd_magic.launch.agent", host, command],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_rsh_client_runs_command_through_agent(agent):
+    done = _rsh(agent, agent.keys.client_token(), "hvd-host-0", "echo $FROM_AGENT $HVD_MAGIC_VIA_AGENT; exit 7")
+    assert done.stdout.strip() == "yes hvd-host-0"
+    assert done.returncode == 7
+    assert agent.launches == 1
+
+
+def test_wrong_keys_run_nothing(agent):
+    forged = RunKeys.generate()
+    token = b",".join([agent.keys.server_public, forged.client_public, forged.client_secret]).decode()
+    client = HubClient(agent.address, token, rank=-1)
+    client.send("exec", {"command": "touch /tmp/hvd_magic-should-not-exist"})
+    assert client.receive(timeout=2) is None
+    client.close()
+    assert agent.launches == 0 and agent.refused_handshakes >= 1
+    assert not os.path.exists("/tmp/hvd_magic-should-not-exist")
+
+
+def test_unknown_host_is_a_clear_error(agent):
+    done = _rsh(agent, agent.keys.client_token(), "elsewhere", "true")
+    assert done.returncode == 255 and "no exec agent for host 'elsewhere'" in done.stderr
+
+
+def test_secret_is_not_on_the_command_line(agent):
+    token = agent.keys.client_token()
+    env = dict(os.environ, **{ENV_AGENTS: json.dumps({"hvd-host-0": agent.address}), ENV_AGENT_TOKEN: token})
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hvd_magic.launch.agent", "hvd-host-0", "ps -eo args"],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    table, _ = process.communicate(timeout=60)
+    assert "hvd_magic.launch.agent hvd-host-0" in table  # we did see our own processes
+    for secret in token.split(","):
+        assert secret not in table
