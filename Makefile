@@ -7,7 +7,7 @@ setup:
 	bash scripts/setup.sh
 
 demo: setup
-	$(PY) scripts/run_notebook.py example_notebooks/quickstart.ipynb
+	$(PY) scripts/run_notebook.py example_notebooks/mnist_torch_spark.ipynb
 
 lint: setup
 	$(PY) -m ruff check hvd_magic tests scripts bench

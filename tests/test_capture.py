@@ -43,3 +43,23 @@ def test_large_payload_gets_a_notice():
 def test_function_payload_needs_a_callable():
     with pytest.raises(CaptureError, match="needs a function"):
         capture_function(42, {})  # type: ignore[arg-type]
+
+
+def test_functions_from_local_modules_travel_by_value(tmp_path, monkeypatch):
+    """A helper module next to the notebook is not on the ranks' path (never on Spark executors)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "helpers_for_capture.py").write_text("SCALE = 3\ndef triple(x):\n    return SCALE * x\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import helpers_for_capture
+
+    captured = capture_cell("triple(14)", {"triple": helpers_for_capture.triple})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    loader = "import sys, cloudpickle; p = cloudpickle.loads(sys.stdin.buffer.read()); print(p.namespace['triple'](14))"
+    done = subprocess.run(
+        [sys.executable, "-c", loader], input=captured.blob, capture_output=True, cwd=elsewhere, timeout=60
+    )
+    assert done.stdout.strip() == b"42", done.stderr

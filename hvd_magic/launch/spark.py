@@ -42,8 +42,9 @@ def active_or_embedded_session() -> Any:
         return session
     # Executors take PYSPARK_PYTHON from the environment when the context starts.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # our own session: stay on loopback
     slots = max(4, os.cpu_count() or 1)
-    return (
+    session = (
         SparkSession.builder.master(f"local[{slots}]")
         .appName("hvd_magic")
         .config("spark.driver.host", "127.0.0.1")
@@ -52,6 +53,8 @@ def active_or_embedded_session() -> Any:
         .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "1")
         .getOrCreate()
     )
+    session.sparkContext.setLogLevel("ERROR")
+    return session
 
 
 def driver_address(session: Any) -> str:

