@@ -1,11 +1,14 @@
 """``hvd_magic.report(step=..., total=..., **metrics)``: progress and metrics from a rank.
 
-Cheap and never blocking: outside a ``%%horovod`` run it does nothing; inside one it hands the
-record to the rank's hub connection, which drops (and counts) records if its queue is full.
+Cheap and never blocking: outside a ``%%horovod`` run it does nothing; inside one it appends the
+record to a bounded buffer that a background thread sends to the notebook ten times a second,
+as one message. When the buffer is full the record is dropped and counted, never waited for.
 """
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -14,18 +17,59 @@ if TYPE_CHECKING:
 
 __all__ = ["report"]
 
-_client: HubClient | None = None
-dropped = 0
+FLUSH_SECONDS = 0.1
+BUFFER_LIMIT = 20_000
+
+
+class _Reporter:
+    def __init__(self, client: HubClient) -> None:
+        self.client = client
+        self.buffer: list[dict[str, Any]] = []
+        self.dropped = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hvd_magic-report", daemon=True)
+        self._thread.start()
+
+    def add(self, record: dict[str, Any]) -> None:
+        with self._lock:
+            if len(self.buffer) >= BUFFER_LIMIT:
+                self.dropped += 1
+                return
+            self.buffer.append(record)
+
+    def flush(self) -> None:
+        with self._lock:
+            records, self.buffer = self.buffer, []
+            dropped = self.dropped
+        if records:
+            if not self.client.send("reports", {"dropped": dropped}, json.dumps(records).encode()):
+                with self._lock:
+                    self.dropped += len(records)
+
+    def _run(self) -> None:
+        while not self._stop.wait(FLUSH_SECONDS):
+            self.flush()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.flush()
+
+
+_reporter: _Reporter | None = None
 
 
 def _attach(client: HubClient) -> None:
-    global _client
-    _client = client
+    global _reporter
+    _reporter = _Reporter(client)
 
 
 def _detach() -> None:
-    global _client
-    _client = None
+    global _reporter
+    reporter, _reporter = _reporter, None
+    if reporter is not None:
+        reporter.close()
 
 
 def report(
@@ -34,15 +78,17 @@ def report(
     epoch: int | None = None,
     **metrics: float,
 ) -> None:
-    """Report progress and metrics of this rank to the notebook.
+    """Report progress and metrics of this rank to the notebook's live view.
 
     >>> for step, batch in enumerate(loader):              # doctest: +SKIP
     ...     loss = train_step(batch)
-    ...     hvd_magic.report(step=step, total=len(loader), loss=loss)
+    ...     hvd_magic.report(step=step + 1, total=len(loader), loss=loss)
+
+    ``step``/``total`` drive the progress bar, ``epoch`` is shown beside it, every other
+    keyword is a metric curve. Outside a ``%%horovod`` run this does nothing.
     """
-    global dropped
-    client = _client
-    if client is None:
+    reporter = _reporter
+    if reporter is None:
         return
     record: dict[str, Any] = {"t": time.time()}
     if step is not None:
@@ -51,6 +97,6 @@ def report(
         record["total"] = int(total)
     if epoch is not None:
         record["epoch"] = int(epoch)
-    record["metrics"] = {k: float(v) for k, v in metrics.items()}
-    if not client.send("report", record):
-        dropped += 1
+    if metrics:
+        record["metrics"] = {name: float(value) for name, value in metrics.items()}
+    reporter.add(record)

@@ -36,21 +36,27 @@ def spark_session(master: str, conf: dict[str, str]) -> Iterator[object]:
     from pyspark.sql import SparkSession
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    builder = SparkSession.builder.master(master).appName("hvd_magic-tests")
-    for key, value in {
+    settings = {
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.driver.host": "127.0.0.1",
         "spark.driver.bindAddress": "127.0.0.1",
         **conf,
-    }.items():
+    }
+    builder = SparkSession.builder.master(master).appName("hvd_magic-tests")
+    for key, value in settings.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     try:
         yield session
     finally:
+        jvm = session.sparkContext._jvm
         session.stop()
+        # Builder options become JVM system properties that outlive the session: clear them so
+        # the next test module's session does not inherit them (fake GPUs, master).
+        for key in [*settings, "spark.master", "spark.app.name"]:
+            jvm.System.clearProperty(key)
 
 
 def _wait_for_workers(web_port: int, count: int, timeout: float = 60.0) -> None:

@@ -80,11 +80,15 @@ def check_slots(session: Any, np: int, wait: float = SLOT_WAIT_SECONDS) -> None:
     task_cpus = conf.get("spark.task.cpus", "1")
     gpus = conf.get("spark.task.resource.gpu.amount")
     per_task = f"spark.task.cpus={task_cpus}" + (f", spark.task.resource.gpu.amount={gpus}" if gpus else "")
+    use = (
+        f"Use np={slots} or fewer, or add"
+        if slots
+        else "No executor offers a slot now: check the cluster, or add"
+    )
     raise LaunchError(
         f"np={np} needs {np} task slots at once, but the Spark cluster has {slots} "
-        f"({executors} executor JVMs incl. the driver's; {per_task}). Use np={slots} or fewer, "
-        "or add executors or cores (spark.executor.instances, spark.executor.cores), or run "
-        f"locally with np=-{np}."
+        f"({executors} executor JVMs incl. the driver's; {per_task}). {use} executors or cores "
+        f"(spark.executor.instances, spark.executor.cores), or run locally with np=-{np}."
     )
 
 

@@ -1,0 +1,200 @@
+"""The live view's model: rank events in, plain state out. No widgets, no I/O.
+
+``RunModel.apply(event)`` folds one hub event into per-rank progress, metric series and
+terminal-like logs; ``version`` counts changes so a view can redraw only when something moved.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..hub import Event
+
+__all__ = ["RankProgress", "RunModel", "TerminalLog"]
+
+MAX_POINTS = 2000  # per rank and metric; older points are thinned, never the newest
+MAX_LOG_LINES = 2000
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+class TerminalLog:
+    """Text as a terminal would show it: ``\\r`` rewinds the line (tqdm, Keras verbose=1)."""
+
+    def __init__(self, limit: int = MAX_LOG_LINES) -> None:
+        self.limit = limit
+        self.lines: list[str] = []
+        self.current = ""
+        self._cursor = 0
+        self.committed = 0  # lines ever completed, including those dropped from the front
+
+    def feed(self, text: str) -> None:
+        for piece in re.split(r"(\r\n|\r|\n)", _ANSI.sub("", text)):
+            if piece in ("\n", "\r\n"):
+                self._commit()
+            elif piece == "\r":
+                self._cursor = 0
+            elif piece:
+                line = self.current
+                self.current = line[: self._cursor] + piece + line[self._cursor + len(piece) :]
+                self._cursor += len(piece)
+
+    def _commit(self) -> None:
+        self.lines.append(self.current)
+        self.committed += 1
+        self.current, self._cursor = "", 0
+        if len(self.lines) > self.limit:
+            del self.lines[: len(self.lines) - self.limit]
+
+    def text(self) -> str:
+        return "\n".join(self.lines + ([self.current] if self.current else []))
+
+
+@dataclass
+class RankProgress:
+    rank: int
+    host: str = ""
+    state: str = "starting"  # starting, running, done, failed
+    step: int | None = None
+    total: int | None = None
+    epoch: int | None = None
+    rate: float | None = None  # steps per second, smoothed
+    metrics: dict[str, float] = field(default_factory=dict)
+    _last: tuple[float, int] | None = None
+
+    @property
+    def fraction(self) -> float | None:
+        if self.state == "done" and self.total:
+            return 1.0
+        if self.step is None or not self.total:
+            return None
+        return min(1.0, self.step / self.total)
+
+    @property
+    def eta(self) -> float | None:
+        if self.rate and self.total and self.step is not None and self.state == "running":
+            return max(0.0, (self.total - self.step) / self.rate)
+        return None
+
+    def update(self, record: dict[str, Any]) -> None:
+        if self.state == "starting":
+            self.state = "running"
+        if "total" in record:
+            self.total = int(record["total"])
+        if "epoch" in record:
+            self.epoch = int(record["epoch"])
+        if "step" in record:
+            step, now = int(record["step"]), float(record.get("t", time.time()))
+            if self._last is not None and now > self._last[0] and step > self._last[1]:
+                instant = (step - self._last[1]) / (now - self._last[0])
+                self.rate = instant if self.rate is None else 0.8 * self.rate + 0.2 * instant
+            self._last = (now, step)
+            self.step = step
+        self.metrics.update(record.get("metrics", {}))
+
+
+@dataclass
+class Series:
+    steps: list[float] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+
+    def add(self, step: float, value: float) -> None:
+        self.steps.append(step)
+        self.values.append(value)
+        if len(self.steps) > MAX_POINTS:  # keep every other old point, the newest always
+            self.steps[:-1] = self.steps[:-1:2]
+            self.values[:-1] = self.values[:-1:2]
+
+
+class RunModel:
+    """Everything the live view shows, built from hub events."""
+
+    def __init__(self, ranks: int) -> None:
+        self.ranks = ranks
+        self.progress = [RankProgress(rank) for rank in range(ranks)]
+        self.series: dict[str, dict[int, Series]] = {}
+        self.logs = [TerminalLog() for _ in range(ranks)]
+        self.all_log = TerminalLog()
+        self.started = time.monotonic()
+        self.version = 0
+        self.events = 0
+        self.dropped_reports = 0
+        self.notices: list[str] = []
+        self._count = [0] * ranks  # x for metrics reported without a step
+        self._forwarded = [0] * ranks  # lines of each rank already in the "all" log
+
+    def apply(self, event: Event) -> None:
+        self.events += 1
+        if not 0 <= event.rank < self.ranks:
+            return
+        progress = self.progress[event.rank]
+        if event.kind == "started":
+            progress.host = str(event.header.get("host", ""))
+        elif event.kind == "reports":
+            self.dropped_reports = max(self.dropped_reports, int(event.header.get("dropped", 0)))
+            for record in json.loads(event.blob):
+                self._report(event.rank, record)
+        elif event.kind == "log":
+            text = event.blob.decode("utf-8", errors="replace")
+            self.logs[event.rank].feed(text)
+            self._feed_all(event.rank)
+        elif event.kind == "error":
+            progress.state = "failed"
+        elif event.kind == "exit":
+            progress.state = "done" if int(event.header.get("code", 1)) == 0 else "failed"
+        else:
+            return
+        self.version += 1
+
+    def _report(self, rank: int, record: dict[str, Any]) -> None:
+        self.progress[rank].update(record)
+        self._count[rank] += 1
+        x = float(record.get("step", self._count[rank]))
+        for name, value in record.get("metrics", {}).items():
+            self.series.setdefault(name, {}).setdefault(rank, Series()).add(x, float(value))
+
+    def _feed_all(self, rank: int) -> None:
+        # The "all" log tags each complete line with its rank; partial lines wait in the rank log.
+        log = self.logs[rank]
+        new = log.committed - self._forwarded[rank]
+        if new > 0:
+            for line in log.lines[-new:]:
+                self.all_log.feed(f"[{rank}] {line}\n")
+            self._forwarded[rank] = log.committed
+
+    def mean_series(self, metric: str) -> Series:
+        """The mean over ranks at each step some rank reported."""
+        by_step: dict[float, list[float]] = {}
+        for series in self.series.get(metric, {}).values():
+            for step, value in zip(series.steps, series.values, strict=True):
+                by_step.setdefault(step, []).append(value)
+        mean = Series()
+        for step in sorted(by_step):
+            mean.steps.append(step)
+            mean.values.append(sum(by_step[step]) / len(by_step[step]))
+        return mean
+
+    def counts(self) -> dict[str, int]:
+        counts = {"starting": 0, "running": 0, "done": 0, "failed": 0}
+        for progress in self.progress:
+            counts[progress.state] += 1
+        return counts
+
+    def summary(self) -> str:
+        counts = self.counts()
+        wall = time.monotonic() - self.started
+        parts = [f"{self.ranks} ranks", f"{wall:.1f} s"]
+        parts += [f"{n} {state}" for state, n in counts.items() if n and state != "done"]
+        finals = []
+        for name, by_rank in self.series.items():
+            last = [s.values[-1] for s in by_rank.values() if s.values]
+            if last:
+                finals.append(f"{name} {sum(last) / len(last):.4g}")
+        if finals:
+            parts.append("final mean " + ", ".join(finals))
+        if self.dropped_reports:
+            parts.append(f"{self.dropped_reports} reports dropped (buffer full)")
+        return " · ".join(parts + self.notices)
