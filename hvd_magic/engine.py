@@ -23,10 +23,11 @@ from .launch.local import LocalGlooLauncher, LocalMpiLauncher
 from .options import RunOptions
 from .worker import ENV_HUB, ENV_TOKEN
 
-__all__ = ["ConsoleView", "RunView", "execute"]
+__all__ = ["ConsoleView", "RunView", "execute", "make_view"]
 
 # After the launcher exits, how long to wait for ranks' last messages still in flight.
 DRAIN_SECONDS = 5.0
+PUMP_BATCH = 2000
 
 
 class RunView(Protocol):
@@ -35,6 +36,9 @@ class RunView(Protocol):
     def notice(self, text: str) -> None: ...
 
     def event(self, event: Event) -> None: ...
+
+    def tick(self) -> None:
+        """Called after each batch of events: a view may redraw here (throttled)."""
 
     def close(self) -> None: ...
 
@@ -63,6 +67,9 @@ class ConsoleView:
             self._at_line_start[key] = line.endswith("\n")
         out.write("".join(pieces))
         out.flush()
+
+    def tick(self) -> None:
+        pass
 
     def close(self) -> None:
         for (_rank, stream), at_start in self._at_line_start.items():
@@ -123,8 +130,24 @@ def _prepare(blob: bytes, options: RunOptions) -> tuple[Hub, Launcher]:
     return hub, SparkLauncher(plan, hub, session, task_cpus)
 
 
-def execute(captured: Captured, options: RunOptions, view: RunView) -> Any:
+def make_view(ranks: int) -> RunView:
+    """Live widgets in a Jupyter kernel (when ipywidgets and plotly are installed), else text."""
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        if shell is not None and type(shell).__name__ == "ZMQInteractiveShell":
+            from .widgets.view import LiveView
+
+            return LiveView(ranks)
+    except ImportError:
+        pass
+    return ConsoleView()
+
+
+def execute(captured: Captured, options: RunOptions, view: RunView | None = None) -> Any:
     """Run the payload on ``options.np`` ranks; return rank 0's value (and returned names)."""
+    view = view or make_view(options.ranks)
     for text in captured.notices:
         view.notice(text)
     hub, launcher = _prepare(captured.blob, options)
@@ -146,6 +169,7 @@ def execute(captured: Captured, options: RunOptions, view: RunView) -> Any:
 def _supervise(hub: Hub, launcher: Launcher, state: _RunState, view: RunView, options: RunOptions) -> Any:
     while True:
         _pump(hub, state, view, wait=0.1)
+        view.tick()
         if state.first_error is not None:
             launcher.stop()
             _pump(hub, state, view, wait=0)
@@ -164,17 +188,20 @@ def _supervise(hub: Hub, launcher: Launcher, state: _RunState, view: RunView, op
 
 
 def _pump(hub: Hub, state: _RunState, view: RunView, wait: float) -> None:
+    """Apply the waiting events, up to a batch, so the view gets its ticks under any load."""
     try:
         event = hub.events.get(timeout=wait) if wait else hub.events.get_nowait()
     except queue.Empty:
         return
-    while True:
+    for _ in range(PUMP_BATCH):
         state.apply(event)
         view.event(event)
         try:
             event = hub.events.get_nowait()
         except queue.Empty:
             return
+    state.apply(event)
+    view.event(event)
 
 
 def _drain(hub: Hub, state: _RunState, view: RunView) -> None:

@@ -10,7 +10,7 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from .capture import capture_cell
-from .engine import ConsoleView, execute
+from .engine import execute
 from .options import OptionError, make_options
 
 __all__ = ["HorovodMagics", "normalize_line"]
@@ -68,6 +68,6 @@ class HorovodMagics(Magics):
             set(self.shell.user_ns_hidden),  # type: ignore[union-attr]
             options.return_names,
         )
-        value, returned = execute(captured, options, ConsoleView())
+        value, returned = execute(captured, options)
         self.shell.user_ns.update(returned)  # type: ignore[union-attr]
         return value

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .capture import capture_function
-from .engine import ConsoleView, execute
+from .engine import execute
 from .options import OptionError, make_options
 
 __all__ = ["HorovodRunner"]
@@ -44,5 +44,5 @@ class HorovodRunner:
 
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
         """Run ``main(**kwargs)`` on every rank; return rank 0's return value."""
-        value, _ = execute(capture_function(main, kwargs), self.options, ConsoleView())
+        value, _ = execute(capture_function(main, kwargs), self.options)
         return value

@@ -1,0 +1,1 @@
+"""The live notebook view (ipywidgets + plotly) and its pure model and renderers."""

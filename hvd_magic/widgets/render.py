@@ -1,0 +1,169 @@
+"""Pure renderers from the model to HTML strings and plotly trace data (tested without a browser)."""
+
+from __future__ import annotations
+
+import html
+import json
+import statistics
+from typing import Any
+
+from .state import RankProgress, RunModel, Series
+
+__all__ = ["COMPACT_RANKS", "final_html", "grid_html", "log_html", "svg_chart", "traces"]
+
+COMPACT_RANKS = 64
+STATE_COLOURS = {"starting": "#9e9e9e", "running": "#1e88e5", "done": "#43a047", "failed": "#e53935"}
+
+
+_HEAD = "".join(
+    f'<th style="text-align:left;padding:1px 8px">{h}</th>'
+    for h in ("rank", "host", "progress", "", "step", "epoch", "steps/s", "ETA", "state")
+)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    seconds = int(seconds)
+    return (
+        f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+        if seconds >= 3600
+        else f"{seconds // 60}:{seconds % 60:02d}"
+    )
+
+
+def _bar(progress: RankProgress) -> str:
+    fraction = progress.fraction
+    width = 0 if fraction is None else round(fraction * 100)
+    colour = STATE_COLOURS[progress.state]
+    return (
+        f'<div class="hvd-bar" data-rank="{progress.rank}" data-progress="{width}" '
+        f'style="background:#eee;width:160px;height:10px;border-radius:3px">'
+        f'<div style="background:{colour};width:{width}%;height:100%;border-radius:3px"></div></div>'
+    )
+
+
+def _row(progress: RankProgress) -> str:
+    step = (
+        "" if progress.step is None else f"{progress.step}" + (f"/{progress.total}" if progress.total else "")
+    )
+    cells = [
+        f"{progress.rank}",
+        html.escape(progress.host),
+        _bar(progress),
+        f"{round((progress.fraction or 0) * 100)}%" if progress.fraction is not None else "",
+        step,
+        "" if progress.epoch is None else str(progress.epoch),
+        "" if progress.rate is None else f"{progress.rate:.1f}",
+        _duration(progress.eta),
+        f'<span style="color:{STATE_COLOURS[progress.state]}">{progress.state}</span>',
+    ]
+    return "<tr>" + "".join(f'<td style="padding:1px 8px">{c}</td>' for c in cells) + "</tr>"
+
+
+def grid_html(model: RunModel) -> str:
+    """A row per rank; from ``COMPACT_RANKS`` ranks on, a strip plus the slowest and failed ranks."""
+    if model.ranks >= COMPACT_RANKS:
+        return _compact_html(model)
+    rows = "".join(_row(p) for p in model.progress)
+    style = "font-size:12px;border-collapse:collapse"
+    return f'<table class="hvd-grid" style="{style}"><tr>{_HEAD}</tr>{rows}</table>'
+
+
+def _compact_html(model: RunModel) -> str:
+    fractions = [p.fraction or 0.0 for p in model.progress]
+    cells = "".join(
+        f'<span title="rank {p.rank}: {p.state} {round((p.fraction or 0) * 100)}%" '
+        f'style="display:inline-block;width:8px;height:12px;margin:0 1px;'
+        f'background:{STATE_COLOURS[p.state]};opacity:{0.3 + 0.7 * (p.fraction or 0):.2f}"></span>'
+        for p in model.progress
+    )
+    counts = ", ".join(f"{n} {state}" for state, n in model.counts().items() if n)
+    slowest = sorted((p for p in model.progress if p.state != "failed"), key=lambda p: p.fraction or 0)[:5]
+    failed = [p for p in model.progress if p.state == "failed"]
+    rows = "".join(_row(p) for p in failed + slowest)
+    return (
+        f'<div class="hvd-compact" style="font-size:12px">{model.ranks} ranks: {counts}; progress min '
+        f"{min(fractions):.0%}, median {statistics.median(fractions):.0%}, max {max(fractions):.0%}</div>"
+        f'<div style="line-height:14px">{cells}</div>'
+        f'<div style="font-size:12px;margin-top:4px">failed and slowest ranks:</div>'
+        f'<table class="hvd-grid" style="font-size:12px"><tr>{_HEAD}</tr>{rows}</table>'
+    )
+
+
+def log_html(text: str) -> str:
+    return (
+        '<pre class="hvd-log" style="max-height:300px;overflow:auto;font-size:12px;margin:0">'
+        f"{html.escape(text)}</pre>"
+    )
+
+
+def traces(model: RunModel, metric: str) -> list[dict[str, Any]]:
+    """Plotly scatter traces: one per rank (thin) and their mean (thick)."""
+    data = []
+    for rank, series in sorted(model.series.get(metric, {}).items()):
+        data.append(
+            {"type": "scatter", "mode": "lines", "name": f"rank {rank}", "x": list(series.steps),
+             "y": list(series.values), "line": {"width": 1}, "opacity": 0.6}
+        )  # fmt: skip
+    mean = model.mean_series(metric)
+    if mean.steps:
+        data.append(
+            {"type": "scatter", "mode": "lines", "name": "mean", "x": mean.steps, "y": mean.values,
+             "line": {"width": 3, "color": "#000"}}
+        )  # fmt: skip
+    return data
+
+
+def svg_chart(series: dict[str, Series], width: int = 480, height: int = 160) -> str:
+    """A small static line chart (for the saved notebook and its HTML export)."""
+    points = [(x, y) for s in series.values() for x, y in zip(s.steps, s.values, strict=True)]
+    if not points:
+        return ""
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
+    sx = (width - 50) / ((x1 - x0) or 1)
+    sy = (height - 20) / ((y1 - y0) or 1)
+    lines = []
+    for name, s in series.items():
+        path = " ".join(
+            f"{45 + (x - x0) * sx:.1f},{height - 10 - (y - y0) * sy:.1f}"
+            for x, y in zip(s.steps, s.values, strict=True)
+        )
+        style = (
+            'stroke="#000" stroke-width="2"'
+            if name == "mean"
+            else 'stroke="#1e88e5" stroke-width="1" opacity="0.5"'
+        )
+        lines.append(
+            f'<polyline fill="none" {style} points="{path}"><title>{html.escape(name)}</title></polyline>'
+        )
+    labels = [(0, 12, y1), (0, height - 10, y0), (45, height, x0), (width - 40, height, x1)]
+    axes = "".join(f'<text x="{x}" y="{y}" font-size="10">{v:.4g}</text>' for x, y, v in labels)
+    svg = f'<svg width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg">'
+    return f"{svg}{axes}{''.join(lines)}</svg>"
+
+
+def final_html(model: RunModel) -> str:
+    """The run's record, kept in the notebook: summary, grid, curves (with their data), logs."""
+    parts = [
+        f'<div class="hvd-summary" style="font-weight:bold">hvd_magic: {html.escape(model.summary())}</div>'
+    ]
+    parts.append(grid_html(model))
+    data = {}
+    for metric in model.series:
+        chart = {f"rank {r}": s for r, s in sorted(model.series[metric].items())} | {
+            "mean": model.mean_series(metric)
+        }
+        parts.append(f"<div><b>{html.escape(metric)}</b><br>{svg_chart(chart)}</div>")
+        data[metric] = {name: {"step": s.steps, "value": s.values} for name, s in chart.items()}
+    if data:
+        payload = json.dumps(data).replace("</", "<\\/")  # raw text inside <script>: only "</" matters
+        parts.append(f'<script type="application/json" class="hvd-metrics">{payload}</script>')
+    logs = "".join(
+        f"<details><summary>rank {rank} log</summary>{log_html(log.text())}</details>"
+        for rank, log in enumerate(model.logs)
+        if log.text()
+    )
+    parts.append(logs)
+    return f'<div class="hvd-final">{"".join(parts)}</div>'

@@ -1,0 +1,124 @@
+"""The live view's logic: events in, state and widget messages out (no browser, no kernel)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from ipywidgets.widgets.tests.utils import setup_test_comm, teardown_test_comm
+
+from hvd_magic.hub import Event
+from hvd_magic.widgets.render import final_html, grid_html
+from hvd_magic.widgets.state import MAX_POINTS, RunModel, TerminalLog
+
+
+@pytest.fixture
+def comms():
+    setup_test_comm()
+    yield
+    teardown_test_comm()
+
+
+def reports(rank: int, *records: dict, dropped: int = 0) -> Event:
+    return Event("reports", rank, {"dropped": dropped}, json.dumps(list(records)).encode())
+
+
+def log(rank: int, text: str) -> Event:
+    return Event("log", rank, {"stream": "stdout"}, text.encode())
+
+
+def test_carriage_returns_rewrite_the_line_like_a_terminal():
+    terminal = TerminalLog()
+    terminal.feed("Epoch 1/2\n  1/10 [>.....] - loss: 0.9\r")
+    terminal.feed("  5/10 [==>...] - loss: 0.5\r 10/10 [======] - loss: 0.1")
+    terminal.feed("\n\x1b[32mdone\x1b[0m\n")
+    assert terminal.lines == ["Epoch 1/2", " 10/10 [======] - loss: 0.1", "done"]
+
+
+def test_a_shorter_rewrite_keeps_the_rest_of_the_line_as_a_terminal_does():
+    terminal = TerminalLog()
+    terminal.feed("100%|#####|\r 50%\n")
+    assert terminal.lines == [" 50%|#####|"]
+
+
+def test_log_keeps_the_newest_lines():
+    terminal = TerminalLog(limit=3)
+    terminal.feed("".join(f"{i}\n" for i in range(10)))
+    assert terminal.lines == ["7", "8", "9"] and terminal.committed == 10
+
+
+def test_model_follows_progress_metrics_and_states():
+    model = RunModel(2)
+    model.apply(Event("started", 0, {"host": "h0"}))
+    model.apply(reports(0, {"t": 0.0, "step": 1, "total": 4, "epoch": 0, "metrics": {"loss": 2.0}}))
+    model.apply(reports(0, {"t": 1.0, "step": 3, "total": 4, "metrics": {"loss": 1.0}}))
+    model.apply(reports(1, {"t": 1.0, "step": 3, "total": 4, "metrics": {"loss": 3.0}}, dropped=5))
+    zero, one = model.progress
+    assert (zero.host, zero.state, zero.step, zero.fraction, zero.rate) == ("h0", "running", 3, 0.75, 2.0)
+    assert zero.eta == pytest.approx(0.5)
+    assert model.series["loss"][0].values == [2.0, 1.0]
+    mean = model.mean_series("loss")
+    assert (mean.steps, mean.values) == ([1.0, 3.0], [2.0, 2.0])
+    model.apply(Event("exit", 0, {"code": 0}))
+    model.apply(Event("error", 1, {"exc_type": "ValueError"}))
+    assert (zero.state, one.state, zero.fraction) == ("done", "failed", 1.0)
+    assert "1 failed" in model.summary() and "5 reports dropped" in model.summary()
+
+
+def test_series_are_thinned_but_keep_the_newest_point():
+    model = RunModel(1)
+    for step in range(1, 3 * MAX_POINTS):
+        model.apply(reports(0, {"step": step, "metrics": {"loss": float(step)}}))
+    series = model.series["loss"][0]
+    assert len(series.steps) <= MAX_POINTS + 1 and series.steps[-1] == 3 * MAX_POINTS - 1
+
+
+def test_all_log_tags_complete_lines_with_their_rank():
+    model = RunModel(2)
+    model.apply(log(1, "partial "))
+    model.apply(log(0, "zero\n"))
+    model.apply(log(1, "line\nnext"))
+    assert model.all_log.lines == ["[0] zero", "[1] partial line"]
+
+
+def test_grid_turns_compact_for_many_ranks_and_still_shows_failed_and_slowest():
+    model = RunModel(64)
+    for rank in range(64):
+        model.apply(reports(rank, {"step": 50 + rank % 50, "total": 100}))
+    model.apply(Event("error", 17, {}))
+    html = grid_html(model)
+    assert "hvd-compact" in html and "64 ranks" in html
+    rows = re.findall(r'data-rank="(\d+)"', html)
+    assert rows[0] == "17" and "0" in rows and len(rows) == 6  # the failed rank, then the 5 slowest
+
+
+def test_final_record_holds_the_curve_data():
+    model = RunModel(2)
+    for rank in (0, 1):
+        model.apply(reports(rank, *({"step": s, "metrics": {"loss": 1.0 / (s + rank)}} for s in (1, 2, 3))))
+    html = final_html(model)
+    data = json.loads(re.search(r'class="hvd-metrics">(.*?)</script>', html).group(1))
+    assert data["loss"]["rank 1"]["value"] == [0.5, 1 / 3, 0.25]
+    assert data["loss"]["mean"]["step"] == [1.0, 2.0, 3.0]
+    assert "<svg" in html
+
+
+def test_live_view_sends_batched_throttled_updates(comms):
+    from hvd_magic.widgets.view import LiveView
+
+    now = [0.0]
+    view = LiveView(2, show=False, clock=lambda: now[0])
+    for i in range(1000):  # 1000 events over one simulated second, a tick after each
+        now[0] = i / 1000
+        view.event(reports(i % 2, {"step": i // 2 + 1, "total": 500, "metrics": {"loss": 1.0}}))
+        view.tick()
+    assert 1 <= view.updates <= 11
+    view.event(Event("exit", 0, {"code": 0}))
+    view.event(Event("exit", 1, {"code": 0}))
+    view.draw()
+    values = [
+        kwargs["data"]["state"]["value"] for _, kwargs in view.grid.comm.messages if "value" in str(kwargs)
+    ]
+    assert values[-1].count('data-progress="100"') == 2  # both bars at 100 %, as sent to the browser
+    assert view.metric.value == "loss" and len(view.figure.data) == 3  # two ranks and the mean
