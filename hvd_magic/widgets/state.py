@@ -194,7 +194,7 @@ class RunModel:
             if last:
                 finals.append(f"{name} {sum(last) / len(last):.4g}")
         if finals:
-            parts.append("final mean " + ", ".join(finals))
+            parts.append("mean of latest: " + ", ".join(finals))
         if self.dropped_reports:
             parts.append(f"{self.dropped_reports} reports dropped (buffer full)")
         return " · ".join(parts + self.notices)

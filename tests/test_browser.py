@@ -1,0 +1,111 @@
+"""End to end in a real JupyterLab in headless Chromium: the live view updates while ranks train."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from .spark_fixtures import free_port
+
+ARTIFACTS = Path(__file__).parent.parent / "test-artifacts"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_FLAGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+    "--disable-sync", "--no-first-run", "--disable-quic",
+]  # fmt: skip
+
+TRAIN_CELL = """%%horovod np=-2
+import time, torch, hvd_magic, horovod.torch as hvd
+hvd.init()
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 1)
+optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                     named_parameters=model.named_parameters())
+x, y = torch.randn(256, 8), torch.randn(256, 1)
+for step in range(1, 61):
+    optimizer.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    optimizer.step()
+    hvd_magic.report(step=step, total=60, epoch=0, loss=loss.item())
+    time.sleep(0.1)
+print("rank", hvd.rank(), "finished")
+"""
+
+
+@pytest.fixture
+def jupyterlab(tmp_path):
+    token = secrets.token_hex(16)
+    port = free_port()
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell("%load_ext hvd_magic"), nbformat.v4.new_code_cell(TRAIN_CELL)]
+    nbformat.write(nb, tmp_path / "live.ipynb")
+    log = open(tmp_path / "jupyterlab.log", "w")  # noqa: SIM115 - closed below
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}", "--allow-root"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env=dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "config")),
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
+            break
+        except OSError:
+            assert time.monotonic() < deadline, (tmp_path / "jupyterlab.log").read_text()[-3000:]
+            assert server.poll() is None, (tmp_path / "jupyterlab.log").read_text()[-3000:]
+            time.sleep(0.2)
+    yield f"{base}/lab/tree/live.ipynb?token={token}"
+    server.terminate()
+    server.wait(timeout=30)
+    log.close()
+
+
+@pytest.mark.skipif(
+    not os.path.exists(CHROMIUM), reason="needs Debian's chromium (scripts/setup.sh installs it)"
+)
+def test_live_view_in_jupyterlab(jupyterlab):
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 1400})
+        page.goto(jupyterlab)
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
+        page.wait_for_selector("#jp-main-statusbar >> text=Idle", timeout=90_000)
+        page.click("text=Run", timeout=30_000)
+        page.click("text=Run All Cells", timeout=30_000)
+        # While the ranks train: the live grid shows bars moving and the curve has points.
+        page.wait_for_selector(".hvd-grid .hvd-bar", timeout=120_000)
+        page.wait_for_function(
+            """() => {
+                const plot = document.querySelector('.js-plotly-plot');
+                return plot && plot.data && plot.data.length === 3 && plot.data[2].x.length >= 10;
+            }""",
+            timeout=120_000,
+        )
+        partial = page.eval_on_selector_all(".hvd-bar", "bars => bars.map(b => +b.dataset.progress)")
+        page.screenshot(path=str(ARTIFACTS / "live_view_running.png"))
+        assert not page.query_selector(".hvd-final"), "the run ended before the live view was seen"
+        assert len(partial) == 2 and all(0 < p < 100 for p in partial)
+        # At the end the widget is replaced by the final record: both bars at 100 %, curves kept.
+        page.wait_for_selector(".hvd-final", timeout=120_000)
+        final = page.eval_on_selector_all(".hvd-final .hvd-bar", "bars => bars.map(b => +b.dataset.progress)")
+        assert final == [100, 100]
+        assert page.query_selector(".hvd-final svg polyline") is not None
+        assert "rank 1 finished" in page.text_content(".hvd-final")  # in a collapsed <details>
+        page.screenshot(path=str(ARTIFACTS / "live_view_final.png"))
+        browser.close()
