@@ -116,7 +116,7 @@ def test_live_view_sends_batched_throttled_updates(comms):
     assert 1 <= view.updates <= 11
     view.event(Event("exit", 0, {"code": 0}))
     view.event(Event("exit", 1, {"code": 0}))
-    view.draw()
+    view.draw(final=True)
     values = [
         kwargs["data"]["state"]["value"] for _, kwargs in view.grid.comm.messages if "value" in str(kwargs)
     ]

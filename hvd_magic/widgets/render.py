@@ -7,11 +7,15 @@ import json
 import statistics
 from typing import Any
 
+import numpy as np
+
 from .state import RankProgress, RunModel, Series
 
 __all__ = ["COMPACT_RANKS", "final_html", "grid_html", "log_html", "svg_chart", "traces"]
 
 COMPACT_RANKS = 64
+PER_RANK_TRACES_UP_TO = 16
+DRAWN_POINTS = 500
 STATE_COLOURS = {"starting": "#9e9e9e", "running": "#1e88e5", "done": "#43a047", "failed": "#e53935"}
 
 
@@ -98,20 +102,49 @@ def log_html(text: str) -> str:
     )
 
 
-def traces(model: RunModel, metric: str) -> list[dict[str, Any]]:
-    """Plotly scatter traces: one per rank (thin) and their mean (thick)."""
-    data = []
-    for rank, series in sorted(model.series.get(metric, {}).items()):
-        data.append(
-            {"type": "scatter", "mode": "lines", "name": f"rank {rank}", "x": list(series.steps),
-             "y": list(series.values), "line": {"width": 1}, "opacity": 0.6}
-        )  # fmt: skip
+def _thin(steps: list[float], values: list[float], max_points: int) -> tuple[np.ndarray, np.ndarray]:
+    stride = max(1, -(-len(steps) // max_points))
+    x, y = np.asarray(steps[::stride]), np.asarray(values[::stride])
+    if stride > 1 and steps and x[-1] != steps[-1]:  # always show the newest point
+        x, y = np.append(x, steps[-1]), np.append(y, values[-1])
+    return x, y
+
+
+def traces(
+    model: RunModel, metric: str, max_ranks: int = PER_RANK_TRACES_UP_TO, max_points: int = DRAWN_POINTS
+) -> list[dict[str, Any]]:
+    """Plotly scatter traces: a line per rank (thin) and the mean (thick).
+
+    With more than ``max_ranks`` ranks, the per-rank lines become a min-max band around the
+    mean; every line is thinned to ``max_points`` for drawing (numpy arrays: plotly validates
+    them without walking each element).
+    """
+    by_rank = model.series.get(metric, {})
     mean = model.mean_series(metric)
+    data: list[dict[str, Any]] = []
+    if len(by_rank) <= max_ranks:
+        for rank, series in sorted(by_rank.items()):
+            x, y = _thin(series.steps, series.values, max_points)
+            data.append(
+                {
+                    "mode": "lines",
+                    "name": f"rank {rank}",
+                    "x": x,
+                    "y": y,
+                    "line": {"width": 1},
+                    "opacity": 0.6,
+                }
+            )
+    elif mean.steps:
+        low, high = model.band_series(metric)
+        for name, band in (("min", low), ("max", high)):
+            x, y = _thin(band.steps, band.values, max_points)
+            fill = {"fill": "tonexty"} if name == "max" else {}
+            data.append({"mode": "lines", "name": f"{name} of {len(by_rank)} ranks", "x": x, "y": y,
+                         "line": {"width": 0}, **fill})  # fmt: skip
     if mean.steps:
-        data.append(
-            {"type": "scatter", "mode": "lines", "name": "mean", "x": mean.steps, "y": mean.values,
-             "line": {"width": 3, "color": "#000"}}
-        )  # fmt: skip
+        x, y = _thin(mean.steps, mean.values, max_points)
+        data.append({"mode": "lines", "name": "mean", "x": x, "y": y, "line": {"width": 3, "color": "#000"}})
     return data
 
 

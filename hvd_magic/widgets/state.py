@@ -121,6 +121,7 @@ class RunModel:
         self.started = time.monotonic()
         self.version = 0
         self.events = 0
+        self.reports = 0
         self.dropped_reports = 0
         self.notices: list[str] = []
         self._count = [0] * ranks  # x for metrics reported without a step
@@ -150,6 +151,7 @@ class RunModel:
         self.version += 1
 
     def _report(self, rank: int, record: dict[str, Any]) -> None:
+        self.reports += 1
         self.progress[rank].update(record)
         self._count[rank] += 1
         x = float(record.get("step", self._count[rank]))
@@ -165,17 +167,26 @@ class RunModel:
                 self.all_log.feed(f"[{rank}] {line}\n")
             self._forwarded[rank] = log.committed
 
-    def mean_series(self, metric: str) -> Series:
-        """The mean over ranks at each step some rank reported."""
+    def _by_step(self, metric: str) -> dict[float, list[float]]:
         by_step: dict[float, list[float]] = {}
         for series in self.series.get(metric, {}).values():
             for step, value in zip(series.steps, series.values, strict=True):
                 by_step.setdefault(step, []).append(value)
-        mean = Series()
-        for step in sorted(by_step):
-            mean.steps.append(step)
-            mean.values.append(sum(by_step[step]) / len(by_step[step]))
-        return mean
+        return by_step
+
+    def mean_series(self, metric: str) -> Series:
+        """The mean over ranks at each step some rank reported."""
+        by_step = self._by_step(metric)
+        steps = sorted(by_step)
+        return Series(steps, [sum(by_step[s]) / len(by_step[s]) for s in steps])
+
+    def band_series(self, metric: str) -> tuple[Series, Series]:
+        """The lowest and highest value over ranks at each step."""
+        by_step = self._by_step(metric)
+        steps = sorted(by_step)
+        return Series(steps, [min(by_step[s]) for s in steps]), Series(
+            steps, [max(by_step[s]) for s in steps]
+        )
 
     def counts(self) -> dict[str, int]:
         counts = {"starting": 0, "running": 0, "done": 0, "failed": 0}

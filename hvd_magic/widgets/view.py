@@ -24,6 +24,7 @@ from .state import RunModel
 __all__ = ["LiveView"]
 
 MAX_UPDATES_PER_SECOND = 10
+CURVE_UPDATES_PER_SECOND = 2  # plotly re-validates every array it is given: redraw curves less
 TABS_UP_TO = 16  # more ranks: one log pane with a rank selector
 
 
@@ -51,6 +52,7 @@ class LiveView:
         self.updates = 0
         self._drawn_version = -1
         self._last_draw = -1.0
+        self._last_curves = -1.0
         self.grid = widgets.HTML()
         self.metric = widgets.Dropdown(options=[], description="metric", layout={"width": "260px"})
         self.metric.observe(lambda _: self._draw_curves(), names="value")
@@ -82,7 +84,7 @@ class LiveView:
         if self.model.version != self._drawn_version and now - self._last_draw >= 1 / MAX_UPDATES_PER_SECOND:
             self.draw()
 
-    def draw(self) -> None:
+    def draw(self, final: bool = False) -> None:
         self._last_draw = self.clock()
         self._drawn_version = self.model.version
         self.updates += 1
@@ -93,7 +95,9 @@ class LiveView:
                 current = self.metric.value
                 self.metric.options = metrics
                 self.metric.value = current if current in metrics else (metrics[0] if metrics else None)
-            self._draw_curves()
+            if self._last_draw - self._last_curves >= 1 / CURVE_UPDATES_PER_SECOND or final:
+                self._last_curves = self._last_draw
+                self._draw_curves()
             self._draw_logs()
             self.summary.value = f"<small>{self.model.summary()}</small>"
 
@@ -103,7 +107,7 @@ class LiveView:
             if len(self.figure.data) != len(data):
                 self.figure.data = ()
                 for trace in data:
-                    self.figure.add_scatter(**{k: v for k, v in trace.items() if k != "type"})
+                    self.figure.add_scatter(**trace)
             else:
                 for shown, trace in zip(self.figure.data, data, strict=True):
                     shown.x, shown.y, shown.name = trace["x"], trace["y"], trace["name"]
@@ -119,7 +123,7 @@ class LiveView:
         self.log_panes[0].value = log_html(log.text())
 
     def close(self) -> None:
-        self.draw()
+        self.draw(final=True)
         if self._handle is not None:
             self._handle.update(RunRecord(self.model))
             self.box.close()

@@ -1,0 +1,157 @@
+"""Live-view benchmarks (issue 4), printing figures measured in this run.
+
+(a) Training cost: steps/s of a small torch loop on 2 local ranks, with ``hvd_magic.report``
+    at every step (about 100 reports/s/rank) against the same loop without it.
+    Target: <= 1 % slower.
+(b) Kernel side: 64 simulated ranks (a separate process, real hub connections and the real
+    report buffer) send 100 reports/s each; the notebook side runs the real hub, engine pump and
+    live view. Target: 0 reports lost, <= 10 UI updates/s, kernel CPU <= 30 %.
+
+Usage: python bench/live_view.py [--seconds 60] [--ranks 64] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import psutil
+
+SIMULATOR = """
+import sys, time
+from hvd_magic.hub import HubClient
+from hvd_magic import reporting
+address, token, ranks, seconds, rate = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+reporters = [reporting._Reporter(HubClient(address, token, rank)) for rank in range(ranks)]
+start, sent = time.monotonic(), 0
+while (now := time.monotonic()) - start < seconds:
+    due = int((now - start) * rate) + 1
+    for step in range(sent + 1, due + 1):
+        for rank, reporter in enumerate(reporters):
+            reporter.add({"t": time.time(), "step": step, "total": int(seconds * rate), "metrics": {"loss": 1.0 / step}})
+    sent = due
+    time.sleep(0.005)
+for reporter in reporters:
+    reporter.close()
+    reporter.client.send("exit", {"code": 0})
+    reporter.client.close()
+print(sent * ranks, sum(r.dropped for r in reporters))
+"""
+
+
+def kernel_side(ranks: int, seconds: float, rate: int) -> None:
+    from hvd_magic.engine import _pump, _RunState
+    from hvd_magic.hub import Hub
+    from hvd_magic.widgets.view import LiveView
+
+    hub = Hub("127.0.0.1", b"")
+    view = LiveView(ranks, show=False)
+    state = _RunState(ranks)
+    me = psutil.Process()
+    simulator = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            SIMULATOR,
+            hub.address,
+            hub.keys.client_token(),
+            str(ranks),
+            str(seconds),
+            str(rate),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    cpu_before, started = me.cpu_times(), time.monotonic()
+    while simulator.poll() is None or len(state.exited) < ranks:
+        _pump(hub, state, view, wait=0.1)
+        view.tick()
+        if time.monotonic() - started > seconds + 60:
+            break
+    wall = time.monotonic() - started
+    cpu_after = me.cpu_times()
+    sent, dropped = map(int, simulator.stdout.read().split())  # type: ignore[union-attr]
+    received = view.model.reports
+    cpu = (cpu_after.user + cpu_after.system - cpu_before.user - cpu_before.system) / wall
+    hub.close()
+    print(f"(b) kernel side, {ranks} simulated ranks x {rate} reports/s for {seconds:.0f} s:")
+    print(f"    reports sent {sent}, dropped at the ranks {dropped}, lost {sent - dropped - received}")
+    print(f"    UI updates {view.updates} in {wall:.1f} s = {view.updates / wall:.1f}/s (target <= 10)")
+    print(f"    kernel CPU {cpu:.1%} of one core (target <= 30 %)")
+
+
+TRAIN = """
+import time, torch, hvd_magic, horovod.torch as hvd
+def main(report, steps):
+    hvd.init()
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(64, 256), torch.randn(64, 1)
+    start = time.perf_counter()
+    for step in range(steps):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        if report:
+            hvd_magic.report(step=step + 1, total=steps, loss=loss.item())
+    return steps / (time.perf_counter() - start)
+"""
+
+
+def training_cost(rounds: int, steps: int) -> None:
+    from hvd_magic import HorovodRunner
+
+    namespace: dict[str, object] = {"__name__": "__main__"}
+    exec(compile(TRAIN, "<bench>", "exec"), namespace)
+    main = namespace["main"]
+    runner = HorovodRunner(np=-2)
+    with_report, without = [], []
+    for _ in range(rounds):  # interleaved, so drift in machine load hits both alike
+        with contextlib.redirect_stdout(io.StringIO()):
+            without.append(runner.run(main, report=False, steps=steps))
+            with_report.append(runner.run(main, report=True, steps=steps))
+    a, b = statistics.median(without), statistics.median(with_report)
+    print(f"(a) training, 2 local ranks, median of {rounds} interleaved runs of {steps} steps:")
+    print(f"    without report {a:.0f} steps/s, with report at every step {b:.0f} steps/s")
+    print(f"    cost {(a - b) / a:+.2%} (target <= 1 %)")
+    from hvd_magic import reporting
+    from hvd_magic.hub import Hub, HubClient
+
+    hub = Hub("127.0.0.1", b"")
+    client = HubClient(hub.address, hub.keys.client_token(), 0)
+    reporting._attach(client)
+    calls = 100_000
+    started = time.perf_counter()
+    for step in range(calls):
+        reporting.report(step=step, total=calls, loss=0.5)
+    per_call = (time.perf_counter() - started) / calls
+    reporting._detach()
+    client.close()
+    hub.close()
+    print(
+        f"    one report() call: {per_call * 1e6:.1f} us = {per_call * 100:.3%} of each second at 100 reports/s"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--ranks", type=int, default=64)
+    parser.add_argument("--rate", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=1000)
+    args = parser.parse_args()
+    print(f"live view benchmark on {os.cpu_count()} cores")
+    training_cost(args.rounds, args.steps)
+    kernel_side(args.ranks, args.seconds, args.rate)
+
+
+if __name__ == "__main__":
+    main()
