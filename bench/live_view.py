@@ -27,14 +27,16 @@ SIMULATOR = """
 import sys, time
 from hvd_magic.hub import HubClient
 from hvd_magic import reporting
-address, token, ranks, seconds, rate = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+address, token = sys.argv[1], sys.argv[2]
+ranks, seconds, rate = int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
 reporters = [reporting._Reporter(HubClient(address, token, rank)) for rank in range(ranks)]
 start, sent = time.monotonic(), 0
 while (now := time.monotonic()) - start < seconds:
     due = int((now - start) * rate) + 1
     for step in range(sent + 1, due + 1):
         for rank, reporter in enumerate(reporters):
-            reporter.add({"t": time.time(), "step": step, "total": int(seconds * rate), "metrics": {"loss": 1.0 / step}})
+            record = {"t": time.time(), "step": step, "total": int(seconds * rate), "metrics": {"loss": 1.0 / step}}
+            reporter.add(record)
     sent = due
     time.sleep(0.005)
 for reporter in reporters:
