@@ -30,12 +30,12 @@ from hvd_magic import reporting
 address, token = sys.argv[1], sys.argv[2]
 ranks, seconds, rate = int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
 reporters = [reporting._Reporter(HubClient(address, token, rank)) for rank in range(ranks)]
-start, sent = time.monotonic(), 0
+start, sent, total = time.monotonic(), 0, int(seconds * rate)
 while (now := time.monotonic()) - start < seconds:
     due = int((now - start) * rate) + 1
     for step in range(sent + 1, due + 1):
         for rank, reporter in enumerate(reporters):
-            record = {"t": time.time(), "step": step, "total": int(seconds * rate), "metrics": {"loss": 1.0 / step}}
+            record = {"t": time.time(), "step": step, "total": total, "metrics": {"loss": 1.0 / step}}
             reporter.add(record)
     sent = due
     time.sleep(0.005)
@@ -137,9 +137,8 @@ def training_cost(rounds: int, steps: int) -> None:
     reporting._detach()
     client.close()
     hub.close()
-    print(
-        f"    one report() call: {per_call * 1e6:.1f} us = {per_call * 100:.3%} of each second at 100 reports/s"
-    )
+    share = per_call * 100
+    print(f"    one report() call: {per_call * 1e6:.1f} us = {share:.3%} of a second at 100 reports/s")
 
 
 def main() -> None:
