@@ -28,6 +28,7 @@ __all__ = ["ConsoleView", "RunView", "execute", "make_view"]
 # After the launcher exits, how long to wait for ranks' last messages still in flight.
 DRAIN_SECONDS = 5.0
 PUMP_BATCH = 2000
+START_TIMEOUT = float(os.environ.get("HVD_MAGIC_START_TIMEOUT", "300"))
 
 
 class RunView(Protocol):
@@ -84,10 +85,13 @@ class _RunState:
     exited: dict[int, int] = field(default_factory=dict)
     first_error: Event | None = None
     result: bytes | None = None
+    began: float = field(default_factory=time.monotonic)
     last_event: float = field(default_factory=time.monotonic)
+    last_seen: dict[int, float] = field(default_factory=dict)
 
     def apply(self, event: Event) -> None:
         self.last_event = event.received
+        self.last_seen[event.rank] = event.received
         if event.kind == "started":
             self.started[event.rank] = str(event.header.get("host", ""))
         elif event.kind == "error" and self.first_error is None:
@@ -178,13 +182,29 @@ def _supervise(hub: Hub, launcher: Launcher, state: _RunState, view: RunView, op
         if code is not None:
             _drain(hub, state, view)
             return _outcome(state, code, launcher)
-        if options.timeout and time.monotonic() - state.last_event > options.timeout:
-            launcher.stop()
-            silent = state.missing(state.started)
-            raise RunTimeout(
-                f"no rank reported anything for {options.timeout:.0f} s; the run was stopped."
-                + (f" Ranks that never started: {silent}." if silent else "")
-            )
+        _check_time_limits(state, options, launcher)
+
+
+def _check_time_limits(state: _RunState, options: RunOptions, launcher: Launcher) -> None:
+    now = time.monotonic()
+    never = state.missing(state.started)
+    if never and now - state.began > START_TIMEOUT:
+        launcher.stop()
+        raise RunTimeout(
+            f"ranks {never} did not start within {START_TIMEOUT:.0f} s ({len(state.started)} of "
+            f"{state.ranks} did); the run was stopped. Check the launcher output above, or set "
+            "HVD_MAGIC_START_TIMEOUT for slow clusters."
+        )
+    if options.timeout and now - state.last_event > options.timeout:
+        launcher.stop()
+        silent = ", ".join(
+            f"rank {r} for {now - t:.0f} s" for r, t in sorted(state.last_seen.items()) if r >= 0
+        )
+        raise RunTimeout(
+            f"no rank reported anything for {options.timeout:.0f} s (timeout={options.timeout:g}); "
+            f"the run was stopped. Silent: {silent or 'every rank'}."
+            + (f" Never started: ranks {never}." if never else "")
+        )
 
 
 def _pump(hub: Hub, state: _RunState, view: RunView, wait: float) -> None:

@@ -1,0 +1,130 @@
+"""Faults caused for real: interrupts, a killed launcher, hangs, missing tools, and a soak."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from jupyter_client.manager import start_new_kernel
+
+from hvd_magic import LaunchError, RunError, RunTimeout
+
+from .conftest import RUN_MARKERS, leftover_processes
+
+
+def _wait_for_files(paths: list[Path], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(p.exists() for p in paths):
+        assert time.monotonic() < deadline, (
+            f"not created within {timeout} s: {[p for p in paths if not p.exists()]}"
+        )
+        time.sleep(0.05)
+
+
+def _run_processes(root: psutil.Process) -> list[str]:
+    found = []
+    for process in root.children(recursive=True):
+        try:
+            cmdline = " ".join(process.cmdline())
+        except psutil.NoSuchProcess:
+            continue
+        if any(marker in cmdline for marker in RUN_MARKERS):
+            found.append(cmdline)
+    return found
+
+
+def _execute(client, code: str, timeout: float = 120) -> dict:
+    msg_id = client.execute(code)
+    return client.get_shell_msg(timeout=timeout) if msg_id else {}
+
+
+def test_interrupt_stops_every_rank_within_5s_and_the_next_cell_works(tmp_path):
+    manager, client = start_new_kernel(kernel_name="python3", cwd=str(tmp_path))
+    try:
+        kernel = psutil.Process(manager.provisioner.process.pid)
+        assert _execute(client, "%load_ext hvd_magic")["content"]["status"] == "ok"
+        cell = (
+            "%%horovod np=-2\nimport time, pathlib, horovod.torch as hvd\nhvd.init()\n"
+            f"pathlib.Path({str(tmp_path)!r}, f'started-{{hvd.rank()}}').touch()\n"
+            "while True:\n    time.sleep(0.1)\n"
+        )
+        msg_id = client.execute(cell)
+        _wait_for_files([tmp_path / "started-0", tmp_path / "started-1"], timeout=120)
+        assert len(_run_processes(kernel)) >= 3  # mpirun and two ranks
+        interrupted = time.monotonic()
+        manager.interrupt_kernel()
+        reply = client.get_shell_msg(timeout=30)
+        elapsed = time.monotonic() - interrupted
+        assert reply["parent_header"]["msg_id"] == msg_id
+        assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "RunInterrupted"
+        assert elapsed < 5, f"the interrupt took {elapsed:.1f} s"
+        assert _run_processes(kernel) == []
+        again = _execute(client, "%%horovod np=-2\n40 + 2")
+        assert again["content"]["status"] == "ok"
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
+def test_ranks_die_with_their_launcher(ip):
+    """Parent-death watchdog: rank 0 SIGKILLs mpirun; every rank must go, and the cell says so."""
+    cell = (
+        "import os, signal, time, horovod.torch as hvd\nhvd.init()\nhvd.barrier()\n"
+        "if hvd.rank() == 0:\n    os.kill(os.getppid(), signal.SIGKILL)\n"
+        "time.sleep(120)\n"
+    )
+    started = time.monotonic()
+    with pytest.raises(RunError, match="died without reporting"):
+        ip.run_cell_magic("horovod", "np=-2", cell)
+    assert time.monotonic() - started < 60
+    assert leftover_processes() == []
+
+
+def test_timeout_ends_a_silent_run_and_names_the_ranks(ip):
+    cell = "import time, horovod.torch as hvd\nhvd.init()\nprint('up', flush=True)\ntime.sleep(300)\n"
+    with pytest.raises(RunTimeout) as info:
+        ip.run_cell_magic("horovod", "np=-2 timeout=4", cell)
+    message = str(info.value)
+    assert (
+        "no rank reported anything for 4 s" in message and "rank 0 for" in message and "rank 1 for" in message
+    )
+    assert leftover_processes() == []
+
+
+def test_missing_mpirun_is_a_clear_error(ip, monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # a PATH without mpirun
+    with pytest.raises(LaunchError, match="mpirun was not found.*apt-get install openmpi-bin"):
+        ip.run_cell_magic("horovod", "np=-2 launcher=mpi", "1")
+
+
+def test_missing_module_on_the_ranks_is_named(ip):
+    from hvd_magic import RankFailedError
+
+    with pytest.raises(RankFailedError) as info:
+        ip.run_cell_magic("horovod", "np=-2", "import horovod_does_not_exist\n")
+    assert info.value.exc_type == "ModuleNotFoundError" and "horovod_does_not_exist" in str(info.value)
+
+
+def _resources() -> dict[str, int]:
+    me = psutil.Process()
+    listening = [c for c in psutil.net_connections(kind="tcp") if c.status == "LISTEN" and c.pid == me.pid]
+    return {
+        "threads": me.num_threads(),
+        "fds": me.num_fds(),
+        "children": len(me.children(recursive=True)),
+        "listening": len(listening),
+    }
+
+
+def test_soak_many_runs_leave_nothing_behind(ip):
+    runs = int(os.environ.get("HVD_MAGIC_SOAK_RUNS", "10"))  # 50 in the slow soak, 10 in CI
+    cell = "import horovod.torch as hvd, torch\nhvd.init()\nhvd.allreduce(torch.tensor([1.0])).item()"
+    assert ip.run_cell_magic("horovod", "np=-2", cell) == 1.0  # warm-up: lazy imports, pools
+    before = _resources()
+    for _ in range(runs):
+        assert ip.run_cell_magic("horovod", "np=-2", cell) == 1.0
+    after = _resources()
+    assert after == before, f"after {runs} runs: {before} -> {after}"
