@@ -10,11 +10,10 @@ from IPython.core.interactiveshell import InteractiveShell
 RUN_MARKERS = ("hvd_magic.worker", "mpirun", "orted")
 
 
-def leftover_processes() -> list[str]:
-    """Processes of ours that a finished run must not leave behind."""
-    me = psutil.Process()
+def leftover_processes(root: psutil.Process | None = None) -> list[str]:
+    """Processes of a run (below ``root``, by default this process) that must not be left behind."""
     found = []
-    for process in me.children(recursive=True):
+    for process in (root or psutil.Process()).children(recursive=True):
         try:
             cmdline = " ".join(process.cmdline())
         except psutil.NoSuchProcess:

@@ -12,7 +12,7 @@ from jupyter_client.manager import start_new_kernel
 
 from hvd_magic import LaunchError, RunError, RunTimeout
 
-from .conftest import RUN_MARKERS, leftover_processes
+from .conftest import leftover_processes
 
 
 def _wait_for_files(paths: list[Path], timeout: float) -> None:
@@ -22,18 +22,6 @@ def _wait_for_files(paths: list[Path], timeout: float) -> None:
             f"not created within {timeout} s: {[p for p in paths if not p.exists()]}"
         )
         time.sleep(0.05)
-
-
-def _run_processes(root: psutil.Process) -> list[str]:
-    found = []
-    for process in root.children(recursive=True):
-        try:
-            cmdline = " ".join(process.cmdline())
-        except psutil.NoSuchProcess:
-            continue
-        if any(marker in cmdline for marker in RUN_MARKERS):
-            found.append(cmdline)
-    return found
 
 
 def _execute(client, code: str, timeout: float = 120) -> dict:
@@ -53,7 +41,7 @@ def test_interrupt_stops_every_rank_within_5s_and_the_next_cell_works(tmp_path):
         )
         msg_id = client.execute(cell)
         _wait_for_files([tmp_path / "started-0", tmp_path / "started-1"], timeout=120)
-        assert len(_run_processes(kernel)) >= 3  # mpirun and two ranks
+        assert len(leftover_processes(kernel)) >= 3  # mpirun and two ranks
         interrupted = time.monotonic()
         manager.interrupt_kernel()
         reply = client.get_shell_msg(timeout=30)
@@ -61,7 +49,7 @@ def test_interrupt_stops_every_rank_within_5s_and_the_next_cell_works(tmp_path):
         assert reply["parent_header"]["msg_id"] == msg_id
         assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "RunInterrupted"
         assert elapsed < 5, f"the interrupt took {elapsed:.1f} s"
-        assert _run_processes(kernel) == []
+        assert leftover_processes(kernel) == []
         again = _execute(client, "%%horovod np=-2\n40 + 2")
         assert again["content"]["status"] == "ok"
     finally:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
 
+import psutil
 import pytest
 
-from hvd_magic import HorovodRunner, LaunchError, RankFailedError
+from hvd_magic import HorovodRunner, LaunchError, RankFailedError, RunError, RunInterrupted
 from hvd_magic.launch import spark as spark_launch
 
 from .conftest import leftover_processes
@@ -134,3 +138,71 @@ def test_run_secrets_never_appear_on_command_lines(ip, cluster, monkeypatch):
     for keys in made:
         for secret in (keys.client_secret, keys.server_secret):
             assert secret.decode() not in table
+
+
+def _run_processes_anywhere() -> list[str]:
+    """Rank-side processes anywhere on the machine (on Spark they are the executors' children)."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(process.info["cmdline"] or [])
+        if any(
+            marker in cmdline for marker in ("hvd_magic.worker", "orted", "mpirun", "hvd_magic.launch.agent")
+        ):
+            found.append(f"{process.pid}: {cmdline[:200]}")
+    return found
+
+
+def _when_started(tmp_path, ranks: int, action) -> threading.Thread:
+    markers = [tmp_path / f"started-{r}" for r in range(ranks)]
+
+    def wait_then_act() -> None:
+        deadline = time.monotonic() + 120
+        while not all(m.exists() for m in markers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        action()
+
+    thread = threading.Thread(target=wait_then_act, daemon=True)
+    thread.start()
+    return thread
+
+
+def _waiting_cell(tmp_path) -> str:
+    return (
+        "import time, pathlib, horovod.torch as hvd, torch\nhvd.init()\n"
+        f"pathlib.Path({str(tmp_path)!r}, f'started-{{hvd.rank()}}').touch()\n"
+        "for _ in range(3000):\n    hvd.allreduce(torch.tensor([1.0]))\n    time.sleep(0.1)\n"
+    )
+
+
+def _gone_within(seconds: float) -> list[str]:
+    deadline = time.monotonic() + seconds
+    while (left := _run_processes_anywhere()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def test_interrupt_on_spark_stops_every_rank_on_every_executor(ip, cluster, tmp_path):
+    interrupted = []
+    _when_started(
+        tmp_path, 4, lambda: (interrupted.append(time.monotonic()), os.kill(os.getpid(), signal.SIGINT))
+    )
+    with pytest.raises(RunInterrupted):
+        ip.run_cell_magic("horovod", "np=4", _waiting_cell(tmp_path))
+    assert time.monotonic() - interrupted[0] < 10
+    assert _gone_within(5) == []
+    assert HorovodRunner(np=2).run(rank_sum()) == 3.0  # the next run works
+
+
+def test_executor_lost_mid_run_is_a_clear_error(ip, cluster, tmp_path):
+    me = psutil.Process()
+    executors = [
+        p for p in me.children(recursive=True) if "CoarseGrainedExecutorBackend" in " ".join(p.cmdline())
+    ]
+    assert len(executors) == 2
+    killed = []
+    _when_started(tmp_path, 4, lambda: (killed.append(time.monotonic()), executors[1].kill()))
+    with pytest.raises((RankFailedError, RunError)) as info:
+        ip.run_cell_magic("horovod", "np=4", _waiting_cell(tmp_path))
+    assert time.monotonic() - killed[0] < 30
+    assert info.value is not None and str(info.value)
+    assert _gone_within(10) == []

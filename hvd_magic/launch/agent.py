@@ -21,10 +21,8 @@ import threading
 import time
 from typing import Any
 
-import psutil
-
 from ..hub import CurveServer, Event, HubClient, RunKeys
-from .local import stop_processes
+from .local import stop_tree
 
 __all__ = ["ENV_AGENTS", "ENV_AGENT_TOKEN", "ExecAgent", "main"]
 
@@ -62,6 +60,7 @@ class ExecAgent(CurveServer):
             self._start(event.identity, str(event.header["command"]))
         elif event.kind == "ping":
             self._last_ping[event.identity] = time.monotonic()
+            self.send_to(event.identity, "pong")
         elif event.kind == "kill":
             self._kill(event.identity)
 
@@ -109,7 +108,7 @@ class ExecAgent(CurveServer):
         with self._lock:
             child = self._children.get(identity)
         if child is not None:
-            _stop_tree(child.pid)
+            stop_tree(child.pid)
 
     def _watch(self) -> None:
         while not self._stop.wait(PING_SECONDS):
@@ -123,22 +122,15 @@ class ExecAgent(CurveServer):
         with self._lock:
             children = list(self._children.values())
         for child in children:
-            _stop_tree(child.pid)
+            stop_tree(child.pid)
         super().close()
         if self._shm_dir is not None:
             shutil.rmtree(self._shm_dir, ignore_errors=True)
 
 
-def _stop_tree(pid: int) -> None:
-    try:
-        parent = psutil.Process(pid)
-        stop_processes([parent, *parent.children(recursive=True)])
-    except psutil.NoSuchProcess:
-        pass
-
-
 def main(argv: list[str]) -> int:
     """``python -m hvd_magic.launch.agent HOST COMMAND...`` (called by mpirun)."""
+    die_with_parent()  # mpirun gone: nothing left to relay for
     host, command = argv[0], " ".join(argv[1:])
     agents = json.loads(os.environ[ENV_AGENTS])
     if host not in agents:
@@ -159,14 +151,21 @@ def main(argv: list[str]) -> int:
 
 
 def _relay(client: HubClient, stopping: threading.Event) -> int:
-    next_ping = 0.0
+    next_ping, heard = 0.0, time.monotonic()
     while not stopping.is_set():
-        if time.monotonic() >= next_ping:
+        now = time.monotonic()
+        if now >= next_ping:
             client.send("ping")
-            next_ping = time.monotonic() + PING_SECONDS
+            next_ping = now + PING_SECONDS
         message = client.receive(timeout=0.2)
         if message is None:
+            if now - heard > PING_TIMEOUT:
+                print(
+                    f"hvd_magic: the exec agent stopped answering for {PING_TIMEOUT:.0f} s", file=sys.stderr
+                )
+                return 255
             continue
+        heard = time.monotonic()
         kind, header, blob = message
         if kind == "output":
             out = sys.stderr.buffer if header.get("stream") == "stderr" else sys.stdout.buffer

@@ -15,7 +15,7 @@ import psutil
 from ..errors import LaunchError
 from . import Launcher, LaunchPlan
 
-__all__ = ["LocalGlooLauncher", "LocalMpiLauncher", "mpirun_argv", "stop_processes"]
+__all__ = ["LocalGlooLauncher", "LocalMpiLauncher", "mpirun_argv", "stop_processes", "stop_tree"]
 
 _TAIL_LINES = 200
 STOP_GRACE_SECONDS = 1.5
@@ -63,6 +63,15 @@ def stop_processes(processes: list[psutil.Process], grace: float = STOP_GRACE_SE
         _, alive = psutil.wait_procs(alive, timeout=grace)
         if not alive:
             return
+
+
+def stop_tree(pid: int) -> None:
+    """Stop a process and all its descendants (see ``stop_processes``)."""
+    try:
+        parent = psutil.Process(pid)
+        stop_processes([parent, *parent.children(recursive=True)])
+    except psutil.NoSuchProcess:
+        pass
 
 
 class _OutputTail:

@@ -140,6 +140,7 @@ class SparkLauncher(Launcher):
         self.job_error: str = ""
         self.log: collections.deque[str] = collections.deque(maxlen=200)
         self._tasks: list[bytes] = []
+        self._launcher_exits: list[int] = []
         self._released = threading.Event()
         self._rendezvous_server: Any = None
 
@@ -190,12 +191,12 @@ class SparkLauncher(Launcher):
         for event in joins:
             self.hub.send_to(event.identity, "plan", plan)
         # mpirun's task reports once; with Gloo every task reports its own rank.
-        expected, exits = (1 if self.plan.launcher == "mpi" else self.plan.np), 0
+        expected = 1 if self.plan.launcher == "mpi" else self.plan.np
         while not self._released.is_set():
             event = self._next_control(None)
             if event is not None and event.kind == "launcher_exit":
-                exits += 1
-                if exits >= expected:
+                self._launcher_exits.append(int(event.header.get("code", 1)))
+                if len(self._launcher_exits) >= expected:
                     self.release()
 
     def _next_control(self, deadline: float | None) -> Event | None:
@@ -235,7 +236,12 @@ class SparkLauncher(Launcher):
             self.hub.send_to(identity, kind)
 
     def poll(self) -> int | None:
-        return None if self._job.is_alive() else self.exit_code
+        if not self._job.is_alive():
+            return self.exit_code
+        # A failed launcher ends the run now: Spark may be busy retrying the barrier stage
+        # (an executor was lost); stop() then cancels the job.
+        failed = [code for code in self._launcher_exits if code]
+        return failed[0] if failed else None
 
     def stop(self) -> None:
         if not hasattr(self, "_job"):

@@ -25,7 +25,7 @@ from ..hub import HubClient, RunKeys
 from ..worker import ENV_SLOT_GPUS
 from . import thread_budget_env
 from .agent import ENV_AGENT_TOKEN, ENV_AGENTS, ExecAgent, die_with_parent
-from .local import mpirun_argv, stop_processes
+from .local import mpirun_argv, stop_processes, stop_tree
 
 __all__ = ["TaskSpec", "barrier_task"]
 PLAN_TIMEOUT = 120.0
@@ -179,7 +179,7 @@ def _hold_slot(client: HubClient, process: subprocess.Popen[bytes] | None) -> in
         if answer is None:
             continue
         if answer[0] == "abort" and process is not None:
-            _stop_tree(process.pid)
+            stop_tree(process.pid)
             code = process.wait()
         if answer[0] in ("release", "abort"):
             return code
@@ -189,14 +189,6 @@ def _forward(process: subprocess.Popen[bytes], client: HubClient) -> None:
     assert process.stdout is not None
     for line in process.stdout:
         client.send("launcher_log", {}, line)
-
-
-def _stop_tree(pid: int) -> None:
-    try:
-        parent = psutil.Process(pid)
-        stop_processes([parent, *parent.children(recursive=True)])
-    except psutil.NoSuchProcess:
-        pass
 
 
 def _stop_children() -> None:
