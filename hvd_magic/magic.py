@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from .capture import capture_cell
@@ -15,9 +16,10 @@ from .options import OptionError, make_options
 
 __all__ = ["HorovodMagics", "normalize_line"]
 
-OPTIONS = ("np", "launcher", "env", "return", "timeout")
+OPTIONS = ("np", "launcher", "env", "return", "timeout", "timeline")
 USAGE = (
-    "usage: %%horovod np=N [launcher=mpi|gloo] [env=K=V,...] [return=a,b] [timeout=SECONDS]\n"
+    "usage: %%horovod np=N [launcher=mpi|gloo] [env=K=V,...] [return=a,b] [timeout=SECONDS] "
+    "[timeline=on|cycles|PATH]\n"
     "np=-N runs N ranks on this machine, np=N on Spark; %%horovod? shows the full help."
 )
 
@@ -45,6 +47,7 @@ class HorovodMagics(Magics):
     @argument("--env", help="extra environment for the ranks: KEY=VALUE,KEY2=VALUE2")
     @argument("--return", dest="return_names", help="rank 0 variables to copy back: a,b")
     @argument("--timeout", help="end the run when no rank reports anything for this many seconds")
+    @argument("--timeline", help="record a Horovod Timeline: on, cycles (mark cycles) or a file path")
     @cell_magic
     def horovod(self, line: str, cell: str) -> Any:
         """Run the cell as a Horovod job; its last expression on rank 0 is the cell's value.
@@ -58,7 +61,9 @@ class HorovodMagics(Magics):
         """
         try:
             args = parse_argstring(self.horovod, normalize_line(line))
-            options = make_options(args.np, args.launcher, args.env, args.return_names, args.timeout)
+            options = make_options(
+                args.np, args.launcher, args.env, args.return_names, args.timeout, args.timeline
+            )
         except (UsageError, OptionError) as err:
             raise UsageError(f"{err}\n{USAGE}") from None
         source = self.shell.transform_cell(cell)  # type: ignore[union-attr]
@@ -68,6 +73,46 @@ class HorovodMagics(Magics):
             set(self.shell.user_ns_hidden),  # type: ignore[union-attr]
             options.return_names,
         )
-        value, returned = execute(captured, options)
+        try:
+            value, returned = execute(captured, options)
+        finally:
+            if options.timeline and os.path.exists(options.timeline):
+                show_timeline(options.timeline)
         self.shell.user_ns.update(returned)  # type: ignore[union-attr]
         return value
+
+    @line_magic
+    def horovod_timeline(self, line: str) -> None:
+        """Show the analysis of a Horovod Timeline file: ``%horovod_timeline PATH``.
+
+        Works on files from killed runs too (a truncated tail is dropped). For your own
+        analysis: ``hvd_magic.timeline.read(PATH).to_pandas()``.
+        """
+        path = line.strip().strip("'\"")
+        if not path:
+            raise UsageError("usage: %horovod_timeline PATH (a Horovod Timeline JSON file)")
+        if not os.path.exists(path):
+            raise UsageError(f"{path}: no such file")
+        show_timeline(path)
+
+
+def show_timeline(path: str) -> None:
+    from IPython.display import HTML, display
+
+    from .timeline import TimelineError, analyze, read
+
+    try:
+        timeline = read(path)
+    except TimelineError as err:
+        raise UsageError(str(err)) from None
+    note = ""
+    if timeline.truncated:
+        note = " (cut off mid-event: the run was stopped while writing; the partial event was dropped)"
+    elif not timeline.closed:
+        note = " (no closing ']': the run was stopped, or Horovod < 0.20 wrote it)"
+    display(
+        HTML(
+            f"<div class='hvd-timeline'><small>{path}: {len(timeline):,} events{note}</small><br>"
+            f"{analyze(timeline).to_html()}</div>"
+        )
+    )

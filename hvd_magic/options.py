@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import time
 from dataclasses import dataclass, field
 
 __all__ = ["RunOptions", "OptionError", "make_options", "parse_env", "parse_names"]
@@ -15,6 +17,8 @@ class RunOptions:
     env: dict[str, str] = field(default_factory=dict)
     return_names: list[str] = field(default_factory=list)
     timeout: float | None = None  # seconds without any rank event before the run is ended
+    timeline: str | None = None  # where the notebook side writes the Horovod Timeline
+    mark_cycles: bool = False
 
     @property
     def ranks(self) -> int:
@@ -81,17 +85,34 @@ def parse_timeout(value: object) -> float | None:
     return seconds
 
 
+def parse_timeline(value: str | None) -> tuple[str | None, bool]:
+    """``on`` / ``cycles`` (a new file in the notebook's folder), a path, or off."""
+    if value is None or value in ("off", "no", "false", ""):
+        return None, False
+    if value in ("on", "yes", "true", "cycles"):
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        return os.path.abspath(f"horovod_timeline-{stamp}.json"), value == "cycles"
+    folder = os.path.dirname(os.path.abspath(value))
+    if not os.path.isdir(folder):
+        raise OptionError(f"timeline={value!r}: the folder {folder} does not exist")
+    return os.path.abspath(value), False
+
+
 def make_options(
     np: object,
     launcher: str | None = None,
     env: str | dict[str, str] | None = None,
     return_names: str | list[str] | None = None,
     timeout: object = None,
+    timeline: str | None = None,
 ) -> RunOptions:
+    timeline_path, mark_cycles = parse_timeline(timeline)
     return RunOptions(
         np=parse_np(np),
         launcher=parse_launcher(launcher),
         env=parse_env(env),
         return_names=parse_names(return_names),
         timeout=parse_timeout(timeout),
+        timeline=timeline_path,
+        mark_cycles=mark_cycles,
     )

@@ -35,9 +35,10 @@ class HorovodRunner:
         launcher: str | None = None,
         env: dict[str, str] | None = None,
         timeout: float | None = None,
+        timeline: str | None = None,
     ) -> None:
         try:
-            self.options = make_options(np, launcher, env, None, timeout)
+            self.options = make_options(np, launcher, env, None, timeout, timeline)
         except OptionError as err:
             raise ValueError(str(err)) from None
         self.num_processor = abs(self.options.np)

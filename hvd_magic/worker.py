@@ -34,6 +34,7 @@ ENV_TOKEN = "HVD_MAGIC_TOKEN"
 ENV_SLOT_GPUS = "HVD_MAGIC_SLOT_GPUS"  # JSON list: local rank -> GPU addresses of its Spark slot
 PAYLOAD_TIMEOUT = 120.0
 _CHUNK = 65536
+_FILE_CHUNK = 4 * 1024 * 1024
 
 
 def rank_from_env() -> tuple[int, int, int]:
@@ -156,6 +157,24 @@ def _send_result(client: HubClient, value: Any, returned: dict[str, Any]) -> Non
     client.send("result", {}, blob)
 
 
+def send_timeline(client: HubClient, path: str) -> None:
+    """Horovod writes the timeline on rank 0's host: flush it, then stream it to the notebook."""
+    for module in ("horovod.torch", "horovod.tensorflow"):
+        framework = sys.modules.get(module)
+        if framework is not None:
+            try:
+                framework.shutdown()
+            except Exception:  # noqa: BLE001 - a failed run may have left Horovod half-initialised
+                pass
+    if not os.path.exists(path):
+        return
+    with open(path, "rb") as timeline:
+        while chunk := timeline.read(_FILE_CHUNK):
+            client.send("file", {"name": "timeline"}, chunk)
+    client.send("file", {"name": "timeline", "last": True}, b"")
+    os.unlink(path)
+
+
 def main() -> int:
     _die_with_parent()
     rank, local_rank, size = rank_from_env()
@@ -201,6 +220,8 @@ def main() -> int:
     finally:
         reporting._detach()
         forwarder.close()
+        if rank == 0 and os.environ.get("HOROVOD_TIMELINE"):
+            send_timeline(client, os.environ["HOROVOD_TIMELINE"])
         client.send("exit", {"code": code})
         client.close()
     return code

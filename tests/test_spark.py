@@ -80,6 +80,22 @@ def test_gloo_launcher_on_spark(ip, cluster):
     assert sorted(r["gpus"] for r in ranks) == ["0", "0", "1", "1"]
 
 
+def test_timeline_written_on_an_executor_comes_back_to_the_notebook(ip, cluster, tmp_path):
+    from hvd_magic.timeline import read, spans
+
+    destination = tmp_path / "spark_timeline.json"
+    cell = (
+        "import os, horovod.torch as hvd, torch\nhvd.init()\n"
+        "for _ in range(3):\n    hvd.allreduce(torch.ones(8), name='grad')\n"
+        "os.environ['HOROVOD_TIMELINE']"
+    )
+    written_at = ip.run_cell_magic("horovod", f"np=4 timeline={destination}", cell)
+    assert written_at != str(destination) and not os.path.exists(written_at)  # streamed back, then removed
+    timeline = read(destination)
+    assert "allreduce.grad" in timeline.tensors.values()
+    assert "ALLREDUCE" in set(spans(timeline)["name"])
+
+
 def test_failing_rank_on_spark_names_rank_and_host(ip, cluster):
     cell = (
         "import horovod.torch as hvd, torch\nhvd.init()\n"

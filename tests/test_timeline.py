@@ -1,0 +1,132 @@
+"""Horovod Timelines from real runs (mpi and gloo), truncated copies, and malformed files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from IPython.core.error import UsageError
+
+from hvd_magic.timeline import TimelineError, analyze, export_slice, read, spans
+
+TRAIN = """
+import horovod.torch as hvd, torch
+hvd.init()
+model = torch.nn.Linear(10, 10)
+optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                     named_parameters=model.named_parameters())
+for _ in range(5):
+    optimizer.zero_grad()
+    model(torch.randn(4, 10)).sum().backward()
+    optimizer.step()
+hvd.rank()
+"""
+
+
+@pytest.fixture(scope="module")
+def real_timelines(tmp_path_factory):
+    """Timelines written by real Horovod runs through %%horovod timeline=PATH."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.run_cell("%load_ext hvd_magic")
+    folder = tmp_path_factory.mktemp("timelines")
+    paths = {}
+    for launcher, option in (("mpi", "timeline"), ("gloo", "timeline")):
+        paths[launcher] = folder / f"{launcher}.json"
+        assert (
+            shell.run_cell_magic("horovod", f"np=-2 launcher={launcher} {option}={paths[launcher]}", TRAIN)
+            == 0
+        )
+    cycles = folder / "cycles.json"
+    shell.run_cell_magic("horovod", f"np=-2 timeline={cycles}", TRAIN)
+    return paths
+
+
+@pytest.mark.parametrize("launcher", ["mpi", "gloo"])
+def test_real_timeline_parses_and_analyses(real_timelines, launcher):
+    timeline = read(real_timelines[launcher])
+    assert timeline.closed and not timeline.truncated
+    assert set(timeline.tensors.values()) == {"allreduce.weight", "allreduce.bias"}
+    frame = spans(timeline)
+    assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE"} <= set(frame["name"])
+    assert (frame["duration"] >= 0).all() and (frame["end"] >= frame["start"]).all()
+    inner = set(frame[frame["depth"] > 0]["name"])
+    assert any(name.endswith("ALLREDUCE") for name in inner)  # MPI_ALLREDUCE or GLOO_ALLREDUCE
+    analysis = analyze(timeline)
+    assert analysis.per_activity.loc["ALLREDUCE", "count"] == frame["name"].eq("ALLREDUCE").sum()
+    assert set(analysis.last_ready.index) <= {"0", "1"} and analysis.last_ready["times last"].sum() > 0
+    assert "time per activity" in analysis.to_html()
+
+
+def test_truncated_copies_keep_every_complete_event(real_timelines, tmp_path):
+    data = real_timelines["mpi"].read_bytes()
+    full = len(read(real_timelines["mpi"]))
+    counts = []
+    for fraction in (0.2, 0.5, 0.77, 0.99):
+        cut = tmp_path / f"cut-{fraction}.json"
+        cut.write_bytes(data[: int(len(data) * fraction)])
+        timeline = read(cut)
+        assert not timeline.closed
+        counts.append(len(timeline))
+        assert len(spans(timeline)) >= 0  # unmatched spans are dropped, not fatal
+    assert counts == sorted(counts) and counts[-1] < full
+    no_bracket = tmp_path / "pre-0.20.json"
+    no_bracket.write_bytes(data.rstrip()[:-1])  # the form without the closing ']'
+    assert len(read(no_bracket)) == full
+    mid_event = tmp_path / "mid-event.json"
+    mid_event.write_bytes(data[: data.rindex(b'"ts"')])  # cut inside the last event
+    assert read(mid_event).truncated and len(read(mid_event)) == full - 1
+
+
+def test_events_count_matches_json(real_timelines):
+    assert len(read(real_timelines["gloo"])) == len(json.loads(real_timelines["gloo"].read_text()))
+
+
+def test_garbage_names_the_file_and_byte_offset(real_timelines, tmp_path):
+    data = real_timelines["mpi"].read_bytes()
+    at = data.index(b"},{", len(data) // 2) + 1
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(data[:at] + b"#junk#" + data[at:])
+    with pytest.raises(TimelineError) as info:
+        read(bad)
+    message = str(info.value)
+    assert str(bad) in message and "byte " in message
+    offset = int(message.split("byte ")[1].split(":")[0])
+    assert data.rfind(b"{", 0, at) <= offset <= at
+    for content, fragment in ((b"", "empty"), (b"hello", r"starts with '\['")):
+        other = tmp_path / "other.json"
+        other.write_bytes(content)
+        with pytest.raises(TimelineError, match=fragment):
+            read(other)
+
+
+def test_export_slice_opens_as_chrome_trace(real_timelines, tmp_path):
+    timeline = read(real_timelines["mpi"])
+    frame = spans(timeline)
+    start, end = int(frame["start"].quantile(0.3)), int(frame["start"].quantile(0.7))
+    out = tmp_path / "slice.json"
+    written = export_slice(timeline, out, start, end)
+    events = json.loads(out.read_text())
+    assert len(events) == written > 0
+    assert all(start <= e["ts"] <= end for e in events if e["ph"] != "M")
+    for pid in {e.get("pid") for e in events if e["ph"] in "BE"}:
+        phases = [e["ph"] for e in events if e.get("pid") == pid and e["ph"] in "BE"]
+        assert phases.count("B") == phases.count("E")
+
+
+def test_timeline_magic_shows_analysis_and_refuses_missing_files(ip, real_timelines, capsys):
+    ip.run_line_magic("horovod_timeline", str(real_timelines["mpi"]))
+    with pytest.raises(UsageError, match="no such file"):
+        ip.run_line_magic("horovod_timeline", "/nonexistent/timeline.json")
+    with pytest.raises(UsageError, match="folder .* does not exist"):
+        ip.run_cell_magic("horovod", "np=-2 timeline=/nonexistent/x.json", "1")
+
+
+def test_timeline_on_writes_next_to_the_notebook(ip, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    ip.run_cell_magic("horovod", "np=-2 timeline=cycles", TRAIN)
+    (written,) = Path(tmp_path).glob("horovod_timeline-*.json")
+    timeline = read(written)
+    assert analyze(timeline).cycles > 0  # cycles=on marks them
