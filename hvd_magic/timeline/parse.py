@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import io
 import json
-import mmap
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -33,7 +34,6 @@ SCHEMA = pa.schema(
         ("ts", pa.int64()),
         ("dur", pa.int64()),
         ("pid", pa.int64()),
-        ("tid", pa.int64()),
         ("args", pa.struct([("name", pa.string()), ("start_time_since_epoch_in_micros", pa.int64())])),
     ]
 )
@@ -90,28 +90,37 @@ def _last_complete(body: bytes) -> int:
     return 0
 
 
-def _bounds(path: str, data: mmap.mmap | bytes) -> tuple[int, int]:
-    start = 0
-    while start < len(data) and data[start : start + 1] in (b" ", b"\n", b"\r", b"\t"):
-        start += 1
-    if data[start : start + 1] != b"[":
+def _skip_opening(path: str, file: BinaryIO) -> int:
+    """Reads past the opening ``[``; returns the offset after it."""
+    head = file.read(4096)
+    start = len(head) - len(head.lstrip())
+    if head[start : start + 1] != b"[":
         raise TimelineError(
             f"{path}: byte {start}: a Horovod Timeline starts with '[' (a JSON array of events)"
         )
-    return start + 1, len(data)
+    file.seek(start + 1)
+    return start + 1
 
 
-def _chunks(data: mmap.mmap | bytes, start: int, end: int) -> list[tuple[int, int]]:
-    """Chunk boundaries that fall between events (right after a ``}`` followed by ``,``)."""
-    bounds = []
-    while start < end:
-        stop = min(start + CHUNK_BYTES, end)
-        if stop < end:
-            cut = data.rfind(b"},", start, stop)
-            stop = cut + 1 if cut > start else stop
-        bounds.append((start, stop))
-        start = stop
-    return bounds
+def _chunks(file: BinaryIO, offset: int) -> Iterator[tuple[int, bytes, bool]]:
+    """(offset, bytes, is_last) pieces that end between events (right after a ``}`` before ``,``).
+
+    Read piece by piece rather than mapped, so memory holds one chunk, not the file.
+    """
+    carry = b""
+    while True:
+        block = file.read(CHUNK_BYTES)
+        data = carry + block
+        if not block:
+            yield offset, data, True
+            return
+        cut = data.rfind(b"},")
+        if cut < 0:
+            carry = data
+            continue
+        yield offset, data[: cut + 1], False
+        offset += cut + 1
+        carry = data[cut + 1 :]
 
 
 def _parse_chunk(path: str, offset: int, raw: bytes, last: bool) -> tuple[pa.Table, bool, bool]:
@@ -158,17 +167,14 @@ def _locate(body: bytes, message: str, offset: int) -> str:
 def read(path: str | Path) -> Timeline:
     """Parse a Horovod Timeline file (complete, truncated, or without its closing ``]``)."""
     name = str(path)
+    if Path(path).stat().st_size == 0:
+        raise TimelineError(f"{name}: the file is empty (the run may have been killed before writing)")
+    pieces, truncated, closed = [], False, False
     with open(path, "rb") as file:
-        if Path(path).stat().st_size == 0:
-            raise TimelineError(f"{name}: the file is empty (the run may have been killed before writing)")
-        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            start, end = _bounds(name, data)
-            pieces, truncated, closed = [], False, False
-            bounds = _chunks(data, start, end)
-            for index, (lo, hi) in enumerate(bounds):
-                table, cut, closed = _parse_chunk(name, lo, data[lo:hi], last=index == len(bounds) - 1)
-                truncated |= cut
-                pieces.append(_compact(table))
+        for offset, raw, last in _chunks(file, _skip_opening(name, file)):
+            table, cut, closed = _parse_chunk(name, offset, raw, last=last)
+            truncated |= cut
+            pieces.append(_compact(table))
     events = pa.concat_tables(pieces) if pieces else SCHEMA.empty_table()
     return Timeline(name, events, *_metadata(events), truncated=truncated, closed=closed)
 

@@ -1,0 +1,102 @@
+"""Timeline parser benchmark: hvd_magic.timeline.read against json.load on the same file.
+
+Generates a Horovod-format timeline (default 2.5M events, >= 100 MB: metadata, cycle marks,
+nested B/E spans per tensor, rank-ready X marks, as Horovod 0.28 writes them, without
+newlines), then times each reader in a fresh process and reads its peak memory (VmHWM).
+Targets (issue 5): >= 5x json.load's throughput, <= 0.3x its peak memory.
+
+Usage: python bench/timeline_parse.py [--events 2500000] [--keep PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+
+ACTIVITIES = ["MEMCPY_IN_FUSION_BUFFER", "MPI_ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER"]
+
+READERS = {
+    "json.load": "import json, sys; events = json.load(open(sys.argv[1])); n = len(events)",
+    "hvd_magic.timeline.read": "import sys; from hvd_magic.timeline import read; n = len(read(sys.argv[1]))",
+}
+
+PROBE = """
+import time
+started = time.perf_counter()
+{code}
+elapsed = time.perf_counter() - started
+peak = [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")][0]
+print(n, elapsed, peak)
+"""
+
+
+def generate(path: str, events: int, tensors: int = 200, ranks: int = 8) -> int:
+    """Writes ~``events`` events; returns how many."""
+    rng = random.Random(0)
+    out = ['[\n{"name": "process_name", "ph": "M", "pid": 0, "args": {"start_time_since_epoch_in_micros":1}},\n']
+    count, ts = 1, 0
+    for pid in range(1, tensors + 1):
+        out.append(f'{{"name": "process_name", "ph": "M", "pid": {pid}, "args": {{"name": "allreduce.layer{pid}"}}}},\n')
+        out.append(f'{{"name": "process_sort_index", "ph": "M", "pid": {pid}, "args": {{"sort_index": {pid}}}}},\n')
+        count += 2
+    with open(path, "w") as file:
+        file.write("".join(out))
+        while count < events:
+            buffer = [f'{{"ph": "i", "name": "CYCLE_START", "ts": {ts}, "s": "g"}},']
+            for pid in range(1, tensors + 1):
+                ts += rng.randint(1, 5)
+                buffer.append(f'{{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": {ts}, "pid": {pid}}},')
+                for rank in rng.sample(range(ranks), ranks):
+                    ts += rng.randint(0, 3)
+                    buffer.append(f'{{"ph": "X", "name": "{rank}", "ts": {ts}, "pid": {pid}, "dur": 0}},')
+                buffer.append(f'{{"ph": "E", "ts": {ts + 1}, "pid": {pid}}},')
+                buffer.append(f'{{"ph": "B", "name": "ALLREDUCE", "ts": {ts + 2}, "pid": {pid}}},')
+                for activity in ACTIVITIES:
+                    ts += rng.randint(1, 20)
+                    buffer.append(f'{{"ph": "B", "name": "{activity}", "ts": {ts}, "pid": {pid}}},')
+                    buffer.append(f'{{"ph": "E", "ts": {ts + rng.randint(1, 50)}, "pid": {pid}}},')
+                buffer.append(
+                    f'{{"ph": "E", "ts": {ts + 60}, "pid": {pid}, "args": {{"dtype": "float32", "shape": "[1024]"}}}},'
+                )
+                count += 4 + ranks + 2 * len(ACTIVITIES)
+            count += 1
+            file.write("".join(buffer))
+        file.write('{"ph": "i", "name": "CYCLE_START", "ts": %d, "s": "g"}]' % (ts + 100))
+    return count + 1
+
+
+def measure(name: str, path: str) -> tuple[int, float, int]:
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE.format(code=READERS[name]), path], capture_output=True, text=True, check=True
+    )
+    n, seconds, peak_kb = done.stdout.split()
+    return int(n), float(seconds), int(peak_kb)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=2_500_000)
+    parser.add_argument("--keep", help="write the generated file here and keep it")
+    args = parser.parse_args()
+    path = args.keep or tempfile.mktemp(suffix=".json")
+    events = generate(path, args.events)
+    size = os.path.getsize(path)
+    print(f"timeline parse benchmark: {events:,} events, {size / 1e6:.0f} MB, {os.cpu_count()} cores")
+    results = {}
+    for name in READERS:
+        n, seconds, peak_kb = measure(name, path)
+        results[name] = (seconds, peak_kb)
+        print(f"  {name:26s} {n:>10,} events  {seconds:6.2f} s  {size / 1e6 / seconds:6.0f} MB/s  peak {peak_kb / 1024:6.0f} MB")
+    (json_s, json_kb), (ours_s, ours_kb) = results["json.load"], results["hvd_magic.timeline.read"]
+    print(f"throughput {json_s / ours_s:.1f}x json.load (target >= 5); peak memory {ours_kb / json_kb:.2f}x (target <= 0.3)")
+    if not args.keep:
+        os.unlink(path)
+
+
+if __name__ == "__main__":
+    main()
