@@ -15,7 +15,10 @@ lint: setup
 	$(PY) -m mypy
 
 test: setup lint
+	cd js && npx vitest run
 	$(PY) -m pytest -ra
 
 bench: setup
 	$(PY) bench/launch.py
+	$(PY) bench/live_view.py
+	$(PY) bench/timeline_parse.py

@@ -110,9 +110,11 @@ def show_timeline(path: str) -> None:
         note = " (cut off mid-event: the run was stopped while writing; the partial event was dropped)"
     elif not timeline.closed:
         note = " (no closing ']': the run was stopped, or Horovod < 0.20 wrote it)"
-    display(
-        HTML(
-            f"<div class='hvd-timeline'><small>{path}: {len(timeline):,} events{note}</small><br>"
-            f"{analyze(timeline).to_html()}</div>"
-        )
-    )
+    display(HTML(f"<small>{path}: {len(timeline):,} events{note}</small>"))
+    try:
+        from .timeline.viewer import TimelineViewer
+    except ImportError:  # anywidget not installed: the analysis still works
+        pass
+    else:
+        display(TimelineViewer.from_timeline(timeline))
+    display(HTML(f"<div class='hvd-timeline'>{analyze(timeline).to_html()}</div>"))

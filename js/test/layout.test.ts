@@ -1,0 +1,83 @@
+import { describe, expect, it } from "vitest";
+import { hitTest, layoutRow, lowerBound, maxDurations, pan, rowOffsets, zoom, type Spans } from "../src/layout";
+
+function spans(rows: number[], starts: number[], durations: number[], depths?: number[]): Spans {
+  const rowArray = Int32Array.from(rows);
+  const offsets = rowOffsets(rowArray, Math.max(...rows) + 1);
+  const dur = Float32Array.from(durations);
+  return {
+    starts: Float64Array.from(starts),
+    durations: dur,
+    kinds: new Uint8Array(starts.length).map((_, i) => i % 3),
+    depths: Uint8Array.from(depths ?? starts.map(() => 0)),
+    rowOffsets: offsets,
+    maxDuration: maxDurations(dur, offsets),
+  };
+}
+
+describe("rows", () => {
+  it("finds where each row starts", () => {
+    expect(Array.from(rowOffsets(Int32Array.from([0, 0, 1, 3, 3, 3]), 4))).toEqual([0, 2, 3, 3, 6]);
+  });
+  it("binary-searches sorted starts", () => {
+    const values = Float64Array.from([1, 3, 3, 7]);
+    expect(lowerBound(values, 0, 4, 3)).toBe(1);
+    expect(lowerBound(values, 0, 4, 8)).toBe(4);
+    expect(lowerBound(values, 2, 4, 0)).toBe(2);
+  });
+});
+
+describe("layoutRow", () => {
+  it("places wide spans in pixels and skips those outside the window", () => {
+    const s = spans([0, 0, 0], [0, 100, 900], [50, 100, 50]);
+    const marks = layoutRow(s, 0, { t0: 60, t1: 260, width: 200 });
+    expect(marks.map((m) => [m.x, m.w, m.index])).toEqual([[40, 100, 1]]);
+  });
+  it("keeps a long span that started before the window", () => {
+    const s = spans([0, 0], [0, 500], [1000, 10]);
+    const marks = layoutRow(s, 0, { t0: 400, t1: 600, width: 100 });
+    expect(marks[0].index).toBe(0);
+    expect(marks[0].x).toBeLessThan(0);
+  });
+  it("merges sub-pixel spans per pixel and depth (level of detail)", () => {
+    const n = 100_000;
+    const starts = Array.from({ length: n }, (_, i) => i * 10);
+    const s = spans(new Array(n).fill(0), starts, new Array(n).fill(1));
+    const marks = layoutRow(s, 0, { t0: 0, t1: n * 10, width: 1000 });
+    expect(marks.length).toBe(1000);
+    expect(marks.reduce((sum, m) => sum + m.count, 0)).toBe(n);
+  });
+  it("filters by activity", () => {
+    const s = spans([0, 0, 0], [0, 10, 20], [5, 5, 5]);
+    const marks = layoutRow(s, 0, { t0: 0, t1: 30, width: 300 }, new Set([1]));
+    expect(marks.map((m) => m.index)).toEqual([1]);
+  });
+});
+
+describe("navigation", () => {
+  const bounds: [number, number] = [0, 1000];
+  it("zooms around the cursor", () => {
+    const view = zoom({ t0: 0, t1: 1000, width: 100 }, 25, 0.5, bounds);
+    expect(view.t1 - view.t0).toBe(500);
+    expect(view.t0 + ((view.t1 - view.t0) * 25) / 100).toBeCloseTo(250);
+  });
+  it("never zooms out past the whole timeline nor in past 10 us", () => {
+    expect(zoom({ t0: 0, t1: 1000, width: 100 }, 50, 4, bounds)).toEqual({ t0: 0, t1: 1000, width: 100 });
+    const deep = zoom({ t0: 500, t1: 520, width: 100 }, 50, 0.01, bounds);
+    expect(deep.t1 - deep.t0).toBe(10);
+  });
+  it("pans and stops at the edges", () => {
+    expect(pan({ t0: 100, t1: 200, width: 100 }, 50, bounds)).toEqual({ t0: 50, t1: 150, width: 100 });
+    expect(pan({ t0: 100, t1: 200, width: 100 }, 500, bounds)).toEqual({ t0: 0, t1: 100, width: 100 });
+  });
+});
+
+describe("hitTest", () => {
+  it("finds the span under the cursor at a depth", () => {
+    const s = spans([0, 0, 0], [0, 10, 12], [30, 5, 1], [0, 1, 1]);
+    const view = { t0: 0, t1: 40, width: 400 };
+    expect(hitTest(s, 0, view, 125, 1)).toBe(2);
+    expect(hitTest(s, 0, view, 125, 0)).toBe(0);
+    expect(hitTest(s, 0, view, 380, 0)).toBe(-1);
+  });
+});
