@@ -99,8 +99,10 @@ example_data() {
 viewer_bundle() {
     local js="$ROOT/js"
     if [ ! -d "$js/node_modules" ] || [ "$js/package-lock.json" -nt "$js/node_modules/.package-lock.json" ]; then
-        log "installing the viewer's build tools (npm ci)"
-        (cd "$js" && npm ci --no-audit --no-fund --silent)
+        # `npm install` (not `npm ci`): with this machine's omit-lockfile-registry-resolved
+        # setting, `npm ci` rejects the lock file's optional platform packages.
+        log "installing the viewer's build tools (npm install, from js/package-lock.json)"
+        (cd "$js" && npm install --no-audit --no-fund --silent)
     fi
     if [ ! -f "$ROOT/hvd_magic/static/viewer.js" ] || [ -n "$(find "$js/src" -newer "$ROOT/hvd_magic/static/viewer.js")" ]; then
         (cd "$js" && npm run --silent build >/dev/null)

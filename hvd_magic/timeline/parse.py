@@ -22,21 +22,12 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from ..errors import HorovodMagicError
+from .schema import SCHEMA
 
 __all__ = ["SCHEMA", "Timeline", "TimelineError", "read"]
 
 CHUNK_BYTES = 32 * 1024 * 1024
 
-SCHEMA = pa.schema(
-    [
-        ("ph", pa.string()),
-        ("name", pa.string()),
-        ("ts", pa.int64()),
-        ("dur", pa.int64()),
-        ("pid", pa.int64()),
-        ("args", pa.struct([("name", pa.string()), ("start_time_since_epoch_in_micros", pa.int64())])),
-    ]
-)
 _OPTIONS = pj.ParseOptions(explicit_schema=SCHEMA, unexpected_field_behavior="ignore")
 
 
@@ -73,21 +64,19 @@ def _normalize(raw: bytes) -> bytes:
     return raw.replace(b"},{", b"}\n{").replace(b"},\n{", b"}\n {")
 
 
-def _last_complete(body: bytes) -> int:
-    """Length of ``body`` up to its last complete event line (a truncated tail is dropped)."""
-    end = len(body.rstrip())
-    while end > 0:
-        start = body.rfind(b"\n", 0, end) + 1
-        line = body[start:end].strip().rstrip(b",]").strip()
-        if not line:
-            end = start - 1
-            continue
-        try:
-            json.loads(line)
-            return end
-        except ValueError:
-            return start
-    return 0
+def _trim_tail(body: bytes) -> tuple[bytes, bool, bool]:
+    """(events, truncated, closed) of the file's last chunk: drops a ``]`` or a cut-off event."""
+    stripped = body.rstrip()
+    if stripped.endswith(b"]"):
+        return stripped[:-1], False, True
+    last = max(stripped.rfind(b'{"ph"'), stripped.rfind(b'{"name": "process_'))
+    if last < 0:
+        return stripped, False, False
+    try:
+        json.loads(stripped[last:].rstrip(b", \n"))
+        return stripped, False, False
+    except ValueError:
+        return stripped[:last], True, False
 
 
 def _skip_opening(path: str, file: BinaryIO) -> int:
@@ -124,28 +113,22 @@ def _chunks(file: BinaryIO, offset: int) -> Iterator[tuple[int, bytes, bool]]:
 
 
 def _parse_chunk(path: str, offset: int, raw: bytes, last: bool) -> tuple[pa.Table, bool, bool]:
-    body = _normalize(raw).lstrip(b", \n\r\t")
-    skipped = len(raw) - len(_normalize(raw).lstrip(b", \n\r\t"))
+    body = raw.lstrip(b", \n\r\t")
+    skipped = len(raw) - len(body)
     truncated, closed = False, True
-    stripped = body.rstrip()
     if last:
-        if stripped.endswith(b"]"):
-            body = stripped[:-1]
-        else:
-            closed = False
-            keep = _last_complete(body)
-            truncated = keep < len(stripped)
-            body = body[:keep]
+        body, truncated, closed = _trim_tail(body)
     body = body.rstrip().rstrip(b",")
     if not body.strip():
         return SCHEMA.empty_table(), truncated, closed
+    return _parse_general(path, offset + skipped, _normalize(body)), truncated, closed
+
+
+def _parse_general(path: str, offset: int, body: bytes) -> pa.Table:
     try:
-        table = pj.read_json(io.BytesIO(body), parse_options=_OPTIONS)
+        return pj.read_json(io.BytesIO(body), parse_options=_OPTIONS)
     except pa.ArrowInvalid as err:
-        raise TimelineError(
-            f"{path}: not a Horovod Timeline near {_locate(body, str(err), offset + skipped)}"
-        ) from None
-    return table, truncated, closed
+        raise TimelineError(f"{path}: not a Horovod Timeline: {_locate(body, str(err), offset)}") from None
 
 
 def _locate(body: bytes, message: str, offset: int) -> str:
