@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .callbacks import progress
 from .errors import (
     CaptureError,
     HorovodMagicError,
@@ -18,12 +19,15 @@ __all__ = [
     "HorovodMagicError",
     "HorovodRunner",
     "LaunchError",
+    "LiveCallback",
     "RankFailedError",
     "RunError",
     "RunInterrupted",
     "RunTimeout",
     "load_ipython_extension",
+    "progress",
     "report",
+    "timeline",
 ]
 
 
@@ -33,6 +37,14 @@ def __getattr__(name: str) -> object:
         from .runner import HorovodRunner
 
         return HorovodRunner
+    if name == "LiveCallback":  # a Keras callback: built on first use, so TensorFlow loads only then
+        from . import callbacks
+
+        return callbacks.LiveCallback
+    if name == "timeline":
+        import importlib
+
+        return importlib.import_module(".timeline", __name__)
     raise AttributeError(f"module 'hvd_magic' has no attribute {name!r}")
 
 

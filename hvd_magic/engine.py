@@ -286,4 +286,11 @@ def _outcome(state: _RunState, code: int, launcher: Launcher) -> Any:
             + "; ".join(problems or ["see the output above"])
             + (f"\n\nlauncher output:\n{tail}" if tail else "")
         )
-    return cloudpickle.loads(state.result)
+    try:
+        return cloudpickle.loads(state.result)
+    except Exception as err:  # noqa: BLE001 - whatever the value's class does when unpickled
+        raise RunError(
+            f"the run finished, but rank 0's value (the cell's last expression, or return= names) "
+            f"could not be loaded in the notebook: {type(err).__name__}: {str(err)[:300]}. End the "
+            "cell with ';' or return plain data (numbers, lists, arrays, state_dicts)."
+        ) from None

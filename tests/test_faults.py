@@ -116,3 +116,13 @@ def test_soak_many_runs_leave_nothing_behind(ip):
         assert ip.run_cell_magic("horovod", "np=-2", cell) == 1.0
     after = _resources()
     assert after == before, f"after {runs} runs: {before} -> {after}"
+
+
+def test_a_value_the_notebook_cannot_load_is_a_clear_error(ip):
+    cell = (
+        "import horovod.torch as hvd\nhvd.init()\n"
+        "class Local:\n    def __reduce__(self):\n        return (open, ('/nonexistent/x',))\n"
+        "Local()"
+    )
+    with pytest.raises(RunError, match="could not be loaded in the notebook.*End the cell with ';'"):
+        ip.run_cell_magic("horovod", "np=-2", cell)

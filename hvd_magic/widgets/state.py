@@ -152,9 +152,11 @@ class RunModel:
 
     def _report(self, rank: int, record: dict[str, Any]) -> None:
         self.reports += 1
-        self.progress[rank].update(record)
+        progress = self.progress[rank]
         self._count[rank] += 1
-        x = float(record.get("step", self._count[rank]))
+        # A metric reported without a step belongs to the rank's current step, if it has one.
+        x = float(record.get("step", progress.step if progress.step is not None else self._count[rank]))
+        progress.update(record)
         for name, value in record.get("metrics", {}).items():
             self.series.setdefault(name, {}).setdefault(rank, Series()).add(x, float(value))
 
