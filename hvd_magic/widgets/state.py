@@ -122,7 +122,7 @@ class RunModel:
         self.version = 0
         self.events = 0
         self.reports = 0
-        self.dropped_reports = 0
+        self._dropped = [0] * ranks
         self.notices: list[str] = []
         self._count = [0] * ranks  # x for metrics reported without a step
         self._forwarded = [0] * ranks  # lines of each rank already in the "all" log
@@ -135,7 +135,7 @@ class RunModel:
         if event.kind == "started":
             progress.host = str(event.header.get("host", ""))
         elif event.kind == "reports":
-            self.dropped_reports = max(self.dropped_reports, int(event.header.get("dropped", 0)))
+            self._dropped[event.rank] = int(event.header.get("dropped", 0))  # cumulative per rank
             for record in json.loads(event.blob):
                 self._report(event.rank, record)
         elif event.kind == "log":
@@ -175,6 +175,10 @@ class RunModel:
             for step, value in zip(series.steps, series.values, strict=True):
                 by_step.setdefault(step, []).append(value)
         return by_step
+
+    @property
+    def dropped_reports(self) -> int:
+        return sum(self._dropped)
 
     def mean_series(self, metric: str) -> Series:
         """The mean over ranks at each step some rank reported."""
