@@ -11,7 +11,6 @@ Usage: python bench/timeline_parse.py [--events 2500000] [--keep PATH]
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import subprocess
@@ -38,11 +37,16 @@ print(n, elapsed, peak)
 def generate(path: str, events: int, tensors: int = 200, ranks: int = 8) -> int:
     """Writes ~``events`` events; returns how many."""
     rng = random.Random(0)
-    out = ['[\n{"name": "process_name", "ph": "M", "pid": 0, "args": {"start_time_since_epoch_in_micros":1}},\n']
+    out = [
+        '[\n{"name": "process_name", "ph": "M", "pid": 0, "args": {"start_time_since_epoch_in_micros":1}},\n'
+    ]
     count, ts = 1, 0
     for pid in range(1, tensors + 1):
-        out.append(f'{{"name": "process_name", "ph": "M", "pid": {pid}, "args": {{"name": "allreduce.layer{pid}"}}}},\n')
-        out.append(f'{{"name": "process_sort_index", "ph": "M", "pid": {pid}, "args": {{"sort_index": {pid}}}}},\n')
+        name = f"allreduce.layer{pid}"
+        out.append(f'{{"name": "process_name", "ph": "M", "pid": {pid}, "args": {{"name": "{name}"}}}},\n')
+        out.append(
+            f'{{"name": "process_sort_index", "ph": "M", "pid": {pid}, "args": {{"sort_index": {pid}}}}},\n'
+        )
         count += 2
     with open(path, "w") as file:
         file.write("".join(out))
@@ -60,19 +64,21 @@ def generate(path: str, events: int, tensors: int = 200, ranks: int = 8) -> int:
                     ts += rng.randint(1, 20)
                     buffer.append(f'{{"ph": "B", "name": "{activity}", "ts": {ts}, "pid": {pid}}},')
                     buffer.append(f'{{"ph": "E", "ts": {ts + rng.randint(1, 50)}, "pid": {pid}}},')
-                buffer.append(
-                    f'{{"ph": "E", "ts": {ts + 60}, "pid": {pid}, "args": {{"dtype": "float32", "shape": "[1024]"}}}},'
-                )
+                args = '{"dtype": "float32", "shape": "[1024]"}'
+                buffer.append(f'{{"ph": "E", "ts": {ts + 60}, "pid": {pid}, "args": {args}}},')
                 count += 4 + ranks + 2 * len(ACTIVITIES)
             count += 1
             file.write("".join(buffer))
-        file.write('{"ph": "i", "name": "CYCLE_START", "ts": %d, "s": "g"}]' % (ts + 100))
+        file.write(f'{{"ph": "i", "name": "CYCLE_START", "ts": {ts + 100}, "s": "g"}}]')
     return count + 1
 
 
 def measure(name: str, path: str) -> tuple[int, float, int]:
     done = subprocess.run(
-        [sys.executable, "-c", PROBE.format(code=READERS[name]), path], capture_output=True, text=True, check=True
+        [sys.executable, "-c", PROBE.format(code=READERS[name]), path],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     n, seconds, peak_kb = done.stdout.split()
     return int(n), float(seconds), int(peak_kb)
@@ -91,9 +97,13 @@ def main() -> None:
     for name in READERS:
         n, seconds, peak_kb = measure(name, path)
         results[name] = (seconds, peak_kb)
-        print(f"  {name:26s} {n:>10,} events  {seconds:6.2f} s  {size / 1e6 / seconds:6.0f} MB/s  peak {peak_kb / 1024:6.0f} MB")
+        rate = size / 1e6 / seconds
+        print(
+            f"  {name:26s} {n:>10,} events  {seconds:6.2f} s  {rate:6.0f} MB/s  peak {peak_kb / 1024:6.0f} MB"
+        )
     (json_s, json_kb), (ours_s, ours_kb) = results["json.load"], results["hvd_magic.timeline.read"]
-    print(f"throughput {json_s / ours_s:.1f}x json.load (target >= 5); peak memory {ours_kb / json_kb:.2f}x (target <= 0.3)")
+    speed, memory = json_s / ours_s, ours_kb / json_kb
+    print(f"throughput {speed:.1f}x json.load (target >= 5); peak memory {memory:.2f}x (target <= 0.3)")
     if not args.keep:
         os.unlink(path)
 

@@ -61,3 +61,28 @@ def test_gpu_for_local_rank():
     assert gpu_for_local_rank('[["0", "1"], ["2", "3"]]', 1) == "2,3"
     assert gpu_for_local_rank(None, 0) is None
     assert gpu_for_local_rank("[[]]", 0) is None
+
+
+def test_gloo_rendezvous_serves_only_the_run_hosts():
+    import http.client
+
+    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+
+    from hvd_magic.launch.rendezvous import start_rendezvous
+
+    server = start_rendezvous("127.0.0.1", {"127.0.0.1"}, get_host_assignments(parse_hosts("localhost:2"), 2))
+    port = server.server_address[1]
+    try:
+        allowed = http.client.HTTPConnection("127.0.0.1", port, timeout=10, source_address=("127.0.0.1", 0))
+        allowed.request("GET", "/global/missing")
+        assert allowed.getresponse().status == 404  # the store answered: no such key yet
+        stranger = http.client.HTTPConnection("127.0.0.1", port, timeout=10, source_address=("127.0.0.2", 0))
+        stranger.request("GET", "/global/missing")
+        try:
+            answered = stranger.getresponse().status
+        except (http.client.RemoteDisconnected, ConnectionResetError):
+            answered = None
+        assert answered is None  # closed before a byte was read
+    finally:
+        server.shutdown()
+        server.server_close()

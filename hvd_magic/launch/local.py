@@ -14,6 +14,7 @@ import psutil
 
 from ..errors import LaunchError
 from . import Launcher, LaunchPlan
+from .rendezvous import start_rendezvous
 
 __all__ = ["LocalGlooLauncher", "LocalMpiLauncher", "mpirun_argv", "stop_processes", "stop_tree"]
 
@@ -163,17 +164,14 @@ class LocalGlooLauncher(_ProcessGroupLauncher):
     def start(self) -> None:
         try:
             from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
-            from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
         except ImportError as err:
             raise LaunchError(
                 f"launcher=gloo needs Horovod on the notebook's machine ({err}); see the README's setup."
             ) from None
         np = self.plan.np
         slots = get_host_assignments(parse_hosts(f"localhost:{np}"), np)
-        self._server = RendezvousHTTPServer(("127.0.0.1", 0), RendezvousHandler, 0)
-        self._server.init(slots)
+        self._server = start_rendezvous("127.0.0.1", {"127.0.0.1"}, slots)
         port = self._server.server_address[1]
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
         env = self.base_env() | {
             "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
             "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),

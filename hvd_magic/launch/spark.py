@@ -20,6 +20,7 @@ from typing import Any
 from ..errors import LaunchError
 from ..hub import Event, Hub, RunKeys
 from . import Launcher, LaunchPlan
+from .rendezvous import start_rendezvous
 from .spark_task import TaskSpec, barrier_task
 
 __all__ = ["SparkLauncher", "active_or_embedded_session", "driver_address", "slots_available"]
@@ -215,19 +216,18 @@ class SparkLauncher(Launcher):
 
     def _start_gloo_rendezvous(self, plan: dict[str, Any]) -> dict[str, Any]:
         from horovod.runner.common.util.hosts import SlotInfo
-        from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
         ip = driver_address(self.session)
-        server = RendezvousHTTPServer((ip, 0), RendezvousHandler, 0)
         slots = []
         for host in plan["hosts"]:
             for partition in host["partitions"]:
                 slot = plan["slots"][str(partition)]
                 slots.append(SlotInfo(hostname=host["token"], **slot))
-        server.init(slots)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        allowed = {host["ip"] for host in plan["hosts"]} | {ip}
+        server = start_rendezvous(ip, allowed, slots)
         self._rendezvous_server = server
-        return {"rendezvous_ip": ip, "rendezvous_port": server.server_address[1]}
+        port = server.server_address[1]
+        return {"rendezvous_ip": ip, "rendezvous_port": port}
 
     def release(self, kind: str = "release") -> None:
         """Let every task return (their slots and GPUs go back to Spark); "abort" kills first."""
