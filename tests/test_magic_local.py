@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,8 @@ from IPython.core.error import UsageError
 from hvd_magic import CaptureError, RankFailedError
 
 from .conftest import leftover_processes
+
+STARTUP_ALLOWANCE = 10  # seconds to start 2 ranks importing torch + horovod on a loaded machine
 
 ALLREDUCE_CELL = """
 import horovod.torch as hvd, torch
@@ -91,8 +94,10 @@ if hvd.rank() == 1:
     1 / 0
 hvd.allreduce(torch.tensor([1.0]))   # rank 0 blocks here until it is stopped
 """
+    started = time.monotonic()
     with pytest.raises(RankFailedError) as info:
         ip.run_cell_magic("horovod", "np=-2", cell)
+    assert time.monotonic() - started < 10 + STARTUP_ALLOWANCE
     err = info.value
     assert err.rank == 1
     assert err.exc_type == "ZeroDivisionError"

@@ -156,6 +156,13 @@ def test_run_secrets_never_appear_on_command_lines(ip, cluster, monkeypatch):
             assert secret.decode() not in table
 
 
+def _cmdline(process: psutil.Process) -> str:
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:  # gone, or a zombie, since it was listed
+        return ""
+
+
 def _run_processes_anywhere() -> list[str]:
     """Rank-side processes anywhere on the machine (on Spark they are the executors' children)."""
     found = []
@@ -204,15 +211,15 @@ def test_interrupt_on_spark_stops_every_rank_on_every_executor(ip, cluster, tmp_
     )
     with pytest.raises(RunInterrupted):
         ip.run_cell_magic("horovod", "np=4", _waiting_cell(tmp_path))
-    assert time.monotonic() - interrupted[0] < 10
-    assert _gone_within(5) == []
+    elapsed = time.monotonic() - interrupted[0]
+    assert elapsed < 5, f"the interrupt took {elapsed:.1f} s"
+    assert _gone_within(1) == []
     assert HorovodRunner(np=2).run(rank_sum()) == 3.0  # the next run works
 
 
 def test_executor_lost_mid_run_is_a_clear_error(ip, cluster, tmp_path):
-    me = psutil.Process()
     executors = [
-        p for p in me.children(recursive=True) if "CoarseGrainedExecutorBackend" in " ".join(p.cmdline())
+        p for p in psutil.Process().children(recursive=True) if "CoarseGrainedExecutorBackend" in _cmdline(p)
     ]
     assert len(executors) == 2
     killed = []

@@ -8,7 +8,6 @@ import shutil
 import signal
 import subprocess
 import threading
-import time
 
 import psutil
 
@@ -201,10 +200,3 @@ class LocalGlooLauncher(_ProcessGroupLauncher):
             server.shutdown()
             server.server_close()
             self._server = None
-
-
-def wait_for_exit(launcher: Launcher, timeout: float) -> int | None:
-    deadline = time.monotonic() + timeout
-    while (code := launcher.poll()) is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return code
