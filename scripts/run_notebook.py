@@ -37,6 +37,8 @@ def main() -> int:
         for output in cell.get("outputs", []):
             if output.get("output_type") == "stream":
                 print(output["text"], end="")
+            elif output.get("output_type") == "display_data" and "text/plain" in output["data"]:
+                print(output["data"]["text/plain"])
             elif output.get("output_type") == "execute_result":
                 print(f"Out[{output.get('execution_count')}]: {output['data'].get('text/plain', '')}")
     if args.output:

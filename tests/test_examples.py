@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -54,3 +55,19 @@ def test_embedded_spark_session_when_none_is_active(tmp_path):
     )
     assert "RESULT 3.0" in done.stdout, done.stderr[-3000:]
     assert "MASTER local[" in done.stdout
+
+
+@pytest.mark.parametrize("notebook", ["quickstart.ipynb", "mnist_torch_spark.ipynb"])
+def test_example_notebooks_run_headless(notebook, tmp_path):
+    """The README's main job (and the local quickstart), executed as `make demo` does."""
+    output = tmp_path / notebook
+    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "SPARK_LOCAL_IP")}
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES.parent / "scripts" / "run_notebook.py"), str(EXAMPLES / notebook),
+         "--output", str(output)],
+        capture_output=True, text=True, timeout=900, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    last = [line for line in done.stdout.splitlines() if "accuracy" in line][-1]
+    assert float(re.search(r"accuracy[^0-9]*([0-9.]+)", last).group(1)) > 0.8, done.stdout[-2000:]
+    assert "hvd_magic: 2 ranks" in done.stdout  # the run's record, as the notebook keeps it
