@@ -10,8 +10,8 @@ demo: setup
 	$(PY) scripts/run_notebook.py example_notebooks/mnist_torch_spark.ipynb
 
 lint: setup
-	$(PY) -m ruff check hvd_magic tests scripts bench example_notebooks
-	$(PY) -m ruff format --check hvd_magic tests scripts bench example_notebooks
+	$(PY) -m ruff check setup.py hvd_magic tests scripts bench example_notebooks
+	$(PY) -m ruff format --check setup.py hvd_magic tests scripts bench example_notebooks
 	$(PY) -m mypy
 
 test: setup lint

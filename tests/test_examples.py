@@ -71,3 +71,27 @@ def test_example_notebooks_run_headless(notebook, tmp_path):
     last = [line for line in done.stdout.splitlines() if "accuracy" in line][-1]
     assert float(re.search(r"accuracy[^0-9]*([0-9.]+)", last).group(1)) > 0.8, done.stdout[-2000:]
     assert "hvd_magic: 2 ranks" in done.stdout  # the run's record, as the notebook keeps it
+
+
+def test_the_wheel_ships_the_viewer_bundle(tmp_path):
+    """The package build bundles js/ into the wheel (a clean copy: no prebuilt bundle)."""
+    import shutil
+    import zipfile
+
+    root = EXAMPLES.parent
+    source = tmp_path / "src"
+    shutil.copytree(
+        root,
+        source,
+        ignore=shutil.ignore_patterns(".venv", ".git", "static", "*.egg-info", "test-artifacts", "build"),
+    )
+    assert not (source / "hvd_magic" / "static").exists()  # so only the build can make the bundle
+    build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
+    done = subprocess.run(
+        [*build, "-w", str(tmp_path / "dist"), str(source)], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (wheel,) = (tmp_path / "dist").glob("hvd_magic-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "hvd_magic/static/viewer.js" in names
+    assert "export" in zipfile.ZipFile(wheel).read("hvd_magic/static/viewer.js").decode()

@@ -1,0 +1,42 @@
+"""Builds the timeline viewer's ES module (js/ -> hvd_magic/static/viewer.js) as part of the package build.
+
+Everything else about the package is in pyproject.toml.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+ROOT = Path(__file__).parent
+BUNDLE = ROOT / "hvd_magic" / "static" / "viewer.js"
+SOURCES = ROOT / "js" / "src"
+
+
+def bundle_is_stale() -> bool:
+    if not BUNDLE.exists():
+        return True
+    built = BUNDLE.stat().st_mtime
+    return any(source.stat().st_mtime > built for source in SOURCES.glob("*.ts"))
+
+
+class BuildWithViewer(build_py):
+    def run(self) -> None:
+        if SOURCES.is_dir() and bundle_is_stale():
+            npm = shutil.which("npm")
+            if npm is None:
+                raise SystemExit(
+                    "building hvd_magic needs npm to bundle the timeline viewer (js/): install Node.js"
+                )
+            subprocess.run(
+                [npm, "install", "--no-audit", "--no-fund", "--silent"], cwd=ROOT / "js", check=True
+            )
+            subprocess.run([npm, "run", "--silent", "build"], cwd=ROOT / "js", check=True)
+        super().run()
+
+
+setup(cmdclass={"build_py": BuildWithViewer})
