@@ -1,6 +1,7 @@
-"""Builds the timeline viewer's ES module (js/ -> hvd_magic/static/viewer.js) as part of the package build.
+"""The package build's two compiled parts; everything else is in pyproject.toml.
 
-Everything else about the package is in pyproject.toml.
+- the timeline viewer's ES module: js/ -> hvd_magic/static/viewer.js (esbuild, via npm);
+- the timeline scanner: hvd_magic/timeline/_scan.c, a small C extension (the fast reader).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).parent
@@ -39,4 +40,7 @@ class BuildWithViewer(build_py):
         super().run()
 
 
-setup(cmdclass={"build_py": BuildWithViewer})
+setup(
+    cmdclass={"build_py": BuildWithViewer},
+    ext_modules=[Extension("hvd_magic.timeline._scan", ["hvd_magic/timeline/_scan.c"], extra_compile_args=["-O2"])],
+)

@@ -148,3 +148,31 @@ def test_viewer_columns_are_sorted_by_row_then_start(real_timelines):
         assert (np.diff(starts[rows == row]) >= 0).all()
     assert viewer.row_names == sorted(timeline.tensors.values())
     assert starts.min() == 0 and viewer.end_us >= (starts + durations).max() - 1
+
+
+@pytest.mark.parametrize("launcher", ["mpi", "gloo"])
+def test_fast_and_general_readers_agree(real_timelines, launcher):
+    from hvd_magic.timeline.parse import read_general
+    from hvd_magic.timeline.scan import read_fast
+
+    path = str(real_timelines[launcher])
+    fast, general = read_fast(path), read_general(path)
+    assert fast is not None  # plain Horovod output takes the C scanner
+    assert len(fast) == len(general) and fast.tensors == general.tensors
+    assert fast.start_epoch_us == general.start_epoch_us and (fast.closed, fast.truncated) == (True, False)
+    columns = ["ph", "name", "ts", "pid", "dur"]
+    assert fast.events.select(columns).to_pylist() == general.events.select(columns).to_pylist()
+    assert fast.events.schema.field("args").type == general.events.schema.field("args").type
+
+
+def test_unusual_layouts_fall_back_to_the_general_reader(tmp_path):
+    from hvd_magic.timeline.scan import read_fast
+
+    odd = tmp_path / "odd.json"
+    odd.write_text(
+        '[{"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "grad \\"a\\""}},\n'
+        '{"ph": "B", "name": "ALLREDUCE", "ts": 1, "pid": 1},{"ph": "E", "ts": 3, "pid": 1}]'
+    )
+    assert read_fast(str(odd)) is None  # escaped quotes: the scanner leaves them to Arrow
+    timeline = read(odd)
+    assert len(timeline) == 3 and timeline.tensors == {1: 'grad "a"'}

@@ -7,8 +7,21 @@
 
 from __future__ import annotations
 
-from .analyze import Analysis, analyze, spans
-from .export import export_slice
+from typing import Any
+
 from .parse import Timeline, TimelineError, read
 
 __all__ = ["Analysis", "Timeline", "TimelineError", "analyze", "export_slice", "read", "spans"]
+
+
+def __getattr__(name: str) -> Any:
+    # Analysis needs pandas and Arrow: load them only when asked, so read() starts fast.
+    if name in ("Analysis", "analyze", "spans"):
+        from . import analysis
+
+        return getattr(analysis, name)
+    if name == "export_slice":
+        from .export import export_slice
+
+        return export_slice
+    raise AttributeError(f"module 'hvd_magic.timeline' has no attribute {name!r}")

@@ -2,33 +2,34 @@
 
 Horovod writes one JSON array of events, mostly without newlines (``},{`` between events), and a
 killed run leaves it without its closing ``]`` or cut inside an event; releases before 0.20 never
-wrote the ``]``. The reader turns the event separators into newlines in place (same length, so
-byte offsets stay true), hands fixed-size chunks to Arrow's multi-threaded JSON reader with an
-explicit schema, drops an incomplete last event, and keeps only columns (no Python object per
-event). Garbage raises ``TimelineError`` naming the file and the byte offset.
+wrote the ``]``. Two readers, both keeping only columns (no Python object per event):
+
+- the fast one (``scan.py``): a small C scanner, one pass over the bytes, chunk by chunk;
+- the general one (here), used when the file strays from plain Horovod output (escaped
+  strings, fractional numbers) or is damaged: it turns the event separators into newlines in
+  place (same length, so byte offsets stay true) and hands chunks to Arrow's JSON reader.
+
+Both drop an incomplete last event; garbage raises ``TimelineError`` naming the file and the
+byte offset. Arrow is imported only when a table is asked for.
 """
 
 from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
-
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.json as pj
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ..errors import HorovodMagicError
-from .schema import SCHEMA
 
-__all__ = ["SCHEMA", "Timeline", "TimelineError", "read"]
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["Timeline", "TimelineError", "read"]
 
 CHUNK_BYTES = 32 * 1024 * 1024
-
-_OPTIONS = pj.ParseOptions(explicit_schema=SCHEMA, unexpected_field_behavior="ignore")
 
 
 class TimelineError(HorovodMagicError, ValueError):
@@ -44,14 +45,23 @@ class Timeline:
     """
 
     path: str
-    events: pa.Table
+    length: int
     tensors: dict[int, str] = field(default_factory=dict)
     start_epoch_us: int | None = None
     truncated: bool = False  # a partial last event was dropped (the writer was cut off)
     closed: bool = True  # the closing "]" is there (killed runs and Horovod < 0.20 lack it)
+    _table: Any = None
+    _build: Callable[[], Any] | None = None
+
+    @property
+    def events(self) -> pa.Table:
+        """The events as an Arrow table (columns of ``schema.SCHEMA``), built on first use."""
+        if self._table is None and self._build is not None:
+            self._table, self._build = self._build(), None
+        return self._table
 
     def __len__(self) -> int:
-        return int(self.events.num_rows)
+        return self.length
 
     def to_pandas(self) -> object:
         frame = self.events.drop_columns(["args"]).to_pandas()
@@ -91,14 +101,14 @@ def _skip_opening(path: str, file: BinaryIO) -> int:
     return start + 1
 
 
-def _chunks(file: BinaryIO, offset: int) -> Iterator[tuple[int, bytes, bool]]:
+def _chunks(file: BinaryIO, offset: int, size: int = CHUNK_BYTES) -> Iterator[tuple[int, bytes, bool]]:
     """(offset, bytes, is_last) pieces that end between events (right after a ``}`` before ``,``).
 
     Read piece by piece rather than mapped, so memory holds one chunk, not the file.
     """
     carry = b""
     while True:
-        block = file.read(CHUNK_BYTES)
+        block = file.read(size)
         data = carry + block
         if not block:
             yield offset, data, True
@@ -113,6 +123,8 @@ def _chunks(file: BinaryIO, offset: int) -> Iterator[tuple[int, bytes, bool]]:
 
 
 def _parse_chunk(path: str, offset: int, raw: bytes, last: bool) -> tuple[pa.Table, bool, bool]:
+    from .schema import SCHEMA
+
     body = raw.lstrip(b", \n\r\t")
     skipped = len(raw) - len(body)
     truncated, closed = False, True
@@ -125,8 +137,14 @@ def _parse_chunk(path: str, offset: int, raw: bytes, last: bool) -> tuple[pa.Tab
 
 
 def _parse_general(path: str, offset: int, body: bytes) -> pa.Table:
+    import pyarrow as pa
+    import pyarrow.json as pj
+
+    from .schema import SCHEMA
+
+    options = pj.ParseOptions(explicit_schema=SCHEMA, unexpected_field_behavior="ignore")
     try:
-        return pj.read_json(io.BytesIO(body), parse_options=_OPTIONS)
+        return pj.read_json(io.BytesIO(body), parse_options=options)
     except pa.ArrowInvalid as err:
         raise TimelineError(f"{path}: not a Horovod Timeline: {_locate(body, str(err), offset)}") from None
 
@@ -152,17 +170,33 @@ def read(path: str | Path) -> Timeline:
     name = str(path)
     if Path(path).stat().st_size == 0:
         raise TimelineError(f"{name}: the file is empty (the run may have been killed before writing)")
+    from .scan import read_fast
+
+    timeline = read_fast(name)
+    return timeline if timeline is not None else read_general(name)
+
+
+def read_general(name: str) -> Timeline:
+    """The Arrow-based reader: any Chrome-trace-like layout, exact error offsets."""
+    import pyarrow as pa
+
+    from .schema import SCHEMA
+
     pieces, truncated, closed = [], False, False
-    with open(path, "rb") as file:
+    with open(name, "rb") as file:
         for offset, raw, last in _chunks(file, _skip_opening(name, file)):
             table, cut, closed = _parse_chunk(name, offset, raw, last=last)
             truncated |= cut
             pieces.append(_compact(table))
     events = pa.concat_tables(pieces) if pieces else SCHEMA.empty_table()
-    return Timeline(name, events, *_metadata(events), truncated=truncated, closed=closed)
+    tensors, start = _metadata(events)
+    return Timeline(name, events.num_rows, tensors, start, truncated, closed, _table=events)
 
 
 def _compact(table: pa.Table) -> pa.Table:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     # Activity names repeat millions of times: dictionary-encode them chunk by chunk.
     for column in ("ph", "name"):
         index = table.schema.get_field_index(column)
@@ -173,6 +207,9 @@ def _compact(table: pa.Table) -> pa.Table:
 
 
 def _metadata(events: pa.Table) -> tuple[dict[int, str], int | None]:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     meta = events.filter(pc.equal(events["ph"].cast(pa.string()), "M"))
     tensors, start = {}, None
     for row in meta.select(["name", "pid", "args"]).to_pylist():

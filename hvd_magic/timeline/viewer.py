@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 import traitlets
 
 from ..errors import HorovodMagicError
-from .analyze import spans as make_spans
+from .analysis import spans as make_spans
 from .parse import Timeline
 
 __all__ = ["TimelineViewer"]

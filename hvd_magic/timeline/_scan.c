@@ -1,0 +1,241 @@
+/* One pass over Horovod Timeline bytes into columns: the fast path of hvd_magic.timeline.read.
+ * The scan runs without the GIL, so the reader scans chunks on several threads.
+ *
+ * scan(buffer, final) -> (consumed, error_at, ph, name, ts, pid, dur, names, meta)
+ *   ph:   bytes, one phase character per event
+ *   name: bytes of int32 name ids (-1: no name), names: list of the distinct names
+ *   ts, pid, dur: bytes of int64 (INT64_MIN: absent)
+ *   meta: list of (event index, raw bytes of the "args" object) for metadata ("M") events
+ *   consumed: bytes used; an event cut off at the end of a non-final buffer is left unconsumed
+ *   error_at: -1, or the offset of the first byte that is not part of a JSON event
+ * Strings with escapes, fractional numbers or anything unexpected give error_at >= 0 with
+ * consumed at that event, so the caller can use its general reader from there.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define ABSENT INT64_MIN
+#define TABLE_SIZE 65536 /* power of two: name interning */
+
+typedef struct {
+    char *data;
+    Py_ssize_t size, capacity;
+} Column;
+
+static int push(Column *c, const void *value, Py_ssize_t width) {
+    if (c->size + width > c->capacity) {
+        Py_ssize_t capacity = c->capacity ? c->capacity * 2 : 1 << 16;
+        while (capacity < c->size + width) capacity *= 2;
+        char *grown = PyMem_RawRealloc(c->data, capacity);
+        if (!grown) return -1;
+        c->data = grown;
+        c->capacity = capacity;
+    }
+    memcpy(c->data + c->size, value, width);
+    c->size += width;
+    return 0;
+}
+
+typedef struct {
+    const char *text[TABLE_SIZE];
+    Py_ssize_t length[TABLE_SIZE];
+    int32_t id[TABLE_SIZE];
+    int32_t count;
+    const char *by_id[TABLE_SIZE / 2];
+    Py_ssize_t length_by_id[TABLE_SIZE / 2];
+} Names;
+
+static int32_t intern(Names *names, const char *text, Py_ssize_t length) {
+    uint64_t hash = 1469598103934665603ULL;
+    for (Py_ssize_t i = 0; i < length; i++) hash = (hash ^ (unsigned char)text[i]) * 1099511628211ULL;
+    for (uint64_t slot = hash & (TABLE_SIZE - 1);; slot = (slot + 1) & (TABLE_SIZE - 1)) {
+        if (!names->text[slot]) {
+            if (names->count >= TABLE_SIZE / 2) return -2;
+            names->by_id[names->count] = text;
+            names->length_by_id[names->count] = length;
+            names->text[slot] = text;
+            names->length[slot] = length;
+            names->id[slot] = names->count++;
+            return names->id[slot];
+        }
+        if (names->length[slot] == length && memcmp(names->text[slot], text, length) == 0) return names->id[slot];
+    }
+}
+
+static Py_ssize_t skip_space(const char *s, Py_ssize_t i, Py_ssize_t n) {
+    while (i < n && (s[i] == ' ' || s[i] == '\n' || s[i] == '\r' || s[i] == '\t')) i++;
+    return i;
+}
+
+/* End of a JSON string starting at s[i] == '"'; -1 if cut off, -2 if it has escapes. */
+static Py_ssize_t string_end(const char *s, Py_ssize_t i, Py_ssize_t n) {
+    for (i++; i < n; i++) {
+        if (s[i] == '"') return i;
+        if (s[i] == '\\') return -2;
+    }
+    return -1;
+}
+
+/* End (exclusive) of the JSON value at s[i]: string, object, array or literal; -1 cut off, -2 bad. */
+static Py_ssize_t value_end(const char *s, Py_ssize_t i, Py_ssize_t n) {
+    if (i >= n) return -1;
+    if (s[i] == '"') {
+        Py_ssize_t e = string_end(s, i, n);
+        return e < 0 ? e : e + 1;
+    }
+    if (s[i] == '{' || s[i] == '[') {
+        int depth = 0;
+        for (; i < n; i++) {
+            if (s[i] == '"') {
+                Py_ssize_t e = string_end(s, i, n);
+                if (e < 0) return e;
+                i = e;
+            } else if (s[i] == '{' || s[i] == '[') depth++;
+            else if (s[i] == '}' || s[i] == ']') {
+                if (--depth == 0) return i + 1;
+            }
+        }
+        return -1;
+    }
+    while (i < n && s[i] != ',' && s[i] != '}' && s[i] != ']' && s[i] != ' ' && s[i] != '\n') i++;
+    return i < n ? i : -1;
+}
+
+/* An integer at s[i]; *ok = 0 if it is not a plain integer (fraction, exponent, garbage). */
+static int64_t integer(const char *s, Py_ssize_t i, Py_ssize_t end, int *ok) {
+    int negative = i < end && s[i] == '-';
+    if (negative) i++;
+    if (i >= end) { *ok = 0; return 0; }
+    int64_t value = 0;
+    for (; i < end; i++) {
+        if (s[i] < '0' || s[i] > '9') { *ok = 0; return 0; }
+        value = value * 10 + (s[i] - '0');
+    }
+    *ok = 1;
+    return negative ? -value : value;
+}
+
+#define KEY(text) (key_length == (Py_ssize_t)sizeof(text) - 1 && memcmp(s + key, text, key_length) == 0)
+
+typedef struct {
+    const char *s;
+    Py_ssize_t n;
+    int final;
+    Py_ssize_t consumed, error_at, events;
+    Column ph, name, ts, pid, dur, meta; /* meta: (event index, args offset, args length) int64 triples */
+    Names *names;
+    int out_of_memory;
+} Scan;
+
+/* The scan itself touches no Python object, so it runs without the GIL (chunks in parallel). */
+static void scan_events(Scan *r) {
+    const char *s = r->s;
+    Py_ssize_t n = r->n, i = 0;
+    r->error_at = -1;
+    for (;;) {
+        while (i < n && (s[i] == ',' || s[i] == ' ' || s[i] == '\n' || s[i] == '\r' || s[i] == '\t')) i++;
+        r->consumed = i;
+        if (i >= n || s[i] == ']') { r->consumed = n; return; }
+        if (s[i] != '{') { r->error_at = i; return; }
+        Py_ssize_t event_end = value_end(s, i, n);
+        if (event_end == -1) return; /* cut off: left unconsumed for the caller */
+        if (event_end < 0) { r->error_at = i; return; }
+        char phase = 0;
+        int32_t name_id = -1;
+        int64_t ts_value = ABSENT, pid_value = ABSENT, dur_value = ABSENT;
+        Py_ssize_t args_at = -1, args_end = -1, j = skip_space(s, i + 1, event_end);
+        int bad = 0;
+        while (j < event_end - 1 && !bad) {
+            if (s[j] != '"') { bad = 1; break; }
+            Py_ssize_t key = j + 1, key_close = string_end(s, j, event_end);
+            if (key_close < 0) { bad = 1; break; }
+            Py_ssize_t key_length = key_close - key;
+            j = skip_space(s, key_close + 1, event_end);
+            if (j >= event_end || s[j] != ':') { bad = 1; break; }
+            j = skip_space(s, j + 1, event_end);
+            Py_ssize_t end = value_end(s, j, event_end);
+            if (end < 0) { bad = 1; break; }
+            int ok = 1;
+            if (KEY("ph")) {
+                if (s[j] != '"' || end - j != 3) bad = 1; else phase = s[j + 1];
+            } else if (KEY("name")) {
+                if (s[j] != '"' || (name_id = intern(r->names, s + j + 1, end - j - 2)) < 0) bad = 1;
+            } else if (KEY("ts")) ts_value = integer(s, j, end, &ok);
+            else if (KEY("pid")) pid_value = integer(s, j, end, &ok);
+            else if (KEY("dur")) dur_value = integer(s, j, end, &ok);
+            else if (KEY("args")) { args_at = j; args_end = end; }
+            if (!ok) bad = 1;
+            j = skip_space(s, end, event_end);
+            if (j < event_end - 1) {
+                if (s[j] != ',') bad = 1;
+                j = skip_space(s, j + 1, event_end);
+            }
+        }
+        if (bad || !phase) { r->error_at = i; return; }
+        if (push(&r->ph, &phase, 1) || push(&r->name, &name_id, 4) || push(&r->ts, &ts_value, 8) ||
+            push(&r->pid, &pid_value, 8) || push(&r->dur, &dur_value, 8)) { r->out_of_memory = 1; return; }
+        if (phase == 'M' && args_at >= 0) {
+            int64_t triple[3] = {r->events, args_at, args_end - args_at};
+            if (push(&r->meta, triple, sizeof triple)) { r->out_of_memory = 1; return; }
+        }
+        r->events++;
+        i = event_end;
+    }
+}
+
+static PyObject *column(Column *c) { return PyBytes_FromStringAndSize(c->data ? c->data : "", c->size); }
+
+static PyObject *scan(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    int final;
+    if (!PyArg_ParseTuple(args, "y*p", &view, &final)) return NULL;
+    Scan r = {0};
+    r.s = view.buf;
+    r.n = view.len;
+    r.final = final;
+    r.names = PyMem_RawCalloc(1, sizeof(Names));
+    PyObject *result = NULL, *names = NULL, *meta = NULL;
+    if (!r.names) { PyErr_NoMemory(); goto done; }
+    Py_BEGIN_ALLOW_THREADS
+    scan_events(&r);
+    Py_END_ALLOW_THREADS
+    if (r.out_of_memory) { PyErr_NoMemory(); goto done; }
+    names = PyList_New(r.names->count);
+    meta = PyList_New(0);
+    if (!names || !meta) goto done;
+    for (int32_t k = 0; k < r.names->count; k++) {
+        PyObject *name = PyUnicode_DecodeUTF8(r.names->by_id[k], r.names->length_by_id[k], "replace");
+        if (!name) goto done;
+        PyList_SET_ITEM(names, k, name);
+    }
+    for (Py_ssize_t k = 0; k < r.meta.size / (Py_ssize_t)(3 * sizeof(int64_t)); k++) {
+        int64_t *t = (int64_t *)r.meta.data + 3 * k;
+        PyObject *entry = Py_BuildValue("(Ly#)", (long long)t[0], r.s + t[1], (Py_ssize_t)t[2]);
+        if (!entry || PyList_Append(meta, entry) < 0) { Py_XDECREF(entry); goto done; }
+        Py_DECREF(entry);
+    }
+    PyObject *ph = column(&r.ph), *name = column(&r.name), *ts = column(&r.ts), *pid = column(&r.pid),
+             *dur = column(&r.dur);
+    if (ph && name && ts && pid && dur)
+        result = Py_BuildValue("(nnOOOOOOO)", r.consumed, r.error_at, ph, name, ts, pid, dur, names, meta);
+    Py_XDECREF(ph); Py_XDECREF(name); Py_XDECREF(ts); Py_XDECREF(pid); Py_XDECREF(dur);
+done:
+    PyMem_RawFree(r.ph.data); PyMem_RawFree(r.name.data); PyMem_RawFree(r.ts.data);
+    PyMem_RawFree(r.pid.data); PyMem_RawFree(r.dur.data); PyMem_RawFree(r.meta.data);
+    PyMem_RawFree(r.names);
+    Py_XDECREF(names);
+    Py_XDECREF(meta);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"scan", scan, METH_VARARGS, "Scan Horovod Timeline events into columns (see the file's comment)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_scan", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__scan(void) { return PyModule_Create(&module); }

@@ -1,0 +1,3 @@
+def scan(
+    buffer: bytes, final: bool
+) -> tuple[int, int, bytes, bytes, bytes, bytes, bytes, list[str], list[tuple[int, bytes]]]: ...
