@@ -42,5 +42,7 @@ class BuildWithViewer(build_py):
 
 setup(
     cmdclass={"build_py": BuildWithViewer},
-    ext_modules=[Extension("hvd_magic.timeline._scan", ["hvd_magic/timeline/_scan.c"], extra_compile_args=["-O2"])],
+    ext_modules=[
+        Extension("hvd_magic.timeline._scan", ["hvd_magic/timeline/_scan.c"], extra_compile_args=["-O2"])
+    ],
 )
