@@ -32,7 +32,9 @@ system_packages() {
 }
 
 stamp_value() {
-    cat "$ROOT/requirements-dev.txt" "$ROOT/pyproject.toml" "$ROOT/scripts/setup.sh" | sha256sum | cut -d' ' -f1
+    # Whatever the install builds: dependencies, the package metadata, the C scanner.
+    cat "$ROOT/requirements-dev.txt" "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT/scripts/setup.sh" \
+        "$ROOT/hvd_magic/timeline/_scan.c" | sha256sum | cut -d' ' -f1
 }
 
 python_packages() {
