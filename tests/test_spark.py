@@ -226,6 +226,7 @@ def test_executor_lost_mid_run_is_a_clear_error(ip, cluster, tmp_path):
     _when_started(tmp_path, 4, lambda: (killed.append(time.monotonic()), executors[1].kill()))
     with pytest.raises((RankFailedError, RunError)) as info:
         ip.run_cell_magic("horovod", "np=4", _waiting_cell(tmp_path))
+    assert killed, f"the run ended before the executor was killed: {info.value}"
     assert time.monotonic() - killed[0] < 30
     assert info.value is not None and str(info.value)
     assert _gone_within(10) == []

@@ -30,7 +30,7 @@ ENV_AGENTS = "HVD_MAGIC_AGENTS"  # JSON: host token -> agent address
 ENV_AGENT_TOKEN = "HVD_MAGIC_AGENT_TOKEN"
 ENV_VIA_AGENT = "HVD_MAGIC_VIA_AGENT"  # set on what an agent starts: the host token
 PING_SECONDS = 1.0
-PING_TIMEOUT = 6.0
+PING_TIMEOUT = 20.0  # generous: a loaded machine can starve a thread for seconds
 
 
 def die_with_parent() -> None:
