@@ -43,6 +43,6 @@ class BuildWithViewer(build_py):
 setup(
     cmdclass={"build_py": BuildWithViewer},
     ext_modules=[
-        Extension("hvd_magic.timeline._scan", ["hvd_magic/timeline/_scan.c"], extra_compile_args=["-O2"])
+        Extension("hvd_magic.timeline._scan", ["hvd_magic/timeline/_scan.c"], extra_compile_args=["-O3"])
     ],
 )

@@ -1,3 +1,3 @@
 def scan(
-    buffer: bytes, final: bool
+    buffer: bytes | bytearray | memoryview, final: bool
 ) -> tuple[int, int, bytes, bytes, bytes, bytes, bytes, list[str], list[tuple[int, bytes]]]: ...

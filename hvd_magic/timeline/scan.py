@@ -7,14 +7,16 @@ strays from plain Horovod output (escaped strings, fractional numbers, garbage).
 from __future__ import annotations
 
 import collections
+import io
 import json
 import os
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
-from .parse import Timeline, _chunks, _skip_opening
+from .parse import Timeline, _skip_opening
 
 CHUNK_BYTES = 16 * 1024 * 1024
 
@@ -28,13 +30,14 @@ def read_fast(name: str) -> Timeline | None:
         from . import _scan
     except ImportError:
         return None
-    workers = max(1, min(4, os.cpu_count() or 1))
+    workers = max(1, min(4, len(os.sched_getaffinity(0))))
     parts: list[tuple[Any, ...]] = []
     truncated = closed = False
     with open(name, "rb") as file, ThreadPoolExecutor(workers) as pool:
-        pending: collections.deque[tuple[bytes, bool, Future[Any]]] = collections.deque()
+        pending: collections.deque[tuple[memoryview, bool, Future[Any]]] = collections.deque()
         # The scanner releases the GIL: chunks are scanned side by side, a few in flight at most.
-        for _, raw, last in _chunks(file, _skip_opening(name, file), CHUNK_BYTES):
+        _skip_opening(name, file)
+        for raw, last in _views(file):
             pending.append((raw, last, pool.submit(_scan.scan, raw, last)))
             while len(pending) > workers or (last and pending):
                 raw_done, was_last, future = pending.popleft()
@@ -43,10 +46,31 @@ def read_fast(name: str) -> Timeline | None:
                 if error_at >= 0 or (consumed < len(raw_done) and not was_last):
                     return None  # not plain Horovod output: the general reader says where
                 if was_last:
-                    truncated = bool(raw_done[consumed:].strip(b" \n\r\t,]"))
-                    closed = raw_done.rstrip().endswith(b"]")
+                    tail = bytes(raw_done[consumed:])
+                    truncated = bool(tail.strip(b" \n\r\t,]"))
+                    closed = bytes(raw_done[-64:]).rstrip().endswith(b"]")
                 parts.append(part[2:])
     return _assemble(name, parts, truncated, closed)
+
+
+def _views(file: io.BufferedReader) -> Iterator[tuple[memoryview, bool]]:
+    """Chunks that end right after an event's ``}``, as views (no copy of the file's bytes)."""
+    carry = b""
+    while True:
+        buffer = bytearray(len(carry) + CHUNK_BYTES)
+        buffer[: len(carry)] = carry
+        got = file.readinto(memoryview(buffer)[len(carry) :])
+        size = len(carry) + got
+        view = memoryview(buffer)[:size]
+        if not got:
+            yield view, True
+            return
+        cut = buffer.rfind(b"},", 0, size)
+        if cut < 0:
+            carry = bytes(view)
+            continue
+        yield view[: cut + 1], False
+        carry = bytes(view[cut + 1 :])
 
 
 def _assemble(name: str, parts: list[tuple[Any, ...]], truncated: bool, closed: bool) -> Timeline:
