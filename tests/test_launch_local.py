@@ -7,7 +7,8 @@ from hvd_magic.launch.local import mpirun_argv
 def test_mpirun_argv_local():
     assert mpirun_argv(2, ["python", "-m", "w"], as_root=True) == [
         "mpirun", "--allow-run-as-root", "-np", "2", "--bind-to", "none", "--map-by", "slot",
-        "--mca", "pml", "ob1", "--oversubscribe", "--mca", "btl", "self,vader", "python", "-m", "w",
+        "--mca", "pml", "ob1", "--mca", "rtc_hwloc_vmhole", "none",
+        "--oversubscribe", "--mca", "btl", "self,vader", "python", "-m", "w",
     ]  # fmt: skip
 
 

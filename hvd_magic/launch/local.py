@@ -39,6 +39,10 @@ def mpirun_argv(
     if as_root:
         argv.append("--allow-run-as-root")
     argv += ["-np", str(np), "--bind-to", "none", "--map-by", "slot", "--mca", "pml", "ob1"]
+    # mpirun maps its hwloc topology into shared memory at an address it guesses from its own
+    # memory map; under Spark that guess sometimes lands on a mapped page and mpirun segfaults
+    # (hwloc_shmem_topology_write). Ranks do not need the shared copy.
+    argv += ["--mca", "rtc_hwloc_vmhole", "none"]
     if hosts:
         argv += ["-H", ",".join(f"{host}:{slots}" for host, slots in hosts)]
         argv += ["--mca", "btl", "self,vader,tcp"]
