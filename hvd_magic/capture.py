@@ -47,9 +47,9 @@ class Captured:
     notices: list[str]
 
 
-def names_read(source: str) -> set[str]:
+def names_read(source: str | ast.Module) -> set[str]:
     """Names the code loads anywhere (module level, functions, comprehensions)."""
-    tree = ast.parse(source)
+    tree = ast.parse(source) if isinstance(source, str) else source
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
@@ -59,8 +59,7 @@ def names_read(source: str) -> set[str]:
     return found
 
 
-def _names_assigned_at_top(source: str) -> set[str]:
-    tree = ast.parse(source)
+def _names_assigned_at_top(tree: ast.Module) -> set[str]:
     assigned: set[str] = set()
     for statement in tree.body:
         for node in ast.walk(statement):
@@ -73,9 +72,12 @@ def _names_assigned_at_top(source: str) -> set[str]:
     return assigned
 
 
-def _check_syntax(source: str) -> None:
+def _parse(source: str) -> ast.Module:
+    """The cell's syntax tree; a syntax error becomes a CaptureError showing the line."""
     try:
-        compile(source, CELL_FILENAME, "exec")
+        tree = ast.parse(source, CELL_FILENAME)
+        compile(tree, CELL_FILENAME, "exec")  # errors only the compiler sees ('return' outside def)
+        return tree
     except SyntaxError as err:
         line = (err.text or "").rstrip("\n")
         pointer = " " * max((err.offset or 1) - 1, 0) + "^"
@@ -150,15 +152,15 @@ def capture_cell(
     return_names: list[str] | None = None,
 ) -> Captured:
     """Payload for a cell whose ``source`` already went through IPython's transforms."""
-    _check_syntax(source)
+    tree = _parse(source)
     if "get_ipython()" in source:
         raise CaptureError(
             "the cell uses IPython syntax (a %magic, !command or ?help) that the ranks cannot "
             "run, since they are plain Python processes. Move it to a cell of its own."
         )
-    assigned = _names_assigned_at_top(source)
+    assigned = _names_assigned_at_top(tree)
     namespace: dict[str, Any] = {}
-    for name in sorted(names_read(source)):
+    for name in sorted(names_read(tree)):
         if name not in user_ns or name in hidden or name.startswith("__"):
             continue
         value = user_ns[name]

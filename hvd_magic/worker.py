@@ -60,15 +60,16 @@ def gpu_for_local_rank(slot_gpus: str | None, local_rank: int) -> str | None:
     return ",".join(str(gpu) for gpu in slots[local_rank])
 
 
-def _die_with_parent() -> None:
-    """Ask the kernel to kill this rank when its launcher (mpirun, orted, agent) dies."""
+def die_with_parent() -> None:
+    """SIGKILL this process when the thread that started it ends (PR_SET_PDEATHSIG).
+
+    Also a ``preexec_fn``: every process of a run (ranks, mpirun, orted, rsh clients) dies with
+    whatever launched it.
+    """
     try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)
     except OSError:
         pass
-    if os.getppid() == 1:
-        os._exit(1)
 
 
 class _OutputForwarder:
@@ -105,10 +106,9 @@ class _OutputForwarder:
 
 
 def _run_cell(payload: CellPayload) -> tuple[Any, dict[str, Any]]:
-    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
-    namespace.update(payload.namespace)
-    sys.modules["__main__"].__dict__.update(namespace)
+    # The cell runs as this process's __main__, like a notebook cell in the kernel's.
     namespace = sys.modules["__main__"].__dict__
+    namespace.update(payload.namespace)
     lines = payload.source.splitlines(keepends=True)
     linecache.cache[CELL_FILENAME] = (len(payload.source), None, lines, CELL_FILENAME)
     tree = ast.parse(payload.source, CELL_FILENAME)
@@ -176,7 +176,9 @@ def send_timeline(client: HubClient, path: str) -> None:
 
 
 def main() -> int:
-    _die_with_parent()
+    die_with_parent()
+    if os.getppid() == 1:  # the launcher is already gone
+        return 1
     rank, local_rank, size = rank_from_env()
     address = os.environ.pop(ENV_HUB)
     token = os.environ.pop(ENV_TOKEN)

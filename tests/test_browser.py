@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -9,7 +10,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import nbformat
 import pytest
@@ -40,6 +43,29 @@ for step in range(1, 61):
     time.sleep(0.1)
 print("rank", hvd.rank(), "finished")
 """
+
+
+needs_chromium = pytest.mark.skipif(
+    not os.path.exists(CHROMIUM), reason="needs Debian's chromium (scripts/setup.sh installs it)"
+)
+
+
+@contextlib.contextmanager
+def notebook_page(url: str, height: int) -> Iterator[Any]:
+    """Headless Chromium on the notebook at ``url``, after "Run All Cells" was clicked."""
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        page = browser.new_page(viewport={"width": 1280, "height": height})
+        page.goto(url)
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
+        page.wait_for_selector("#jp-main-statusbar >> text=Idle", timeout=90_000)
+        page.click("text=Run", timeout=30_000)
+        page.click("text=Run All Cells", timeout=30_000)
+        yield page
+        browser.close()
 
 
 @pytest.fixture
@@ -77,17 +103,9 @@ def _jupyterlab(tmp_path, cell: str):
     log.close()
 
 
-@pytest.mark.skipif(
-    not os.path.exists(CHROMIUM), reason="needs Debian's chromium (scripts/setup.sh installs it)"
-)
+@needs_chromium
 def test_live_view_in_jupyterlab(jupyterlab):
-    from playwright.sync_api import sync_playwright
-
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 1400})
-        _run_all(page, jupyterlab)
+    with notebook_page(jupyterlab, height=1400) as page:
         # While the ranks train: the live grid shows bars moving and the curve has points.
         page.wait_for_selector(".hvd-grid .hvd-bar", timeout=120_000)
         page.wait_for_function(
@@ -108,15 +126,6 @@ def test_live_view_in_jupyterlab(jupyterlab):
         assert page.query_selector(".hvd-final svg polyline") is not None
         assert "rank 1 finished" in page.text_content(".hvd-final")  # in a collapsed <details>
         page.screenshot(path=str(ARTIFACTS / "live_view_final.png"))
-        browser.close()
-
-
-def _run_all(page, url: str) -> None:
-    page.goto(url)
-    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-    page.wait_for_selector("#jp-main-statusbar >> text=Idle", timeout=90_000)
-    page.click("text=Run", timeout=30_000)
-    page.click("text=Run All Cells", timeout=30_000)
 
 
 @pytest.fixture
@@ -130,18 +139,10 @@ def big_timeline_lab(tmp_path):
     yield from _jupyterlab(tmp_path, f"%horovod_timeline {path}")
 
 
-@pytest.mark.skipif(
-    not os.path.exists(CHROMIUM), reason="needs Debian's chromium (scripts/setup.sh installs it)"
-)
+@needs_chromium
 def test_timeline_viewer_with_2m_events(big_timeline_lab):
     """The viewer draws 2M events, zooms, hovers and filters; prints first-paint and frame times."""
-    from playwright.sync_api import sync_playwright
-
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 1000})
-        _run_all(page, big_timeline_lab)
+    with notebook_page(big_timeline_lab, height=1000) as page:
         viewer = page.wait_for_selector(".hvd-timeline-viewer[data-first-paint-ms]", timeout=240_000)
         first_paint = float(viewer.get_attribute("data-first-paint-ms"))
         canvas = page.query_selector(".hvd-timeline-viewer canvas")
@@ -170,7 +171,6 @@ def test_timeline_viewer_with_2m_events(big_timeline_lab):
         page.fill(".hvd-timeline-viewer input[placeholder='filter tensors']", "layer19")
         assert page.inner_text(".hvd-timeline-viewer span").startswith("11 tensors")  # layer19, layer190..199
         page.screenshot(path=str(ARTIFACTS / "timeline_viewer.png"))
-        browser.close()
     zoom_frame = sorted(frames)[len(frames) // 2]
     report = (
         f"timeline viewer, 2M events: first paint {first_paint:.0f} ms (target <= 2000), "

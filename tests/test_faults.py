@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 import psutil
 import pytest
@@ -12,16 +11,7 @@ from jupyter_client.manager import start_new_kernel
 
 from hvd_magic import LaunchError, RunError, RunTimeout
 
-from .conftest import leftover_processes
-
-
-def _wait_for_files(paths: list[Path], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not all(p.exists() for p in paths):
-        assert time.monotonic() < deadline, (
-            f"not created within {timeout} s: {[p for p in paths if not p.exists()]}"
-        )
-        time.sleep(0.05)
+from .conftest import leftover_processes, wait_for_files
 
 
 def _execute(client, code: str, timeout: float = 120) -> dict:
@@ -40,7 +30,7 @@ def test_interrupt_stops_every_rank_within_5s_and_the_next_cell_works(tmp_path):
             "while True:\n    time.sleep(0.1)\n"
         )
         msg_id = client.execute(cell)
-        _wait_for_files([tmp_path / "started-0", tmp_path / "started-1"], timeout=120)
+        assert wait_for_files([tmp_path / "started-0", tmp_path / "started-1"], timeout=120)
         assert len(leftover_processes(kernel)) >= 3  # mpirun and two ranks
         interrupted = time.monotonic()
         manager.interrupt_kernel()

@@ -13,7 +13,7 @@ import pytest
 from hvd_magic import HorovodRunner, LaunchError, RankFailedError, RunError, RunInterrupted
 from hvd_magic.launch import spark as spark_launch
 
-from .conftest import leftover_processes
+from .conftest import RUN_MARKERS, leftover_processes, wait_for_files
 from .spark_fixtures import fake_gpu_script, spark_session
 
 REPORT_CELL = """
@@ -168,9 +168,7 @@ def _run_processes_anywhere() -> list[str]:
     found = []
     for process in psutil.process_iter(["cmdline"]):
         cmdline = " ".join(process.info["cmdline"] or [])
-        if any(
-            marker in cmdline for marker in ("hvd_magic.worker", "orted", "mpirun", "hvd_magic.launch.agent")
-        ):
+        if any(marker in cmdline for marker in RUN_MARKERS):
             found.append(f"{process.pid}: {cmdline[:200]}")
     return found
 
@@ -179,9 +177,7 @@ def _when_started(tmp_path, ranks: int, action) -> threading.Thread:
     markers = [tmp_path / f"started-{r}" for r in range(ranks)]
 
     def wait_then_act() -> None:
-        deadline = time.monotonic() + 120
-        while not all(m.exists() for m in markers) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for_files(markers, timeout=120)
         action()
 
     thread = threading.Thread(target=wait_then_act, daemon=True)

@@ -9,7 +9,6 @@ kills the command when the caller stops pinging or disconnects, so no orted outl
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
@@ -22,6 +21,7 @@ import time
 from typing import Any
 
 from ..hub import CurveServer, Event, HubClient, RunKeys
+from ..worker import die_with_parent
 from .local import stop_tree
 
 __all__ = ["ENV_AGENTS", "ENV_AGENT_TOKEN", "ExecAgent", "main"]
@@ -31,11 +31,6 @@ ENV_AGENT_TOKEN = "HVD_MAGIC_AGENT_TOKEN"
 ENV_VIA_AGENT = "HVD_MAGIC_VIA_AGENT"  # set on what an agent starts: the host token
 PING_SECONDS = 1.0
 PING_TIMEOUT = 20.0  # generous: a loaded machine can starve a thread for seconds
-
-
-def die_with_parent() -> None:
-    """preexec_fn: SIGKILL this child when the thread that started it ends (PR_SET_PDEATHSIG)."""
-    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)
 
 
 class ExecAgent(CurveServer):

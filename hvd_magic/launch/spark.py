@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import functools
 import os
+import queue
 import socket
 import sys
 import threading
@@ -206,7 +207,7 @@ class SparkLauncher(Launcher):
                 return None
             try:
                 event = self.hub.control.get(timeout=0.2)
-            except Exception:  # noqa: BLE001 - queue.Empty
+            except queue.Empty:
                 continue
             if event.kind == "launcher_log":
                 self.log.append(event.blob.decode("utf-8", errors="replace").rstrip("\n"))

@@ -22,9 +22,9 @@ from typing import Any
 import psutil
 
 from ..hub import HubClient, RunKeys
-from ..worker import ENV_SLOT_GPUS
+from ..worker import ENV_SLOT_GPUS, die_with_parent
 from . import thread_budget_env
-from .agent import ENV_AGENT_TOKEN, ENV_AGENTS, ExecAgent, die_with_parent
+from .agent import ENV_AGENT_TOKEN, ENV_AGENTS, ExecAgent
 from .local import mpirun_argv, stop_processes, stop_tree
 
 __all__ = ["TaskSpec", "barrier_task"]

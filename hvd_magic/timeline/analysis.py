@@ -22,7 +22,16 @@ COMMUNICATION = ("ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL", "REDUCESCATT
 
 
 def spans(timeline: Timeline) -> pd.DataFrame:
-    """One row per activity: tensor pid, name, start, end, duration (microseconds), depth."""
+    """One row per activity: tensor pid, name, start, end, duration (microseconds), depth.
+
+    Computed once per timeline; treat the frame as read-only.
+    """
+    if timeline._spans is None:
+        timeline._spans = _match_spans(timeline)
+    return timeline._spans
+
+
+def _match_spans(timeline: Timeline) -> pd.DataFrame:
     events = timeline.events
     phase = events["ph"].cast("string")
     keep = pc.or_(pc.equal(phase, "B"), pc.equal(phase, "E"))

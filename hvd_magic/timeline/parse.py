@@ -52,6 +52,7 @@ class Timeline:
     closed: bool = True  # the closing "]" is there (killed runs and Horovod < 0.20 lack it)
     _table: Any = None
     _build: Callable[[], Any] | None = None
+    _spans: Any = None  # analysis.spans() result, computed once (viewer and analysis both need it)
 
     @property
     def events(self) -> pa.Table:
