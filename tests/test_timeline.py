@@ -86,7 +86,7 @@ def test_events_count_matches_json(real_timelines):
 
 def test_garbage_names_the_file_and_byte_offset(real_timelines, tmp_path):
     data = real_timelines["mpi"].read_bytes()
-    at = data.index(b"},{", len(data) // 2) + 1
+    at = data.index(b"}},{", len(data) // 2) + 2  # right after an E event whose "args" has braces too
     bad = tmp_path / "bad.json"
     bad.write_bytes(data[:at] + b"#junk#" + data[at:])
     with pytest.raises(TimelineError) as info:
@@ -94,7 +94,9 @@ def test_garbage_names_the_file_and_byte_offset(real_timelines, tmp_path):
     message = str(info.value)
     assert str(bad) in message and "byte " in message
     offset = int(message.split("byte ")[1].split(":")[0])
-    assert data.rfind(b"{", 0, at) <= offset <= at
+    # The offset is where the damaged event starts (an E event's "args" has a "{" of its own).
+    event_start = max(data.rfind(b'{"ph"', 0, at), data.rfind(b'{"name": "process_', 0, at))
+    assert offset == event_start
     for content, fragment in ((b"", "empty"), (b"hello", r"starts with '\['")):
         other = tmp_path / "other.json"
         other.write_bytes(content)
