@@ -7,7 +7,8 @@ Traffic is encrypted too, which matters when executors report across a cluster n
 
 A message is three frames: kind, a JSON header and an optional binary blob (pickled values,
 raw log bytes). The first message of a rank is ``hello``; the hub answers it with the payload.
-Spark tasks use the same channel for their rendezvous (``join``, answered by ``plan``).
+Spark tasks use the same channel for their rendezvous (``join``, answered by ``plan``) and to
+relay their ranks' Gloo store requests (``store``, answered on the hub's thread by a responder).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +28,7 @@ __all__ = ["CurveServer", "Event", "Hub", "HubClient", "RunKeys"]
 
 _POLL_MS = 200
 CONTROL_KINDS = frozenset({"join", "launcher_log", "launcher_exit"})
+Responder = Callable[["Event"], tuple[str, dict[str, Any], bytes]]
 
 
 @dataclass(frozen=True)
@@ -167,7 +170,8 @@ def _parse(frames: list[bytes]) -> Event | None:
 class Hub(CurveServer):
     """Receives rank events and queues them for the run loop; answers ``hello`` with the payload.
 
-    Launch-control messages from Spark tasks go to ``control`` instead of ``events``.
+    Launch-control messages from Spark tasks go to ``control`` instead of ``events``; a kind
+    in ``responders`` is answered at once, on the hub's thread, by its function.
 
     >>> hub = Hub("127.0.0.1", payload=b"...")      # doctest: +SKIP
     >>> hub.address, hub.keys.client_token()          # handed to the ranks
@@ -178,9 +182,14 @@ class Hub(CurveServer):
         self.events: queue.Queue[Event] = queue.Queue()
         self.control: queue.Queue[Event] = queue.Queue()
         self.payload = payload
+        self.responders: dict[str, Responder] = {}
         super().__init__(bind_host, RunKeys.generate(), "hvd_magic-hub")
 
     def handle(self, event: Event) -> None:
+        responder = self.responders.get(event.kind)
+        if responder is not None:
+            self.send_to(event.identity, *responder(event))
+            return
         if event.kind == "hello":
             self.send_to(event.identity, "payload", {}, self.payload)
         (self.control if event.kind in CONTROL_KINDS else self.events).put(event)
@@ -193,6 +202,8 @@ class HubClient:
         server_public, client_public, client_secret = token.encode().split(b",")
         self.rank = rank
         self._lock = threading.Lock()
+        self._ask_lock = threading.Lock()
+        self._asked = 0
         self._context = zmq.Context()
         self._socket = self._context.socket(zmq.DEALER)
         self._socket.curve_serverkey = server_public
@@ -225,6 +236,20 @@ class HubClient:
                     return kind.decode(), json.loads(header), blob
             if time.monotonic() >= deadline:
                 return None
+
+    def ask(
+        self, kind: str, header: dict[str, Any], blob: bytes, timeout: float
+    ) -> tuple[str, dict[str, Any], bytes]:
+        """Send a request and wait for its answer (matched by id; one request at a time)."""
+        with self._ask_lock:
+            self._asked += 1
+            self.send(kind, header | {"id": self._asked}, blob)
+            deadline = time.monotonic() + timeout
+            while (left := deadline - time.monotonic()) > 0:
+                answer = self.receive(left)
+                if answer is not None and answer[1].get("id") == self._asked:
+                    return answer
+            raise TimeoutError(f"no answer from the notebook's hub within {timeout:.0f} s")
 
     def fetch_payload(self, timeout: float) -> bytes:
         """Say hello and wait for the run's payload."""

@@ -64,3 +64,30 @@ def test_raw_junk_does_not_break_the_hub(hub):
     client = HubClient(hub.address, hub.keys.client_token(), rank=1)
     assert client.fetch_payload(timeout=10) == b"the payload"
     client.close()
+
+
+def test_responders_answer_requests_on_the_hubs_thread(hub):
+    from hvd_magic.launch.rendezvous import GlooStore
+
+    store = GlooStore([{"hostname": "h", "local_rank": 0, "size": 1, "local_size": 1, "cross_size": 1}])
+
+    def answer(event):
+        status, value = store.request(event.header["method"], event.header["path"], event.blob)
+        return "stored", {"id": event.header["id"], "status": status}, value
+
+    hub.responders["store"] = answer
+    client = HubClient(hub.address, hub.keys.client_token(), rank=-1)
+    try:
+        assert (
+            client.ask("store", {"method": "PUT", "path": "/global/0"}, b"v", timeout=10)[1]["status"] == 200
+        )
+        kind, header, value = client.ask("store", {"method": "GET", "path": "/global/0"}, b"", timeout=10)
+        assert (kind, header["status"], value) == ("stored", 200, b"v")
+        assert (
+            client.ask("store", {"method": "GET", "path": "/global/9"}, b"", timeout=10)[1]["status"] == 404
+        )
+    finally:
+        client.close()
+    with pytest.raises(queue.Empty):  # answered, never queued for the run loop
+        hub.control.get(timeout=0.5)
+    assert hub.events.empty()

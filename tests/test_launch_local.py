@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import socket
+
+import pytest
+
 from hvd_magic.launch import thread_budget_env
 from hvd_magic.launch.local import mpirun_argv
 
@@ -64,26 +68,89 @@ def test_gpu_for_local_rank():
     assert gpu_for_local_rank("[[]]", 0) is None
 
 
-def test_gloo_rendezvous_serves_only_the_run_hosts():
+def _slots(np: int, hosts: int = 1) -> list[dict[str, object]]:
+    per_host = np // hosts
+    return [
+        {"hostname": f"h{r // per_host}", "local_rank": r % per_host, "size": np,
+         "local_size": per_host, "cross_size": hosts}
+        for r in range(np)
+    ]  # fmt: skip
+
+
+def test_gloo_store_keeps_horovods_semantics():
+    from hvd_magic.launch.rendezvous import GlooStore
+
+    store = GlooStore(_slots(4, hosts=2))
+    assert store.request("GET", "/global/0") == (404, b"")
+    assert store.request("PUT", "/global/0", b"addr-0") == (200, b"")
+    assert store.request("GET", "/global/0") == (200, b"addr-0")
+    assert store.request("GET", "/global") == (400, b"")
+    assert store.request("GET", "/a/b/c") == (400, b"")
+    assert store.request("POST", "/global/0") == (405, b"")
+    # A planned scope is cleared once all of its ranks said they finished, not before.
+    for rank in range(3):
+        store.request("DELETE", f"/global/{rank}")
+    assert store.request("GET", "/global/0") == (200, b"addr-0")
+    store.request("DELETE", "/global/3")
+    assert store.request("GET", "/global/0") == (404, b"")
+    store.request("PUT", "/local_h1/1", b"x")
+    store.request("DELETE", "/local_h1/0")
+    assert store.request("GET", "/local_h1/1") == (200, b"x")
+    store.request("DELETE", "/local_h1/1")
+    assert store.request("GET", "/local_h1/1") == (404, b"")
+    # Scopes the ranks make up (process sets) lose just the deleted key.
+    store.request("PUT", "/set_ab/k1", b"1")
+    store.request("PUT", "/set_ab/k2", b"2")
+    store.request("DELETE", "/set_ab/k1")
+    assert store.request("GET", "/set_ab/k1")[0] == 404 and store.request("GET", "/set_ab/k2") == (200, b"2")
+
+
+PROBE = """
+import http.client, sys
+connection = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=10)
+connection.request(sys.argv[2], sys.argv[3], body=sys.argv[4].encode() if len(sys.argv) > 4 else None)
+print(connection.getresponse().status, flush=True)
+"""
+
+
+def test_gloo_store_serves_its_own_processes_only():
     import http.client
+    import subprocess
+    import sys
 
-    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+    from hvd_magic.launch.rendezvous import GlooStore, LoopbackStoreServer
 
-    from hvd_magic.launch.rendezvous import start_rendezvous
+    def probe(*args: str) -> str:  # a child of this process: one of "our ranks"
+        argv = [sys.executable, "-c", PROBE, str(server.port), *args]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout.strip()
 
-    server = start_rendezvous("127.0.0.1", {"127.0.0.1"}, get_host_assignments(parse_hosts("localhost:2"), 2))
-    port = server.server_address[1]
+    server = LoopbackStoreServer(GlooStore(_slots(2)).request)
     try:
-        allowed = http.client.HTTPConnection("127.0.0.1", port, timeout=10, source_address=("127.0.0.1", 0))
-        allowed.request("GET", "/global/missing")
-        assert allowed.getresponse().status == 404  # the store answered: no such key yet
-        stranger = http.client.HTTPConnection("127.0.0.1", port, timeout=10, source_address=("127.0.0.2", 0))
-        stranger.request("GET", "/global/missing")
+        assert probe("PUT", "/global/0", "addr-0") == "200"
+        assert probe("GET", "/global/0") == "200"
+        # This process started the server but is not its own descendant: a stranger here,
+        # like any other process on the host. Its well-formed request is closed unanswered.
+        stranger = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        stranger.request("GET", "/global/0")
         try:
             answered = stranger.getresponse().status
         except (http.client.RemoteDisconnected, ConnectionResetError):
             answered = None
-        assert answered is None  # closed before a byte was read
+        assert answered is None and server.refused == 1
+        # Nothing listens beyond loopback's 127.0.0.1.
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.2", server.port), timeout=10)
+        # Junk from one of ours gets an HTTP error, and the store goes on serving.
+        junk = (
+            "import socket, sys\n"
+            "raw = socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=10)\n"
+            "raw.sendall(b'PUT /global/1 HTTP/1.1\\r\\nContent-Length: \\xff\\r\\n\\r\\n')\n"
+            "print(raw.recv(100).split(b'\\r\\n')[0].decode())\n"
+        )
+        answer = subprocess.run(
+            [sys.executable, "-c", junk, str(server.port)], capture_output=True, text=True, timeout=60
+        )
+        assert answer.stdout.startswith("HTTP/1.0 411"), answer
+        assert probe("GET", "/global/0") == "200"
     finally:
-        server.shutdown()
-        server.server_close()
+        server.close()

@@ -74,10 +74,42 @@ def test_np4_spreads_over_both_executors_with_each_rank_on_its_slots_gpu(ip, clu
     assert leftover_processes() == []
 
 
-def test_gloo_launcher_on_spark(ip, cluster):
-    ranks = ip.run_cell_magic("horovod", "np=4 launcher=gloo", REPORT_CELL)
+def test_gloo_launcher_on_spark_serves_its_store_to_its_ranks_only(ip, cluster, tmp_path):
+    forged: dict[int, tuple[str, int | None]] = {}
+
+    def forge() -> None:  # from this process, the driver's: not a descendant of any task
+        for rank in range(4):
+            host, port = (tmp_path / f"started-{rank}").read_text().split(":")
+            forged[rank] = (host, _answer_to_a_forged_request(host, int(port)))
+        (tmp_path / "go").touch()
+
+    _when_started(tmp_path, 4, forge)
+    cell = (
+        "import os, pathlib, horovod.torch as hvd\nhvd.init()\n"
+        f"d = pathlib.Path({str(tmp_path)!r})\n"
+        "store = os.environ['HOROVOD_GLOO_RENDEZVOUS_ADDR'] + ':'\n"
+        "store += os.environ['HOROVOD_GLOO_RENDEZVOUS_PORT']\n"
+        "(d / f'.{hvd.rank()}').write_text(store)\n"
+        "(d / f'.{hvd.rank()}').rename(d / f'started-{hvd.rank()}')\n"
+        "for _ in range(1200):\n    if (d / 'go').exists(): break\n    time.sleep(0.1)\n"
+    )
+    ranks = ip.run_cell_magic("horovod", "np=4 launcher=gloo", "import time\n" + cell + REPORT_CELL)
     assert {r["sum"] for r in ranks} == {10.0}
     assert sorted(r["gpus"] for r in ranks) == ["0", "0", "1", "1"]
+    assert forged == {rank: ("127.0.0.1", None) for rank in range(4)}  # loopback, and closed unanswered
+
+
+def _answer_to_a_forged_request(host: str, port: int) -> int | None:
+    import http.client
+
+    connection = http.client.HTTPConnection(host, port, timeout=10)
+    try:
+        connection.request("GET", "/global/0")
+        return connection.getresponse().status
+    except (http.client.RemoteDisconnected, ConnectionResetError):
+        return None
+    finally:
+        connection.close()
 
 
 def test_timeline_written_on_an_executor_comes_back_to_the_notebook(ip, cluster, tmp_path):

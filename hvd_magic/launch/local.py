@@ -13,7 +13,7 @@ import psutil
 
 from ..errors import LaunchError
 from . import Launcher, LaunchPlan
-from .rendezvous import start_rendezvous
+from .rendezvous import GlooStore, LoopbackStoreServer
 
 __all__ = ["LocalGlooLauncher", "LocalMpiLauncher", "mpirun_argv", "stop_processes", "stop_tree"]
 
@@ -162,45 +162,39 @@ class LocalMpiLauncher(_ProcessGroupLauncher):
 
 
 class LocalGlooLauncher(_ProcessGroupLauncher):
-    """N processes with Horovod's Gloo rendezvous server (bound to loopback) on this host."""
+    """N processes with Horovod's Gloo rendezvous, the store served to them on loopback."""
 
     def start(self) -> None:
-        try:
-            from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
-        except ImportError as err:
-            raise LaunchError(
-                f"launcher=gloo needs Horovod on the notebook's machine ({err}); see the README's setup."
-            ) from None
         np = self.plan.np
-        slots = get_host_assignments(parse_hosts(f"localhost:{np}"), np)
-        self._server = start_rendezvous("127.0.0.1", {"127.0.0.1"}, slots)
-        port = self._server.server_address[1]
+        host = "localhost"
+        slots = [
+            {
+                "hostname": host,
+                "rank": r,
+                "size": np,
+                "local_rank": r,
+                "local_size": np,
+                "cross_rank": 0,
+                "cross_size": 1,
+            }
+            for r in range(np)
+        ]
+        self._server = LoopbackStoreServer(GlooStore(slots).request)
         env = self.base_env() | {
             "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
-            "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
+            "HOROVOD_GLOO_RENDEZVOUS_PORT": str(self._server.port),
             "HOROVOD_CONTROLLER": "gloo",
             "HOROVOD_CPU_OPERATIONS": "gloo",
             "HOROVOD_GLOO_IFACE": "lo",
         }
         for slot in slots:
             self._spawn(
-                self.plan.command,
-                env
-                | {
-                    "HOROVOD_HOSTNAME": slot.hostname,
-                    "HOROVOD_RANK": str(slot.rank),
-                    "HOROVOD_SIZE": str(slot.size),
-                    "HOROVOD_LOCAL_RANK": str(slot.local_rank),
-                    "HOROVOD_LOCAL_SIZE": str(slot.local_size),
-                    "HOROVOD_CROSS_RANK": str(slot.cross_rank),
-                    "HOROVOD_CROSS_SIZE": str(slot.cross_size),
-                },
+                self.plan.command, env | {f"HOROVOD_{key.upper()}": str(value) for key, value in slot.items()}
             )
 
     def stop(self) -> None:
         super().stop()
-        server = getattr(self, "_server", None)
+        server: LoopbackStoreServer | None = getattr(self, "_server", None)
         if server is not None:
-            server.shutdown()
-            server.server_close()
-            self._server = None
+            server.close()
+            del self._server

@@ -1,33 +1,169 @@
-"""Horovod's Gloo rendezvous store, served only to the hosts of the run.
+"""Horovod's Gloo rendezvous store, served on loopback to this host's own ranks only.
 
-Gloo's C++ client speaks plain HTTP to this key-value store and cannot send a secret, so the
-store cannot check one. It does the next best thing: it binds to the one interface the ranks
-need (loopback for local runs) and closes connections from any address outside the run's
-plan before reading a byte.
+Gloo's C++ client speaks plain HTTP (a new connection per request) and cannot send a secret.
+So no store listens on the network at all. Each host serves the store on 127.0.0.1 and
+accepts a connection only if the socket at its other end belongs to a process this process
+started (its descendant), checked in ``/proc`` before a byte is read. On Spark, the task
+relays each request over its CURVE channel to the store on the driver (``Hub`` responders).
 """
 
 from __future__ import annotations
 
+import http.server
+import os
+import socket
 import threading
+from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["start_rendezvous"]
+import psutil
+
+__all__ = ["GlooStore", "LoopbackStoreServer", "peer_process"]
+
+Backend = Callable[[str, str, bytes], tuple[int, bytes]]
 
 
-def start_rendezvous(bind_ip: str, allowed: set[str], slots: list[Any]) -> Any:
-    """Start the store for ``slots`` (Horovod SlotInfo); returns the server (``server_address``)."""
-    from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+class GlooStore:
+    """The key-value semantics Horovod's ranks expect: ``/scope/key``, GET (404 if absent), PUT,
+    DELETE. A DELETE in a planned scope (global, local_HOST, cross_N) records that rank as
+    finished; when all of the scope's ranks have, the scope is cleared for the next rendezvous."""
 
-    class AllowListServer(RendezvousHTTPServer):
-        refused = 0
+    def __init__(self, slots: Iterable[dict[str, Any]]) -> None:
+        """``slots``: one dict per rank with hostname, local_rank, size, local_size, cross_size."""
+        self._lock = threading.Lock()
+        self._values: dict[str, dict[str, bytes]] = {}
+        self._finished: dict[str, set[str]] = {}
+        self._scope_size: dict[str, int] = {}
+        for slot in slots:
+            self._scope_size["global"] = int(slot["size"])
+            self._scope_size[f"local_{slot['hostname']}"] = int(slot["local_size"])
+            self._scope_size[f"cross_{slot['local_rank']}"] = int(slot["cross_size"])
 
-        def verify_request(self, request: Any, client_address: tuple[str, int]) -> bool:
-            if client_address[0] in allowed:
-                return True
-            AllowListServer.refused += 1
-            return False
+    def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+        """Answer one request: (HTTP status, body)."""
+        parts = path.split("/")
+        if len(parts) != 3 or parts[0] or not parts[1] or not parts[2]:
+            return 400, b""
+        _, scope, key = parts
+        with self._lock:
+            if method == "GET":
+                value = self._values.get(scope, {}).get(key)
+                return (404, b"") if value is None else (200, value)
+            if method == "PUT":
+                self._values.setdefault(scope, {})[key] = body
+                return 200, b""
+            if method == "DELETE":
+                self._delete(scope, key)
+                return 200, b""
+        return 405, b""
 
-    server = AllowListServer((bind_ip, 0), RendezvousHandler, 0)
-    server.init(slots)
-    threading.Thread(target=server.serve_forever, name="hvd_magic-rendezvous", daemon=True).start()
-    return server
+    def _delete(self, scope: str, key: str) -> None:
+        if scope in self._scope_size:
+            finished = self._finished.setdefault(scope, set())
+            finished.add(key)
+            if len(finished) >= self._scope_size[scope]:
+                self._values.pop(scope, None)
+                finished.clear()
+        else:  # a scope the ranks made up (process sets): drop the key
+            values = self._values.get(scope, {})
+            values.pop(key, None)
+            if not values:
+                self._values.pop(scope, None)
+
+
+def _proc_address(address: tuple[str, int]) -> str:
+    """An IPv4 address as /proc/net/tcp prints it: the 32-bit value in host order, then the port."""
+    return f"{socket.inet_aton(address[0])[::-1].hex().upper()}:{address[1]:04X}"
+
+
+def peer_process(client: tuple[str, int], server: tuple[str, int], candidates: Iterable[int]) -> int | None:
+    """Which of ``candidates`` (pids) owns the socket connected from ``client`` to ``server``."""
+    needle = f" {_proc_address(client)} {_proc_address(server)} ".encode()
+    with open("/proc/net/tcp", "rb") as table_file:
+        table = table_file.read()
+    start = table.find(needle)
+    if start < 0:
+        return None
+    fields = table[start : table.find(b"\n", start)].split()
+    # local, remote, state, queues, timer, retransmits, uid, timeout, inode
+    if len(fields) < 9 or int(fields[6]) != os.getuid():
+        return None
+    target = f"socket:[{int(fields[8])}]"
+    for pid in candidates:
+        try:
+            for fd in os.scandir(f"/proc/{pid}/fd"):
+                if os.readlink(fd.path) == target:
+                    return pid
+        except OSError:  # gone, or not ours to read
+            continue
+    return None
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server: LoopbackStoreServer
+    timeout = 5.0
+
+    def _answer(self, body: bytes = b"") -> None:
+        try:
+            status, value = self.server.backend(self.command, self.path, body)
+        except (OSError, TimeoutError, ValueError, KeyError):  # the relay failed: Gloo retries
+            status, value = 503, b""
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(value)))
+        self.end_headers()
+        self.wfile.write(value)
+
+    def do_GET(self) -> None:  # noqa: N802 - the stdlib's names
+        self._answer()
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        self._answer()
+
+    def do_PUT(self) -> None:  # noqa: N802
+        try:
+            length = int(self.headers.get("Content-Length", ""))
+        except ValueError:
+            self.send_error(411)
+            return
+        self._answer(self.rfile.read(length))
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass
+
+
+class LoopbackStoreServer(http.server.ThreadingHTTPServer):
+    """The store on 127.0.0.1 for the descendants of ``owner`` (default: this process).
+
+    >>> server = LoopbackStoreServer(GlooStore(slots).request)       # doctest: +SKIP
+    >>> env = {"HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_GLOO_RENDEZVOUS_PORT": str(server.port)}
+    """
+
+    daemon_threads = True
+
+    def __init__(self, backend: Backend, owner: int | None = None) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.backend = backend
+        self.port: int = self.server_address[1]
+        self.refused = 0
+        self._owner = psutil.Process(owner or os.getpid())
+        self._known: set[int] = set()
+        self._thread = threading.Thread(target=self.serve_forever, name="hvd_magic-gloo-store", daemon=True)
+        self._thread.start()
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        server = ("127.0.0.1", self.port)
+        if peer_process(client_address, server, self._known) is None:
+            # A new rank (or a stranger): look again among all current descendants.
+            try:
+                self._known = {p.pid for p in self._owner.children(recursive=True)}
+            except psutil.NoSuchProcess:
+                self._known = set()
+            if peer_process(client_address, server, self._known) is None:
+                self.refused += 1
+                return False
+        return True
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+        self._thread.join(timeout=5)

@@ -21,7 +21,7 @@ from typing import Any
 from ..errors import LaunchError
 from ..hub import Event, Hub, RunKeys
 from . import Launcher, LaunchPlan
-from .rendezvous import start_rendezvous
+from .rendezvous import GlooStore
 from .spark_task import TaskSpec, barrier_task
 
 __all__ = ["SparkLauncher", "active_or_embedded_session", "driver_address", "slots_available"]
@@ -144,7 +144,6 @@ class SparkLauncher(Launcher):
         self._tasks: list[bytes] = []
         self._launcher_exits: list[int] = []
         self._released = threading.Event()
-        self._rendezvous_server: Any = None
 
     def start(self) -> None:
         check_slots(self.session, self.plan.np)
@@ -189,7 +188,7 @@ class SparkLauncher(Launcher):
         self._tasks = [e.identity for e in joins]
         plan = make_plan([e.header for e in joins], self.plan.launcher)
         if self.plan.launcher == "gloo":
-            plan |= self._start_gloo_rendezvous(plan)
+            self._serve_gloo_store(plan)
         for event in joins:
             self.hub.send_to(event.identity, "plan", plan)
         # mpirun's task reports once; with Gloo every task reports its own rank.
@@ -215,20 +214,22 @@ class SparkLauncher(Launcher):
             return event
         return None
 
-    def _start_gloo_rendezvous(self, plan: dict[str, Any]) -> dict[str, Any]:
-        from horovod.runner.common.util.hosts import SlotInfo
+    def _serve_gloo_store(self, plan: dict[str, Any]) -> None:
+        """Answer the tasks' relayed Gloo store requests from a store on the driver."""
+        slots = [
+            plan["slots"][str(partition)] | {"hostname": host["token"]}
+            for host in plan["hosts"]
+            for partition in host["partitions"]
+        ]
+        store = GlooStore(slots)
 
-        ip = driver_address(self.session)
-        slots = []
-        for host in plan["hosts"]:
-            for partition in host["partitions"]:
-                slot = plan["slots"][str(partition)]
-                slots.append(SlotInfo(hostname=host["token"], **slot))
-        allowed = {host["ip"] for host in plan["hosts"]} | {ip}
-        server = start_rendezvous(ip, allowed, slots)
-        self._rendezvous_server = server
-        port = server.server_address[1]
-        return {"rendezvous_ip": ip, "rendezvous_port": port}
+        def answer(event: Event) -> tuple[str, dict[str, Any], bytes]:
+            status, value = store.request(
+                str(event.header.get("method")), str(event.header.get("path")), event.blob
+            )
+            return "stored", {"id": event.header.get("id"), "status": status}, value
+
+        self.hub.responders["store"] = answer
 
     def release(self, kind: str = "release") -> None:
         """Let every task return (their slots and GPUs go back to Spark); "abort" kills first."""
@@ -254,10 +255,7 @@ class SparkLauncher(Launcher):
             self.session.sparkContext.cancelJobGroup(self.group)
             self._job.join(timeout=10)
         self._released.set()
-        if self._rendezvous_server is not None:
-            self._rendezvous_server.shutdown()
-            self._rendezvous_server.server_close()
-            self._rendezvous_server = None
+        self.hub.responders.pop("store", None)
 
     def diagnostics(self) -> str:
         parts = list(self.log)

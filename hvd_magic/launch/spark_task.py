@@ -9,6 +9,7 @@ each task starts its own rank. Every task holds its slot (and GPU) until the dri
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -26,9 +27,11 @@ from ..worker import ENV_SLOT_GPUS, die_with_parent
 from . import thread_budget_env
 from .agent import ENV_AGENT_TOKEN, ENV_AGENTS, ExecAgent
 from .local import mpirun_argv, stop_processes, stop_tree
+from .rendezvous import LoopbackStoreServer
 
 __all__ = ["TaskSpec", "barrier_task"]
 PLAN_TIMEOUT = 120.0
+STORE_TIMEOUT = 30.0
 
 
 @dataclass
@@ -136,9 +139,11 @@ def _gloo_task(spec: TaskSpec, plan: dict[str, Any], partition: int, client: Hub
     local_ranks = len(host["partitions"])
     gpus = host["gpus"][slot["local_rank"]]
     env = dict(os.environ) | spec.env | thread_budget_env(local_ranks, local_ranks * spec.task_cpus, spec.env)
+    relay = HubClient(spec.hub_address, spec.hub_token, rank=-1)
+    store = LoopbackStoreServer(functools.partial(_ask_driver, relay))
     env |= {
-        "HOROVOD_GLOO_RENDEZVOUS_ADDR": plan["rendezvous_ip"],
-        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(plan["rendezvous_port"]),
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(store.port),
         "HOROVOD_CONTROLLER": "gloo",
         "HOROVOD_CPU_OPERATIONS": "gloo",
         "HOROVOD_GLOO_IFACE": interface_of(host["ip"]),
@@ -147,7 +152,17 @@ def _gloo_task(spec: TaskSpec, plan: dict[str, Any], partition: int, client: Hub
     env |= {f"HOROVOD_{key.upper()}": str(value) for key, value in slot.items()}
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-    return _hold_slot(client, _spawn([sys.executable, "-m", "hvd_magic.worker"], env))
+    try:
+        return _hold_slot(client, _spawn([sys.executable, "-m", "hvd_magic.worker"], env))
+    finally:
+        store.close()
+        relay.close()
+
+
+def _ask_driver(relay: HubClient, method: str, path: str, body: bytes) -> tuple[int, bytes]:
+    """The Gloo store backend of a task: the driver's store, over the run's CURVE channel."""
+    _, header, value = relay.ask("store", {"method": method, "path": path}, body, STORE_TIMEOUT)
+    return int(header["status"]), value
 
 
 def _spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
