@@ -9,7 +9,7 @@ import psutil
 import pytest
 from jupyter_client.manager import start_new_kernel
 
-from hvd_magic import LaunchError, RunError, RunTimeout
+from hvd_magic import LaunchError, RunError, RunInterrupted, RunTimeout
 
 from .conftest import leftover_processes, wait_for_files
 
@@ -45,6 +45,31 @@ def test_interrupt_stops_every_rank_within_5s_and_the_next_cell_works(tmp_path):
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
+
+
+def test_interrupt_escalates_to_sigkill_for_ranks_that_ignore_signals(ip, tmp_path):
+    """Gloo ranks are the kernel's own children (no mpirun to die), so only escalation stops them."""
+    import signal
+    import threading
+
+    cell = (
+        "import signal, time, pathlib, horovod.torch as hvd\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        f"hvd.init()\npathlib.Path({str(tmp_path)!r}, f'started-{{hvd.rank()}}').touch()\n"
+        "while True:\n    time.sleep(0.1)\n"
+    )
+    interrupted: list[float] = []
+
+    def interrupt_when_started() -> None:
+        if wait_for_files([tmp_path / "started-0", tmp_path / "started-1"], timeout=120):
+            interrupted.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_when_started, daemon=True).start()
+    with pytest.raises(RunInterrupted):
+        ip.run_cell_magic("horovod", "np=-2 launcher=gloo", cell)
+    assert interrupted and time.monotonic() - interrupted[0] < 5
+    assert leftover_processes() == []
 
 
 def test_ranks_die_with_their_launcher(ip):
@@ -100,10 +125,12 @@ def _resources() -> dict[str, int]:
 def test_soak_many_runs_leave_nothing_behind(ip):
     runs = int(os.environ.get("HVD_MAGIC_SOAK_RUNS", "10"))  # 50 in the slow soak, 10 in CI
     cell = "import horovod.torch as hvd, torch\nhvd.init()\nhvd.allreduce(torch.tensor([1.0])).item()"
-    assert ip.run_cell_magic("horovod", "np=-2", cell) == 1.0  # warm-up: lazy imports, pools
+    launchers = ("mpi", "gloo")  # gloo adds the loopback store: its thread and port must go too
+    for launcher in launchers:  # warm-up: lazy imports, pools
+        assert ip.run_cell_magic("horovod", f"np=-2 launcher={launcher}", cell) == 1.0
     before = _resources()
-    for _ in range(runs):
-        assert ip.run_cell_magic("horovod", "np=-2", cell) == 1.0
+    for run in range(runs):
+        assert ip.run_cell_magic("horovod", f"np=-2 launcher={launchers[run % 2]}", cell) == 1.0
     after = _resources()
     assert after == before, f"after {runs} runs: {before} -> {after}"
 
