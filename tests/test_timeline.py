@@ -178,3 +178,29 @@ def test_unusual_layouts_fall_back_to_the_general_reader(tmp_path):
     assert read_fast(str(odd)) is None  # escaped quotes: the scanner leaves them to Arrow
     timeline = read(odd)
     assert len(timeline) == 3 and timeline.tensors == {1: 'grad "a"'}
+
+
+def test_spans_pair_by_depth_per_tensor_and_drop_the_unmatched(tmp_path):
+    events = [
+        {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "grad"}},
+        {"name": "process_name", "ph": "M", "pid": 2, "args": {"name": "bias"}},
+        {"name": "ALLREDUCE", "ph": "B", "pid": 1, "ts": 10},
+        {"name": "MEMCPY", "ph": "B", "pid": 2, "ts": 11},  # interleaved with tensor 1
+        {"name": "NCCL", "ph": "B", "pid": 1, "ts": 12},
+        {"ph": "E", "pid": 1, "ts": 15},
+        {"ph": "E", "pid": 2, "ts": 16},
+        {"ph": "E", "pid": 1, "ts": 20},
+        {"ph": "E", "pid": 2, "ts": 21},  # a stray end: nothing open on tensor 2
+        {"name": "WAIT", "ph": "B", "pid": 2, "ts": 30},
+        {"ph": "E", "pid": 2, "ts": 33},
+        {"name": "ALLREDUCE", "ph": "B", "pid": 1, "ts": 40},  # cut off: never ends
+    ]
+    path = tmp_path / "hand.json"
+    path.write_text(json.dumps(events))
+    got = spans(read(path))[["tensor", "name", "start", "end", "depth"]].values.tolist()
+    assert got == [
+        ["grad", "ALLREDUCE", 10, 20, 0],
+        ["bias", "MEMCPY", 11, 16, 0],
+        ["grad", "NCCL", 12, 15, 1],
+        ["bias", "WAIT", 30, 33, 0],
+    ]

@@ -44,29 +44,34 @@ def _match_spans(timeline: Timeline) -> pd.DataFrame:
         return pd.DataFrame(columns=["pid", "name", "start", "end", "duration", "depth"])
     order = np.argsort(pid, kind="stable")
     pid, ts, names, is_begin = pid[order], ts[order], names[order], is_begin[order]
-    step = np.where(is_begin, 1, -1)
-    depth_after = np.zeros_like(step)
+    # Nesting depth after each event, per tensor, where an E with nothing open (a stray end)
+    # is ignored: the running sum S restarted at each tensor, less its running minimum below 0.
+    # Shifting each tensor's sums below all earlier ones keeps one minimum.accumulate per tensor.
+    running = np.cumsum(np.where(is_begin, 1, -1))
     starts = np.r_[0, np.flatnonzero(np.diff(pid)) + 1]
-    for lo, hi in zip(starts, np.r_[starts[1:], len(pid)], strict=True):  # one loop per tensor
-        depth_after[lo:hi] = np.cumsum(step[lo:hi])
-    level = np.where(is_begin, depth_after - 1, depth_after)
-    valid = level >= 0
-    index = np.flatnonzero(valid)
-    key = np.lexsort((index, level[index], pid[index]))
-    ordered = index[key]
-    begins, ends = [], []
-    group_pid, group_level = pid[ordered], level[ordered]
-    bounds = np.r_[
-        0, np.flatnonzero((np.diff(group_pid) != 0) | (np.diff(group_level) != 0)) + 1, len(ordered)
-    ]
-    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
-        rows = ordered[lo:hi]
-        b, e = rows[is_begin[rows]], rows[~is_begin[rows]]
-        n = min(len(b), len(e))
-        begins.append(b[:n])
-        ends.append(e[:n])
-    b = np.concatenate(begins) if begins else np.array([], dtype=np.int64)
-    e = np.concatenate(ends) if ends else np.array([], dtype=np.int64)
+    sizes = np.diff(np.r_[starts, len(pid)])
+    running -= np.repeat(np.r_[0, running[starts[1:] - 1]], sizes)
+    shift = np.repeat(np.arange(len(starts), dtype=np.int64) * (2 * len(pid) + 2), sizes)
+    floor = np.minimum(np.minimum.accumulate(running - shift) + shift, 0)
+    depth_after = running - floor
+    depth_before = np.r_[0, depth_after[:-1]]
+    depth_before[starts] = 0
+    stray = ~is_begin & (depth_before == 0)
+    level = np.where(is_begin, depth_after - 1, np.where(stray, -1, depth_after))
+    index = np.flatnonzero(level >= 0)
+    ordered = index[np.lexsort((index, level[index], pid[index]))]
+    # Within each (tensor, depth) group, in time order, the k-th B pairs with the k-th E.
+    begin = is_begin[ordered]
+    new_group = np.r_[True, (np.diff(pid[ordered]) != 0) | (np.diff(level[ordered]) != 0)]
+    group = np.cumsum(new_group) - 1
+    group_start = np.flatnonzero(new_group)
+    nth = np.empty(len(ordered), dtype=np.int64)
+    for mask in (begin, ~begin):
+        running = np.cumsum(mask)
+        nth[mask] = (running - np.r_[0, running[:-1]][group_start][group])[mask] - 1
+    pairs = np.minimum(np.bincount(group, weights=begin), np.bincount(group, weights=~begin))
+    kept = nth < pairs[group]
+    b, e = ordered[kept & begin], ordered[kept & ~begin]
     frame = pd.DataFrame({"pid": pid[b], "name": names[b], "start": ts[b], "end": ts[e], "depth": level[b]})
     frame["duration"] = frame["end"] - frame["start"]
     frame["tensor"] = frame["pid"].map(timeline.tensors)
