@@ -60,16 +60,22 @@ def gpu_for_local_rank(slot_gpus: str | None, local_rank: int) -> str | None:
     return ",".join(str(gpu) for gpu in slots[local_rank])
 
 
+_prctl: Any
+try:
+    _prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl  # resolved now, not in a forked child
+except (OSError, AttributeError):
+    _prctl = None
+_PR_SET_PDEATHSIG = 1
+
+
 def die_with_parent() -> None:
     """SIGKILL this process when the thread that started it ends (PR_SET_PDEATHSIG).
 
-    Also a ``preexec_fn``: every process of a run (ranks, mpirun, orted, rsh clients) dies with
-    whatever launched it.
+    Also a ``preexec_fn`` (see ``launch.spawn``): every process of a run (ranks, mpirun, orted,
+    rsh clients) dies with whatever launched it, the notebook's kernel included.
     """
-    try:
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)
-    except OSError:
-        pass
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class _OutputForwarder:

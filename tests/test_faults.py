@@ -72,6 +72,42 @@ def test_interrupt_escalates_to_sigkill_for_ranks_that_ignore_signals(ip, tmp_pa
     assert leftover_processes() == []
 
 
+def _alive(processes: list[psutil.Process]) -> list[psutil.Process]:
+    alive = []
+    for process in processes:
+        try:
+            if process.status() != psutil.STATUS_ZOMBIE:
+                alive.append(process)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+@pytest.mark.parametrize("launcher", ["mpi", "gloo"])
+def test_a_dead_kernel_leaves_nothing_running(tmp_path, launcher):
+    """The kernel is SIGKILLed mid-run (a crash, the OOM killer, a forced restart): mpirun and
+    every rank are in sessions of their own, so only the parent-death signal can stop them."""
+    manager, client = start_new_kernel(kernel_name="python3", cwd=str(tmp_path))
+    try:
+        kernel = psutil.Process(manager.provisioner.process.pid)
+        assert _execute(client, "%load_ext hvd_magic")["content"]["status"] == "ok"
+        client.execute(
+            f"%%horovod np=-2 launcher={launcher}\nimport time, pathlib, horovod.torch as hvd\nhvd.init()\n"
+            f"pathlib.Path({str(tmp_path)!r}, f'started-{{hvd.rank()}}').touch()\ntime.sleep(300)\n"
+        )
+        assert wait_for_files([tmp_path / "started-0", tmp_path / "started-1"], timeout=120)
+        run = kernel.children(recursive=True)
+        assert len(run) >= 2
+        kernel.kill()
+        deadline = time.monotonic() + 10
+        while _alive(run) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [" ".join(p.cmdline()) for p in _alive(run)] == []
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
 def test_ranks_die_with_their_launcher(ip):
     """Parent-death watchdog: rank 0 SIGKILLs mpirun; every rank must go, and the cell says so."""
     cell = (

@@ -7,9 +7,12 @@ interface the engine drives: ``start``, ``poll``, ``stop``, ``diagnostics``.
 from __future__ import annotations
 
 import os
+import subprocess
 from dataclasses import dataclass, field
 
-__all__ = ["LaunchPlan", "Launcher", "thread_budget_env"]
+from ..worker import die_with_parent
+
+__all__ = ["LaunchPlan", "Launcher", "spawn", "thread_budget_env"]
 
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_NUM_INTRAOP_THREADS")
 
@@ -35,6 +38,27 @@ def thread_budget_env(local_ranks: int, cores: int, user_env: dict[str, str]) ->
         return {}
     threads = str(max(1, cores // max(1, local_ranks)))
     return {var: threads for var in THREAD_VARS} | {"TF_NUM_INTEROP_THREADS": "1"}
+
+
+def spawn(
+    argv: list[str], env: dict[str, str], *, cwd: str | None = None, stderr: int = subprocess.STDOUT
+) -> subprocess.Popen[bytes]:
+    """Start one process of a run, output piped (stderr into stdout unless told otherwise).
+
+    It gets its own session, so the notebook's Ctrl-C reaches the launcher, which stops the
+    processes in order; and it is SIGKILLed when the thread that started it ends, so a dead
+    kernel, Spark task or agent leaves nothing running.
+    """
+    return subprocess.Popen(
+        argv,
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        start_new_session=True,
+        preexec_fn=die_with_parent,
+    )
 
 
 class Launcher:

@@ -22,6 +22,7 @@ from typing import Any
 
 from ..hub import CurveServer, Event, HubClient, RunKeys
 from ..worker import die_with_parent
+from . import spawn
 from .local import stop_tree
 
 __all__ = ["ENV_AGENTS", "ENV_AGENT_TOKEN", "ExecAgent", "main"]
@@ -66,15 +67,7 @@ class ExecAgent(CurveServer):
         # Executors sharing a machine get one "host" each; Open MPI names its shared-memory
         # files by the real hostname and local rank, so give each its own directory.
         env["OMPI_MCA_btl_vader_backing_directory"] = self._shm_dir
-        child = subprocess.Popen(
-            ["/bin/sh", "-c", command],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            preexec_fn=die_with_parent,
-        )
+        child = spawn(["/bin/sh", "-c", command], env, stderr=subprocess.PIPE)
         with self._lock:
             self.launches += 1
             self._children[identity] = child

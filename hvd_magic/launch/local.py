@@ -8,11 +8,12 @@ import shutil
 import signal
 import subprocess
 import threading
+from typing import IO
 
 import psutil
 
 from ..errors import LaunchError
-from . import Launcher, LaunchPlan
+from . import Launcher, LaunchPlan, spawn
 from .rendezvous import GlooStore, LoopbackStoreServer
 
 __all__ = ["LocalGlooLauncher", "LocalMpiLauncher", "mpirun_argv", "stop_processes", "stop_tree"]
@@ -81,14 +82,14 @@ def stop_tree(pid: int) -> None:
 class _OutputTail:
     """Reads a process's output on a thread and keeps the last lines for error messages."""
 
-    def __init__(self, stream: object) -> None:
+    def __init__(self, stream: IO[bytes] | None) -> None:
         self.lines: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
         self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
         self._thread.start()
 
-    def _read(self, stream: object) -> None:
-        for line in stream:  # type: ignore[attr-defined]
-            self.lines.append(line.rstrip("\n"))
+    def _read(self, stream: IO[bytes]) -> None:
+        for line in stream:
+            self.lines.append(line.decode(errors="replace").rstrip("\n"))
 
     def text(self) -> str:
         self._thread.join(timeout=1)
@@ -100,21 +101,11 @@ class _ProcessGroupLauncher(Launcher):
 
     def __init__(self, plan: LaunchPlan) -> None:
         self.plan = plan
-        self.processes: list[subprocess.Popen[str]] = []
+        self.processes: list[subprocess.Popen[bytes]] = []
         self.tails: list[_OutputTail] = []
 
     def _spawn(self, argv: list[str], env: dict[str, str]) -> None:
-        process = subprocess.Popen(
-            argv,
-            env=env,
-            cwd=self.plan.cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-            start_new_session=True,  # the notebook's Ctrl-C reaches us, not the ranks directly
-        )
+        process = spawn(argv, env, cwd=self.plan.cwd)
         self.processes.append(process)
         self.tails.append(_OutputTail(process.stdout))
 

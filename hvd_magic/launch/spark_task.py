@@ -23,8 +23,8 @@ from typing import Any
 import psutil
 
 from ..hub import HubClient, RunKeys
-from ..worker import ENV_SLOT_GPUS, die_with_parent
-from . import thread_budget_env
+from ..worker import ENV_SLOT_GPUS
+from . import spawn, thread_budget_env
 from .agent import ENV_AGENT_TOKEN, ENV_AGENTS, ExecAgent
 from .local import mpirun_argv, stop_processes, stop_tree
 from .rendezvous import LoopbackStoreServer
@@ -130,7 +130,7 @@ def _start_mpirun(spec: TaskSpec, plan: dict[str, Any]) -> subprocess.Popen[byte
         export_env=sorted(spec.env),
     )
     secrets = {ENV_AGENTS: json.dumps(agents), ENV_AGENT_TOKEN: spec.agent_keys.client_token()}
-    return _spawn(argv, dict(os.environ) | spec.env | secrets)
+    return spawn(argv, dict(os.environ) | spec.env | secrets)
 
 
 def _gloo_task(spec: TaskSpec, plan: dict[str, Any], partition: int, client: HubClient) -> int:
@@ -153,7 +153,7 @@ def _gloo_task(spec: TaskSpec, plan: dict[str, Any], partition: int, client: Hub
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     try:
-        return _hold_slot(client, _spawn([sys.executable, "-m", "hvd_magic.worker"], env))
+        return _hold_slot(client, spawn([sys.executable, "-m", "hvd_magic.worker"], env))
     finally:
         store.close()
         relay.close()
@@ -163,18 +163,6 @@ def _ask_driver(relay: HubClient, method: str, path: str, body: bytes) -> tuple[
     """The Gloo store backend of a task: the driver's store, over the run's CURVE channel."""
     _, header, value = relay.ask("store", {"method": method, "path": path}, body, STORE_TIMEOUT)
     return int(header["status"]), value
-
-
-def _spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        argv,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        preexec_fn=die_with_parent,  # the task's main thread: dies with the Python worker
-    )
 
 
 def _hold_slot(client: HubClient, process: subprocess.Popen[bytes] | None) -> int:
