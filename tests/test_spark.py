@@ -174,11 +174,11 @@ def test_run_secrets_never_appear_on_command_lines(ip, cluster, monkeypatch):
         return made[-1]
 
     monkeypatch.setattr(hub_module.RunKeys, "generate", staticmethod(spy))
-    # Rank 0 reads the process table while mpirun, the agents, orted and all ranks are alive.
+    # Rank 0 reads the process table (and its own environment) while mpirun, the agents, orted and all ranks are alive.
     cell = (
-        "import subprocess, horovod.torch as hvd\nhvd.init()\nhvd.barrier()\n"
+        "import os, subprocess, horovod.torch as hvd\nhvd.init()\nhvd.barrier()\n"
         "table = subprocess.run(['ps', '-eo', 'args'], capture_output=True, text=True).stdout\n"
-        "hvd.barrier()\ntable"
+        "hvd.barrier()\ntable + repr(dict(os.environ))"  # what a cell printing its environment shows
     )
     table = ip.run_cell_magic("horovod", "np=4", cell)
     assert "hvd_magic.launch.agent hvd-host-1" in table and "orted" in table
