@@ -80,7 +80,8 @@ class RankFailedError(RunError):
 
     def _summary(self) -> str:
         where = f"rank {self.rank}" + (f" on {self.host}" if self.host else "")
-        tail = f"; the other {self.stopped} ranks were stopped" if self.stopped else ""
+        others = "the other rank was" if self.stopped == 1 else f"the other {self.stopped} ranks were"
+        tail = f"; {others} stopped" if self.stopped else ""
         return f"{where} failed: {self.exc_type}: {self.message}{tail}"
 
     def __str__(self) -> str:

@@ -27,7 +27,11 @@ USAGE = (
 def normalize_line(line: str) -> str:
     """``np=4 env=A=1`` and ``-np 4`` become argparse's ``--np=4 --env=A=1``/``--np 4``."""
     tokens = []
-    for token in shlex.split(line):
+    try:
+        words = shlex.split(line)
+    except ValueError as err:  # an unclosed quote
+        raise UsageError(f"the %%horovod line is not well quoted ({err}): {line}") from None
+    for token in words:
         key, sep, _ = token.partition("=")
         if token == "-np":
             token = "--np"

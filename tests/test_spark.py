@@ -174,7 +174,8 @@ def test_run_secrets_never_appear_on_command_lines(ip, cluster, monkeypatch):
         return made[-1]
 
     monkeypatch.setattr(hub_module.RunKeys, "generate", staticmethod(spy))
-    # Rank 0 reads the process table (and its own environment) while mpirun, the agents, orted and all ranks are alive.
+    # Rank 0 reads the process table (and its own environment) while mpirun, the agents, orted
+    # and all ranks are alive.
     cell = (
         "import os, subprocess, horovod.torch as hvd\nhvd.init()\nhvd.barrier()\n"
         "table = subprocess.run(['ps', '-eo', 'args'], capture_output=True, text=True).stdout\n"
