@@ -188,3 +188,13 @@ model.fit(tf.ones((8, 2)), tf.ones((8, 1)), epochs=1, verbose=0,
 float(hvd.allreduce(tf.constant(float(hvd.rank() + 1)), op=hvd.Sum))
 """
     assert ip.run_cell_magic("horovod", "np=-2", cell) == 3.0
+
+
+def test_gloo_ranks_can_shut_down_and_init_again(ip):
+    """A second rendezvous in one run goes through the same loopback store."""
+    cell = (
+        "import horovod.torch as hvd, torch\nhvd.init()\n"
+        "a = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item()\nhvd.shutdown()\nhvd.init()\n"
+        "(a, hvd.allreduce(torch.tensor([2.0]), op=hvd.Sum).item())"
+    )
+    assert ip.run_cell_magic("horovod", "np=-2 launcher=gloo timeout=120", cell) == (2.0, 4.0)
