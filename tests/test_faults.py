@@ -83,16 +83,17 @@ def _alive(processes: list[psutil.Process]) -> list[psutil.Process]:
     return alive
 
 
-@pytest.mark.parametrize("launcher", ["mpi", "gloo"])
-def test_a_dead_kernel_leaves_nothing_running(tmp_path, launcher):
+@pytest.mark.parametrize("options", ["np=-2 launcher=mpi", "np=-2 launcher=gloo", "np=2"])
+def test_a_dead_kernel_leaves_nothing_running(tmp_path, options):
     """The kernel is SIGKILLed mid-run (a crash, the OOM killer, a forced restart): mpirun and
-    every rank are in sessions of their own, so only the parent-death signal can stop them."""
+    every rank are in sessions of their own, so only the parent-death signal can stop them.
+    With np=2 the run is on the embedded Spark: its JVM, Python workers, tasks, agents, orted."""
     manager, client = start_new_kernel(kernel_name="python3", cwd=str(tmp_path))
     try:
         kernel = psutil.Process(manager.provisioner.process.pid)
         assert _execute(client, "%load_ext hvd_magic")["content"]["status"] == "ok"
         client.execute(
-            f"%%horovod np=-2 launcher={launcher}\nimport time, pathlib, horovod.torch as hvd\nhvd.init()\n"
+            f"%%horovod {options}\nimport time, pathlib, horovod.torch as hvd\nhvd.init()\n"
             f"pathlib.Path({str(tmp_path)!r}, f'started-{{hvd.rank()}}').touch()\ntime.sleep(300)\n"
         )
         assert wait_for_files([tmp_path / "started-0", tmp_path / "started-1"], timeout=120)
