@@ -6,12 +6,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
+import signal
 import sys
 import tempfile
+import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -180,14 +184,28 @@ def execute(captured: Captured, options: RunOptions, view: RunView | None = None
         launcher.start()
         return _supervise(hub, launcher, state, view, options)
     except KeyboardInterrupt:
-        launcher.stop()
-        raise RunInterrupted(
-            f"interrupted: the {options.ranks} ranks were stopped. The notebook's state is unchanged."
-        ) from None
+        pass
     finally:
-        launcher.stop()
-        view.close()
-        hub.close()
+        with _interrupts_deferred():  # pressing stop again must not cut the clean-up short
+            launcher.stop()
+            view.close()
+            hub.close()
+    raise RunInterrupted(
+        f"interrupted: the {options.ranks} ranks were stopped. The notebook's state is unchanged."
+    )
+
+
+@contextlib.contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Hold SIGINT (the notebook's interrupt) back while the block runs; the stop is bounded."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, lambda *_: None)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
 
 
 def _supervise(hub: Hub, launcher: Launcher, state: _RunState, view: RunView, options: RunOptions) -> Any:

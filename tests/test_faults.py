@@ -72,6 +72,33 @@ def test_interrupt_escalates_to_sigkill_for_ranks_that_ignore_signals(ip, tmp_pa
     assert leftover_processes() == []
 
 
+def test_pressing_interrupt_again_does_not_cut_the_clean_up_short(tmp_path):
+    """Impatient users press stop several times; Gloo ranks that ignore SIGINT/SIGTERM make
+    the clean-up take seconds (SIGKILL comes last), so the later presses land inside it."""
+    manager, client = start_new_kernel(kernel_name="python3", cwd=str(tmp_path))
+    try:
+        kernel = psutil.Process(manager.provisioner.process.pid)
+        assert _execute(client, "%load_ext hvd_magic")["content"]["status"] == "ok"
+        msg_id = client.execute(
+            "%%horovod np=-2 launcher=gloo\nimport signal, time, pathlib, horovod.torch as hvd\n"
+            "signal.signal(signal.SIGINT, signal.SIG_IGN)\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            f"hvd.init()\npathlib.Path({str(tmp_path)!r}, f'started-{{hvd.rank()}}').touch()\n"
+            "while True:\n    time.sleep(0.1)\n"
+        )
+        assert wait_for_files([tmp_path / "started-0", tmp_path / "started-1"], timeout=120)
+        for _ in range(4):
+            manager.interrupt_kernel()
+            time.sleep(0.4)  # spacing the presses, not waiting for an outcome
+        reply = client.get_shell_msg(timeout=30)
+        assert reply["parent_header"]["msg_id"] == msg_id
+        assert reply["content"]["ename"] == "RunInterrupted"
+        assert leftover_processes(kernel) == []
+        assert _execute(client, "%%horovod np=-2\n40 + 2")["content"]["status"] == "ok"
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
 def _alive(processes: list[psutil.Process]) -> list[psutil.Process]:
     alive = []
     for process in processes:
