@@ -178,7 +178,10 @@ def execute(captured: Captured, options: RunOptions, view: RunView | None = None
             f"timeline on, written to {options.timeline}: recording it slows training "
             "(HorovodRunner's docs measured ~40 % for Inception3)"
         )
-    hub, launcher = _prepare(captured.blob, options)
+    try:
+        hub, launcher = _prepare(captured.blob, options)
+    except KeyboardInterrupt:
+        raise RunInterrupted("interrupted before any rank started; nothing was launched.") from None
     state = _RunState(options.ranks, timeline_path=options.timeline)
     try:
         launcher.start()

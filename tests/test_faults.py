@@ -99,6 +99,27 @@ def test_pressing_interrupt_again_does_not_cut_the_clean_up_short(tmp_path):
         manager.shutdown_kernel(now=True)
 
 
+def test_interrupt_while_spark_starts_is_a_clean_interrupt(tmp_path):
+    """The first Spark cell starts the embedded session (seconds); stopping it then is normal."""
+    manager, client = start_new_kernel(kernel_name="python3", cwd=str(tmp_path))
+    try:
+        kernel = psutil.Process(manager.provisioner.process.pid)
+        assert _execute(client, "%load_ext hvd_magic")["content"]["status"] == "ok"
+        msg_id = client.execute("%%horovod np=2\n6 * 7")
+        deadline = time.monotonic() + 60
+        while not any(p.name() == "java" for p in kernel.children(recursive=True)):
+            assert time.monotonic() < deadline, "the Spark JVM never started"
+            time.sleep(0.05)
+        manager.interrupt_kernel()
+        reply = client.get_shell_msg(timeout=60)
+        assert reply["parent_header"]["msg_id"] == msg_id
+        assert reply["content"]["ename"] == "RunInterrupted", reply["content"]
+        assert _execute(client, "%%horovod np=2\n6 * 7", timeout=180)["content"]["status"] == "ok"
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
 def _alive(processes: list[psutil.Process]) -> list[psutil.Process]:
     alive = []
     for process in processes:
