@@ -151,6 +151,11 @@ def test_gloo_store_serves_its_own_processes_only():
             [sys.executable, "-c", junk, str(server.port)], capture_output=True, text=True, timeout=60
         )
         assert answer.stdout.startswith("HTTP/1.0 411"), answer
+        too_big = junk.replace("\\xff", str(1 << 30))
+        answer = subprocess.run(
+            [sys.executable, "-c", too_big, str(server.port)], capture_output=True, text=True, timeout=60
+        )
+        assert answer.stdout.startswith("HTTP/1.0 413"), answer
         assert probe("GET", "/global/0") == "200"
     finally:
         server.close()

@@ -9,6 +9,7 @@ relays each request over its CURVE channel to the store on the driver (``Hub`` r
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import os
 import socket
@@ -20,6 +21,7 @@ import psutil
 
 __all__ = ["GlooStore", "LoopbackStoreServer", "peer_process"]
 
+MAX_VALUE_BYTES = 64 << 20  # Gloo stores addresses: ~150 bytes per peer per rank
 Backend = Callable[[str, str, bytes], tuple[int, bytes]]
 
 
@@ -99,6 +101,13 @@ def peer_process(client: tuple[str, int], server: tuple[str, int], candidates: I
     return None
 
 
+def _started_at(pid: int) -> float | None:
+    try:
+        return float(psutil.Process(pid).create_time())
+    except psutil.Error:
+        return None
+
+
 class _Handler(http.server.BaseHTTPRequestHandler):
     server: LoopbackStoreServer
     timeout = 5.0
@@ -125,6 +134,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except ValueError:
             self.send_error(411)
             return
+        if not 0 <= length <= MAX_VALUE_BYTES:
+            self.send_error(413)
+            return
         self._answer(self.rfile.read(length))
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
@@ -132,7 +144,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 
 class LoopbackStoreServer(http.server.ThreadingHTTPServer):
-    """The store on 127.0.0.1 for the descendants of ``owner`` (default: this process).
+    """The store on 127.0.0.1 for the descendants of this process (the ranks it starts).
 
     >>> server = LoopbackStoreServer(GlooStore(slots).request)       # doctest: +SKIP
     >>> env = {"HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_GLOO_RENDEZVOUS_PORT": str(server.port)}
@@ -140,28 +152,30 @@ class LoopbackStoreServer(http.server.ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, backend: Backend, owner: int | None = None) -> None:
+    def __init__(self, backend: Backend) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.backend = backend
         self.port: int = self.server_address[1]
         self.refused = 0
-        self._owner = psutil.Process(owner or os.getpid())
-        self._known: set[int] = set()
+        self._owner = psutil.Process()
+        self._known: dict[int, float] = {}  # descendant pid -> its start time (pids get reused)
         self._thread = threading.Thread(target=self.serve_forever, name="hvd_magic-gloo-store", daemon=True)
         self._thread.start()
 
     def verify_request(self, request: Any, client_address: Any) -> bool:
         server = ("127.0.0.1", self.port)
-        if peer_process(client_address, server, self._known) is None:
-            # A new rank (or a stranger): look again among all current descendants.
-            try:
-                self._known = {p.pid for p in self._owner.children(recursive=True)}
-            except psutil.NoSuchProcess:
-                self._known = set()
-            if peer_process(client_address, server, self._known) is None:
-                self.refused += 1
-                return False
-        return True
+        pid = peer_process(client_address, server, self._known)
+        if pid is not None and _started_at(pid) == self._known[pid]:
+            return True
+        # A new rank (or a stranger): look again among all current descendants.
+        self._known = {}
+        for child in self._owner.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                self._known[child.pid] = child.create_time()
+        if peer_process(client_address, server, self._known) is not None:
+            return True
+        self.refused += 1
+        return False
 
     def close(self) -> None:
         self.shutdown()
