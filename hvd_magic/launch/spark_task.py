@@ -4,7 +4,8 @@ Every task reports itself to the notebook's hub (``join``: executor, address, GP
 address) and gets the run's plan back: one rendezvous through the driver, not Spark's
 ``allGather`` (~1 s per call here). With MPI, the first task runs mpirun, and the first task of
 each executor serves the exec agent that starts that executor's share of the ranks. With Gloo,
-each task starts its own rank. Every task holds its slot (and GPU) until the driver releases it.
+each task starts its own rank and serves it the rendezvous store on loopback, relaying to the
+driver's store. Every task holds its slot (and GPU) until the driver releases it.
 """
 
 from __future__ import annotations
