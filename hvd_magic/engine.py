@@ -24,7 +24,7 @@ import cloudpickle
 from .capture import Captured
 from .errors import RankFailedError, RunError, RunInterrupted, RunTimeout
 from .hub import Event, Hub
-from .launch import Launcher, LaunchPlan, thread_budget_env
+from .launch import Launcher, LaunchPlan, RankDeath, thread_budget_env
 from .launch.local import LocalGlooLauncher, LocalMpiLauncher
 from .options import RunOptions
 from .worker import ENV_HUB, ENV_TOKEN
@@ -35,6 +35,7 @@ __all__ = ["ConsoleView", "RunView", "execute", "make_view"]
 DRAIN_SECONDS = 5.0
 PUMP_BATCH = 2000
 START_TIMEOUT = float(os.environ.get("HVD_MAGIC_START_TIMEOUT", "300"))
+CAUSE_GRACE = 3.0  # seconds to look for the cause behind a "Horovod has been shut down" error
 
 
 class RunView(Protocol):
@@ -89,7 +90,7 @@ class _RunState:
     ranks: int
     started: dict[int, str] = field(default_factory=dict)  # rank -> host
     exited: dict[int, int] = field(default_factory=dict)
-    first_error: Event | None = None
+    errors: list[Event] = field(default_factory=list)  # in arrival order
     result: bytes | None = None
     began: float = field(default_factory=time.monotonic)
     last_event: float = field(default_factory=time.monotonic)
@@ -106,8 +107,8 @@ class _RunState:
             self.timeline_bytes += len(event.blob)
         if event.kind == "started":
             self.started[event.rank] = str(event.header.get("host", ""))
-        elif event.kind == "error" and self.first_error is None:
-            self.first_error = event
+        elif event.kind == "error":
+            self.errors.append(event)
         elif event.kind == "result":
             self.result = event.blob
         elif event.kind == "exit":
@@ -115,6 +116,23 @@ class _RunState:
 
     def missing(self, ranks: dict[int, Any] | dict[int, str]) -> list[int]:
         return [r for r in range(self.ranks) if r not in ranks]
+
+    @property
+    def cause(self) -> Event | None:
+        """The error to blame: the first that is not a consequence of another rank's failure."""
+        return next((e for e in self.errors if not _is_consequence(e)), None)
+
+    @property
+    def first_error(self) -> Event | None:
+        return self.cause or (self.errors[0] if self.errors else None)
+
+
+def _is_consequence(error: Event) -> bool:
+    """Horovod shuts down on every rank once one fails; the others then raise this."""
+    header = error.header
+    return header.get("exc_type") == "HorovodInternalError" or "Horovod has been shut down" in str(
+        header.get("message", "")
+    )
 
 
 def _rank_env(options: RunOptions, hub: Hub, local: bool) -> dict[str, str]:
@@ -215,10 +233,11 @@ def _supervise(hub: Hub, launcher: Launcher, state: _RunState, view: RunView, op
     while True:
         _pump(hub, state, view, wait=0.1)
         view.tick()
-        if state.first_error is not None:
+        if state.errors:
+            death = _find_cause(hub, state, view, launcher)
             launcher.stop()
             _pump(hub, state, view, wait=0)
-            raise _rank_failed(state)
+            raise _rank_failed(state, death)
         code = launcher.poll()
         if code is not None:
             _drain(hub, state, view)
@@ -272,10 +291,38 @@ def _drain(hub: Hub, state: _RunState, view: RunView) -> None:
     _pump(hub, state, view, wait=0)
 
 
-def _rank_failed(state: _RunState) -> RankFailedError:
+def _find_cause(hub: Hub, state: _RunState, view: RunView, launcher: Launcher) -> RankDeath | None:
+    """A rank's error that only says Horovod shut down has its cause elsewhere: another rank's
+    error still on its way, or a rank that died without a word (killed, OOM). Wait briefly for
+    either, before anything is stopped and the evidence with it."""
+    deadline = time.monotonic() + CAUSE_GRACE
+    while state.cause is None:
+        death = _silent_death(state, launcher)
+        if death is not None or time.monotonic() > deadline:
+            return death
+        _pump(hub, state, view, wait=0.05)
+    return None
+
+
+def _silent_death(state: _RunState, launcher: Launcher) -> RankDeath | None:
+    """The first rank the launcher saw end that had not reported an error or its exit."""
+    spoke = {error.rank for error in state.errors} | set(state.exited)
+    return next((death for death in launcher.deaths() if death.rank not in spoke), None)
+
+
+def _rank_failed(state: _RunState, death: RankDeath | None = None) -> RankFailedError:
     error = state.first_error
     assert error is not None
     header = error.header
+    if state.cause is None and death is not None:
+        return RankFailedError(
+            rank=death.rank,
+            host=death.host or state.started.get(death.rank, ""),
+            exc_type="",
+            message=f"it {death.what}; then rank {error.rank} failed with {header.get('exc_type')}",
+            remote_traceback="",
+            stopped=state.ranks - 1,
+        )
     return RankFailedError(
         rank=error.rank,
         host=str(header.get("host", "")),
@@ -295,6 +342,10 @@ def _outcome(state: _RunState, code: int, launcher: Launcher) -> Any:
         problems = []
         if never_started:
             problems.append(f"ranks {never_started} never started")
+        death = _silent_death(state, launcher)
+        if death is not None:
+            problems.append(f"rank {death.rank} {death.what}")
+            unfinished = [r for r in unfinished if r != death.rank]
         if unfinished:
             problems.append(
                 f"ranks {sorted(unfinished)} died without reporting (killed, or crashed in native code)"

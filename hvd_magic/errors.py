@@ -82,9 +82,12 @@ class RankFailedError(RunError):
         where = f"rank {self.rank}" + (f" on {self.host}" if self.host else "")
         others = "the other rank was" if self.stopped == 1 else f"the other {self.stopped} ranks were"
         tail = f"; {others} stopped" if self.stopped else ""
-        return f"{where} failed: {self.exc_type}: {self.message}{tail}"
+        what = f"{self.exc_type}: {self.message}" if self.exc_type else self.message
+        return f"{where} failed: {what}{tail}"
 
     def __str__(self) -> str:
+        if not self.remote_traceback:  # the rank died without one
+            return self._summary()
         return f"{self._summary()}\n\nremote traceback ({self._where()}):\n{self.remote_traceback}"
 
     def _where(self) -> str:
@@ -92,7 +95,9 @@ class RankFailedError(RunError):
 
     def _render_traceback_(self) -> list[str]:
         red, reset = "\x1b[31m", "\x1b[0m"
-        lines = [f"{red}--- remote traceback, {self._where()} ---{reset}"]
-        lines += self.remote_traceback.rstrip("\n").split("\n")
+        lines = []
+        if self.remote_traceback:
+            lines.append(f"{red}--- remote traceback, {self._where()} ---{reset}")
+            lines += self.remote_traceback.rstrip("\n").split("\n")
         lines.append(f"{red}RankFailedError{reset}: {self._summary()}")
         return lines

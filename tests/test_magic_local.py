@@ -108,6 +108,51 @@ hvd.allreduce(torch.tensor([1.0]))   # rank 0 blocks here until it is stopped
     assert ip.run_cell_magic("horovod", "np=-2", ALLREDUCE_CELL) == 3.0
 
 
+SILENT_DEATH_CELL = """
+import os, signal, horovod.torch as hvd, torch
+hvd.init()
+if hvd.rank() == 1:
+    os.kill(os.getpid(), signal.SIGKILL)   # as the OOM killer would: not a word
+for _ in range(100):
+    hvd.allreduce(torch.tensor([1.0]))
+"""
+
+
+@pytest.mark.parametrize("launcher", ["mpi", "gloo"])
+def test_a_rank_killed_without_a_word_is_named_not_the_rank_it_took_down(ip, launcher):
+    """Rank 0 then fails too ("Horovod has been shut down"), or mpirun stops it: either way
+    the error must name rank 1 and how it ended."""
+    from hvd_magic import RunError
+
+    with pytest.raises(RunError) as info:
+        ip.run_cell_magic("horovod", f"np=-2 launcher={launcher}", SILENT_DEATH_CELL)
+    message = str(info.value)
+    assert "rank 1 was killed by signal 9 (SIGKILL)" in message or (
+        isinstance(info.value, RankFailedError)
+        and info.value.rank == 1
+        and "killed by signal 9 (SIGKILL)" in message
+    ), message
+    assert "rank 0 on" not in message.split(";")[0]
+    assert leftover_processes() == []
+
+
+def test_the_cause_is_preferred_over_errors_it_caused():
+    from hvd_magic.engine import _RunState
+    from hvd_magic.hub import Event
+
+    state = _RunState(ranks=2)
+    shut_down = {"exc_type": "HorovodInternalError", "message": "Horovod has been shut down. This was caused"}
+    state.apply(Event("error", 0, shut_down))
+    assert state.cause is None and state.first_error is not None and state.first_error.rank == 0
+    state.apply(Event("error", 1, {"exc_type": "ValueError", "message": "bad shard"}))
+    assert state.cause is not None and state.cause.rank == 1 and state.first_error.rank == 1
+    tensorflow = _RunState(ranks=2)  # TensorFlow raises its own type with Horovod's message
+    tensorflow.apply(
+        Event("error", 0, {"exc_type": "UnknownError", "message": "Horovod has been shut down."})
+    )
+    assert tensorflow.cause is None
+
+
 def test_horovod_runner_returns_rank0_value():
     from hvd_magic import HorovodRunner
 

@@ -143,6 +143,22 @@ def test_failing_rank_on_spark_names_rank_and_host(ip, cluster):
     assert HorovodRunner(np=2).run(rank_sum()) == 3.0  # the cluster is usable again
 
 
+@pytest.mark.parametrize("launcher", ["mpi", "gloo"])
+def test_a_rank_killed_on_an_executor_is_named(ip, cluster, launcher):
+    cell = (
+        "import os, signal, horovod.torch as hvd, torch\nhvd.init()\n"
+        "if hvd.rank() == 2:\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "for _ in range(100):\n    hvd.allreduce(torch.tensor([1.0]))\n"
+    )
+    with pytest.raises(RunError) as info:
+        ip.run_cell_magic("horovod", f"np=4 launcher={launcher}", cell)
+    message = str(info.value)
+    assert "rank 2 was killed by signal 9 (SIGKILL)" in message or (
+        isinstance(info.value, RankFailedError) and info.value.rank == 2 and "signal 9" in message
+    ), message
+    assert _gone_within(10) == []
+
+
 def rank_sum():
     def main() -> float:  # nested: pickled by value, as a notebook function would be
         import horovod.torch as hvd

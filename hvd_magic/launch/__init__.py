@@ -7,12 +7,14 @@ interface the engine drives: ``start``, ``poll``, ``stop``, ``diagnostics``.
 from __future__ import annotations
 
 import os
+import re
+import signal
 import subprocess
 from dataclasses import dataclass, field
 
 from ..worker import die_with_parent
 
-__all__ = ["LaunchPlan", "Launcher", "spawn", "thread_budget_env"]
+__all__ = ["LaunchPlan", "Launcher", "RankDeath", "death_of", "mpirun_death", "spawn", "thread_budget_env"]
 
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_NUM_INTRAOP_THREADS")
 
@@ -61,6 +63,46 @@ def spawn(
     )
 
 
+@dataclass(frozen=True)
+class RankDeath:
+    """A rank that ended without a word (no error, no exit event), as its launcher saw it."""
+
+    rank: int
+    what: str  # "was killed by signal 9 (SIGKILL)", ...
+    host: str = ""
+
+
+def death_of(rank: int, code: int, host: str = "") -> RankDeath:
+    """Describe a rank process's exit status (Popen's: negative for a signal)."""
+    if code < 0:
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else "?"
+        what = f"was killed by signal {-code} ({name})"
+        if -code == signal.SIGKILL:
+            what += ", e.g. by the kernel's out-of-memory killer"
+        return RankDeath(rank, what, host)
+    return RankDeath(rank, f"exited with code {code} without reporting", host)
+
+
+_MPIRUN_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on\s+node (\S+) exited on signal (\d+)")
+_MPIRUN_IMPROPER = re.compile(r"process rank (\d+) with PID \d+ on\s+node (\S+) exiting improperly")
+_MPIRUN_CODE = re.compile(
+    r"The first process to do so was:\s+Process name:\s+\[\[\d+,\d+\],(\d+)\]\s+Exit code:\s+(\d+)"
+)
+
+
+def mpirun_death(output: str) -> RankDeath | None:
+    """The rank mpirun saw end first, from its own report (Open MPI 4)."""
+    if found := _MPIRUN_SIGNAL.search(output):
+        return death_of(int(found[1]), -int(found[3]), found[2])
+    if found := _MPIRUN_IMPROPER.search(output):
+        return RankDeath(
+            int(found[1]), "exited without shutting down (os._exit, or a crash outside Python)", found[2]
+        )
+    if found := _MPIRUN_CODE.search(output):
+        return death_of(int(found[1]), int(found[2]))
+    return None
+
+
 class Launcher:
     """Interface of a launcher (see launch.local for the implementations)."""
 
@@ -78,3 +120,8 @@ class Launcher:
     def diagnostics(self) -> str:
         """The launcher's own output (e.g. mpirun's error block), bounded."""
         return ""
+
+    def deaths(self) -> list[RankDeath]:
+        """Ranks seen to end badly, in the order seen, where the launcher can tell (some of
+        them may have reported an error before they ended)."""
+        return []

@@ -13,7 +13,7 @@ from typing import IO
 import psutil
 
 from ..errors import LaunchError
-from . import Launcher, LaunchPlan, spawn
+from . import Launcher, LaunchPlan, RankDeath, death_of, mpirun_death, spawn
 from .rendezvous import GlooStore, LoopbackStoreServer
 
 __all__ = ["LocalGlooLauncher", "LocalMpiLauncher", "mpirun_argv", "stop_processes", "stop_tree"]
@@ -151,6 +151,10 @@ class LocalMpiLauncher(_ProcessGroupLauncher):
         argv = mpirun_argv(self.plan.np, self.plan.command, as_root=os.geteuid() == 0)
         self._spawn(argv, self.base_env())
 
+    def deaths(self) -> list[RankDeath]:
+        death = mpirun_death("\n".join(list(self.tails[0].lines))) if self.tails else None
+        return [death] if death else []
+
 
 class LocalGlooLauncher(_ProcessGroupLauncher):
     """N processes with Horovod's Gloo rendezvous, the store served to them on loopback."""
@@ -170,6 +174,8 @@ class LocalGlooLauncher(_ProcessGroupLauncher):
             }
             for r in range(np)
         ]
+        self._deaths: list[RankDeath] = []
+        self._seen_dead: set[int] = set()
         self._server = LoopbackStoreServer(GlooStore(slots).request)
         env = self.base_env() | {
             "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
@@ -182,6 +188,15 @@ class LocalGlooLauncher(_ProcessGroupLauncher):
             self._spawn(
                 self.plan.command, env | {f"HOROVOD_{key.upper()}": str(value) for key, value in slot.items()}
             )
+
+    def deaths(self) -> list[RankDeath]:
+        """Processes are in rank order; each death is kept in the order it was first seen."""
+        for rank, process in enumerate(self.processes):
+            code = process.poll()
+            if code and rank not in self._seen_dead:
+                self._seen_dead.add(rank)
+                self._deaths.append(death_of(rank, code))
+        return list(self._deaths)
 
     def stop(self) -> None:
         super().stop()

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..errors import LaunchError
 from ..hub import Event, Hub, RunKeys
-from . import Launcher, LaunchPlan
+from . import Launcher, LaunchPlan, RankDeath, death_of, mpirun_death
 from .rendezvous import GlooStore
 from .spark_task import TaskSpec, barrier_task
 
@@ -143,6 +143,8 @@ class SparkLauncher(Launcher):
         self.log: collections.deque[str] = collections.deque(maxlen=200)
         self._tasks: list[bytes] = []
         self._launcher_exits: list[int] = []
+        self._deaths: list[RankDeath] = []  # gloo: ranks whose task saw them end badly
+        self._rank_of: dict[bytes, tuple[int, str]] = {}  # task identity -> (rank, host)
         self._released = threading.Event()
 
     def start(self) -> None:
@@ -187,6 +189,11 @@ class SparkLauncher(Launcher):
             return
         self._tasks = [e.identity for e in joins]
         plan = make_plan([e.header for e in joins], self.plan.launcher)
+        for event in joins:
+            partition = str(event.header["partition"])
+            if partition in plan.get("slots", {}):
+                host = next(h["token"] for h in plan["hosts"] if int(partition) in h["partitions"])
+                self._rank_of[event.identity] = (int(plan["slots"][partition]["rank"]), host)
         if self.plan.launcher == "gloo":
             self._serve_gloo_store(plan)
         for event in joins:
@@ -196,7 +203,11 @@ class SparkLauncher(Launcher):
         while not self._released.is_set():
             event = self._next_control(None)
             if event is not None and event.kind == "launcher_exit":
-                self._launcher_exits.append(int(event.header.get("code", 1)))
+                code = int(event.header.get("code", 1))
+                self._launcher_exits.append(code)
+                if code and event.identity in self._rank_of:
+                    rank, host = self._rank_of[event.identity]
+                    self._deaths.append(death_of(rank, code, host))
                 if len(self._launcher_exits) >= expected:
                     self.release()
 
@@ -256,6 +267,12 @@ class SparkLauncher(Launcher):
             self._job.join(timeout=10)
         self._released.set()
         self.hub.responders.pop("store", None)
+
+    def deaths(self) -> list[RankDeath]:
+        if self.plan.launcher == "mpi":
+            death = mpirun_death("\n".join(list(self.log)))
+            return [death] if death else []
+        return list(self._deaths)
 
     def diagnostics(self) -> str:
         parts = list(self.log)
