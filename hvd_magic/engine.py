@@ -128,10 +128,11 @@ class _RunState:
 
 
 def _is_consequence(error: Event) -> bool:
-    """Horovod shuts down on every rank once one fails; the others then raise this."""
+    """Horovod shuts down on every rank once one fails; the others then raise this. A
+    KeyboardInterrupt in a rank is our own stop (ranks have sessions of their own)."""
     header = error.header
-    return header.get("exc_type") == "HorovodInternalError" or "Horovod has been shut down" in str(
-        header.get("message", "")
+    return header.get("exc_type") in ("HorovodInternalError", "KeyboardInterrupt") or (
+        "Horovod has been shut down" in str(header.get("message", ""))
     )
 
 
@@ -234,10 +235,10 @@ def _supervise(hub: Hub, launcher: Launcher, state: _RunState, view: RunView, op
         _pump(hub, state, view, wait=0.1)
         view.tick()
         if state.errors:
-            death = _find_cause(hub, state, view, launcher)
+            failure = _rank_failed(state, _find_cause(hub, state, view, launcher))  # before the stop
             launcher.stop()
             _pump(hub, state, view, wait=0)
-            raise _rank_failed(state, death)
+            raise failure
         code = launcher.poll()
         if code is not None:
             _drain(hub, state, view)
@@ -310,7 +311,7 @@ def _silent_death(state: _RunState, launcher: Launcher) -> RankDeath | None:
     return next((death for death in launcher.deaths() if death.rank not in spoke), None)
 
 
-def _rank_failed(state: _RunState, death: RankDeath | None = None) -> RankFailedError:
+def _rank_failed(state: _RunState, death: RankDeath | None) -> RankFailedError:
     error = state.first_error
     assert error is not None
     header = error.header
@@ -334,8 +335,8 @@ def _rank_failed(state: _RunState, death: RankDeath | None = None) -> RankFailed
 
 
 def _outcome(state: _RunState, code: int, launcher: Launcher) -> Any:
-    if state.first_error is not None:
-        raise _rank_failed(state)
+    if state.errors:
+        raise _rank_failed(state, _silent_death(state, launcher))
     never_started = state.missing(state.started)
     unfinished = [r for r in state.started if r not in state.exited]
     if code != 0 or never_started or unfinished or state.result is None:

@@ -144,6 +144,8 @@ def test_the_cause_is_preferred_over_errors_it_caused():
     shut_down = {"exc_type": "HorovodInternalError", "message": "Horovod has been shut down. This was caused"}
     state.apply(Event("error", 0, shut_down))
     assert state.cause is None and state.first_error is not None and state.first_error.rank == 0
+    state.apply(Event("error", 0, {"exc_type": "KeyboardInterrupt", "message": ""}))  # our own stop
+    assert state.cause is None
     state.apply(Event("error", 1, {"exc_type": "ValueError", "message": "bad shard"}))
     assert state.cause is not None and state.cause.rank == 1 and state.first_error.rank == 1
     tensorflow = _RunState(ranks=2)  # TensorFlow raises its own type with Horovod's message
