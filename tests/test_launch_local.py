@@ -159,3 +159,18 @@ def test_gloo_store_serves_its_own_processes_only():
         assert probe("GET", "/global/0") == "200"
     finally:
         server.close()
+
+
+def test_mpirun_reports_name_the_rank_that_ended_first():
+    """Open MPI 4.1's own words, as seen in runs here."""
+    from hvd_magic.launch import death_of, mpirun_death
+
+    signal_report = "mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed)."
+    assert mpirun_death(signal_report) == death_of(1, -9, "vm")
+    assert "signal 9 (SIGKILL)" in death_of(1, -9).what and "out-of-memory" in death_of(1, -9).what
+    improper = "mpirun has exited due to process rank 3 with PID 0 on\nnode hvd-host-1 exiting improperly."
+    found = mpirun_death(improper)
+    assert found is not None and (found.rank, found.host) == (3, "hvd-host-1") and "os._exit" in found.what
+    code = "The first process to do so was:\n\n  Process name: [[5860,1],2]\n  Exit code:    3\n"
+    assert mpirun_death(code) == death_of(2, 3)
+    assert mpirun_death("Primary job  terminated normally") is None
