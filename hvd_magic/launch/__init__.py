@@ -1,7 +1,7 @@
 """Launchers start the ranks of one run and stop them; they know nothing of widgets.
 
 ``LaunchPlan`` is plain data; each launcher turns it into processes. ``Launcher`` is the small
-interface the engine drives: ``start``, ``poll``, ``stop``, ``diagnostics``.
+interface the engine drives: ``start``, ``poll``, ``stop``, ``diagnostics``, ``deaths``.
 """
 
 from __future__ import annotations
