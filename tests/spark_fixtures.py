@@ -67,7 +67,7 @@ def _wait_for_workers(web_port: int, count: int, timeout: float = 60.0) -> None:
                 state = json.load(answer)
             if sum(w["state"] == "ALIVE" for w in state.get("workers", [])) >= count:
                 return
-        except OSError:
+        except (OSError, ValueError):  # not listening yet, or a half-written answer while it starts
             pass
         time.sleep(0.2)
     raise TimeoutError(f"the standalone cluster did not get {count} workers within {timeout:.0f} s")
