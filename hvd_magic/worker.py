@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import ast
 import atexit
-import ctypes
 import faulthandler
 import json
 import linecache
 import os
-import signal
 import socket
 import sys
 import threading
@@ -28,6 +26,7 @@ import cloudpickle
 from . import reporting
 from .capture import CELL_FILENAME, CellPayload, FunctionPayload
 from .hub import HubClient
+from .launch import die_with_parent
 
 ENV_HUB = "HVD_MAGIC_HUB"
 ENV_TOKEN = "HVD_MAGIC_TOKEN"
@@ -58,24 +57,6 @@ def gpu_for_local_rank(slot_gpus: str | None, local_rank: int) -> str | None:
     if local_rank >= len(slots) or not slots[local_rank]:
         return None
     return ",".join(str(gpu) for gpu in slots[local_rank])
-
-
-_prctl: Any
-try:
-    _prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl  # resolved now, not in a forked child
-except (OSError, AttributeError):
-    _prctl = None
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> None:
-    """SIGKILL this process when the thread that started it ends (PR_SET_PDEATHSIG).
-
-    Also a ``preexec_fn`` (see ``launch.spawn``): every process of a run (ranks, mpirun, orted,
-    rsh clients) dies with whatever launched it, the notebook's kernel included.
-    """
-    if _prctl is not None:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class _OutputForwarder:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import psutil
 import pytest
@@ -19,32 +21,55 @@ def _execute(client, code: str, timeout: float = 120) -> dict:
     return client.get_shell_msg(timeout=timeout) if msg_id else {}
 
 
-def test_interrupt_stops_every_rank_within_5s_and_the_next_cell_works(tmp_path):
+@dataclass
+class Kernel:
+    manager: Any
+    client: Any
+    process: psutil.Process
+
+
+@pytest.fixture
+def kernel(tmp_path):
+    """A real IPython kernel (as Jupyter starts it) with hvd_magic loaded."""
     manager, client = start_new_kernel(kernel_name="python3", cwd=str(tmp_path))
     try:
-        kernel = psutil.Process(manager.provisioner.process.pid)
         assert _execute(client, "%load_ext hvd_magic")["content"]["status"] == "ok"
-        cell = (
-            "%%horovod np=-2\nimport time, pathlib, horovod.torch as hvd\nhvd.init()\n"
-            f"pathlib.Path({str(tmp_path)!r}, f'started-{{hvd.rank()}}').touch()\n"
-            "while True:\n    time.sleep(0.1)\n"
-        )
-        msg_id = client.execute(cell)
-        assert wait_for_files([tmp_path / "started-0", tmp_path / "started-1"], timeout=120)
-        assert len(leftover_processes(kernel)) >= 3  # mpirun and two ranks
-        interrupted = time.monotonic()
-        manager.interrupt_kernel()
-        reply = client.get_shell_msg(timeout=30)
-        elapsed = time.monotonic() - interrupted
-        assert reply["parent_header"]["msg_id"] == msg_id
-        assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "RunInterrupted"
-        assert elapsed < 5, f"the interrupt took {elapsed:.1f} s"
-        assert leftover_processes(kernel) == []
-        again = _execute(client, "%%horovod np=-2\n40 + 2")
-        assert again["content"]["status"] == "ok"
+        yield Kernel(manager, client, psutil.Process(manager.provisioner.process.pid))
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
+
+
+def _waiting_cell(
+    tmp_path, ignore_signals: bool = False, wait: str = "while True:\n    time.sleep(0.1)\n"
+) -> str:
+    """Each rank marks itself started (started-RANK in tmp_path), then waits."""
+    cell = "import signal, time, pathlib, horovod.torch as hvd\n"
+    if ignore_signals:
+        cell += (
+            "signal.signal(signal.SIGINT, signal.SIG_IGN)\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        )
+    return cell + f"hvd.init()\npathlib.Path({str(tmp_path)!r}, f'started-{{hvd.rank()}}').touch()\n" + wait
+
+
+def _both_started(tmp_path) -> bool:
+    return wait_for_files([tmp_path / "started-0", tmp_path / "started-1"], timeout=120)
+
+
+def test_interrupt_stops_every_rank_within_5s_and_the_next_cell_works(kernel, tmp_path):
+    msg_id = kernel.client.execute("%%horovod np=-2\n" + _waiting_cell(tmp_path))
+    assert _both_started(tmp_path)
+    assert len(leftover_processes(kernel.process)) >= 3  # mpirun and two ranks
+    interrupted = time.monotonic()
+    kernel.manager.interrupt_kernel()
+    reply = kernel.client.get_shell_msg(timeout=30)
+    elapsed = time.monotonic() - interrupted
+    assert reply["parent_header"]["msg_id"] == msg_id
+    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "RunInterrupted"
+    assert elapsed < 5, f"the interrupt took {elapsed:.1f} s"
+    assert leftover_processes(kernel.process) == []
+    again = _execute(kernel.client, "%%horovod np=-2\n40 + 2")
+    assert again["content"]["status"] == "ok"
 
 
 def test_interrupt_escalates_to_sigkill_for_ranks_that_ignore_signals(ip, tmp_path):
@@ -52,16 +77,11 @@ def test_interrupt_escalates_to_sigkill_for_ranks_that_ignore_signals(ip, tmp_pa
     import signal
     import threading
 
-    cell = (
-        "import signal, time, pathlib, horovod.torch as hvd\n"
-        "signal.signal(signal.SIGINT, signal.SIG_IGN)\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-        f"hvd.init()\npathlib.Path({str(tmp_path)!r}, f'started-{{hvd.rank()}}').touch()\n"
-        "while True:\n    time.sleep(0.1)\n"
-    )
+    cell = _waiting_cell(tmp_path, ignore_signals=True)
     interrupted: list[float] = []
 
     def interrupt_when_started() -> None:
-        if wait_for_files([tmp_path / "started-0", tmp_path / "started-1"], timeout=120):
+        if _both_started(tmp_path):
             interrupted.append(time.monotonic())
             os.kill(os.getpid(), signal.SIGINT)
 
@@ -72,52 +92,35 @@ def test_interrupt_escalates_to_sigkill_for_ranks_that_ignore_signals(ip, tmp_pa
     assert leftover_processes() == []
 
 
-def test_pressing_interrupt_again_does_not_cut_the_clean_up_short(tmp_path):
+def test_pressing_interrupt_again_does_not_cut_the_clean_up_short(kernel, tmp_path):
     """Impatient users press stop several times; Gloo ranks that ignore SIGINT/SIGTERM make
     the clean-up take seconds (SIGKILL comes last), so the later presses land inside it."""
-    manager, client = start_new_kernel(kernel_name="python3", cwd=str(tmp_path))
-    try:
-        kernel = psutil.Process(manager.provisioner.process.pid)
-        assert _execute(client, "%load_ext hvd_magic")["content"]["status"] == "ok"
-        msg_id = client.execute(
-            "%%horovod np=-2 launcher=gloo\nimport signal, time, pathlib, horovod.torch as hvd\n"
-            "signal.signal(signal.SIGINT, signal.SIG_IGN)\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-            f"hvd.init()\npathlib.Path({str(tmp_path)!r}, f'started-{{hvd.rank()}}').touch()\n"
-            "while True:\n    time.sleep(0.1)\n"
-        )
-        assert wait_for_files([tmp_path / "started-0", tmp_path / "started-1"], timeout=120)
-        for _ in range(4):
-            manager.interrupt_kernel()
-            time.sleep(0.4)  # spacing the presses, not waiting for an outcome
-        reply = client.get_shell_msg(timeout=30)
-        assert reply["parent_header"]["msg_id"] == msg_id
-        assert reply["content"]["ename"] == "RunInterrupted"
-        assert leftover_processes(kernel) == []
-        assert _execute(client, "%%horovod np=-2\n40 + 2")["content"]["status"] == "ok"
-    finally:
-        client.stop_channels()
-        manager.shutdown_kernel(now=True)
+    msg_id = kernel.client.execute(
+        "%%horovod np=-2 launcher=gloo\n" + _waiting_cell(tmp_path, ignore_signals=True)
+    )
+    assert _both_started(tmp_path)
+    for _ in range(4):
+        kernel.manager.interrupt_kernel()
+        time.sleep(0.4)  # spacing the presses, not waiting for an outcome
+    reply = kernel.client.get_shell_msg(timeout=30)
+    assert reply["parent_header"]["msg_id"] == msg_id
+    assert reply["content"]["ename"] == "RunInterrupted"
+    assert leftover_processes(kernel.process) == []
+    assert _execute(kernel.client, "%%horovod np=-2\n40 + 2")["content"]["status"] == "ok"
 
 
-def test_interrupt_while_spark_starts_is_a_clean_interrupt(tmp_path):
+def test_interrupt_while_spark_starts_is_a_clean_interrupt(kernel):
     """The first Spark cell starts the embedded session (seconds); stopping it then is normal."""
-    manager, client = start_new_kernel(kernel_name="python3", cwd=str(tmp_path))
-    try:
-        kernel = psutil.Process(manager.provisioner.process.pid)
-        assert _execute(client, "%load_ext hvd_magic")["content"]["status"] == "ok"
-        msg_id = client.execute("%%horovod np=2\n6 * 7")
-        deadline = time.monotonic() + 60
-        while not any(p.name() == "java" for p in kernel.children(recursive=True)):
-            assert time.monotonic() < deadline, "the Spark JVM never started"
-            time.sleep(0.05)
-        manager.interrupt_kernel()
-        reply = client.get_shell_msg(timeout=60)
-        assert reply["parent_header"]["msg_id"] == msg_id
-        assert reply["content"]["ename"] == "RunInterrupted", reply["content"]
-        assert _execute(client, "%%horovod np=2\n6 * 7", timeout=180)["content"]["status"] == "ok"
-    finally:
-        client.stop_channels()
-        manager.shutdown_kernel(now=True)
+    msg_id = kernel.client.execute("%%horovod np=2\n6 * 7")
+    deadline = time.monotonic() + 60
+    while not any(p.name() == "java" for p in kernel.process.children(recursive=True)):
+        assert time.monotonic() < deadline, "the Spark JVM never started"
+        time.sleep(0.05)
+    kernel.manager.interrupt_kernel()
+    reply = kernel.client.get_shell_msg(timeout=60)
+    assert reply["parent_header"]["msg_id"] == msg_id
+    assert reply["content"]["ename"] == "RunInterrupted", reply["content"]
+    assert _execute(kernel.client, "%%horovod np=2\n6 * 7", timeout=180)["content"]["status"] == "ok"
 
 
 def _alive(processes: list[psutil.Process]) -> list[psutil.Process]:
@@ -132,29 +135,19 @@ def _alive(processes: list[psutil.Process]) -> list[psutil.Process]:
 
 
 @pytest.mark.parametrize("options", ["np=-2 launcher=mpi", "np=-2 launcher=gloo", "np=2"])
-def test_a_dead_kernel_leaves_nothing_running(tmp_path, options):
+def test_a_dead_kernel_leaves_nothing_running(kernel, tmp_path, options):
     """The kernel is SIGKILLed mid-run (a crash, the OOM killer, a forced restart): mpirun and
     every rank are in sessions of their own, so only the parent-death signal can stop them.
     With np=2 the run is on the embedded Spark: its JVM, Python workers, tasks, agents, orted."""
-    manager, client = start_new_kernel(kernel_name="python3", cwd=str(tmp_path))
-    try:
-        kernel = psutil.Process(manager.provisioner.process.pid)
-        assert _execute(client, "%load_ext hvd_magic")["content"]["status"] == "ok"
-        client.execute(
-            f"%%horovod {options}\nimport time, pathlib, horovod.torch as hvd\nhvd.init()\n"
-            f"pathlib.Path({str(tmp_path)!r}, f'started-{{hvd.rank()}}').touch()\ntime.sleep(300)\n"
-        )
-        assert wait_for_files([tmp_path / "started-0", tmp_path / "started-1"], timeout=120)
-        run = kernel.children(recursive=True)
-        assert len(run) >= 2
-        kernel.kill()
-        deadline = time.monotonic() + 10
-        while _alive(run) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert [" ".join(p.cmdline()) for p in _alive(run)] == []
-    finally:
-        client.stop_channels()
-        manager.shutdown_kernel(now=True)
+    kernel.client.execute(f"%%horovod {options}\n" + _waiting_cell(tmp_path, wait="time.sleep(300)\n"))
+    assert _both_started(tmp_path)
+    run = kernel.process.children(recursive=True)
+    assert len(run) >= 2
+    kernel.process.kill()
+    deadline = time.monotonic() + 10
+    while _alive(run) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [" ".join(p.cmdline()) for p in _alive(run)] == []
 
 
 def test_ranks_die_with_their_launcher(ip):

@@ -67,9 +67,9 @@ def test_raw_junk_does_not_break_the_hub(hub):
 
 
 def test_responders_answer_requests_on_the_hubs_thread(hub):
-    from hvd_magic.launch.rendezvous import GlooStore
+    from hvd_magic.launch.rendezvous import GlooStore, gloo_slots
 
-    store = GlooStore([{"hostname": "h", "local_rank": 0, "size": 1, "local_size": 1, "cross_size": 1}])
+    store = GlooStore(gloo_slots([("h", 1)]))
 
     def answer(event):
         status, value = store.request(event.header["method"], event.header["path"], event.blob)

@@ -54,6 +54,7 @@ def test_spark_plan_groups_tasks_by_executor_and_numbers_ranks_host_by_host():
     ]
     assert plan["mpirun_partition"] == 0
     assert plan["slots"]["2"] == {
+        "hostname": "hvd-host-0",
         "rank": 1, "size": 4, "local_rank": 1, "local_size": 2, "cross_rank": 0, "cross_size": 2,
     }  # fmt: skip
     assert plan["slots"]["1"]["rank"] == 2
@@ -68,19 +69,10 @@ def test_gpu_for_local_rank():
     assert gpu_for_local_rank("[[]]", 0) is None
 
 
-def _slots(np: int, hosts: int = 1) -> list[dict[str, object]]:
-    per_host = np // hosts
-    return [
-        {"hostname": f"h{r // per_host}", "local_rank": r % per_host, "size": np,
-         "local_size": per_host, "cross_size": hosts}
-        for r in range(np)
-    ]  # fmt: skip
-
-
 def test_gloo_store_keeps_horovods_semantics():
-    from hvd_magic.launch.rendezvous import GlooStore
+    from hvd_magic.launch.rendezvous import GlooStore, gloo_slots
 
-    store = GlooStore(_slots(4, hosts=2))
+    store = GlooStore(gloo_slots([("h0", 2), ("h1", 2)]))
     assert store.request("GET", "/global/0") == (404, b"")
     assert store.request("PUT", "/global/0", b"addr-0") == (200, b"")
     assert store.request("GET", "/global/0") == (200, b"addr-0")
@@ -118,13 +110,13 @@ def test_gloo_store_serves_its_own_processes_only():
     import subprocess
     import sys
 
-    from hvd_magic.launch.rendezvous import GlooStore, LoopbackStoreServer
+    from hvd_magic.launch.rendezvous import GlooStore, LoopbackStoreServer, gloo_slots
 
     def probe(*args: str) -> str:  # a child of this process: one of "our ranks"
         argv = [sys.executable, "-c", PROBE, str(server.port), *args]
         return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout.strip()
 
-    server = LoopbackStoreServer(GlooStore(_slots(2)).request)
+    server = LoopbackStoreServer(GlooStore(gloo_slots([("localhost", 2)])).request)
     try:
         assert probe("PUT", "/global/0", "addr-0") == "200"
         assert probe("GET", "/global/0") == "200"
@@ -163,14 +155,14 @@ def test_gloo_store_serves_its_own_processes_only():
 
 def test_mpirun_reports_name_the_rank_that_ended_first():
     """Open MPI 4.1's own words, as seen in runs here."""
-    from hvd_magic.launch import death_of, mpirun_death
+    from hvd_magic.launch import death_of, mpirun_deaths
 
     signal_report = "mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed)."
-    assert mpirun_death(signal_report) == death_of(1, -9, "vm")
+    assert mpirun_deaths(signal_report) == [death_of(1, -9, "vm")]
     assert "signal 9 (SIGKILL)" in death_of(1, -9).what and "out-of-memory" in death_of(1, -9).what
     improper = "mpirun has exited due to process rank 3 with PID 0 on\nnode hvd-host-1 exiting improperly."
-    found = mpirun_death(improper)
-    assert found is not None and (found.rank, found.host) == (3, "hvd-host-1") and "os._exit" in found.what
+    [found] = mpirun_deaths(improper)
+    assert (found.rank, found.host) == (3, "hvd-host-1") and "os._exit" in found.what
     code = "The first process to do so was:\n\n  Process name: [[5860,1],2]\n  Exit code:    3\n"
-    assert mpirun_death(code) == death_of(2, 3)
-    assert mpirun_death("Primary job  terminated normally") is None
+    assert mpirun_deaths(code) == [death_of(2, 3)]
+    assert mpirun_deaths("Primary job  terminated normally") == []

@@ -6,15 +6,24 @@ interface the engine drives: ``start``, ``poll``, ``stop``, ``diagnostics``, ``d
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import signal
 import subprocess
 from dataclasses import dataclass, field
+from typing import Any
 
-from ..worker import die_with_parent
-
-__all__ = ["LaunchPlan", "Launcher", "RankDeath", "death_of", "mpirun_death", "spawn", "thread_budget_env"]
+__all__ = [
+    "LaunchPlan",
+    "Launcher",
+    "RankDeath",
+    "death_of",
+    "die_with_parent",
+    "mpirun_deaths",
+    "spawn",
+    "thread_budget_env",
+]
 
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_NUM_INTRAOP_THREADS")
 
@@ -40,6 +49,24 @@ def thread_budget_env(local_ranks: int, cores: int, user_env: dict[str, str]) ->
         return {}
     threads = str(max(1, cores // max(1, local_ranks)))
     return {var: threads for var in THREAD_VARS} | {"TF_NUM_INTEROP_THREADS": "1"}
+
+
+_prctl: Any
+try:
+    _prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl  # resolved now, not in a forked child
+except (OSError, AttributeError):
+    _prctl = None
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """SIGKILL this process when the thread that started it ends (PR_SET_PDEATHSIG).
+
+    Also the ``preexec_fn`` of ``spawn``: every process of a run (ranks, mpirun, orted,
+    rsh clients) dies with whatever launched it, the notebook's kernel included.
+    """
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def spawn(
@@ -90,17 +117,16 @@ _MPIRUN_CODE = re.compile(
 )
 
 
-def mpirun_death(output: str) -> RankDeath | None:
-    """The rank mpirun saw end first, from its own report (Open MPI 4)."""
+def mpirun_deaths(output: str) -> list[RankDeath]:
+    """The rank mpirun saw end first, from its own report (Open MPI 4); [] if it reported none."""
     if found := _MPIRUN_SIGNAL.search(output):
-        return death_of(int(found[1]), -int(found[3]), found[2])
+        return [death_of(int(found[1]), -int(found[3]), found[2])]
     if found := _MPIRUN_IMPROPER.search(output):
-        return RankDeath(
-            int(found[1]), "exited without shutting down (os._exit, or a crash outside Python)", found[2]
-        )
+        what = "exited without shutting down (os._exit, or a crash outside Python)"
+        return [RankDeath(int(found[1]), what, found[2])]
     if found := _MPIRUN_CODE.search(output):
-        return death_of(int(found[1]), int(found[2]))
-    return None
+        return [death_of(int(found[1]), int(found[2]))]
+    return []
 
 
 class Launcher:

@@ -21,8 +21,7 @@ import time
 from typing import Any
 
 from ..hub import CurveServer, Event, HubClient, RunKeys
-from ..worker import die_with_parent
-from . import spawn
+from . import die_with_parent, spawn
 from .local import stop_tree
 
 __all__ = ["ENV_AGENTS", "ENV_AGENT_TOKEN", "ExecAgent", "main"]

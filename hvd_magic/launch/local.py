@@ -13,8 +13,8 @@ from typing import IO
 import psutil
 
 from ..errors import LaunchError
-from . import Launcher, LaunchPlan, RankDeath, death_of, mpirun_death, spawn
-from .rendezvous import GlooStore, LoopbackStoreServer
+from . import Launcher, LaunchPlan, RankDeath, death_of, mpirun_deaths, spawn
+from .rendezvous import GlooStore, LoopbackStoreServer, gloo_slots
 
 __all__ = ["LocalGlooLauncher", "LocalMpiLauncher", "mpirun_argv", "stop_processes", "stop_tree"]
 
@@ -152,30 +152,15 @@ class LocalMpiLauncher(_ProcessGroupLauncher):
         self._spawn(argv, self.base_env())
 
     def deaths(self) -> list[RankDeath]:
-        death = mpirun_death("\n".join(list(self.tails[0].lines))) if self.tails else None
-        return [death] if death else []
+        return mpirun_deaths("\n".join(list(self.tails[0].lines))) if self.tails else []
 
 
 class LocalGlooLauncher(_ProcessGroupLauncher):
     """N processes with Horovod's Gloo rendezvous, the store served to them on loopback."""
 
     def start(self) -> None:
-        np = self.plan.np
-        host = "localhost"
-        slots = [
-            {
-                "hostname": host,
-                "rank": r,
-                "size": np,
-                "local_rank": r,
-                "local_size": np,
-                "cross_rank": 0,
-                "cross_size": 1,
-            }
-            for r in range(np)
-        ]
+        slots = gloo_slots([("localhost", self.plan.np)])
         self._deaths: list[RankDeath] = []
-        self._seen_dead: set[int] = set()
         self._server = LoopbackStoreServer(GlooStore(slots).request)
         env = self.base_env() | {
             "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
@@ -191,10 +176,10 @@ class LocalGlooLauncher(_ProcessGroupLauncher):
 
     def deaths(self) -> list[RankDeath]:
         """Processes are in rank order; each death is kept in the order it was first seen."""
+        seen = {death.rank for death in self._deaths}
         for rank, process in enumerate(self.processes):
             code = process.poll()
-            if code and rank not in self._seen_dead:
-                self._seen_dead.add(rank)
+            if code and rank not in seen:
                 self._deaths.append(death_of(rank, code))
         return list(self._deaths)
 

@@ -19,10 +19,31 @@ from typing import Any
 
 import psutil
 
-__all__ = ["GlooStore", "LoopbackStoreServer", "peer_process"]
+__all__ = ["GlooStore", "LoopbackStoreServer", "gloo_slots"]
 
 MAX_VALUE_BYTES = 64 << 20  # Gloo stores addresses: ~150 bytes per peer per rank
 Backend = Callable[[str, str, bytes], tuple[int, bytes]]
+
+
+def gloo_slots(hosts: list[tuple[str, int]]) -> list[dict[str, Any]]:
+    """Horovod's rank layout for ``(hostname, ranks there)`` pairs, in rank order: one dict per
+    rank with the ``HOROVOD_*`` values (hostname, rank, size, local and cross rank and size)."""
+    size = sum(count for _, count in hosts)
+    slots: list[dict[str, Any]] = []
+    for cross_rank, (hostname, count) in enumerate(hosts):
+        for local_rank in range(count):
+            slots.append(
+                {
+                    "hostname": hostname,
+                    "rank": len(slots),
+                    "size": size,
+                    "local_rank": local_rank,
+                    "local_size": count,
+                    "cross_rank": cross_rank,
+                    "cross_size": len(hosts),
+                }
+            )
+    return slots
 
 
 class GlooStore:
@@ -31,7 +52,7 @@ class GlooStore:
     finished; when all of the scope's ranks have, the scope is cleared for the next rendezvous."""
 
     def __init__(self, slots: Iterable[dict[str, Any]]) -> None:
-        """``slots``: one dict per rank with hostname, local_rank, size, local_size, cross_size."""
+        """``slots``: as ``gloo_slots`` makes them."""
         self._lock = threading.Lock()
         self._values: dict[str, dict[str, bytes]] = {}
         self._finished: dict[str, set[str]] = {}
@@ -78,8 +99,8 @@ def _proc_address(address: tuple[str, int]) -> str:
     return f"{socket.inet_aton(address[0])[::-1].hex().upper()}:{address[1]:04X}"
 
 
-def peer_process(client: tuple[str, int], server: tuple[str, int], candidates: Iterable[int]) -> int | None:
-    """Which of ``candidates`` (pids) owns the socket connected from ``client`` to ``server``."""
+def _socket_of(client: tuple[str, int], server: tuple[str, int]) -> str | None:
+    """The socket connected from ``client`` to ``server`` if this user owns it, as its fds show it."""
     needle = f" {_proc_address(client)} {_proc_address(server)} ".encode()
     with open("/proc/net/tcp", "rb") as table_file:
         table = table_file.read()
@@ -90,7 +111,11 @@ def peer_process(client: tuple[str, int], server: tuple[str, int], candidates: I
     # local, remote, state, queues, timer, retransmits, uid, timeout, inode
     if len(fields) < 9 or int(fields[6]) != os.getuid():
         return None
-    target = f"socket:[{int(fields[8])}]"
+    return f"socket:[{int(fields[8])}]"
+
+
+def _owner_of(target: str, candidates: Iterable[int]) -> int | None:
+    """Which of ``candidates`` (pids) holds the socket ``target``."""
     for pid in candidates:
         try:
             for fd in os.scandir(f"/proc/{pid}/fd"):
@@ -163,8 +188,11 @@ class LoopbackStoreServer(http.server.ThreadingHTTPServer):
         self._thread.start()
 
     def verify_request(self, request: Any, client_address: Any) -> bool:
-        server = ("127.0.0.1", self.port)
-        pid = peer_process(client_address, server, self._known)
+        target = _socket_of(client_address, ("127.0.0.1", self.port))
+        if target is None:
+            self.refused += 1
+            return False
+        pid = _owner_of(target, self._known)
         if pid is not None and _started_at(pid) == self._known[pid]:
             return True
         # A new rank (or a stranger): look again among all current descendants.
@@ -172,7 +200,7 @@ class LoopbackStoreServer(http.server.ThreadingHTTPServer):
         for child in self._owner.children(recursive=True):
             with contextlib.suppress(psutil.Error):
                 self._known[child.pid] = child.create_time()
-        if peer_process(client_address, server, self._known) is not None:
+        if _owner_of(target, self._known) is not None:
             return True
         self.refused += 1
         return False

@@ -20,8 +20,8 @@ from typing import Any
 
 from ..errors import LaunchError
 from ..hub import Event, Hub, RunKeys
-from . import Launcher, LaunchPlan, RankDeath, death_of, mpirun_death
-from .rendezvous import GlooStore
+from . import Launcher, LaunchPlan, RankDeath, death_of, mpirun_deaths
+from .rendezvous import GlooStore, gloo_slots
 from .spark_task import TaskSpec, barrier_task
 
 __all__ = ["SparkLauncher", "active_or_embedded_session", "driver_address", "slots_available"]
@@ -113,19 +113,9 @@ def make_plan(joins: list[dict[str, Any]], launcher: str) -> dict[str, Any]:
         )
     plan: dict[str, Any] = {"hosts": hosts, "mpirun_partition": hosts[0]["partitions"][0]}
     if launcher == "gloo":
-        slots, rank = {}, 0
-        for cross_rank, host in enumerate(hosts):
-            for local_rank, partition in enumerate(host["partitions"]):
-                slots[str(partition)] = {
-                    "rank": rank,
-                    "size": len(joins),
-                    "local_rank": local_rank,
-                    "local_size": len(host["partitions"]),
-                    "cross_rank": cross_rank,
-                    "cross_size": len(hosts),
-                }
-                rank += 1
-        plan["slots"] = slots
+        partitions = [p for host in hosts for p in host["partitions"]]
+        layout = gloo_slots([(host["token"], len(host["partitions"])) for host in hosts])
+        plan["slots"] = {str(p): slot for p, slot in zip(partitions, layout, strict=True)}
     return plan
 
 
@@ -189,13 +179,11 @@ class SparkLauncher(Launcher):
             return
         self._tasks = [e.identity for e in joins]
         plan = make_plan([e.header for e in joins], self.plan.launcher)
-        for event in joins:
-            partition = str(event.header["partition"])
-            if partition in plan.get("slots", {}):
-                host = next(h["token"] for h in plan["hosts"] if int(partition) in h["partitions"])
-                self._rank_of[event.identity] = (int(plan["slots"][partition]["rank"]), host)
         if self.plan.launcher == "gloo":
-            self._serve_gloo_store(plan)
+            self._serve_gloo_store(plan["slots"])
+            for event in joins:
+                slot = plan["slots"][str(event.header["partition"])]
+                self._rank_of[event.identity] = (slot["rank"], slot["hostname"])
         for event in joins:
             self.hub.send_to(event.identity, "plan", plan)
         # mpirun's task reports once; with Gloo every task reports its own rank.
@@ -225,14 +213,9 @@ class SparkLauncher(Launcher):
             return event
         return None
 
-    def _serve_gloo_store(self, plan: dict[str, Any]) -> None:
+    def _serve_gloo_store(self, slots: dict[str, dict[str, Any]]) -> None:
         """Answer the tasks' relayed Gloo store requests from a store on the driver."""
-        slots = [
-            plan["slots"][str(partition)] | {"hostname": host["token"]}
-            for host in plan["hosts"]
-            for partition in host["partitions"]
-        ]
-        store = GlooStore(slots)
+        store = GlooStore(slots.values())
 
         def answer(event: Event) -> tuple[str, dict[str, Any], bytes]:
             status, value = store.request(
@@ -270,8 +253,7 @@ class SparkLauncher(Launcher):
 
     def deaths(self) -> list[RankDeath]:
         if self.plan.launcher == "mpi":
-            death = mpirun_death("\n".join(list(self.log)))
-            return [death] if death else []
+            return mpirun_deaths("\n".join(list(self.log)))
         return list(self._deaths)
 
     def diagnostics(self) -> str:

@@ -148,9 +148,8 @@ def _gloo_task(spec: TaskSpec, plan: dict[str, Any], partition: int, client: Hub
         "HOROVOD_CONTROLLER": "gloo",
         "HOROVOD_CPU_OPERATIONS": "gloo",
         "HOROVOD_GLOO_IFACE": interface_of(host["ip"]),
-        "HOROVOD_HOSTNAME": host["token"],
     }
-    env |= {f"HOROVOD_{key.upper()}": str(value) for key, value in slot.items()}
+    env |= {f"HOROVOD_{key.upper()}": str(value) for key, value in slot.items()}  # hostname too
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     try:
