@@ -14,31 +14,17 @@ import pickle
 import sys
 import types
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import cloudpickle
 
 from .errors import CaptureError
+from .protocol import CELL_FILENAME, CellPayload, FunctionPayload
 
-__all__ = ["CellPayload", "FunctionPayload", "capture_cell", "capture_function", "names_read"]
+__all__ = ["Captured", "capture_cell", "capture_function", "names_read"]
 
 LARGE_PAYLOAD_BYTES = 50 * 1024 * 1024
-CELL_FILENAME = "<horovod cell>"
-
-
-@dataclass
-class CellPayload:
-    source: str
-    namespace: dict[str, Any]
-    return_names: list[str] = field(default_factory=list)
-    silent: bool = False  # the cell ends with ";": no output value, as in IPython
-
-
-@dataclass
-class FunctionPayload:
-    function: Callable[..., Any]
-    kwargs: dict[str, Any]
 
 
 @dataclass

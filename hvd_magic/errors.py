@@ -5,6 +5,7 @@
     HorovodMagicError
     ├── CaptureError          the cell or function cannot be shipped to the ranks
     ├── LaunchError           the job could not be started (no mpirun, no slots, bad setup)
+    ├── TimelineError         a file is not a Horovod Timeline (or is damaged beyond its tail)
     └── RunError              the job started but did not finish cleanly
         ├── RankFailedError   a rank raised; carries its rank, host and remote traceback
         ├── RunInterrupted    the user interrupted the run
@@ -24,6 +25,7 @@ __all__ = [
     "RunError",
     "RunInterrupted",
     "RunTimeout",
+    "TimelineError",
 ]
 
 
@@ -41,6 +43,10 @@ class CaptureError(HorovodMagicError):
 
 class LaunchError(HorovodMagicError):
     """The job could not be started."""
+
+
+class TimelineError(HorovodMagicError, ValueError):
+    """The file is not a Horovod Timeline (or is damaged beyond its tail)."""
 
 
 class RunError(HorovodMagicError):

@@ -5,30 +5,30 @@ pair. A server only completes the handshake with a peer that holds the run's cli
 (checked by a ZAP handler), so a connection without the run's keys never delivers a message.
 Traffic is encrypted too, which matters when executors report across a cluster network.
 
-A message is three frames: kind, a JSON header and an optional binary blob (pickled values,
-raw log bytes). The first message of a rank is ``hello``; the hub answers it with the payload.
-Spark tasks use the same channel for their rendezvous (``join``, answered by ``plan``) and to
-relay their ranks' Gloo store requests (``store``, answered on the hub's thread by a responder).
+Messages are ``protocol`` records (see its table). A rank's first message is ``Hello``; the hub
+answers it with the payload. Spark tasks use the same channel for their rendezvous (``Join``,
+answered by ``Plan``) and to relay their ranks' Gloo store requests (``StoreRequest``, answered
+on the hub's thread by a responder).
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
-__all__ = ["CurveServer", "Event", "Hub", "HubClient", "RunKeys"]
+from .protocol import CONTROL_RECORDS, Hello, Message, Payload, Record, decode, encode
+
+__all__ = ["CurveServer", "Hub", "HubClient", "RunKeys"]
 
 _POLL_MS = 200
-CONTROL_KINDS = frozenset({"join", "launcher_log", "launcher_exit"})
-Responder = Callable[["Event"], tuple[str, dict[str, Any], bytes]]
+Responder = Callable[[Message], tuple[Record, bytes]]
 
 
 @dataclass(frozen=True)
@@ -51,16 +51,6 @@ class RunKeys:
         return b",".join([self.server_public, self.client_public, self.client_secret]).decode()
 
 
-@dataclass
-class Event:
-    kind: str
-    rank: int
-    header: dict[str, Any] = field(default_factory=dict)
-    blob: bytes = b""
-    received: float = field(default_factory=time.monotonic)
-    identity: bytes = b""
-
-
 class _ClientKeyCheck:
     def __init__(self, allowed: bytes) -> None:
         self.allowed = allowed
@@ -76,7 +66,7 @@ class _ClientKeyCheck:
 class CurveServer:
     """A ROUTER socket that only talks to holders of ``keys``, served on its own thread.
 
-    Subclasses implement ``handle(event)``; any thread may call ``send_to``.
+    Subclasses implement ``handle(message)``; any thread may call ``send_to``.
     """
 
     def __init__(self, bind_host: str, keys: RunKeys, name: str) -> None:
@@ -109,10 +99,8 @@ class CurveServer:
     def refused_handshakes(self) -> int:
         return self._key_check.refused
 
-    def send_to(
-        self, identity: bytes, kind: str, header: dict[str, Any] | None = None, blob: bytes = b""
-    ) -> None:
-        self._outbox.put([identity, kind.encode(), json.dumps(header or {}).encode(), blob])
+    def send_to(self, identity: bytes, record: Record, blob: bytes = b"") -> None:
+        self._outbox.put([identity, *encode(record, blob=blob)])
         with self._wake_lock:
             if not self._stop.is_set():
                 self._wake_out.send(b"")
@@ -137,11 +125,11 @@ class CurveServer:
                 frames = self._socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            event = _parse(frames)
-            if event is not None:
-                self.handle(event)
+            message = decode(frames[1:], identity=frames[0]) if frames else None
+            if message is not None:
+                self.handle(message)
 
-    def handle(self, event: Event) -> None:
+    def handle(self, message: Message) -> None:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -154,45 +142,32 @@ class CurveServer:
         self._context.term()
 
 
-def _parse(frames: list[bytes]) -> Event | None:
-    if len(frames) not in (3, 4):
-        return None
-    identity, kind_raw, header_raw = frames[:3]
-    try:
-        header = json.loads(header_raw)
-        kind = kind_raw.decode()
-        rank = int(header.get("rank", -1))
-    except (ValueError, UnicodeDecodeError, AttributeError, TypeError):
-        return None
-    return Event(kind, rank, header, frames[3] if len(frames) == 4 else b"", identity=identity)
-
-
 class Hub(CurveServer):
-    """Receives rank events and queues them for the run loop; answers ``hello`` with the payload.
+    """Receives rank messages and queues them for the run loop; answers ``Hello`` with the payload.
 
-    Launch-control messages from Spark tasks go to ``control`` instead of ``events``; a kind
-    in ``responders`` is answered at once, on the hub's thread, by its function.
+    What Spark tasks tell their launcher (``CONTROL_RECORDS``) goes to ``control`` instead of
+    ``events``; a record type in ``responders`` is answered at once, on the hub's thread.
 
     >>> hub = Hub("127.0.0.1", payload=b"...")      # doctest: +SKIP
     >>> hub.address, hub.keys.client_token()          # handed to the ranks
-    >>> event = hub.events.get(timeout=1)
+    >>> message = hub.events.get(timeout=1)
     """
 
     def __init__(self, bind_host: str, payload: bytes) -> None:
-        self.events: queue.Queue[Event] = queue.Queue()
-        self.control: queue.Queue[Event] = queue.Queue()
+        self.events: queue.Queue[Message] = queue.Queue()
+        self.control: queue.Queue[Message] = queue.Queue()
         self.payload = payload
-        self.responders: dict[str, Responder] = {}
+        self.responders: dict[type[Record], Responder] = {}
         super().__init__(bind_host, RunKeys.generate(), "hvd_magic-hub")
 
-    def handle(self, event: Event) -> None:
-        responder = self.responders.get(event.kind)
+    def handle(self, message: Message) -> None:
+        responder = self.responders.get(type(message.record))
         if responder is not None:
-            self.send_to(event.identity, *responder(event))
+            self.send_to(message.identity, *responder(message))
             return
-        if event.kind == "hello":
-            self.send_to(event.identity, "payload", {}, self.payload)
-        (self.control if event.kind in CONTROL_KINDS else self.events).put(event)
+        if isinstance(message.record, Hello):
+            self.send_to(message.identity, Payload(), self.payload)
+        (self.control if isinstance(message.record, CONTROL_RECORDS) else self.events).put(message)
 
 
 class HubClient:
@@ -213,11 +188,9 @@ class HubClient:
         self._socket.linger = 10_000  # deliver the last messages (result, error) before exit
         self._socket.connect(address)
 
-    def send(self, kind: str, header: dict[str, Any] | None = None, blob: bytes | None = None) -> bool:
+    def send(self, record: Record, blob: bytes = b"") -> bool:
         """Queue one message; returns False (and drops it) if the send queue is full."""
-        frames = [kind.encode(), json.dumps({"rank": self.rank, **(header or {})}).encode()]
-        if blob is not None:
-            frames.append(blob)
+        frames = encode(record, self.rank, blob)
         with self._lock:
             try:
                 self._socket.send_multipart(frames, zmq.NOBLOCK)
@@ -225,41 +198,41 @@ class HubClient:
             except zmq.Again:
                 return False
 
-    def receive(self, timeout: float) -> tuple[str, dict[str, Any], bytes] | None:
+    def receive(self, timeout: float) -> Message | None:
         """The next message from the server, or None after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         while True:
             # Poll in slices so other threads can send in between (sockets are not thread-safe).
             with self._lock:
                 if self._socket.poll(50, zmq.POLLIN):
-                    kind, header, blob = self._socket.recv_multipart()
-                    return kind.decode(), json.loads(header), blob
+                    message = decode(self._socket.recv_multipart())
+                    if message is not None:
+                        return message
             if time.monotonic() >= deadline:
                 return None
 
-    def ask(
-        self, kind: str, header: dict[str, Any], blob: bytes, timeout: float
-    ) -> tuple[str, dict[str, Any], bytes]:
-        """Send a request and wait for its answer (matched by id; one request at a time)."""
+    def ask(self, request: Record, blob: bytes, timeout: float) -> Message:
+        """Send a request (a record with an ``id``) and wait for the answer with the same id;
+        one request at a time."""
         with self._ask_lock:
             self._asked += 1
-            self.send(kind, header | {"id": self._asked}, blob)
+            self.send(dataclasses.replace(request, id=self._asked), blob)  # type: ignore[type-var]
             deadline = time.monotonic() + timeout
             while (left := deadline - time.monotonic()) > 0:
                 answer = self.receive(left)
-                if answer is not None and answer[1].get("id") == self._asked:
+                if answer is not None and getattr(answer.record, "id", None) == self._asked:
                     return answer
             raise TimeoutError(f"no answer from the notebook's hub within {timeout:.0f} s")
 
     def fetch_payload(self, timeout: float) -> bytes:
         """Say hello and wait for the run's payload."""
-        self.send("hello")
+        self.send(Hello())
         answer = self.receive(timeout)
         if answer is None:
             raise TimeoutError(f"no answer from the notebook's hub within {timeout:.0f} s")
-        if answer[0] != "payload":
-            raise ConnectionError(f"unexpected answer from the hub: {answer[0]!r}")
-        return answer[2]
+        if not isinstance(answer.record, Payload):
+            raise ConnectionError(f"unexpected answer from the hub: {answer.kind.value!r}")
+        return answer.blob
 
     def close(self) -> None:
         with self._lock:

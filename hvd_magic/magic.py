@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -12,6 +13,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from .capture import capture_cell
 from .engine import execute
+from .errors import HorovodMagicError
 from .options import OptionError, make_options
 
 __all__ = ["HorovodMagics", "normalize_line"]
@@ -81,7 +83,7 @@ class HorovodMagics(Magics):
             value, returned = execute(captured, options)
         finally:
             if options.timeline and os.path.exists(options.timeline):
-                show_timeline(options.timeline)
+                _show_run_timeline(options.timeline)
         self.shell.user_ns.update(returned)  # type: ignore[union-attr]
         return value
 
@@ -98,6 +100,15 @@ class HorovodMagics(Magics):
         if not os.path.exists(path):
             raise UsageError(f"{path}: no such file")
         show_timeline(path)
+
+
+def _show_run_timeline(path: str) -> None:
+    """The run's own timeline, after the run, whatever its outcome: a timeline that cannot be
+    read is reported on stderr, never in place of the run's own error."""
+    try:
+        show_timeline(path)
+    except (UsageError, HorovodMagicError) as err:
+        print(f"hvd_magic: the run's timeline could not be shown: {err}", file=sys.stderr)
 
 
 def show_timeline(path: str) -> None:

@@ -12,6 +12,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from .protocol import Reports
+
 if TYPE_CHECKING:
     from .hub import HubClient
 
@@ -43,7 +45,7 @@ class _Reporter:
             records, self.buffer = self.buffer, []
             dropped = self.dropped
         if records:
-            if not self.client.send("reports", {"dropped": dropped}, json.dumps(records).encode()):
+            if not self.client.send(Reports(dropped), json.dumps(records).encode()):
                 with self._lock:
                     self.dropped += len(records)
 

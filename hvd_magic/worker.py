@@ -24,13 +24,23 @@ from typing import Any
 import cloudpickle
 
 from . import reporting
-from .capture import CELL_FILENAME, CellPayload, FunctionPayload
 from .hub import HubClient
-from .launch import die_with_parent
+from .launch.processes import die_with_parent
+from .protocol import (
+    CELL_FILENAME,
+    ENV_HUB,
+    ENV_SLOT_GPUS,
+    ENV_TOKEN,
+    CellPayload,
+    Exit,
+    FileChunk,
+    FunctionPayload,
+    Log,
+    RankError,
+    Result,
+    Started,
+)
 
-ENV_HUB = "HVD_MAGIC_HUB"
-ENV_TOKEN = "HVD_MAGIC_TOKEN"
-ENV_SLOT_GPUS = "HVD_MAGIC_SLOT_GPUS"  # JSON list: local rank -> GPU addresses of its Spark slot
 PAYLOAD_TIMEOUT = 120.0
 _CHUNK = 65536
 _FILE_CHUNK = 4 * 1024 * 1024
@@ -78,7 +88,7 @@ class _OutputForwarder:
 
     def _pump(self, fd: int, stream: str) -> None:
         while chunk := os.read(fd, _CHUNK):
-            self.client.send("log", {"stream": stream}, chunk)
+            self.client.send(Log(stream), chunk)
         os.close(fd)
 
     def close(self) -> None:
@@ -141,7 +151,7 @@ def _send_result(client: HubClient, value: Any, returned: dict[str, Any]) -> Non
             f"rank 0's result (a {type(value).__name__}) cannot be pickled back to the notebook: "
             f"{err}. Return plain data (numbers, lists, dicts, arrays, state_dicts)."
         ) from None
-    client.send("result", {}, blob)
+    client.send(Result(), blob)
 
 
 def send_timeline(client: HubClient, path: str) -> None:
@@ -157,8 +167,8 @@ def send_timeline(client: HubClient, path: str) -> None:
         return
     with open(path, "rb") as timeline:
         while chunk := timeline.read(_FILE_CHUNK):
-            client.send("file", {"name": "timeline"}, chunk)
-    client.send("file", {"name": "timeline", "last": True}, b"")
+            client.send(FileChunk("timeline"), chunk)
+    client.send(FileChunk("timeline", last=True))
     os.unlink(path)
 
 
@@ -181,7 +191,7 @@ def main() -> int:
         print(f"hvd_magic worker rank {rank}: {err}", file=sys.stderr)
         client.close()
         return 3
-    client.send("started", {"host": host, "pid": os.getpid(), "local_rank": local_rank, "size": size})
+    client.send(Started(host, os.getpid(), local_rank, size))
     forwarder = _OutputForwarder(client)
     faulthandler.enable(file=os.fdopen(forwarder.original_stderr, "w"), all_threads=True)
     reporting._attach(client)
@@ -197,21 +207,13 @@ def main() -> int:
     except BaseException as err:  # noqa: BLE001 - every failure is reported, then we exit
         code = 130 if isinstance(err, KeyboardInterrupt) else 1
         sys.stderr.flush()
-        client.send(
-            "error",
-            {
-                "host": host,
-                "exc_type": type(err).__name__,
-                "message": str(err),
-                "traceback": _user_traceback(err),
-            },
-        )
+        client.send(RankError(host, type(err).__name__, str(err), _user_traceback(err)))
     finally:
         reporting._detach()
         forwarder.close()
         if rank == 0 and os.environ.get("HOROVOD_TIMELINE"):
             send_timeline(client, os.environ["HOROVOD_TIMELINE"])
-        client.send("exit", {"code": code})
+        client.send(Exit(code))
         client.close()
     return code
 

@@ -6,34 +6,18 @@ import pytest
 
 from hvd_magic.capture import capture_cell
 from hvd_magic.engine import execute
-from hvd_magic.hub import Event
 from hvd_magic.options import make_options
 from hvd_magic.widgets.state import RunModel
 
-
-class RecordingView:
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-
-    def notice(self, text: str) -> None:
-        pass
-
-    def event(self, event: Event) -> None:
-        self.events.append(event)
-
-    def tick(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+from .helpers import RecordingView
 
 
 def run(cell: str) -> RunModel:
     view = RecordingView()
     execute(capture_cell(cell, {}), make_options(-2), view)
     model = RunModel(2)
-    for event in view.events:
-        model.apply(event)
+    for message in view.messages:
+        model.apply(message)
     return model
 
 

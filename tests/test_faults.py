@@ -13,7 +13,7 @@ from jupyter_client.manager import start_new_kernel
 
 from hvd_magic import LaunchError, RunError, RunInterrupted, RunTimeout
 
-from .conftest import leftover_processes, wait_for_files
+from .helpers import leftover_processes, wait_for_ranks, waiting_cell
 
 
 def _execute(client, code: str, timeout: float = 120) -> dict:
@@ -40,25 +40,9 @@ def kernel(tmp_path):
         manager.shutdown_kernel(now=True)
 
 
-def _waiting_cell(
-    tmp_path, ignore_signals: bool = False, wait: str = "while True:\n    time.sleep(0.1)\n"
-) -> str:
-    """Each rank marks itself started (started-RANK in tmp_path), then waits."""
-    cell = "import signal, time, pathlib, horovod.torch as hvd\n"
-    if ignore_signals:
-        cell += (
-            "signal.signal(signal.SIGINT, signal.SIG_IGN)\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-        )
-    return cell + f"hvd.init()\npathlib.Path({str(tmp_path)!r}, f'started-{{hvd.rank()}}').touch()\n" + wait
-
-
-def _both_started(tmp_path) -> bool:
-    return wait_for_files([tmp_path / "started-0", tmp_path / "started-1"], timeout=120)
-
-
 def test_interrupt_stops_every_rank_within_5s_and_the_next_cell_works(kernel, tmp_path):
-    msg_id = kernel.client.execute("%%horovod np=-2\n" + _waiting_cell(tmp_path))
-    assert _both_started(tmp_path)
+    msg_id = kernel.client.execute("%%horovod np=-2\n" + waiting_cell(tmp_path))
+    assert wait_for_ranks(tmp_path, 2)
     assert len(leftover_processes(kernel.process)) >= 3  # mpirun and two ranks
     interrupted = time.monotonic()
     kernel.manager.interrupt_kernel()
@@ -77,11 +61,11 @@ def test_interrupt_escalates_to_sigkill_for_ranks_that_ignore_signals(ip, tmp_pa
     import signal
     import threading
 
-    cell = _waiting_cell(tmp_path, ignore_signals=True)
+    cell = waiting_cell(tmp_path, ignore_signals=True)
     interrupted: list[float] = []
 
     def interrupt_when_started() -> None:
-        if _both_started(tmp_path):
+        if wait_for_ranks(tmp_path, 2):
             interrupted.append(time.monotonic())
             os.kill(os.getpid(), signal.SIGINT)
 
@@ -96,9 +80,9 @@ def test_pressing_interrupt_again_does_not_cut_the_clean_up_short(kernel, tmp_pa
     """Impatient users press stop several times; Gloo ranks that ignore SIGINT/SIGTERM make
     the clean-up take seconds (SIGKILL comes last), so the later presses land inside it."""
     msg_id = kernel.client.execute(
-        "%%horovod np=-2 launcher=gloo\n" + _waiting_cell(tmp_path, ignore_signals=True)
+        "%%horovod np=-2 launcher=gloo\n" + waiting_cell(tmp_path, ignore_signals=True)
     )
-    assert _both_started(tmp_path)
+    assert wait_for_ranks(tmp_path, 2)
     for _ in range(4):
         kernel.manager.interrupt_kernel()
         time.sleep(0.4)  # spacing the presses, not waiting for an outcome
@@ -139,8 +123,8 @@ def test_a_dead_kernel_leaves_nothing_running(kernel, tmp_path, options):
     """The kernel is SIGKILLed mid-run (a crash, the OOM killer, a forced restart): mpirun and
     every rank are in sessions of their own, so only the parent-death signal can stop them.
     With np=2 the run is on the embedded Spark: its JVM, Python workers, tasks, agents, orted."""
-    kernel.client.execute(f"%%horovod {options}\n" + _waiting_cell(tmp_path, wait="time.sleep(300)\n"))
-    assert _both_started(tmp_path)
+    kernel.client.execute(f"%%horovod {options}\n" + waiting_cell(tmp_path, wait="time.sleep(300)\n"))
+    assert wait_for_ranks(tmp_path, 2)
     run = kernel.process.children(recursive=True)
     assert len(run) >= 2
     kernel.process.kill()

@@ -8,7 +8,11 @@ import socket
 import pytest
 import zmq
 
-from hvd_magic.hub import Hub, HubClient, RunKeys
+from hvd_magic.hub import Hub, HubClient
+from hvd_magic.launch.gloo import GlooStore, gloo_slots
+from hvd_magic.protocol import Kind, Log, Result, StoreAnswer, StoreRequest
+
+from .helpers import forged_token
 
 
 @pytest.fixture
@@ -25,20 +29,18 @@ def _port(hub: Hub) -> int:
 def test_client_with_the_run_keys_gets_the_payload_and_delivers(hub):
     client = HubClient(hub.address, hub.keys.client_token(), rank=3)
     assert client.fetch_payload(timeout=10) == b"the payload"
-    client.send("log", {"stream": "stdout"}, b"hello\n")
-    events = [hub.events.get(timeout=10), hub.events.get(timeout=10)]
+    client.send(Log("stdout"), b"hello\n")
+    messages = [hub.events.get(timeout=10), hub.events.get(timeout=10)]
     client.close()
-    assert [(e.kind, e.rank) for e in events] == [("hello", 3), ("log", 3)]
-    assert events[1].blob == b"hello\n"
+    assert [(m.kind, m.rank) for m in messages] == [(Kind.HELLO, 3), (Kind.LOG, 3)]
+    assert messages[1].record == Log("stdout") and messages[1].blob == b"hello\n"
 
 
 def test_client_with_other_keys_is_refused(hub):
-    forged = RunKeys.generate()
-    token = b",".join([hub.keys.server_public, forged.client_public, forged.client_secret]).decode()
-    client = HubClient(hub.address, token, rank=0)
+    client = HubClient(hub.address, forged_token(hub.keys.server_public), rank=0)
     with pytest.raises(TimeoutError):
         client.fetch_payload(timeout=2)
-    client.send("result", {}, b"forged")
+    client.send(Result(), b"forged")
     client.close()
     with pytest.raises(queue.Empty):
         hub.events.get(timeout=1)
@@ -50,7 +52,7 @@ def test_plain_zmq_client_without_curve_delivers_nothing(hub):
     sock = context.socket(zmq.DEALER)
     sock.linger = 0
     sock.connect(hub.address)
-    sock.send_multipart([b"result", b'{"rank": 0}', b"x"])
+    sock.send_multipart([b"result", b'{"rank": 0}', b"x"])  # well-formed, but without CURVE
     assert not sock.poll(1000)
     sock.close()
     context.term()
@@ -67,25 +69,19 @@ def test_raw_junk_does_not_break_the_hub(hub):
 
 
 def test_responders_answer_requests_on_the_hubs_thread(hub):
-    from hvd_magic.launch.rendezvous import GlooStore, gloo_slots
-
     store = GlooStore(gloo_slots([("h", 1)]))
 
-    def answer(event):
-        status, value = store.request(event.header["method"], event.header["path"], event.blob)
-        return "stored", {"id": event.header["id"], "status": status}, value
+    def answer(message):
+        status, value = store.request(message.record.method, message.record.path, message.blob)
+        return StoreAnswer(message.record.id, status), value
 
-    hub.responders["store"] = answer
+    hub.responders[StoreRequest] = answer
     client = HubClient(hub.address, hub.keys.client_token(), rank=-1)
     try:
-        assert (
-            client.ask("store", {"method": "PUT", "path": "/global/0"}, b"v", timeout=10)[1]["status"] == 200
-        )
-        kind, header, value = client.ask("store", {"method": "GET", "path": "/global/0"}, b"", timeout=10)
-        assert (kind, header["status"], value) == ("stored", 200, b"v")
-        assert (
-            client.ask("store", {"method": "GET", "path": "/global/9"}, b"", timeout=10)[1]["status"] == 404
-        )
+        assert client.ask(StoreRequest(0, "PUT", "/global/0"), b"v", timeout=10).record.status == 200
+        answered = client.ask(StoreRequest(0, "GET", "/global/0"), b"", timeout=10)
+        assert (answered.record, answered.blob) == (StoreAnswer(2, 200), b"v")  # ids count the asks
+        assert client.ask(StoreRequest(0, "GET", "/global/9"), b"", timeout=10).record.status == 404
     finally:
         client.close()
     with pytest.raises(queue.Empty):  # answered, never queued for the run loop

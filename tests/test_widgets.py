@@ -8,7 +8,7 @@ import re
 import pytest
 from ipywidgets.widgets.tests.utils import setup_test_comm, teardown_test_comm
 
-from hvd_magic.hub import Event
+from hvd_magic.protocol import Exit, Log, Message, RankError, Reports, Started
 from hvd_magic.widgets.render import final_html, grid_html
 from hvd_magic.widgets.state import MAX_POINTS, RunModel, TerminalLog
 
@@ -20,12 +20,12 @@ def comms():
     teardown_test_comm()
 
 
-def reports(rank: int, *records: dict, dropped: int = 0) -> Event:
-    return Event("reports", rank, {"dropped": dropped}, json.dumps(list(records)).encode())
+def reports(rank: int, *records: dict, dropped: int = 0) -> Message:
+    return Message(Reports(dropped), rank, json.dumps(list(records)).encode())
 
 
-def log(rank: int, text: str) -> Event:
-    return Event("log", rank, {"stream": "stdout"}, text.encode())
+def log(rank: int, text: str | bytes) -> Message:
+    return Message(Log("stdout"), rank, text.encode() if isinstance(text, str) else text)
 
 
 def test_carriage_returns_rewrite_the_line_like_a_terminal():
@@ -50,7 +50,7 @@ def test_log_keeps_the_newest_lines():
 
 def test_model_follows_progress_metrics_and_states():
     model = RunModel(2)
-    model.apply(Event("started", 0, {"host": "h0"}))
+    model.apply(Message(Started("h0", 1, 0, 2), 0))
     model.apply(reports(0, {"t": 0.0, "step": 1, "total": 4, "epoch": 0, "metrics": {"loss": 2.0}}))
     model.apply(reports(0, {"t": 1.0, "step": 3, "total": 4, "metrics": {"loss": 1.0}}))
     model.apply(reports(1, {"t": 1.0, "step": 3, "total": 4, "metrics": {"loss": 3.0}}, dropped=5))
@@ -60,8 +60,8 @@ def test_model_follows_progress_metrics_and_states():
     assert model.series["loss"][0].values == [2.0, 1.0]
     mean = model.mean_series("loss")
     assert (mean.steps, mean.values) == ([1.0, 3.0], [2.0, 2.0])
-    model.apply(Event("exit", 0, {"code": 0}))
-    model.apply(Event("error", 1, {"exc_type": "ValueError"}))
+    model.apply(Message(Exit(0), 0))
+    model.apply(Message(RankError(exc_type="ValueError"), 1))
     assert (zero.state, one.state, zero.fraction) == ("done", "failed", 1.0)
     assert "1 failed" in model.summary() and "5 reports dropped" in model.summary()
 
@@ -82,11 +82,22 @@ def test_all_log_tags_complete_lines_with_their_rank():
     assert model.all_log.lines == ["[0] zero", "[1] partial line"]
 
 
+def test_a_character_split_across_two_log_messages_stays_whole():
+    model = RunModel(2)
+    text = "loss ↓ 0.5 ✓\n".encode()
+    cut = text.index("↓".encode()) + 1  # inside the arrow's three bytes
+    model.apply(log(0, text[:cut]))
+    model.apply(log(1, b"other rank\n"))  # interleaved: each rank's stream decodes on its own
+    model.apply(log(0, text[cut:]))
+    assert model.logs[0].lines == ["loss ↓ 0.5 ✓"]
+    assert "\ufffd" not in model.all_log.text()
+
+
 def test_grid_turns_compact_for_many_ranks_and_still_shows_failed_and_slowest():
     model = RunModel(64)
     for rank in range(64):
         model.apply(reports(rank, {"step": 50 + rank % 50, "total": 100}))
-    model.apply(Event("error", 17, {}))
+    model.apply(Message(RankError(), 17))
     html = grid_html(model)
     assert "hvd-compact" in html and "64 ranks" in html
     rows = re.findall(r'data-rank="(\d+)"', html)
@@ -111,11 +122,11 @@ def test_live_view_sends_batched_throttled_updates(comms):
     view = LiveView(2, show=False, clock=lambda: now[0])
     for i in range(1000):  # 1000 events over one simulated second, a tick after each
         now[0] = i / 1000
-        view.event(reports(i % 2, {"step": i // 2 + 1, "total": 500, "metrics": {"loss": 1.0}}))
+        view.message(reports(i % 2, {"step": i // 2 + 1, "total": 500, "metrics": {"loss": 1.0}}))
         view.tick()
     assert 1 <= view.updates <= 11
-    view.event(Event("exit", 0, {"code": 0}))
-    view.event(Event("exit", 1, {"code": 0}))
+    view.message(Message(Exit(0), 0))
+    view.message(Message(Exit(0), 1))
     view.draw(final=True)
     values = [
         kwargs["data"]["state"]["value"] for _, kwargs in view.grid.comm.messages if "value" in str(kwargs)

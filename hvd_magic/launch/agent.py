@@ -20,21 +20,28 @@ import threading
 import time
 from typing import Any
 
-from ..hub import CurveServer, Event, HubClient, RunKeys
-from . import die_with_parent, spawn
-from .local import stop_tree
+from ..hub import CurveServer, HubClient, RunKeys
+from ..protocol import (
+    ENV_AGENT_TOKEN,
+    ENV_AGENTS,
+    ENV_VIA_AGENT,
+    Exec,
+    Exit,
+    Kill,
+    Message,
+    Output,
+    Ping,
+    Pong,
+)
+from .processes import die_with_parent, spawn, stop_tree
 
-__all__ = ["ENV_AGENTS", "ENV_AGENT_TOKEN", "ExecAgent", "main"]
-
-ENV_AGENTS = "HVD_MAGIC_AGENTS"  # JSON: host token -> agent address
-ENV_AGENT_TOKEN = "HVD_MAGIC_AGENT_TOKEN"
-ENV_VIA_AGENT = "HVD_MAGIC_VIA_AGENT"  # set on what an agent starts: the host token
+__all__ = ["ExecAgent", "main"]
 PING_SECONDS = 1.0
 PING_TIMEOUT = 20.0  # generous: a loaded machine can starve a thread for seconds
 
 
 class ExecAgent(CurveServer):
-    """Runs commands for authenticated callers: ``exec`` → output frames → ``exit``."""
+    """Runs commands for authenticated callers: ``Exec`` → ``Output`` messages → ``Exit``."""
 
     def __init__(self, bind_host: str, keys: RunKeys, host_token: str, host_env: dict[str, str]) -> None:
         self.host_token = host_token
@@ -48,16 +55,17 @@ class ExecAgent(CurveServer):
         self._watchdog = threading.Thread(target=self._watch, daemon=True)
         self._watchdog.start()
 
-    def handle(self, event: Event) -> None:
-        if event.kind == "exec":
+    def handle(self, message: Message) -> None:
+        record = message.record
+        if isinstance(record, Exec):
             # Started from the server thread, which lives as long as the agent: the child's
             # PDEATHSIG then fires only if the whole task dies.
-            self._start(event.identity, str(event.header["command"]))
-        elif event.kind == "ping":
-            self._last_ping[event.identity] = time.monotonic()
-            self.send_to(event.identity, "pong")
-        elif event.kind == "kill":
-            self._kill(event.identity)
+            self._start(message.identity, record.command)
+        elif isinstance(record, Ping):
+            self._last_ping[message.identity] = time.monotonic()
+            self.send_to(message.identity, Pong())
+        elif isinstance(record, Kill):
+            self._kill(message.identity)
 
     def _start(self, identity: bytes, command: str) -> None:
         if self._shm_dir is None:
@@ -81,7 +89,7 @@ class ExecAgent(CurveServer):
 
     def _pump(self, identity: bytes, stream: Any, name: str) -> None:
         while chunk := stream.read1(65536):
-            self.send_to(identity, "output", {"stream": name}, chunk)
+            self.send_to(identity, Output(name), chunk)
 
     def _reap(self, identity: bytes, child: subprocess.Popen[bytes], pumps: list[threading.Thread]) -> None:
         code = child.wait()
@@ -89,7 +97,7 @@ class ExecAgent(CurveServer):
             pump.join(timeout=5)
         with self._lock:
             self._children.pop(identity, None)
-        self.send_to(identity, "exit", {"code": code})
+        self.send_to(identity, Exit(code))
 
     def _kill(self, identity: bytes) -> None:
         with self._lock:
@@ -131,7 +139,7 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    client.send("exec", {"command": command})
+    client.send(Exec(command))
     code = _relay(client, stopping)
     client.close()
     return code
@@ -142,7 +150,7 @@ def _relay(client: HubClient, stopping: threading.Event) -> int:
     while not stopping.is_set():
         now = time.monotonic()
         if now >= next_ping:
-            client.send("ping")
+            client.send(Ping())
             next_ping = now + PING_SECONDS
         message = client.receive(timeout=0.2)
         if message is None:
@@ -153,14 +161,14 @@ def _relay(client: HubClient, stopping: threading.Event) -> int:
                 return 255
             continue
         heard = time.monotonic()
-        kind, header, blob = message
-        if kind == "output":
-            out = sys.stderr.buffer if header.get("stream") == "stderr" else sys.stdout.buffer
-            out.write(blob)
+        record = message.record
+        if isinstance(record, Output):
+            out = sys.stderr.buffer if record.stream == "stderr" else sys.stdout.buffer
+            out.write(message.blob)
             out.flush()
-        elif kind == "exit":
-            return int(header.get("code", 1))
-    client.send("kill")
+        elif isinstance(record, Exit):
+            return record.code
+    client.send(Kill())
     return 143
 
 

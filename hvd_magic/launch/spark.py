@@ -1,132 +1,80 @@
 """Ranks on Spark executors: one barrier stage, one task per slot (np > 0).
 
-The driver side: find or create the SparkSession, check there are enough slots (fail in
-seconds, not after Spark's 10 minutes of barrier retries), submit the barrier job in its own job
-group on a thread, answer the tasks' ``join`` with the plan, and release them when mpirun ends.
+The driver side: check there are enough slots (fail in seconds, not after Spark's 10 minutes of
+barrier retries), submit the barrier job in its own job group on a thread, answer the tasks'
+``Join`` with the plan, and release them when the launcher (mpirun, or each Gloo rank) ends.
 """
 
 from __future__ import annotations
 
 import collections
 import functools
-import os
 import queue
-import socket
-import sys
 import threading
 import time
 import uuid
 from typing import Any
 
-from ..errors import LaunchError
-from ..hub import Event, Hub, RunKeys
-from . import Launcher, LaunchPlan, RankDeath, death_of, mpirun_deaths
-from .rendezvous import GlooStore, gloo_slots
+from ..hub import Hub, RunKeys
+from ..protocol import (
+    Abort,
+    Join,
+    LauncherExit,
+    LauncherLog,
+    Message,
+    Plan,
+    PlanHost,
+    Record,
+    Release,
+    SparkPlan,
+    StoreAnswer,
+    StoreRequest,
+)
+from . import Launcher, RankDeath
+from .gloo import GlooStore, gloo_slots
+from .mpirun import mpirun_deaths
+from .processes import death_of
+from .spark_session import active_or_embedded_session, check_slots, driver_address, task_cpus
 from .spark_task import TaskSpec, barrier_task
 
-__all__ = ["SparkLauncher", "active_or_embedded_session", "driver_address", "slots_available"]
+__all__ = ["SparkLauncher", "make_plan"]
 
-SLOT_WAIT_SECONDS = 10.0
 JOIN_TIMEOUT = 120.0
 STOP_SECONDS = 6.0  # tasks stop their processes: SIGINT, SIGTERM, SIGKILL 1.5 s apart
 
 
-def active_or_embedded_session() -> Any:
-    """The active SparkSession, or an embedded local one using this Python on the executors."""
-    try:
-        from pyspark.sql import SparkSession
-    except ImportError:
-        raise LaunchError(
-            "np > 0 runs on Spark, but pyspark is not installed: `pip install pyspark`."
-        ) from None
-    session = SparkSession.getActiveSession()
-    if session is not None:
-        return session
-    # Executors take PYSPARK_PYTHON from the environment when the context starts.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # our own session: stay on loopback
-    slots = max(4, os.cpu_count() or 1)
-    session = (
-        SparkSession.builder.master(f"local[{slots}]")
-        .appName("hvd_magic")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "1")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    return session
-
-
-def driver_address(session: Any) -> str:
-    host = session.sparkContext.getConf().get("spark.driver.host") or socket.gethostname()
-    return socket.gethostbyname(host)
-
-
-def slots_available(session: Any) -> int:
-    jsc = session.sparkContext._jsc.sc()
-    profile = jsc.resourceProfileManager().defaultResourceProfile()
-    return int(jsc.maxNumConcurrentTasks(profile))
-
-
-def check_slots(session: Any, np: int, wait: float = SLOT_WAIT_SECONDS) -> None:
-    """Raise LaunchError unless ``np`` barrier tasks can run at once (executors may still join)."""
-    deadline = time.monotonic() + wait
-    while (slots := slots_available(session)) < np and time.monotonic() < deadline:
-        time.sleep(0.25)
-    if slots >= np:
-        return
-    conf = session.sparkContext.getConf()
-    executors = session.sparkContext._jsc.sc().getExecutorMemoryStatus().size()
-    task_cpus = conf.get("spark.task.cpus", "1")
-    gpus = conf.get("spark.task.resource.gpu.amount")
-    per_task = f"spark.task.cpus={task_cpus}" + (f", spark.task.resource.gpu.amount={gpus}" if gpus else "")
-    use = (
-        f"Use np={slots} or fewer, or add"
-        if slots
-        else "No executor offers a slot now: check the cluster, or add"
-    )
-    raise LaunchError(
-        f"np={np} needs {np} task slots at once, but the Spark cluster has {slots} "
-        f"({executors} executor JVMs incl. the driver's; {per_task}). {use} executors or cores "
-        f"(spark.executor.instances, spark.executor.cores), or run locally with np=-{np}."
-    )
-
-
-def make_plan(joins: list[dict[str, Any]], launcher: str) -> dict[str, Any]:
-    """Group tasks by executor: one host entry per executor, ranks numbered host by host."""
-    by_executor: dict[str, list[dict[str, Any]]] = collections.OrderedDict()
-    for join in sorted(joins, key=lambda j: int(j["partition"])):
-        by_executor.setdefault(str(join["executor"]), []).append(join)
-    hosts = []
-    for index, (executor, tasks) in enumerate(by_executor.items()):
-        hosts.append(
-            {
-                "token": f"hvd-host-{index}",
-                "executor": executor,
-                "ip": tasks[0]["ip"],
-                "agent": tasks[0].get("agent", ""),
-                "partitions": [int(t["partition"]) for t in tasks],
-                "gpus": [list(t["gpus"]) for t in tasks],
-            }
+def make_plan(joins: list[Join], launcher: str) -> SparkPlan:
+    """Group tasks by executor: one host per executor, ranks numbered host by host."""
+    by_executor: dict[str, list[Join]] = collections.OrderedDict()
+    for join in sorted(joins, key=lambda j: j.partition):
+        by_executor.setdefault(join.executor, []).append(join)
+    hosts = [
+        PlanHost(
+            token=f"hvd-host-{index}",
+            executor=executor,
+            ip=tasks[0].ip,
+            partitions=[t.partition for t in tasks],
+            gpus=[list(t.gpus) for t in tasks],
+            agent=tasks[0].agent,
         )
-    plan: dict[str, Any] = {"hosts": hosts, "mpirun_partition": hosts[0]["partitions"][0]}
+        for index, (executor, tasks) in enumerate(by_executor.items())
+    ]
+    slots = {}
     if launcher == "gloo":
-        partitions = [p for host in hosts for p in host["partitions"]]
-        layout = gloo_slots([(host["token"], len(host["partitions"])) for host in hosts])
-        plan["slots"] = {str(p): slot for p, slot in zip(partitions, layout, strict=True)}
-    return plan
+        partitions = [p for host in hosts for p in host.partitions]
+        layout = gloo_slots([(host.token, len(host.partitions)) for host in hosts])
+        slots = dict(zip(partitions, layout, strict=True))
+    return SparkPlan(hosts, mpirun_partition=hosts[0].partitions[0], slots=slots)
 
 
 class SparkLauncher(Launcher):
     """One barrier stage of ``np`` tasks on the session's executors."""
 
-    def __init__(self, plan: LaunchPlan, hub: Hub, session: Any, task_cpus: int) -> None:
-        self.plan = plan
-        self.hub = hub
+    def __init__(self, np: int, launcher: str, session: Any) -> None:
+        self.np = np
+        self.launcher = launcher
         self.session = session
-        self.task_cpus = task_cpus
+        self.bind_host = driver_address(session)
         self.group = f"hvd_magic-{uuid.uuid4().hex[:12]}"
         self.exit_code: int | None = None
         self.job_error: str = ""
@@ -137,16 +85,21 @@ class SparkLauncher(Launcher):
         self._rank_of: dict[bytes, tuple[int, str]] = {}  # task identity -> (rank, host)
         self._released = threading.Event()
 
-    def start(self) -> None:
-        check_slots(self.session, self.plan.np)
+    @classmethod
+    def on_active_session(cls, np: int, launcher: str) -> SparkLauncher:
+        return cls(np, launcher, active_or_embedded_session())
+
+    def start(self, hub: Hub, env: dict[str, str]) -> None:
+        check_slots(self.session, self.np)
+        self.hub = hub
         spec = TaskSpec(
-            np=self.plan.np,
-            launcher=self.plan.launcher,
-            env=self.plan.env,
-            hub_address=self.hub.address,
-            hub_token=self.hub.keys.client_token(),
+            np=self.np,
+            launcher=self.launcher,
+            env=env,
+            hub_address=hub.address,
+            hub_token=hub.keys.client_token(),
             agent_keys=RunKeys.generate(),
-            task_cpus=self.task_cpus,
+            task_cpus=task_cpus(self.session),
         )
         self._job = threading.Thread(
             target=self._run_job, args=(spec,), name="hvd_magic-spark-job", daemon=True
@@ -157,9 +110,9 @@ class SparkLauncher(Launcher):
 
     def _run_job(self, spec: TaskSpec) -> None:
         context = self.session.sparkContext
-        context.setJobGroup(self.group, f"hvd_magic: {self.plan.np} Horovod ranks", interruptOnCancel=True)
+        context.setJobGroup(self.group, f"hvd_magic: {self.np} Horovod ranks", interruptOnCancel=True)
         try:
-            rdd = context.parallelize(range(self.plan.np), self.plan.np).barrier()
+            rdd = context.parallelize(range(self.np), self.np).barrier()
             codes = rdd.mapPartitions(functools.partial(barrier_task, spec)).collect()
             self.exit_code = max(codes, default=1)
         except Exception as err:  # noqa: BLE001 - py4j errors: keep the first line for the user
@@ -167,69 +120,80 @@ class SparkLauncher(Launcher):
             self.exit_code = 1
 
     def _rendezvous(self) -> None:
-        joins: list[Event] = []
-        deadline = time.monotonic() + JOIN_TIMEOUT
-        while len(joins) < self.plan.np and not self._released.is_set():
-            event = self._next_control(deadline)
-            if event is None:
-                return
-            if event.kind == "join":
-                joins.append(event)
-        if self._released.is_set():
+        joins = self._gather_joins()
+        if joins is None:
             return
-        self._tasks = [e.identity for e in joins]
-        plan = make_plan([e.header for e in joins], self.plan.launcher)
-        if self.plan.launcher == "gloo":
-            self._serve_gloo_store(plan["slots"])
-            for event in joins:
-                slot = plan["slots"][str(event.header["partition"])]
-                self._rank_of[event.identity] = (slot["rank"], slot["hostname"])
-        for event in joins:
-            self.hub.send_to(event.identity, "plan", plan)
-        # mpirun's task reports once; with Gloo every task reports its own rank.
-        expected = 1 if self.plan.launcher == "mpi" else self.plan.np
-        while not self._released.is_set():
-            event = self._next_control(None)
-            if event is not None and event.kind == "launcher_exit":
-                code = int(event.header.get("code", 1))
-                self._launcher_exits.append(code)
-                if code and event.identity in self._rank_of:
-                    rank, host = self._rank_of[event.identity]
-                    self._deaths.append(death_of(rank, code, host))
-                if len(self._launcher_exits) >= expected:
-                    self.release()
+        self._tasks = list(joins)
+        plan = make_plan(list(joins.values()), self.launcher)
+        if self.launcher == "gloo":
+            self._serve_gloo_store(plan)
+            for identity, join in joins.items():
+                slot = plan.slots[join.partition]
+                self._rank_of[identity] = (slot.rank, slot.hostname)
+        for identity in joins:
+            self.hub.send_to(identity, Plan(plan))
+        self._follow_launchers()
 
-    def _next_control(self, deadline: float | None) -> Event | None:
+    def _gather_joins(self) -> dict[bytes, Join] | None:
+        """Every task's ``Join`` by its connection, or None if they did not all come (or the
+        run was stopped)."""
+        joins: dict[bytes, Join] = {}
+        deadline = time.monotonic() + JOIN_TIMEOUT
+        while len(joins) < self.np:
+            message = self._next_control(deadline)
+            if message is None:
+                return None
+            if isinstance(message.record, Join):
+                joins[message.identity] = message.record
+        return joins
+
+    def _follow_launchers(self) -> None:
+        """Release the tasks once the launchers ended: mpirun's task reports once, Gloo tasks
+        each report their own rank."""
+        expected = 1 if self.launcher == "mpi" else self.np
+        while not self._released.is_set():
+            message = self._next_control(None)
+            if message is None or not isinstance(message.record, LauncherExit):
+                continue
+            code = message.record.code
+            self._launcher_exits.append(code)
+            if code and message.identity in self._rank_of:
+                rank, host = self._rank_of[message.identity]
+                self._deaths.append(death_of(rank, code, host))
+            if len(self._launcher_exits) >= expected:
+                self.release()
+
+    def _next_control(self, deadline: float | None) -> Message | None:
         while not self._released.is_set():
             if deadline is not None and time.monotonic() > deadline:
                 return None
             try:
-                event = self.hub.control.get(timeout=0.2)
+                message = self.hub.control.get(timeout=0.2)
             except queue.Empty:
                 continue
-            if event.kind == "launcher_log":
-                self.log.append(event.blob.decode("utf-8", errors="replace").rstrip("\n"))
+            if isinstance(message.record, LauncherLog):
+                self.log.append(message.blob.decode("utf-8", errors="replace").rstrip("\n"))
                 continue
-            return event
+            return message
         return None
 
-    def _serve_gloo_store(self, slots: dict[str, dict[str, Any]]) -> None:
+    def _serve_gloo_store(self, plan: SparkPlan) -> None:
         """Answer the tasks' relayed Gloo store requests from a store on the driver."""
-        store = GlooStore(slots.values())
+        store = GlooStore(plan.slots.values())
 
-        def answer(event: Event) -> tuple[str, dict[str, Any], bytes]:
-            status, value = store.request(
-                str(event.header.get("method")), str(event.header.get("path")), event.blob
-            )
-            return "stored", {"id": event.header.get("id"), "status": status}, value
+        def answer(message: Message) -> tuple[Record, bytes]:
+            request = message.record
+            assert isinstance(request, StoreRequest)
+            status, value = store.request(request.method, request.path, message.blob)
+            return StoreAnswer(request.id, status), value
 
-        self.hub.responders["store"] = answer
+        self.hub.responders[StoreRequest] = answer
 
-    def release(self, kind: str = "release") -> None:
-        """Let every task return (their slots and GPUs go back to Spark); "abort" kills first."""
+    def release(self, record: Release | Abort = Release()) -> None:  # noqa: B008 - immutable
+        """Let every task return (their slots and GPUs go back to Spark); ``Abort`` kills first."""
         self._released.set()
         for identity in self._tasks:
-            self.hub.send_to(identity, kind)
+            self.hub.send_to(identity, record)
 
     def poll(self) -> int | None:
         if not self._job.is_alive():
@@ -243,16 +207,16 @@ class SparkLauncher(Launcher):
         if not hasattr(self, "_job"):
             return
         if self._job.is_alive():
-            self.release("abort")
+            self.release(Abort())
             self._job.join(timeout=STOP_SECONDS)
         if self._job.is_alive():
             self.session.sparkContext.cancelJobGroup(self.group)
             self._job.join(timeout=10)
         self._released.set()
-        self.hub.responders.pop("store", None)
+        self.hub.responders.pop(StoreRequest, None)
 
     def deaths(self) -> list[RankDeath]:
-        if self.plan.launcher == "mpi":
+        if self.launcher == "mpi":
             return mpirun_deaths("\n".join(list(self.log)))
         return list(self._deaths)
 

@@ -1,7 +1,7 @@
 """What each Spark barrier task runs on its executor (imported there by reference).
 
-Every task reports itself to the notebook's hub (``join``: executor, address, GPUs, agent
-address) and gets the run's plan back: one rendezvous through the driver, not Spark's
+Every task reports itself to the notebook's hub (``Join``: executor, address, GPUs, agent
+address) and gets the run's ``Plan`` back: one rendezvous through the driver, not Spark's
 ``allGather`` (~1 s per call here). With MPI, the first task runs mpirun, and the first task of
 each executor serves the exec agent that starts that executor's share of the ranks. With Gloo,
 each task starts its own rank and serves it the rendezvous store on loopback, relaying to the
@@ -24,11 +24,24 @@ from typing import Any
 import psutil
 
 from ..hub import HubClient, RunKeys
-from ..worker import ENV_SLOT_GPUS
-from . import spawn, thread_budget_env
-from .agent import ENV_AGENT_TOKEN, ENV_AGENTS, ExecAgent
-from .local import mpirun_argv, stop_processes, stop_tree
-from .rendezvous import LoopbackStoreServer
+from ..protocol import (
+    ENV_AGENT_TOKEN,
+    ENV_AGENTS,
+    ENV_SLOT_GPUS,
+    Abort,
+    Join,
+    LauncherExit,
+    LauncherLog,
+    Plan,
+    Release,
+    SparkPlan,
+    StoreAnswer,
+    StoreRequest,
+)
+from .agent import ExecAgent
+from .gloo import LoopbackStoreServer, gloo_env
+from .mpirun import mpirun_argv
+from .processes import spawn, stop_processes, stop_tree, thread_budget_env, worker_command
 
 __all__ = ["TaskSpec", "barrier_task"]
 PLAN_TIMEOUT = 120.0
@@ -69,28 +82,27 @@ def barrier_task(spec: TaskSpec, _rows: Iterator[Any]) -> Iterator[int]:
     context = BarrierTaskContext.get()
     partition = context.partitionId()
     resources = context.resources()
-    join: dict[str, Any] = {
-        "partition": partition,
-        "executor": context.getTaskInfos()[partition].address,
-        "ip": own_address(spec.hub_address),
-        "gpus": list(resources["gpu"].addresses) if "gpu" in resources else [],
-        "python": sys.executable,
-    }
     client = HubClient(spec.hub_address, spec.hub_token, rank=-1)
-    agent = ExecAgent(join["ip"], spec.agent_keys, "", {}) if spec.launcher == "mpi" else None
-    if agent is not None:
-        join["agent"] = agent.address
-    client.send("join", join)
+    ip = own_address(spec.hub_address)
+    agent = ExecAgent(ip, spec.agent_keys, "", {}) if spec.launcher == "mpi" else None
+    join = Join(
+        partition=partition,
+        executor=context.getTaskInfos()[partition].address,
+        ip=ip,
+        gpus=list(resources["gpu"].addresses) if "gpu" in resources else [],
+        python=sys.executable,
+        agent=agent.address if agent is not None else "",
+    )
+    client.send(join)
     code = 1
     try:
         answer = client.receive(PLAN_TIMEOUT)
-        if answer is None or answer[0] != "plan":
+        if answer is None or not isinstance(answer.record, Plan):
             raise RuntimeError(
                 f"task {partition}: no launch plan from the notebook within {PLAN_TIMEOUT:.0f} s"
             )
-        plan = answer[1]
-        if spec.launcher == "mpi":
-            assert agent is not None
+        plan = answer.record.plan
+        if agent is not None:
             code = _mpi_task(spec, plan, partition, agent, client)
         else:
             code = _gloo_task(spec, plan, partition, client)
@@ -102,31 +114,25 @@ def barrier_task(spec: TaskSpec, _rows: Iterator[Any]) -> Iterator[int]:
     yield code
 
 
-def _my_host(plan: dict[str, Any], partition: int) -> dict[str, Any]:
-    return next(h for h in plan["hosts"] if partition in h["partitions"])
-
-
-def _mpi_task(
-    spec: TaskSpec, plan: dict[str, Any], partition: int, agent: ExecAgent, client: HubClient
-) -> int:
-    host = _my_host(plan, partition)
-    if host["partitions"][0] == partition:
-        agent.host_token = host["token"]
-        local_ranks = len(host["partitions"])
-        agent.host_env = {ENV_SLOT_GPUS: json.dumps(host["gpus"])} | thread_budget_env(
+def _mpi_task(spec: TaskSpec, plan: SparkPlan, partition: int, agent: ExecAgent, client: HubClient) -> int:
+    host = plan.host_of(partition)
+    if host.partitions[0] == partition:
+        agent.host_token = host.token
+        local_ranks = len(host.partitions)
+        agent.host_env = {ENV_SLOT_GPUS: json.dumps(host.gpus)} | thread_budget_env(
             local_ranks, local_ranks * spec.task_cpus, spec.env
         )
-    process = _start_mpirun(spec, plan) if partition == plan["mpirun_partition"] else None
+    process = _start_mpirun(spec, plan) if partition == plan.mpirun_partition else None
     return _hold_slot(client, process)
 
 
-def _start_mpirun(spec: TaskSpec, plan: dict[str, Any]) -> subprocess.Popen[bytes]:
-    agents = {h["token"]: h["agent"] for h in plan["hosts"]}
+def _start_mpirun(spec: TaskSpec, plan: SparkPlan) -> subprocess.Popen[bytes]:
+    agents = {host.token: host.agent for host in plan.hosts}
     argv = mpirun_argv(
         spec.np,
-        [sys.executable, "-m", "hvd_magic.worker"],
+        worker_command(),
         as_root=os.geteuid() == 0,
-        hosts=[(h["token"], len(h["partitions"])) for h in plan["hosts"]],
+        hosts=[(host.token, len(host.partitions)) for host in plan.hosts],
         rsh_agent=f"{sys.executable} -m hvd_magic.launch.agent",
         export_env=sorted(spec.env),
     )
@@ -134,26 +140,19 @@ def _start_mpirun(spec: TaskSpec, plan: dict[str, Any]) -> subprocess.Popen[byte
     return spawn(argv, dict(os.environ) | spec.env | secrets)
 
 
-def _gloo_task(spec: TaskSpec, plan: dict[str, Any], partition: int, client: HubClient) -> int:
-    slot = plan["slots"][str(partition)]
-    host = _my_host(plan, partition)
-    local_ranks = len(host["partitions"])
-    gpus = host["gpus"][slot["local_rank"]]
+def _gloo_task(spec: TaskSpec, plan: SparkPlan, partition: int, client: HubClient) -> int:
+    slot = plan.slots[partition]
+    host = plan.host_of(partition)
+    local_ranks = len(host.partitions)
     env = dict(os.environ) | spec.env | thread_budget_env(local_ranks, local_ranks * spec.task_cpus, spec.env)
     relay = HubClient(spec.hub_address, spec.hub_token, rank=-1)
     store = LoopbackStoreServer(functools.partial(_ask_driver, relay))
-    env |= {
-        "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
-        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(store.port),
-        "HOROVOD_CONTROLLER": "gloo",
-        "HOROVOD_CPU_OPERATIONS": "gloo",
-        "HOROVOD_GLOO_IFACE": interface_of(host["ip"]),
-    }
-    env |= {f"HOROVOD_{key.upper()}": str(value) for key, value in slot.items()}  # hostname too
+    env |= gloo_env(slot, store.port, interface_of(host.ip))
+    gpus = host.gpus[slot.local_rank]
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     try:
-        return _hold_slot(client, spawn([sys.executable, "-m", "hvd_magic.worker"], env))
+        return _hold_slot(client, spawn(worker_command(), env))
     finally:
         store.close()
         relay.close()
@@ -161,8 +160,10 @@ def _gloo_task(spec: TaskSpec, plan: dict[str, Any], partition: int, client: Hub
 
 def _ask_driver(relay: HubClient, method: str, path: str, body: bytes) -> tuple[int, bytes]:
     """The Gloo store backend of a task: the driver's store, over the run's CURVE channel."""
-    _, header, value = relay.ask("store", {"method": method, "path": path}, body, STORE_TIMEOUT)
-    return int(header["status"]), value
+    answer = relay.ask(StoreRequest(0, method, path), body, STORE_TIMEOUT)
+    if not isinstance(answer.record, StoreAnswer):
+        raise ValueError(f"the driver answered a store request with {answer.kind.value!r}")
+    return answer.record.status, answer.blob
 
 
 def _hold_slot(client: HubClient, process: subprocess.Popen[bytes] | None) -> int:
@@ -177,21 +178,21 @@ def _hold_slot(client: HubClient, process: subprocess.Popen[bytes] | None) -> in
             if reader is not None:
                 reader.join(timeout=5)
             code, reported = process.returncode, True
-            client.send("launcher_exit", {"code": code})
+            client.send(LauncherExit(code))
         answer = client.receive(timeout=0.2)
         if answer is None:
             continue
-        if answer[0] == "abort" and process is not None:
+        if isinstance(answer.record, Abort) and process is not None:
             stop_tree(process.pid)
             code = process.wait()
-        if answer[0] in ("release", "abort"):
+        if isinstance(answer.record, (Release, Abort)):
             return code
 
 
 def _forward(process: subprocess.Popen[bytes], client: HubClient) -> None:
     assert process.stdout is not None
     for line in process.stdout:
-        client.send("launcher_log", {}, line)
+        client.send(LauncherLog(), line)
 
 
 def _stop_children() -> None:

@@ -1,6 +1,6 @@
 """The live view's model: rank events in, plain state out. No widgets, no I/O.
 
-``RunModel.apply(event)`` folds one hub event into per-rank progress, metric series and
+``RunModel.apply(message)`` folds one rank message into per-rank progress, metric series and
 terminal-like logs; ``version`` counts changes so a view can redraw only when something moved.
 """
 
@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..hub import Event
+from ..protocol import Exit, Log, LogDecoder, Message, RankError, Reports, Started
 
 __all__ = ["RankProgress", "RunModel", "TerminalLog"]
 
@@ -110,7 +110,7 @@ class Series:
 
 
 class RunModel:
-    """Everything the live view shows, built from hub events."""
+    """Everything the live view shows, built from the ranks' messages."""
 
     def __init__(self, ranks: int) -> None:
         self.ranks = ranks
@@ -126,26 +126,27 @@ class RunModel:
         self.notices: list[str] = []
         self._count = [0] * ranks  # x for metrics reported without a step
         self._forwarded = [0] * ranks  # lines of each rank already in the "all" log
+        self._decoder = LogDecoder()
 
-    def apply(self, event: Event) -> None:
+    def apply(self, message: Message) -> None:
         self.events += 1
-        if not 0 <= event.rank < self.ranks:
+        rank, record = message.rank, message.record
+        if not 0 <= rank < self.ranks:
             return
-        progress = self.progress[event.rank]
-        if event.kind == "started":
-            progress.host = str(event.header.get("host", ""))
-        elif event.kind == "reports":
-            self._dropped[event.rank] = int(event.header.get("dropped", 0))  # cumulative per rank
-            for record in json.loads(event.blob):
-                self._report(event.rank, record)
-        elif event.kind == "log":
-            text = event.blob.decode("utf-8", errors="replace")
-            self.logs[event.rank].feed(text)
-            self._feed_all(event.rank)
-        elif event.kind == "error":
+        progress = self.progress[rank]
+        if isinstance(record, Started):
+            progress.host = record.host
+        elif isinstance(record, Reports):
+            self._dropped[rank] = record.dropped  # cumulative per rank
+            for report in json.loads(message.blob):
+                self._report(rank, report)
+        elif isinstance(record, Log):
+            self.logs[rank].feed(self._decoder.text(message))
+            self._feed_all(rank)
+        elif isinstance(record, RankError):
             progress.state = "failed"
-        elif event.kind == "exit":
-            progress.state = "done" if int(event.header.get("code", 1)) == 0 else "failed"
+        elif isinstance(record, Exit):
+            progress.state = "done" if record.code == 0 else "failed"
         else:
             return
         self.version += 1

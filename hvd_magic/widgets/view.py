@@ -1,7 +1,7 @@
 """The live view under a ``%%horovod`` cell: progress grid, metric curves, per-rank logs.
 
-Events are folded into the model as they arrive; the widgets are redrawn at most
-``MAX_UPDATES_PER_SECOND`` times a second, in one batch, whatever the event rate. When the run
+Messages are folded into the model as they arrive; the widgets are redrawn at most
+``MAX_UPDATES_PER_SECOND`` times a second, in one batch, whatever the message rate. When the run
 ends, the live widget is replaced in place by a static record of the final state (summary, grid,
 curves with their data, logs), so the saved notebook and its HTML export show it without
 widget state (plotly's streamed updates are not in its saved widget state).
@@ -17,7 +17,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 from IPython.display import display
 
-from ..hub import Event
+from ..protocol import Message
 from .render import final_html, grid_html, log_html, traces
 from .state import RunModel
 
@@ -76,8 +76,8 @@ class LiveView:
         self.model.notices.append(text)
         self.model.version += 1
 
-    def event(self, event: Event) -> None:
-        self.model.apply(event)
+    def message(self, message: Message) -> None:
+        self.model.apply(message)
 
     def tick(self) -> None:
         now = self.clock()

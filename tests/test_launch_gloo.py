@@ -1,77 +1,34 @@
+"""Horovod's Gloo layout and environment, and the loopback rendezvous store (real sockets)."""
+
 from __future__ import annotations
 
+import http.client
 import socket
+import subprocess
+import sys
 
 import pytest
 
-from hvd_magic.launch import thread_budget_env
-from hvd_magic.launch.local import mpirun_argv
+from hvd_magic.launch.gloo import GlooStore, LoopbackStoreServer, gloo_env, gloo_slots
 
 
-def test_mpirun_argv_local():
-    assert mpirun_argv(2, ["python", "-m", "w"], as_root=True) == [
-        "mpirun", "--allow-run-as-root", "-np", "2", "--bind-to", "none", "--map-by", "slot",
-        "--mca", "pml", "ob1", "--mca", "rtc_hwloc_vmhole", "none",
-        "--oversubscribe", "--mca", "btl", "self,vader", "python", "-m", "w",
-    ]  # fmt: skip
-
-
-def test_mpirun_argv_hosts_and_agent_never_use_horovodrun_btl_flag():
-    argv = mpirun_argv(
-        4, ["w"], hosts=[("10.0.0.1", 2), ("10.0.0.2", 2)], rsh_agent="agent", export_env=["A"]
+def test_gloo_slots_number_ranks_host_by_host_and_become_horovods_environment():
+    slots = gloo_slots([("h0", 2), ("h1", 1)])
+    assert [(s.hostname, s.rank, s.local_rank, s.cross_rank) for s in slots] == [
+        ("h0", 0, 0, 0),
+        ("h0", 1, 1, 0),
+        ("h1", 2, 0, 1),
+    ]
+    env = gloo_env(slots[2], 4242, "lo")
+    assert env["HOROVOD_RANK"] == "2" and env["HOROVOD_SIZE"] == "3" and env["HOROVOD_HOSTNAME"] == "h1"
+    assert env["HOROVOD_LOCAL_SIZE"] == "1" and env["HOROVOD_CROSS_SIZE"] == "2"
+    assert (
+        env["HOROVOD_GLOO_RENDEZVOUS_ADDR"] == "127.0.0.1" and env["HOROVOD_GLOO_RENDEZVOUS_PORT"] == "4242"
     )
-    assert argv[argv.index("-H") + 1] == "10.0.0.1:2,10.0.0.2:2"
-    assert argv[argv.index("plm_rsh_agent") + 1] == "agent"
-    assert argv[argv.index("-x") + 1] == "A"
-    assert "^openib" not in argv and "--allow-run-as-root" not in argv
-
-
-def test_thread_budget_divides_cores_among_local_ranks(monkeypatch):
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    env = thread_budget_env(local_ranks=2, cores=8, user_env={})
-    assert env["OMP_NUM_THREADS"] == "4" and env["TF_NUM_INTRAOP_THREADS"] == "4"
-    assert thread_budget_env(local_ranks=4, cores=2, user_env={})["OMP_NUM_THREADS"] == "1"
-    assert thread_budget_env(local_ranks=2, cores=8, user_env={"OMP_NUM_THREADS": "3"}) == {}
-
-
-def test_spark_plan_groups_tasks_by_executor_and_numbers_ranks_host_by_host():
-    from hvd_magic.launch.spark import make_plan
-
-    tasks = [
-        (0, "a:1", "10.0.0.1", 0),
-        (1, "b:1", "10.0.0.2", 0),
-        (2, "a:1", "10.0.0.1", 1),
-        (3, "b:1", "10.0.0.2", 1),
-    ]
-    joins = [
-        {"partition": p, "executor": e, "ip": ip, "gpus": [str(g)], "agent": f"tcp://{ip}:1"}
-        for p, e, ip, g in tasks
-    ]
-    plan = make_plan(list(reversed(joins)), "gloo")
-    assert [(h["token"], h["partitions"], h["gpus"]) for h in plan["hosts"]] == [
-        ("hvd-host-0", [0, 2], [["0"], ["1"]]),
-        ("hvd-host-1", [1, 3], [["0"], ["1"]]),
-    ]
-    assert plan["mpirun_partition"] == 0
-    assert plan["slots"]["2"] == {
-        "hostname": "hvd-host-0",
-        "rank": 1, "size": 4, "local_rank": 1, "local_size": 2, "cross_rank": 0, "cross_size": 2,
-    }  # fmt: skip
-    assert plan["slots"]["1"]["rank"] == 2
-
-
-def test_gpu_for_local_rank():
-    from hvd_magic.worker import gpu_for_local_rank
-
-    assert gpu_for_local_rank('[["0"], ["1"]]', 1) == "1"
-    assert gpu_for_local_rank('[["0", "1"], ["2", "3"]]', 1) == "2,3"
-    assert gpu_for_local_rank(None, 0) is None
-    assert gpu_for_local_rank("[[]]", 0) is None
+    assert env["HOROVOD_CONTROLLER"] == "gloo" and env["HOROVOD_GLOO_IFACE"] == "lo"
 
 
 def test_gloo_store_keeps_horovods_semantics():
-    from hvd_magic.launch.rendezvous import GlooStore, gloo_slots
-
     store = GlooStore(gloo_slots([("h0", 2), ("h1", 2)]))
     assert store.request("GET", "/global/0") == (404, b"")
     assert store.request("PUT", "/global/0", b"addr-0") == (200, b"")
@@ -106,12 +63,6 @@ print(connection.getresponse().status, flush=True)
 
 
 def test_gloo_store_serves_its_own_processes_only():
-    import http.client
-    import subprocess
-    import sys
-
-    from hvd_magic.launch.rendezvous import GlooStore, LoopbackStoreServer, gloo_slots
-
     def probe(*args: str) -> str:  # a child of this process: one of "our ranks"
         argv = [sys.executable, "-c", PROBE, str(server.port), *args]
         return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout.strip()
@@ -151,18 +102,3 @@ def test_gloo_store_serves_its_own_processes_only():
         assert probe("GET", "/global/0") == "200"
     finally:
         server.close()
-
-
-def test_mpirun_reports_name_the_rank_that_ended_first():
-    """Open MPI 4.1's own words, as seen in runs here."""
-    from hvd_magic.launch import death_of, mpirun_deaths
-
-    signal_report = "mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed)."
-    assert mpirun_deaths(signal_report) == [death_of(1, -9, "vm")]
-    assert "signal 9 (SIGKILL)" in death_of(1, -9).what and "out-of-memory" in death_of(1, -9).what
-    improper = "mpirun has exited due to process rank 3 with PID 0 on\nnode hvd-host-1 exiting improperly."
-    [found] = mpirun_deaths(improper)
-    assert (found.rank, found.host) == (3, "hvd-host-1") and "os._exit" in found.what
-    code = "The first process to do so was:\n\n  Process name: [[5860,1],2]\n  Exit code:    3\n"
-    assert mpirun_deaths(code) == [death_of(2, 3)]
-    assert mpirun_deaths("Primary job  terminated normally") == []

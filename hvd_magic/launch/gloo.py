@@ -1,4 +1,5 @@
-"""Horovod's Gloo rendezvous store, served on loopback to this host's own ranks only.
+"""Horovod's Gloo controller: the rank layout, the ranks' environment, and the rendezvous store,
+served on loopback to this host's own ranks only.
 
 Gloo's C++ client speaks plain HTTP (a new connection per request) and cannot send a secret.
 So no store listens on the network at all. Each host serves the store on 127.0.0.1 and
@@ -19,31 +20,33 @@ from typing import Any
 
 import psutil
 
-__all__ = ["GlooStore", "LoopbackStoreServer", "gloo_slots"]
+from ..protocol import GlooSlot
+
+__all__ = ["GlooStore", "LoopbackStoreServer", "gloo_env", "gloo_slots"]
 
 MAX_VALUE_BYTES = 64 << 20  # Gloo stores addresses: ~150 bytes per peer per rank
 Backend = Callable[[str, str, bytes], tuple[int, bytes]]
 
 
-def gloo_slots(hosts: list[tuple[str, int]]) -> list[dict[str, Any]]:
-    """Horovod's rank layout for ``(hostname, ranks there)`` pairs, in rank order: one dict per
-    rank with the ``HOROVOD_*`` values (hostname, rank, size, local and cross rank and size)."""
+def gloo_slots(hosts: list[tuple[str, int]]) -> list[GlooSlot]:
+    """Horovod's rank layout for ``(hostname, ranks there)`` pairs, in rank order."""
     size = sum(count for _, count in hosts)
-    slots: list[dict[str, Any]] = []
+    slots: list[GlooSlot] = []
     for cross_rank, (hostname, count) in enumerate(hosts):
         for local_rank in range(count):
-            slots.append(
-                {
-                    "hostname": hostname,
-                    "rank": len(slots),
-                    "size": size,
-                    "local_rank": local_rank,
-                    "local_size": count,
-                    "cross_rank": cross_rank,
-                    "cross_size": len(hosts),
-                }
-            )
+            slots.append(GlooSlot(hostname, len(slots), size, local_rank, count, cross_rank, len(hosts)))
     return slots
+
+
+def gloo_env(slot: GlooSlot, store_port: int, interface: str) -> dict[str, str]:
+    """A rank's environment for Horovod's Gloo controller, its store on this host's loopback."""
+    return slot.env() | {
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(store_port),
+        "HOROVOD_CONTROLLER": "gloo",
+        "HOROVOD_CPU_OPERATIONS": "gloo",
+        "HOROVOD_GLOO_IFACE": interface,
+    }
 
 
 class GlooStore:
@@ -51,16 +54,15 @@ class GlooStore:
     DELETE. A DELETE in a planned scope (global, local_HOST, cross_N) records that rank as
     finished; when all of the scope's ranks have, the scope is cleared for the next rendezvous."""
 
-    def __init__(self, slots: Iterable[dict[str, Any]]) -> None:
-        """``slots``: as ``gloo_slots`` makes them."""
+    def __init__(self, slots: Iterable[GlooSlot]) -> None:
         self._lock = threading.Lock()
         self._values: dict[str, dict[str, bytes]] = {}
         self._finished: dict[str, set[str]] = {}
         self._scope_size: dict[str, int] = {}
         for slot in slots:
-            self._scope_size["global"] = int(slot["size"])
-            self._scope_size[f"local_{slot['hostname']}"] = int(slot["local_size"])
-            self._scope_size[f"cross_{slot['local_rank']}"] = int(slot["cross_size"])
+            self._scope_size["global"] = slot.size
+            self._scope_size[f"local_{slot.hostname}"] = slot.local_size
+            self._scope_size[f"cross_{slot.local_rank}"] = slot.cross_size
 
     def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
         """Answer one request: (HTTP status, body)."""

@@ -12,7 +12,7 @@ from IPython.core.error import UsageError
 
 from hvd_magic import CaptureError, RankFailedError
 
-from .conftest import leftover_processes
+from .helpers import leftover_processes
 
 STARTUP_ALLOWANCE = 10  # seconds to start 2 ranks importing torch + horovod on a loaded machine
 
@@ -133,39 +133,6 @@ def test_a_rank_killed_without_a_word_is_named_not_the_rank_it_took_down(ip, lau
         and "killed by signal 9 (SIGKILL)" in message
     ), message
     assert "rank 0 on" not in message.split(";")[0]
-    assert leftover_processes() == []
-
-
-def test_the_cause_is_preferred_over_errors_it_caused():
-    from hvd_magic.engine import _RunState
-    from hvd_magic.hub import Event
-
-    state = _RunState(ranks=2)
-    shut_down = {"exc_type": "HorovodInternalError", "message": "Horovod has been shut down. This was caused"}
-    state.apply(Event("error", 0, shut_down))
-    assert state.cause is None and state.first_error is not None and state.first_error.rank == 0
-    state.apply(Event("error", 0, {"exc_type": "KeyboardInterrupt", "message": ""}))  # our own stop
-    assert state.cause is None
-    state.apply(Event("error", 1, {"exc_type": "ValueError", "message": "bad shard"}))
-    assert state.cause is not None and state.cause.rank == 1 and state.first_error.rank == 1
-    tensorflow = _RunState(ranks=2)  # TensorFlow raises its own type with Horovod's message
-    tensorflow.apply(
-        Event("error", 0, {"exc_type": "UnknownError", "message": "Horovod has been shut down."})
-    )
-    assert tensorflow.cause is None
-
-
-def test_horovod_runner_returns_rank0_value():
-    from hvd_magic import HorovodRunner
-
-    def main(base):
-        import horovod.torch as hvd
-        import torch
-
-        hvd.init()
-        return hvd.allreduce(torch.tensor([base + hvd.rank()]), op=hvd.Sum).item()
-
-    assert HorovodRunner(np=-2).run(main, base=10.0) == 21.0
     assert leftover_processes() == []
 
 

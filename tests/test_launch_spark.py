@@ -1,19 +1,29 @@
-"""%%horovod np=N on a real local-cluster: two executor JVMs, fake GPUs, real mpirun/Gloo."""
+"""%%horovod np=N on a real local-cluster: two executor JVMs, fake GPUs, real mpirun/Gloo.
+The plan the driver makes is also tested pure."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import signal
-import threading
 import time
 
-import psutil
 import pytest
 
 from hvd_magic import HorovodRunner, LaunchError, RankFailedError, RunError, RunInterrupted
 from hvd_magic.launch import spark as spark_launch
+from hvd_magic.launch.spark_session import check_slots
+from hvd_magic.protocol import Join, SparkPlan
 
-from .conftest import RUN_MARKERS, leftover_processes, wait_for_files
+from .helpers import (
+    ALLREDUCE_FOREVER,
+    executor_processes,
+    gone_within,
+    leftover_processes,
+    waiting_cell,
+    when_started,
+)
 from .spark_fixtures import fake_gpu_script, spark_session
 
 REPORT_CELL = """
@@ -39,7 +49,7 @@ def cluster(tmp_path_factory):
         "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "1",
     }
     with spark_session("local-cluster[2,2,1024]", conf) as session:
-        spark_launch.check_slots(session, 4, wait=60)  # executors register after the session starts
+        check_slots(session, 4, wait=60)  # executors register after the session starts
         yield session
 
 
@@ -57,19 +67,43 @@ def plans(monkeypatch):
     return made
 
 
+def test_spark_plan_groups_tasks_by_executor_and_numbers_ranks_host_by_host():
+    tasks = [
+        (0, "a:1", "10.0.0.1", 0),
+        (1, "b:1", "10.0.0.2", 0),
+        (2, "a:1", "10.0.0.1", 1),
+        (3, "b:1", "10.0.0.2", 1),
+    ]
+    joins = [
+        Join(partition=p, executor=e, ip=ip, gpus=[str(g)], agent=f"tcp://{ip}:1") for p, e, ip, g in tasks
+    ]
+    plan = spark_launch.make_plan(list(reversed(joins)), "gloo")
+    assert [(h.token, h.partitions, h.gpus) for h in plan.hosts] == [
+        ("hvd-host-0", [0, 2], [["0"], ["1"]]),
+        ("hvd-host-1", [1, 3], [["0"], ["1"]]),
+    ]
+    assert plan.mpirun_partition == 0
+    assert dataclasses.asdict(plan.slots[2]) == {
+        "hostname": "hvd-host-0",
+        "rank": 1, "size": 4, "local_rank": 1, "local_size": 2, "cross_rank": 0, "cross_size": 2,
+    }  # fmt: skip
+    assert plan.slots[1].rank == 2
+    assert SparkPlan.from_json(json.loads(json.dumps(plan.to_json()))) == plan  # as the tasks get it
+
+
 def test_np4_spreads_over_both_executors_with_each_rank_on_its_slots_gpu(ip, cluster, plans):
     ranks = ip.run_cell_magic("horovod", "np=4", REPORT_CELL)
     assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
     assert {r["size"] for r in ranks} == {4} and {r["sum"] for r in ranks} == {10.0}
     (plan,) = plans
-    assert len(plan["hosts"]) == 2 and len({h["executor"] for h in plan["hosts"]}) == 2
+    assert len(plan.hosts) == 2 and len({h.executor for h in plan.hosts}) == 2
     # Every rank was started through the exec agent of its executor, none by ssh.
     assert sorted(r["host"] for r in ranks) == ["hvd-host-0", "hvd-host-0", "hvd-host-1", "hvd-host-1"]
-    gpus_by_host = {h["token"]: h["gpus"] for h in plan["hosts"]}
+    gpus_by_host = {h.token: h.gpus for h in plan.hosts}
     for rank in ranks:
         assert [rank["gpus"]] == gpus_by_host[rank["host"]][rank["local_rank"]]
-    for host in plan["hosts"]:
-        assert sorted(g for [g] in host["gpus"]) == ["0", "1"]  # two slots, two different GPUs
+    for host in plan.hosts:
+        assert sorted(g for [g] in host.gpus) == ["0", "1"]  # two slots, two different GPUs
     assert {r["threads"] for r in ranks} == {"1"}  # spark.task.cpus=1 per rank
     assert leftover_processes() == []
 
@@ -83,7 +117,7 @@ def test_gloo_launcher_on_spark_serves_its_store_to_its_ranks_only(ip, cluster, 
             forged[rank] = (host, _answer_to_a_forged_request(host, int(port)))
         (tmp_path / "go").touch()
 
-    _when_started(tmp_path, 4, forge)
+    when_started(tmp_path, 4, forge)
     cell = (
         "import os, pathlib, horovod.torch as hvd\nhvd.init()\n"
         f"d = pathlib.Path({str(tmp_path)!r})\n"
@@ -156,7 +190,7 @@ def test_a_rank_killed_on_an_executor_is_named(ip, cluster, launcher):
     assert "rank 2 was killed by signal 9 (SIGKILL)" in message or (
         isinstance(info.value, RankFailedError) and info.value.rank == 2 and "signal 9" in message
     ), message
-    assert _gone_within(10) == []
+    assert gone_within(10) == []
 
 
 def rank_sum():
@@ -205,73 +239,27 @@ def test_run_secrets_never_appear_on_command_lines(ip, cluster, monkeypatch):
             assert secret.decode() not in table
 
 
-def _cmdline(process: psutil.Process) -> str:
-    try:
-        return " ".join(process.cmdline())
-    except psutil.Error:  # gone, or a zombie, since it was listed
-        return ""
-
-
-def _run_processes_anywhere() -> list[str]:
-    """Rank-side processes anywhere on the machine (on Spark they are the executors' children)."""
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        cmdline = " ".join(process.info["cmdline"] or [])
-        if any(marker in cmdline for marker in RUN_MARKERS):
-            found.append(f"{process.pid}: {cmdline[:200]}")
-    return found
-
-
-def _when_started(tmp_path, ranks: int, action) -> threading.Thread:
-    markers = [tmp_path / f"started-{r}" for r in range(ranks)]
-
-    def wait_then_act() -> None:
-        wait_for_files(markers, timeout=120)
-        action()
-
-    thread = threading.Thread(target=wait_then_act, daemon=True)
-    thread.start()
-    return thread
-
-
-def _waiting_cell(tmp_path) -> str:
-    return (
-        "import time, pathlib, horovod.torch as hvd, torch\nhvd.init()\n"
-        f"pathlib.Path({str(tmp_path)!r}, f'started-{{hvd.rank()}}').touch()\n"
-        "for _ in range(3000):\n    hvd.allreduce(torch.tensor([1.0]))\n    time.sleep(0.1)\n"
-    )
-
-
-def _gone_within(seconds: float) -> list[str]:
-    deadline = time.monotonic() + seconds
-    while (left := _run_processes_anywhere()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return left
-
-
 def test_interrupt_on_spark_stops_every_rank_on_every_executor(ip, cluster, tmp_path):
     interrupted = []
-    _when_started(
+    when_started(
         tmp_path, 4, lambda: (interrupted.append(time.monotonic()), os.kill(os.getpid(), signal.SIGINT))
     )
     with pytest.raises(RunInterrupted):
-        ip.run_cell_magic("horovod", "np=4", _waiting_cell(tmp_path))
+        ip.run_cell_magic("horovod", "np=4", waiting_cell(tmp_path, wait=ALLREDUCE_FOREVER))
     elapsed = time.monotonic() - interrupted[0]
     assert elapsed < 5, f"the interrupt took {elapsed:.1f} s"
-    assert _gone_within(1) == []
+    assert gone_within(1) == []
     assert HorovodRunner(np=2).run(rank_sum()) == 3.0  # the next run works
 
 
 def test_executor_lost_mid_run_is_a_clear_error(ip, cluster, tmp_path):
-    executors = [
-        p for p in psutil.Process().children(recursive=True) if "CoarseGrainedExecutorBackend" in _cmdline(p)
-    ]
+    executors = executor_processes()
     assert len(executors) == 2
     killed = []
-    _when_started(tmp_path, 4, lambda: (killed.append(time.monotonic()), executors[1].kill()))
+    when_started(tmp_path, 4, lambda: (killed.append(time.monotonic()), executors[1].kill()))
     with pytest.raises((RankFailedError, RunError)) as info:
-        ip.run_cell_magic("horovod", "np=4", _waiting_cell(tmp_path))
+        ip.run_cell_magic("horovod", "np=4", waiting_cell(tmp_path, wait=ALLREDUCE_FOREVER))
     assert killed, f"the run ended before the executor was killed: {info.value}"
     assert time.monotonic() - killed[0] < 30
     assert info.value is not None and str(info.value)
-    assert _gone_within(10) == []
+    assert gone_within(10) == []

@@ -10,7 +10,10 @@ import sys
 import pytest
 
 from hvd_magic.hub import HubClient, RunKeys
-from hvd_magic.launch.agent import ENV_AGENT_TOKEN, ENV_AGENTS, ExecAgent
+from hvd_magic.launch.agent import ExecAgent
+from hvd_magic.protocol import ENV_AGENT_TOKEN, ENV_AGENTS, Exec
+
+from .helpers import forged_token
 
 
 @pytest.fixture
@@ -42,10 +45,8 @@ def test_rsh_client_runs_command_through_agent(agent):
 
 
 def test_wrong_keys_run_nothing(agent):
-    forged = RunKeys.generate()
-    token = b",".join([agent.keys.server_public, forged.client_public, forged.client_secret]).decode()
-    client = HubClient(agent.address, token, rank=-1)
-    client.send("exec", {"command": "touch /tmp/hvd_magic-should-not-exist"})
+    client = HubClient(agent.address, forged_token(agent.keys.server_public), rank=-1)
+    client.send(Exec("touch /tmp/hvd_magic-should-not-exist"))
     assert client.receive(timeout=2) is None
     client.close()
     assert agent.launches == 0 and agent.refused_handshakes >= 1

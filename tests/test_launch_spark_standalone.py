@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import leftover_processes
+from .helpers import leftover_processes
 from .spark_fixtures import spark_session, standalone_cluster
 
 CELL = """

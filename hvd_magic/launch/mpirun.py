@@ -1,0 +1,62 @@
+"""Open MPI's ``mpirun``: the command line we give it, and what its report says about a death."""
+
+from __future__ import annotations
+
+import re
+
+from .processes import RankDeath, death_of
+
+__all__ = ["mpirun_argv", "mpirun_deaths"]
+
+
+def mpirun_argv(
+    np: int,
+    command: list[str],
+    *,
+    as_root: bool = False,
+    hosts: list[tuple[str, int]] | None = None,
+    rsh_agent: str | None = None,
+    export_env: list[str] | tuple[str, ...] = (),
+) -> list[str]:
+    """The mpirun command line for ``np`` ranks of ``command``.
+
+    Not horovodrun's flags: its ``-mca btl ^openib`` re-enables the ofi BTL (+1 s at shutdown
+    here); ``pml ob1`` skips probing for psm/psm2 fabrics.
+    """
+    argv = ["mpirun"]
+    if as_root:
+        argv.append("--allow-run-as-root")
+    argv += ["-np", str(np), "--bind-to", "none", "--map-by", "slot", "--mca", "pml", "ob1"]
+    # mpirun maps its hwloc topology into shared memory at an address it guesses from its own
+    # memory map; under Spark that guess sometimes lands on a mapped page and mpirun segfaults
+    # (hwloc_shmem_topology_write). Ranks do not need the shared copy.
+    argv += ["--mca", "rtc_hwloc_vmhole", "none"]
+    if hosts:
+        argv += ["-H", ",".join(f"{host}:{slots}" for host, slots in hosts)]
+        argv += ["--mca", "btl", "self,vader,tcp"]
+    else:
+        argv += ["--oversubscribe", "--mca", "btl", "self,vader"]
+    if rsh_agent:
+        argv += ["--mca", "plm_rsh_agent", rsh_agent]
+    for name in export_env:
+        argv += ["-x", name]
+    return argv + command
+
+
+_MPIRUN_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on\s+node (\S+) exited on signal (\d+)")
+_MPIRUN_IMPROPER = re.compile(r"process rank (\d+) with PID \d+ on\s+node (\S+) exiting improperly")
+_MPIRUN_CODE = re.compile(
+    r"The first process to do so was:\s+Process name:\s+\[\[\d+,\d+\],(\d+)\]\s+Exit code:\s+(\d+)"
+)
+
+
+def mpirun_deaths(output: str) -> list[RankDeath]:
+    """The rank mpirun saw end first, from its own report (Open MPI 4); [] if it reported none."""
+    if found := _MPIRUN_SIGNAL.search(output):
+        return [death_of(int(found[1]), -int(found[3]), found[2])]
+    if found := _MPIRUN_IMPROPER.search(output):
+        what = "exited without shutting down (os._exit, or a crash outside Python)"
+        return [RankDeath(int(found[1]), what, found[2])]
+    if found := _MPIRUN_CODE.search(output):
+        return [death_of(int(found[1]), int(found[2]))]
+    return []

@@ -1,0 +1,19 @@
+"""Environment variables of the processes a run starts. Secrets travel here, never on argv."""
+
+from __future__ import annotations
+
+__all__ = [
+    "ENV_AGENTS",
+    "ENV_AGENT_TOKEN",
+    "ENV_HUB",
+    "ENV_SLOT_GPUS",
+    "ENV_TOKEN",
+    "ENV_VIA_AGENT",
+]
+
+ENV_HUB = "HVD_MAGIC_HUB"  # the hub's address, for the worker
+ENV_TOKEN = "HVD_MAGIC_TOKEN"  # the run's client keys (RunKeys.client_token), for the worker
+ENV_SLOT_GPUS = "HVD_MAGIC_SLOT_GPUS"  # JSON list: local rank -> GPU addresses of its Spark slot
+ENV_AGENTS = "HVD_MAGIC_AGENTS"  # JSON: host token -> exec agent address, for the rsh client
+ENV_AGENT_TOKEN = "HVD_MAGIC_AGENT_TOKEN"  # the agents' client keys, for the rsh client
+ENV_VIA_AGENT = "HVD_MAGIC_VIA_AGENT"  # set on what an agent starts: its host token

@@ -1,0 +1,318 @@
+"""The one protocol between the notebook, the Spark tasks, the exec agents and the ranks.
+
+A message is three ZeroMQ frames: its kind, a JSON header (the record's fields and the sender's
+rank, -1 for a task or an rsh client) and a blob of raw bytes. Each kind has one typed record
+here; nothing else in the package spells a kind. Who sends what:
+
+=============  =======================  ==================  ================================
+kind           from → to                record              blob
+=============  =======================  ==================  ================================
+hello          rank → hub               ``Hello``           —
+payload        hub → rank               ``Payload``         the pickled cell or function
+started        rank → hub               ``Started``         —
+log            rank → hub               ``Log``             stdout/stderr bytes, as written
+reports        rank → hub               ``Reports``         JSON list of ``report()`` records
+error          rank → hub               ``RankError``       —
+result         rank 0 → hub             ``Result``          pickled (value, returned names)
+file           rank 0 → hub             ``FileChunk``       a piece of the Horovod Timeline
+exit           rank → hub, agent → rsh  ``Exit``            —
+join           task → driver            ``Join``            —
+plan           driver → task            ``Plan``            —
+launcher_log   task → driver            ``LauncherLog``     a line of mpirun's (or a rank's) output
+launcher_exit  task → driver            ``LauncherExit``    —
+release        driver → task            ``Release``         —
+abort          driver → task            ``Abort``           —
+store          task → driver            ``StoreRequest``    a Gloo store PUT body
+stored         driver → task            ``StoreAnswer``     the stored value
+exec           rsh client → agent       ``Exec``            —
+output         agent → rsh client       ``Output``          the command's output bytes
+ping, pong     rsh client ⇄ agent       ``Ping``, ``Pong``  —
+kill           rsh client → agent       ``Kill``            —
+=============  =======================  ==================  ================================
+
+A new kind is one ``Kind`` member, one record class and one row in this table.
+"""
+
+from __future__ import annotations
+
+import codecs
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, ClassVar, TypeVar
+
+from .plan import SparkPlan
+
+__all__ = [
+    "CONTROL_RECORDS", "Abort", "Exec", "Exit", "FileChunk", "Hello", "Join", "Kill", "Kind",
+    "LauncherExit", "LauncherLog", "Log", "LogDecoder", "Message", "Output", "Payload", "Ping",
+    "Plan", "Pong",
+    "RankError", "Record", "Release", "Reports", "Result", "Started", "StoreAnswer", "StoreRequest",
+    "decode", "encode",
+]  # fmt: skip
+
+
+class Kind(str, Enum):
+    HELLO = "hello"
+    PAYLOAD = "payload"
+    STARTED = "started"
+    LOG = "log"
+    REPORTS = "reports"
+    ERROR = "error"
+    RESULT = "result"
+    FILE = "file"
+    EXIT = "exit"
+    JOIN = "join"
+    PLAN = "plan"
+    LAUNCHER_LOG = "launcher_log"
+    LAUNCHER_EXIT = "launcher_exit"
+    RELEASE = "release"
+    ABORT = "abort"
+    STORE = "store"
+    STORED = "stored"
+    EXEC = "exec"
+    OUTPUT = "output"
+    PING = "ping"
+    PONG = "pong"
+    KILL = "kill"
+
+
+class Record:
+    """Base of the typed records; ``KIND`` names the kind on the wire."""
+
+    KIND: ClassVar[Kind]
+
+    def header(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any]) -> Record:
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        return cls(**{k: v for k, v in header.items() if k in names})
+
+
+R = TypeVar("R", bound=type[Record])
+_RECORDS: dict[Kind, type[Record]] = {}
+
+
+def _kind(kind: Kind) -> Callable[[R], R]:
+    def register(cls: R) -> R:
+        cls.KIND = kind
+        _RECORDS[kind] = cls
+        return cls
+
+    return register
+
+
+@_kind(Kind.HELLO)
+@dataclass(frozen=True)
+class Hello(Record):
+    """A rank's first message; the hub answers with the payload."""
+
+
+@_kind(Kind.PAYLOAD)
+@dataclass(frozen=True)
+class Payload(Record):
+    pass
+
+
+@_kind(Kind.STARTED)
+@dataclass(frozen=True)
+class Started(Record):
+    host: str
+    pid: int
+    local_rank: int
+    size: int
+
+
+@_kind(Kind.LOG)
+@dataclass(frozen=True)
+class Log(Record):
+    stream: str = "stdout"  # or "stderr"
+
+
+@_kind(Kind.REPORTS)
+@dataclass(frozen=True)
+class Reports(Record):
+    dropped: int = 0  # records this rank dropped so far (its buffer was full)
+
+
+@_kind(Kind.ERROR)
+@dataclass(frozen=True)
+class RankError(Record):
+    host: str = ""
+    exc_type: str = "Exception"
+    message: str = ""
+    traceback: str = ""
+
+
+@_kind(Kind.RESULT)
+@dataclass(frozen=True)
+class Result(Record):
+    pass
+
+
+@_kind(Kind.FILE)
+@dataclass(frozen=True)
+class FileChunk(Record):
+    name: str
+    last: bool = False
+
+
+@_kind(Kind.EXIT)
+@dataclass(frozen=True)
+class Exit(Record):
+    code: int
+
+
+@_kind(Kind.JOIN)
+@dataclass(frozen=True)
+class Join(Record):
+    """A barrier task introduces itself: where it runs, its GPUs, its exec agent (mpi)."""
+
+    partition: int
+    executor: str
+    ip: str
+    gpus: list[str] = field(default_factory=list)
+    python: str = ""
+    agent: str = ""
+
+
+@_kind(Kind.PLAN)
+@dataclass(frozen=True)
+class Plan(Record):
+    plan: SparkPlan
+
+    def header(self) -> dict[str, Any]:
+        return {"plan": self.plan.to_json()}
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any]) -> Record:
+        return cls(SparkPlan.from_json(header["plan"]))
+
+
+@_kind(Kind.LAUNCHER_LOG)
+@dataclass(frozen=True)
+class LauncherLog(Record):
+    pass
+
+
+@_kind(Kind.LAUNCHER_EXIT)
+@dataclass(frozen=True)
+class LauncherExit(Record):
+    code: int
+
+
+@_kind(Kind.RELEASE)
+@dataclass(frozen=True)
+class Release(Record):
+    """The run is over: the task returns and its slot goes back to Spark."""
+
+
+@_kind(Kind.ABORT)
+@dataclass(frozen=True)
+class Abort(Record):
+    """Stop what the task started, then return."""
+
+
+@_kind(Kind.STORE)
+@dataclass(frozen=True)
+class StoreRequest(Record):
+    id: int
+    method: str
+    path: str
+
+
+@_kind(Kind.STORED)
+@dataclass(frozen=True)
+class StoreAnswer(Record):
+    id: int
+    status: int
+
+
+@_kind(Kind.EXEC)
+@dataclass(frozen=True)
+class Exec(Record):
+    command: str
+
+
+@_kind(Kind.OUTPUT)
+@dataclass(frozen=True)
+class Output(Record):
+    stream: str = "stdout"
+
+
+@_kind(Kind.PING)
+@dataclass(frozen=True)
+class Ping(Record):
+    pass
+
+
+@_kind(Kind.PONG)
+@dataclass(frozen=True)
+class Pong(Record):
+    pass
+
+
+@_kind(Kind.KILL)
+@dataclass(frozen=True)
+class Kill(Record):
+    pass
+
+
+# What Spark tasks tell the driver's launcher (the hub queues them apart from rank events).
+CONTROL_RECORDS = (Join, LauncherLog, LauncherExit)
+
+
+@dataclass
+class Message:
+    """One message: its record, the sender's rank, the blob; ``identity`` is the sender's
+    connection, on the receiving side (to answer it)."""
+
+    record: Record
+    rank: int = -1
+    blob: bytes = b""
+    identity: bytes = b""
+
+    @property
+    def kind(self) -> Kind:
+        return self.record.KIND
+
+
+def encode(record: Record, rank: int = -1, blob: bytes = b"") -> list[bytes]:
+    """The frames of one message (the connection's identity frame is the transport's)."""
+    header = {"rank": rank, **record.header()}
+    return [record.KIND.value.encode(), json.dumps(header).encode(), blob]
+
+
+def decode(frames: list[bytes], identity: bytes = b"") -> Message | None:
+    """The message in ``frames`` (kind, header, blob), or None if it is not one of ours."""
+    if len(frames) != 3:
+        return None
+    kind_raw, header_raw, blob = frames
+    try:
+        record_class = _RECORDS[Kind(kind_raw.decode())]
+        header = json.loads(header_raw)
+        rank = int(header.pop("rank", -1))
+        record = record_class.from_header(header)
+    except (ValueError, UnicodeDecodeError, AttributeError, TypeError, KeyError):
+        return None
+    return Message(record, rank, blob, identity=identity)
+
+
+class LogDecoder:
+    """Text of ``Log`` blobs, decoded per (rank, stream) incrementally: ranks send their output
+    in chunks as written, and a character split across two chunks must stay one character."""
+
+    def __init__(self) -> None:
+        self._decoders: dict[tuple[int, str], codecs.IncrementalDecoder] = {}
+
+    def text(self, message: Message) -> str:
+        assert isinstance(message.record, Log)
+        key = (message.rank, message.record.stream)
+        decoder = self._decoders.get(key)
+        if decoder is None:
+            decoder = self._decoders[key] = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        return decoder.decode(message.blob)

@@ -1,0 +1,25 @@
+"""What the ranks run: a notebook cell or a function, pickled by capture, loaded by the worker."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["CELL_FILENAME", "CellPayload", "FunctionPayload"]
+
+CELL_FILENAME = "<horovod cell>"  # the cell's name in tracebacks
+
+
+@dataclass
+class CellPayload:
+    source: str
+    namespace: dict[str, Any]
+    return_names: list[str] = field(default_factory=list)
+    silent: bool = False  # the cell ends with ";": no output value, as in IPython
+
+
+@dataclass
+class FunctionPayload:
+    function: Callable[..., Any]
+    kwargs: dict[str, Any]

@@ -1,0 +1,66 @@
+"""The Spark plan: which task runs where, as the driver hands it to every barrier task."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["GlooSlot", "PlanHost", "SparkPlan"]
+
+
+@dataclass(frozen=True)
+class GlooSlot:
+    """One rank's place in Horovod's layout (what horovodrun --gloo hands each rank)."""
+
+    hostname: str
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+
+    def env(self) -> dict[str, str]:
+        """``HOROVOD_RANK``, ``HOROVOD_HOSTNAME``, ...: the rank's Gloo environment."""
+        return {f"HOROVOD_{key.upper()}": str(value) for key, value in dataclasses.asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class PlanHost:
+    """One executor as a "host" of the job: its tasks (partitions) and their GPUs, in order."""
+
+    token: str  # the host name mpirun and Horovod see: hvd-host-0, hvd-host-1, ...
+    executor: str
+    ip: str
+    partitions: list[int]
+    gpus: list[list[str]]  # per task of this host, in partition order
+    agent: str = ""  # the exec agent's address (mpi)
+
+
+@dataclass(frozen=True)
+class SparkPlan:
+    """Hosts in rank order; mpirun runs in ``mpirun_partition``'s task; ``slots`` (Gloo) maps
+    each partition to its rank's slot."""
+
+    hosts: list[PlanHost]
+    mpirun_partition: int
+    slots: dict[int, GlooSlot] = field(default_factory=dict)
+
+    def host_of(self, partition: int) -> PlanHost:
+        return next(host for host in self.hosts if partition in host.partitions)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "hosts": [dataclasses.asdict(host) for host in self.hosts],
+            "mpirun_partition": self.mpirun_partition,
+            "slots": {str(p): dataclasses.asdict(slot) for p, slot in self.slots.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SparkPlan:
+        return cls(
+            hosts=[PlanHost(**host) for host in data["hosts"]],
+            mpirun_partition=int(data["mpirun_partition"]),
+            slots={int(p): GlooSlot(**slot) for p, slot in data.get("slots", {}).items()},
+        )

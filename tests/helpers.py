@@ -1,0 +1,125 @@
+"""What many tests need: the run's processes (left over, anywhere), waiting on ranks that
+marked themselves started, cells that wait, and forged keys."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+from hvd_magic.hub import RunKeys
+from hvd_magic.protocol import Message
+
+RUN_MARKERS = ("hvd_magic.worker", "mpirun", "orted", "hvd_magic.launch.agent")
+SLEEP_FOREVER = "while True:\n    time.sleep(0.1)\n"
+ALLREDUCE_FOREVER = "for _ in range(3000):\n    hvd.allreduce(torch.tensor([1.0]))\n    time.sleep(0.1)\n"
+
+
+def wait_for_files(paths: list[Path], timeout: float) -> bool:
+    """True once every path exists, False after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not all(p.exists() for p in paths):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def wait_for_ranks(directory: Path, ranks: int, timeout: float = 120) -> bool:
+    """True once ranks 0..ranks-1 of a ``waiting_cell`` marked themselves started."""
+    return wait_for_files([directory / f"started-{rank}" for rank in range(ranks)], timeout)
+
+
+def waiting_cell(directory: Path, ignore_signals: bool = False, wait: str = SLEEP_FOREVER) -> str:
+    """A cell whose ranks init Horovod, mark themselves started (``started-RANK`` in
+    ``directory``), then run ``wait``."""
+    cell = "import signal, time, pathlib, horovod.torch as hvd, torch\n"
+    if ignore_signals:
+        cell += (
+            "signal.signal(signal.SIGINT, signal.SIG_IGN)\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        )
+    return cell + f"hvd.init()\npathlib.Path({str(directory)!r}, f'started-{{hvd.rank()}}').touch()\n" + wait
+
+
+def when_started(directory: Path, ranks: int, action: Callable[[], object]) -> threading.Thread:
+    """Run ``action`` on a thread once the ranks of a ``waiting_cell`` started."""
+
+    def wait_then_act() -> None:
+        wait_for_ranks(directory, ranks)
+        action()
+
+    thread = threading.Thread(target=wait_then_act, daemon=True)
+    thread.start()
+    return thread
+
+
+def _cmdline(process: psutil.Process) -> str:
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:  # gone, or a zombie, since it was listed
+        return ""
+
+
+def leftover_processes(root: psutil.Process | None = None) -> list[str]:
+    """Processes of a run below ``root`` (by default this process) that must not be left behind."""
+    found = []
+    for process in (root or psutil.Process()).children(recursive=True):
+        cmdline = _cmdline(process)
+        if any(marker in cmdline for marker in RUN_MARKERS):
+            found.append(f"{process.pid}: {cmdline[:200]}")
+    return found
+
+
+def run_processes_anywhere() -> list[str]:
+    """Rank-side processes anywhere on the machine (on Spark they are the executors' children)."""
+    found = []
+    for process in psutil.process_iter():
+        cmdline = _cmdline(process)
+        if any(marker in cmdline for marker in RUN_MARKERS):
+            found.append(f"{process.pid}: {cmdline[:200]}")
+    return found
+
+
+def gone_within(seconds: float) -> list[str]:
+    """The run's processes still alive anywhere after up to ``seconds``; [] once all are gone."""
+    deadline = time.monotonic() + seconds
+    while (left := run_processes_anywhere()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def executor_processes() -> list[psutil.Process]:
+    return [
+        p for p in psutil.Process().children(recursive=True) if "CoarseGrainedExecutorBackend" in _cmdline(p)
+    ]
+
+
+def forged_token(server_public: bytes) -> str:
+    """A client token for a server whose public key is known, with keys the server never issued."""
+    forged = RunKeys.generate()
+    return b",".join([server_public, forged.client_public, forged.client_secret]).decode()
+
+
+class RecordingView:
+    """A RunView that keeps what it was given (the engine's view interface, in memory)."""
+
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+        self.notices: list[str] = []
+        self.ticks = 0
+        self.closed = False
+
+    def notice(self, text: str) -> None:
+        self.notices.append(text)
+
+    def message(self, message: Message) -> None:
+        self.messages.append(message)
+
+    def tick(self) -> None:
+        self.ticks += 1
+
+    def close(self) -> None:
+        self.closed = True

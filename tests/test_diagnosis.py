@@ -1,0 +1,100 @@
+"""The diagnosis alone: recorded messages and launcher deaths in, one clear error out (pure)."""
+
+from __future__ import annotations
+
+from hvd_magic import RankFailedError, RunError, RunTimeout
+from hvd_magic.diagnosis import (
+    RunRecord,
+    failure_after_exit,
+    is_consequence,
+    rank_failed,
+    silence_timeout,
+    silent_death,
+    start_timeout,
+)
+from hvd_magic.launch.processes import death_of
+from hvd_magic.protocol import Exit, Message, RankError, Result, Started
+
+SHUT_DOWN = RankError("vm", "HorovodInternalError", "Horovod has been shut down. This was caused by ...")
+
+
+def record_of(ranks: int, *messages: tuple[int, object]) -> RunRecord:
+    record = RunRecord(ranks)
+    for at, (rank, item) in enumerate(messages):
+        record.apply(Message(item, rank, b"value" if isinstance(item, Result) else b""), at=float(at))
+    return record
+
+
+def test_the_cause_is_preferred_over_errors_it_caused():
+    record = record_of(2, (0, SHUT_DOWN))
+    assert record.cause is None and record.first_error is not None and record.first_error.rank == 0
+    record.apply(Message(RankError(exc_type="KeyboardInterrupt"), 0), at=1.0)  # our own stop
+    assert record.cause is None
+    record.apply(Message(RankError("vm", "ValueError", "bad shard"), 1), at=2.0)
+    assert record.cause is not None and record.cause.rank == 1 and record.first_error.rank == 1
+    # TensorFlow raises its own type with Horovod's message.
+    assert is_consequence(RankError(exc_type="UnknownError", message="Horovod has been shut down."))
+    assert not is_consequence(RankError(exc_type="ValueError", message="bad shard"))
+
+
+def test_a_rank_error_is_reported_with_its_host_and_traceback():
+    record = record_of(4, (2, RankError("node-b", "ZeroDivisionError", "division by zero", "Traceback ...")))
+    error = rank_failed(record, None)
+    assert isinstance(error, RankFailedError)
+    assert (error.rank, error.host, error.exc_type, error.remote_traceback) == (
+        2, "node-b", "ZeroDivisionError", "Traceback ...",
+    )  # fmt: skip
+    assert str(error).startswith("rank 2 on node-b failed: ZeroDivisionError: division by zero; the other 3")
+
+
+def test_a_silent_death_is_blamed_rather_than_the_rank_it_took_down():
+    record = record_of(2, (0, Started("vm", 1, 0, 2)), (1, Started("vm", 2, 1, 2)), (0, SHUT_DOWN))
+    death = silent_death(record, [death_of(1, -9, "vm")])
+    assert death is not None and death.rank == 1
+    error = rank_failed(record, death)
+    assert error.rank == 1 and "killed by signal 9 (SIGKILL)" in str(error)
+    assert "then rank 0 failed with HorovodInternalError" in str(error)
+
+
+def test_a_death_of_a_rank_that_spoke_is_not_silent():
+    record = record_of(2, (1, RankError(exc_type="ValueError")), (0, Exit(1)))
+    assert silent_death(record, [death_of(1, 1), death_of(0, 1)]) is None
+
+
+def test_a_clean_run_has_no_failure():
+    record = record_of(
+        2, (0, Started("a", 1, 0, 2)), (1, Started("a", 2, 1, 2)), (0, Result()), (0, Exit(0)), (1, Exit(0))
+    )
+    assert failure_after_exit(record, 0, [], "") is None
+
+
+def test_what_went_wrong_after_the_launcher_ended_is_said_in_one_error():
+    record = record_of(3, (0, Started("a", 1, 0, 3)), (1, Started("a", 2, 1, 3)), (0, Exit(0)))
+    error = failure_after_exit(record, 1, [], "mpirun: rank 1 is gone")
+    assert isinstance(error, RunError) and not isinstance(error, RankFailedError)
+    message = str(error)
+    assert "launcher exit code 1" in message and "ranks [2] never started" in message
+    assert "ranks [1] died without reporting" in message and "mpirun: rank 1 is gone" in message
+    named = failure_after_exit(record, 1, [death_of(1, -9)], "")
+    assert (
+        named is not None
+        and "rank 1 was killed by signal 9" in str(named)
+        and "died without" not in str(named)
+    )
+    no_result = record_of(1, (0, Started("a", 1, 0, 1)), (0, Exit(0)))
+    assert "rank 0 finished without sending its result" in str(failure_after_exit(no_result, 0, [], ""))
+
+
+def test_errors_recorded_before_the_launcher_ended_win():
+    record = record_of(2, (1, RankError("b", "ValueError", "bad")), (0, Result()))
+    error = failure_after_exit(record, 0, [], "")
+    assert isinstance(error, RankFailedError) and error.rank == 1
+
+
+def test_time_limits_name_the_ranks():
+    record = record_of(3, (0, Started("a", 1, 0, 3)), (1, Started("a", 2, 1, 3)))
+    assert isinstance(start_timeout(record, 300), RunTimeout)
+    assert "ranks [2] did not start within 300 s (2 of 3 did)" in str(start_timeout(record, 300))
+    text = str(silence_timeout(record, 30, now=61.0))
+    assert "no rank reported anything for 30 s" in text
+    assert "rank 0 for 61 s, rank 1 for 60 s" in text and "Never started: ranks [2]" in text

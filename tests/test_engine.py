@@ -1,0 +1,156 @@
+"""The engine's supervision, driven by an in-memory hub and a scripted launcher: no processes,
+no sockets, a clock that steps (the real launchers are tested end to end elsewhere)."""
+
+from __future__ import annotations
+
+import cloudpickle
+import pytest
+
+from hvd_magic import RankFailedError, RunError, RunInterrupted, RunTimeout
+from hvd_magic import engine as engine_module
+from hvd_magic.engine import Run
+from hvd_magic.launch.processes import death_of
+from hvd_magic.options import make_options
+from hvd_magic.protocol import ENV_HUB, ENV_TOKEN, Exit, FileChunk, Log, RankError, Result, Started
+
+from .fakes import FakeHub, ScriptedLauncher, SteppingClock, healthy_rank, nothing, send
+from .helpers import RecordingView
+
+pytestmark = pytest.mark.timeout(10)
+SHUT_DOWN = RankError("vm", "HorovodInternalError", "Horovod has been shut down")
+
+
+def run(
+    launcher: ScriptedLauncher, timeout: float | None = None, timeline: str | None = None, ranks: int = 2
+):
+    hub, view = FakeHub(), RecordingView()
+    supervisor = Run(
+        hub, launcher, view, make_options(-ranks, "gloo", timeout=timeout, timeline=timeline), SteppingClock()
+    )
+    supervisor.wait = 0.001
+    return supervisor, hub, view
+
+
+def test_rank0s_value_comes_back_and_everything_is_closed():
+    launcher = ScriptedLauncher(on_start=healthy_rank(0, value=42) + healthy_rank(1))
+    supervisor, hub, view = run(launcher)
+    assert supervisor.execute() == (42, {})
+    assert launcher.stops == 1 and hub.closed and view.closed
+    assert len(view.messages) == 5
+    assert launcher.env[ENV_HUB] == hub.address and launcher.env[ENV_TOKEN] == hub.keys.client_token()
+
+
+def test_messages_in_flight_when_the_launcher_ends_are_drained():
+    late = healthy_rank(1)
+    launcher = ScriptedLauncher(on_start=healthy_rank(0, value="done"), code=0)
+    launcher.on_poll = []  # the launcher says "ended" at once; rank 1's messages arrive after
+    supervisor, hub, view = run(launcher)
+    for step in late:
+        step(hub)
+    assert supervisor.execute() == ("done", {})
+
+
+def test_a_launcher_that_ends_before_rank1_exits_waits_for_it_then_says_it_died():
+    launcher = ScriptedLauncher(on_start=[*healthy_rank(0, value=1), send(1, Started("h", 2, 1, 2))], code=1)
+    supervisor, _, _ = run(launcher)
+    with pytest.raises(RunError, match=r"ranks \[1\] died without reporting"):
+        supervisor.execute()
+
+
+def test_the_cause_arriving_after_a_consequence_is_named():
+    launcher = ScriptedLauncher(
+        on_start=[send(0, Started("a", 1, 0, 2)), send(1, Started("b", 2, 1, 2)), send(0, SHUT_DOWN)],
+        code=None,
+    )
+    supervisor, hub, _ = run(launcher)
+    original = supervisor._pump
+    pumps = []
+
+    def pump(wait: float) -> None:  # rank 1's real error is still on its way for a few pumps
+        pumps.append(wait)
+        if len(pumps) == 4:
+            hub.put(1, RankError("b", "ValueError", "bad shard"))
+        original(wait)
+
+    supervisor._pump = pump  # type: ignore[method-assign]
+    with pytest.raises(RankFailedError) as info:
+        supervisor.execute()
+    assert info.value.rank == 1 and info.value.exc_type == "ValueError" and info.value.host == "b"
+    assert launcher.stops >= 1
+
+
+def test_a_silent_death_seen_by_the_launcher_is_named():
+    launcher = ScriptedLauncher(
+        on_start=[send(0, Started("a", 1, 0, 2)), send(1, Started("a", 2, 1, 2)), send(0, SHUT_DOWN)],
+        code=None,
+        seen_deaths=[death_of(1, -9, "a")],
+    )
+    supervisor, _, _ = run(launcher)
+    with pytest.raises(RankFailedError, match=r"rank 1 on a failed: it was killed by signal 9"):
+        supervisor.execute()
+
+
+def test_a_consequence_alone_is_reported_after_the_grace():
+    launcher = ScriptedLauncher(on_start=[send(0, Started("a", 1, 0, 2)), send(0, SHUT_DOWN)], code=None)
+    supervisor, _, _ = run(launcher)
+    with pytest.raises(RankFailedError) as info:
+        supervisor.execute()
+    assert info.value.rank == 0 and info.value.exc_type == "HorovodInternalError"
+
+
+def test_silence_beyond_the_timeout_ends_the_run_naming_the_silent_ranks():
+    launcher = ScriptedLauncher(
+        on_start=[send(0, Started("a", 1, 0, 2)), send(1, Started("a", 2, 1, 2))], code=None
+    )
+    supervisor, _, _ = run(launcher, timeout=30)
+    with pytest.raises(
+        RunTimeout, match=r"no rank reported anything for 30 s.*Silent: rank 0 for \d+ s, rank 1"
+    ):
+        supervisor.execute()
+    assert launcher.stops >= 1
+
+
+def test_ranks_that_never_start_end_the_run_after_the_start_timeout(monkeypatch):
+    monkeypatch.setattr(engine_module, "START_TIMEOUT", 50.0)
+    launcher = ScriptedLauncher(on_start=[send(0, Started("a", 1, 0, 2))], code=None)
+    supervisor, _, _ = run(launcher)
+    with pytest.raises(RunTimeout, match=r"ranks \[1\] did not start within 50 s"):
+        supervisor.execute()
+
+
+def test_an_interrupt_stops_the_launcher_and_closes_everything():
+    def interrupt(hub: FakeHub) -> None:
+        raise KeyboardInterrupt
+
+    launcher = ScriptedLauncher(on_start=healthy_rank(0)[:1], on_poll=[nothing, interrupt], code=None)
+    supervisor, hub, view = run(launcher)
+    with pytest.raises(RunInterrupted, match="the 2 ranks were stopped"):
+        supervisor.execute()
+    assert launcher.stops == 1 and hub.closed and view.closed
+
+
+def test_a_value_the_notebook_cannot_load_is_a_clear_error():
+    broken = [
+        send(0, Started("a", 1, 0, 1)),
+        send(0, Result(), b"not a pickle"),
+        send(0, Exit(0)),
+    ]
+    supervisor, _, _ = run(ScriptedLauncher(on_start=broken), ranks=1)
+    with pytest.raises(RunError, match="could not be loaded in the notebook"):
+        supervisor.execute()
+
+
+def test_rank0s_timeline_chunks_are_written_where_the_user_asked(tmp_path):
+    path = tmp_path / "timeline.json"
+    steps = [
+        send(0, Started("a", 1, 0, 1)),
+        send(0, FileChunk("timeline"), b"[{"),
+        send(0, Log("stdout"), b"unrelated\n"),
+        send(0, FileChunk("timeline"), b"}]"),
+        send(0, FileChunk("timeline", last=True)),
+        send(0, Result(), cloudpickle.dumps((None, {}))),
+        send(0, Exit(0)),
+    ]
+    supervisor, _, _ = run(ScriptedLauncher(on_start=steps), timeline=str(path), ranks=1)
+    supervisor.execute()
+    assert path.read_bytes() == b"[{}]"

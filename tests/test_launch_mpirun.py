@@ -1,0 +1,37 @@
+"""mpirun's command line and what its report says (pure)."""
+
+from __future__ import annotations
+
+from hvd_magic.launch.mpirun import mpirun_argv, mpirun_deaths
+from hvd_magic.launch.processes import death_of
+
+
+def test_mpirun_argv_local():
+    assert mpirun_argv(2, ["python", "-m", "w"], as_root=True) == [
+        "mpirun", "--allow-run-as-root", "-np", "2", "--bind-to", "none", "--map-by", "slot",
+        "--mca", "pml", "ob1", "--mca", "rtc_hwloc_vmhole", "none",
+        "--oversubscribe", "--mca", "btl", "self,vader", "python", "-m", "w",
+    ]  # fmt: skip
+
+
+def test_mpirun_argv_hosts_and_agent_never_use_horovodrun_btl_flag():
+    argv = mpirun_argv(
+        4, ["w"], hosts=[("10.0.0.1", 2), ("10.0.0.2", 2)], rsh_agent="agent", export_env=["A"]
+    )
+    assert argv[argv.index("-H") + 1] == "10.0.0.1:2,10.0.0.2:2"
+    assert argv[argv.index("plm_rsh_agent") + 1] == "agent"
+    assert argv[argv.index("-x") + 1] == "A"
+    assert "^openib" not in argv and "--allow-run-as-root" not in argv
+
+
+def test_mpirun_reports_name_the_rank_that_ended_first():
+    """Open MPI 4.1's own words, as seen in runs here."""
+    signal_report = "mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed)."
+    assert mpirun_deaths(signal_report) == [death_of(1, -9, "vm")]
+    assert "signal 9 (SIGKILL)" in death_of(1, -9).what and "out-of-memory" in death_of(1, -9).what
+    improper = "mpirun has exited due to process rank 3 with PID 0 on\nnode hvd-host-1 exiting improperly."
+    [found] = mpirun_deaths(improper)
+    assert (found.rank, found.host) == (3, "hvd-host-1") and "os._exit" in found.what
+    code = "The first process to do so was:\n\n  Process name: [[5860,1],2]\n  Exit code:    3\n"
+    assert mpirun_deaths(code) == [death_of(2, 3)]
+    assert mpirun_deaths("Primary job  terminated normally") == []

@@ -1,0 +1,12 @@
+"""Pure parts of the worker (the rest runs in every end-to-end test)."""
+
+from __future__ import annotations
+
+from hvd_magic.worker import gpu_for_local_rank
+
+
+def test_gpu_for_local_rank():
+    assert gpu_for_local_rank('[["0"], ["1"]]', 1) == "1"
+    assert gpu_for_local_rank('[["0", "1"], ["2", "3"]]', 1) == "2,3"
+    assert gpu_for_local_rank(None, 0) is None
+    assert gpu_for_local_rank("[[]]", 0) is None
