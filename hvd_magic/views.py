@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Protocol
+from typing import Protocol, TextIO
 
 from .protocol import Log, LogDecoder, Message
 
@@ -24,37 +24,51 @@ class RunView(Protocol):
 
 
 class ConsoleView:
-    """Prints rank output as it arrives, each line tagged with its rank: ``[1] text``."""
+    """Prints rank output as it arrives, each line tagged with its rank: ``[1] text``.
+
+    A line still open when another rank writes to the same stream is ended there, and its
+    rest comes later tagged again, so no line ever mixes two ranks' text.
+    """
 
     def __init__(self) -> None:
-        self._at_line_start: dict[tuple[int, str], bool] = {}
+        self._open: dict[str, int | None] = {"stdout": None, "stderr": None}  # stream -> rank mid-line
         self._decoder = LogDecoder()
 
     def notice(self, text: str) -> None:
+        self._end_open_line("stderr")
         print(text, file=sys.stderr, flush=True)
 
     def message(self, message: Message) -> None:
         if not isinstance(message.record, Log):
             return
-        stream = message.record.stream
-        out = sys.stderr if stream == "stderr" else sys.stdout
-        key = (message.rank, stream)
+        stream, rank = message.record.stream, message.rank
+        if self._open.get(stream) not in (None, rank):
+            self._end_open_line(stream)
         pieces = []
         for line in self._decoder.text(message).splitlines(keepends=True):
-            if self._at_line_start.get(key, True):
-                pieces.append(f"[{message.rank}] ")
+            if self._open.get(stream) is None:
+                pieces.append(f"[{rank}] ")
             pieces.append(line)
-            self._at_line_start[key] = line.endswith("\n")
+            self._open[stream] = None if line.endswith("\n") else rank
+        out = _out(stream)
         out.write("".join(pieces))
         out.flush()
+
+    def _end_open_line(self, stream: str) -> None:
+        if self._open.get(stream) is not None:
+            _out(stream).write("\n")
+            self._open[stream] = None
 
     def tick(self) -> None:
         pass
 
     def close(self) -> None:
-        for (_rank, stream), at_start in self._at_line_start.items():
-            if not at_start:
-                (sys.stderr if stream == "stderr" else sys.stdout).write("\n")
+        for stream in self._open:
+            self._end_open_line(stream)
+
+
+def _out(stream: str) -> TextIO:
+    return sys.stderr if stream == "stderr" else sys.stdout
 
 
 def make_view(ranks: int) -> RunView:

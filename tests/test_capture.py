@@ -6,8 +6,8 @@ import cloudpickle
 import pytest
 
 from hvd_magic.capture import capture_cell, capture_function, names_read
-from hvd_magic.protocol import CellPayload
 from hvd_magic.errors import CaptureError
+from hvd_magic.protocol import CellPayload
 
 
 def test_names_read_covers_functions_and_comprehensions():

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .parse import Timeline, TimelineError, read
+from ..errors import TimelineError
+from .reader import Timeline, read
 
 __all__ = ["Analysis", "Timeline", "TimelineError", "analyze", "export_slice", "read", "spans"]
 

@@ -1,20 +1,13 @@
-"""What a Horovod Timeline says: where the time went, who kept the others waiting.
-
-Spans come from ``B``/``E`` pairs, matched without a Python loop: within one tensor (``pid``)
-spans nest properly, so a ``B`` at nesting level L is closed by the next ``E`` back at level L;
-sorting by (tensor, level, order) lines each ``B`` up with its ``E``. A truncated file leaves
-some ``B`` unmatched: they are dropped.
-"""
+"""What a Horovod Timeline says: where the time went, who kept the others waiting."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 import pyarrow.compute as pc
 
-from .parse import Timeline
+from .reader import Timeline
 
 __all__ = ["Analysis", "analyze", "spans"]
 
@@ -24,58 +17,11 @@ COMMUNICATION = ("ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL", "REDUCESCATT
 def spans(timeline: Timeline) -> pd.DataFrame:
     """One row per activity: tensor pid, name, start, end, duration (microseconds), depth.
 
-    Computed once per timeline; treat the frame as read-only.
+    >>> spans(hvd_magic.timeline.read("timeline.json")).groupby("name")["duration"].sum()  # doctest: +SKIP
+
+    Computed once per timeline (``Timeline.spans()``); treat the frame as read-only.
     """
-    if timeline._spans is None:
-        timeline._spans = _match_spans(timeline)
-    return timeline._spans
-
-
-def _match_spans(timeline: Timeline) -> pd.DataFrame:
-    events = timeline.events
-    phase = events["ph"].cast("string")
-    keep = pc.or_(pc.equal(phase, "B"), pc.equal(phase, "E"))
-    be = events.filter(keep).select(["ph", "name", "ts", "pid"])
-    is_begin = pc.equal(be["ph"].cast("string"), "B").to_numpy(zero_copy_only=False)
-    pid = be["pid"].to_numpy(zero_copy_only=False).astype(np.int64)
-    ts = be["ts"].to_numpy(zero_copy_only=False).astype(np.int64)
-    names = be["name"].cast("string").to_numpy(zero_copy_only=False)
-    if len(pid) == 0:
-        return pd.DataFrame(columns=["pid", "name", "start", "end", "duration", "depth"])
-    order = np.argsort(pid, kind="stable")
-    pid, ts, names, is_begin = pid[order], ts[order], names[order], is_begin[order]
-    # Nesting depth after each event, per tensor, where an E with nothing open (a stray end)
-    # is ignored: the running sum S restarted at each tensor, less its running minimum below 0.
-    # Shifting each tensor's sums below all earlier ones keeps one minimum.accumulate per tensor.
-    running = np.cumsum(np.where(is_begin, 1, -1))
-    starts = np.r_[0, np.flatnonzero(np.diff(pid)) + 1]
-    sizes = np.diff(np.r_[starts, len(pid)])
-    running -= np.repeat(np.r_[0, running[starts[1:] - 1]], sizes)
-    shift = np.repeat(np.arange(len(starts), dtype=np.int64) * (2 * len(pid) + 2), sizes)
-    floor = np.minimum(np.minimum.accumulate(running - shift) + shift, 0)
-    depth_after = running - floor
-    depth_before = np.r_[0, depth_after[:-1]]
-    depth_before[starts] = 0
-    stray = ~is_begin & (depth_before == 0)
-    level = np.where(is_begin, depth_after - 1, np.where(stray, -1, depth_after))
-    index = np.flatnonzero(level >= 0)
-    ordered = index[np.lexsort((index, level[index], pid[index]))]
-    # Within each (tensor, depth) group, in time order, the k-th B pairs with the k-th E.
-    begin = is_begin[ordered]
-    new_group = np.r_[True, (np.diff(pid[ordered]) != 0) | (np.diff(level[ordered]) != 0)]
-    group = np.cumsum(new_group) - 1
-    group_start = np.flatnonzero(new_group)
-    nth = np.empty(len(ordered), dtype=np.int64)
-    for mask in (begin, ~begin):
-        running = np.cumsum(mask)
-        nth[mask] = (running - np.r_[0, running[:-1]][group_start][group])[mask] - 1
-    pairs = np.minimum(np.bincount(group, weights=begin), np.bincount(group, weights=~begin))
-    kept = nth < pairs[group]
-    b, e = ordered[kept & begin], ordered[kept & ~begin]
-    frame = pd.DataFrame({"pid": pid[b], "name": names[b], "start": ts[b], "end": ts[e], "depth": level[b]})
-    frame["duration"] = frame["end"] - frame["start"]
-    frame["tensor"] = frame["pid"].map(timeline.tensors)
-    return frame.sort_values(["start", "pid"]).reset_index(drop=True)
+    return timeline.spans()
 
 
 @dataclass

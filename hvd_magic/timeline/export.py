@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 
-from .parse import Timeline
+from .reader import Timeline
 
 __all__ = ["export_slice"]
 

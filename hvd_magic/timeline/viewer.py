@@ -15,7 +15,7 @@ import traitlets
 
 from ..errors import HorovodMagicError
 from .analysis import spans as make_spans
-from .parse import Timeline
+from .reader import Timeline
 
 __all__ = ["TimelineViewer"]
 

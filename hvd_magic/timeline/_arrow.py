@@ -1,0 +1,106 @@
+"""The general backend: Arrow's JSON reader over the reader's chunks.
+
+Used when a file strays from plain Horovod output (escaped strings, fractional numbers) or is
+damaged. Each chunk's event separators become newlines in place (same length, so byte offsets
+stay true) and Arrow reads the lines; on garbage, the byte offset of the first event that is not
+JSON goes into the ``TimelineError``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pj
+
+from ..errors import TimelineError
+from .schema import SCHEMA
+
+__all__ = ["metadata_rows", "parse"]
+
+
+def parse(path: str, chunks: Iterable[tuple[int, memoryview, bool, bool]]) -> tuple[pa.Table, bool]:
+    """(events, truncated): every complete event of the chunks; truncated when the file has no
+    closing ``]`` and its last chunk ends inside an event (that event is dropped)."""
+    pieces, truncated = [], False
+    for offset, view, last, closed in chunks:
+        table, cut = _parse_chunk(path, offset, bytes(view), last and not closed)
+        truncated |= cut
+        pieces.append(_compact(table))
+    return (pa.concat_tables(pieces) if pieces else SCHEMA.empty_table()), truncated
+
+
+def metadata_rows(events: pa.Table) -> list[tuple[str | None, int | None, dict[str, Any] | None]]:
+    """(name, pid, args) of each ``M`` event."""
+    meta = events.filter(pc.equal(events["ph"].cast(pa.string()), "M"))
+    return [
+        (row["name"], row["pid"], row["args"]) for row in meta.select(["name", "pid", "args"]).to_pylist()
+    ]
+
+
+def _parse_chunk(path: str, offset: int, raw: bytes, may_be_cut: bool) -> tuple[pa.Table, bool]:
+    body = raw.lstrip(b", \n\r\t")
+    skipped = len(raw) - len(body)
+    truncated = False
+    if may_be_cut:
+        body, truncated = _drop_cut_event(body)
+    body = body.rstrip().rstrip(b",")
+    if not body.strip():
+        return SCHEMA.empty_table(), truncated
+    return _parse_events(path, offset + skipped, _normalize(body)), truncated
+
+
+def _drop_cut_event(body: bytes) -> tuple[bytes, bool]:
+    """(events, truncated) of the file's last chunk: drops an event the writer did not finish."""
+    stripped = body.rstrip()
+    last = max(stripped.rfind(b'{"ph"'), stripped.rfind(b'{"name": "process_'))
+    if last < 0:
+        return stripped, False
+    try:
+        json.loads(stripped[last:].rstrip(b", \n"))
+        return stripped, False
+    except ValueError:
+        return stripped[:last], True
+
+
+def _normalize(raw: bytes) -> bytes:
+    # "},{", "}, {" (json.dumps) and "},\n{" become one event per line, keeping every byte offset.
+    return raw.replace(b"},{", b"}\n{").replace(b"}, {", b"}\n {").replace(b"},\n{", b"}\n {")
+
+
+def _parse_events(path: str, offset: int, body: bytes) -> pa.Table:
+    options = pj.ParseOptions(explicit_schema=SCHEMA, unexpected_field_behavior="ignore")
+    try:
+        return pj.read_json(io.BytesIO(body), parse_options=options)
+    except pa.ArrowInvalid as err:
+        raise TimelineError(f"{path}: not a Horovod Timeline: {_locate(body, str(err), offset)}") from None
+
+
+def _locate(body: bytes, message: str, offset: int) -> str:
+    """The byte offset of the first event that is not valid JSON (only on the error path)."""
+    position = 0
+    while position < len(body):
+        end = body.find(b"\n", position)
+        end = len(body) if end < 0 else end
+        line = body[position:end].strip()
+        if line:
+            try:
+                json.loads(line)
+            except ValueError:
+                return f"byte {offset + position}: {line[:60]!r} is not a JSON event"
+        position = end + 1
+    return f"bytes {offset}..{offset + len(body)}: {message.splitlines()[0]}"
+
+
+def _compact(table: pa.Table) -> pa.Table:
+    # Activity names repeat millions of times: dictionary-encode them chunk by chunk.
+    for column in ("ph", "name"):
+        index = table.schema.get_field_index(column)
+        table = table.set_column(
+            index, column, pc.dictionary_encode(table[column]).cast(pa.dictionary(pa.int32(), pa.string()))
+        )
+    return table

@@ -1,0 +1,139 @@
+"""The fast backend: the C scanner (``_scan.c``) over the reader's chunks, into numpy columns.
+
+:func:`scan` returns None, so that the Arrow backend takes over, when the scanner is not built or
+the file strays from plain Horovod output (escaped strings, fractional numbers, garbage).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["Columns", "scan"]
+
+ABSENT = np.iinfo(np.int64).min
+START = "start_time_since_epoch_in_micros"
+
+# What _scan.scan returns for one chunk, after (consumed, error_at): ph, name ids, ts, pid, dur
+# as bytes, the chunk's distinct names, and (event index, raw args) of its metadata events.
+Part = tuple[bytes, bytes, bytes, bytes, bytes, list[str], list[tuple[int, bytes]]]
+
+
+@dataclass
+class Columns:
+    """The events as numpy columns: ``name`` holds ids into ``names`` (-1: none), integers hold
+    ``ABSENT`` where an event has no such field; ``meta`` is (row, args) of each ``M`` event."""
+
+    ph: np.ndarray
+    name: np.ndarray
+    ts: np.ndarray
+    pid: np.ndarray
+    dur: np.ndarray
+    names: list[str]
+    meta: list[tuple[int, dict[str, Any]]]
+    truncated: bool
+
+    def __len__(self) -> int:
+        return len(self.ph)
+
+    def metadata_rows(self) -> Iterator[tuple[str | None, int | None, dict[str, Any]]]:
+        """(name, pid, args) of each ``M`` event."""
+        for row, args in self.meta:
+            name_id, pid = int(self.name[row]), int(self.pid[row])
+            yield (self.names[name_id] if name_id >= 0 else None), (None if pid == ABSENT else pid), args
+
+    def table(self) -> pa.Table:
+        """The Arrow table of ``schema.SCHEMA`` over the columns (integers without copies)."""
+        import pyarrow as pa
+
+        from .schema import SCHEMA
+
+        codes, index = np.unique(self.ph, return_inverse=True)
+        return pa.table(
+            {
+                "ph": pa.DictionaryArray.from_arrays(
+                    pa.array(index.astype(np.int32)), [chr(c) for c in codes]
+                ),
+                "name": pa.DictionaryArray.from_arrays(
+                    pa.array(np.maximum(self.name, 0), mask=self.name < 0), pa.array(self.names, pa.string())
+                ),
+                **{key: pa.array(column, mask=column == ABSENT) for key, column in self._integers().items()},
+                "args": self._args(),
+            }
+        ).select(SCHEMA.names)
+
+    def _integers(self) -> dict[str, np.ndarray]:
+        return {"ts": self.ts, "dur": self.dur, "pid": self.pid}
+
+    def _args(self) -> pa.StructArray:
+        """The args that ``schema.SCHEMA`` keeps, for ``M`` events (null for the others)."""
+        import pyarrow as pa
+
+        from .schema import SCHEMA
+
+        tensor = np.full(len(self), None, dtype=object)
+        start = np.full(len(self), None, dtype=object)
+        for row, args in self.meta:
+            tensor[row] = args["name"] if isinstance(args.get("name"), str) else None
+            start[row] = args[START] if isinstance(args.get(START), int) else None
+        return pa.StructArray.from_arrays(
+            [pa.array(tensor, pa.string()), pa.array(start, pa.int64())],
+            fields=list(SCHEMA.field("args").type),
+            mask=pa.array(self.ph != ord("M")),
+        )
+
+
+def scan(chunks: Iterable[tuple[int, memoryview, bool, bool]], workers: int) -> Columns | None:
+    """Scans the chunks a few at a time, side by side (the scanner releases the GIL)."""
+    try:
+        from . import _scan
+    except ImportError:
+        return None
+    parts: list[Part] = []
+    truncated = False
+    with ThreadPoolExecutor(workers) as pool:
+        pending: collections.deque[tuple[memoryview, bool, Future[Any]]] = collections.deque()
+        for _, view, last, _closed in chunks:
+            pending.append((view, last, pool.submit(_scan.scan, view, last)))
+            while len(pending) > workers or (last and pending):
+                view_done, was_last, future = pending.popleft()
+                result = future.result()
+                consumed, error_at = result[0], result[1]
+                if error_at >= 0 or (consumed < len(view_done) and not was_last):
+                    return None  # not plain Horovod output: the Arrow backend says where
+                if was_last:
+                    truncated = bool(bytes(view_done[consumed:]).strip(b" \n\r\t,"))
+                parts.append(result[2:])
+    return _assemble(parts, truncated)
+
+
+def _assemble(parts: list[Part], truncated: bool) -> Columns:
+    """One set of columns from the chunks' own: one vocabulary of names, rows counted across."""
+    vocabulary: dict[str, int] = {}
+    columns: dict[str, list[np.ndarray]] = {"ph": [], "name": [], "ts": [], "pid": [], "dur": []}
+    meta: list[tuple[int, dict[str, Any]]] = []
+    rows = 0
+    for ph, ids, ts, pid, dur, names, chunk_meta in parts:
+        local = np.array([vocabulary.setdefault(n, len(vocabulary)) for n in names] + [-1], dtype=np.int32)
+        columns["ph"].append(np.frombuffer(ph, np.uint8))
+        columns["name"].append(local[np.frombuffer(ids, np.int32)])  # id -1 picks the trailing -1
+        for key, raw in (("ts", ts), ("pid", pid), ("dur", dur)):
+            columns[key].append(np.frombuffer(raw, np.int64))
+        meta.extend((rows + index, json.loads(args)) for index, args in chunk_meta)
+        rows += len(ph)
+    dtypes = {"ph": np.uint8, "name": np.int32}
+    merged = {
+        key: np.concatenate(chunks) if chunks else np.empty(0, dtypes.get(key, np.int64))
+        for key, chunks in columns.items()
+    }
+    names_by_id = sorted(vocabulary, key=vocabulary.__getitem__)
+    return Columns(**merged, names=names_by_id, meta=meta, truncated=truncated)

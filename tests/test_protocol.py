@@ -1,0 +1,122 @@
+"""The wire protocol alone: every kind round-trips, junk is refused, the plan survives JSON."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+import hvd_magic
+from hvd_magic import protocol
+from hvd_magic.protocol import (
+    GlooSlot,
+    Kind,
+    Log,
+    LogDecoder,
+    Message,
+    Plan,
+    PlanHost,
+    SparkPlan,
+    decode,
+    encode,
+)
+
+PLAN = SparkPlan(
+    hosts=[
+        PlanHost("hvd-host-0", "a:1", "10.0.0.1", [0, 2], [["0"], ["1"]], agent="tcp://10.0.0.1:5"),
+        PlanHost("hvd-host-1", "b:1", "10.0.0.2", [1], [[]]),
+    ],
+    mpirun_partition=0,
+    slots={0: GlooSlot("hvd-host-0", 0, 3, 0, 2, 0, 2), 1: GlooSlot("hvd-host-1", 2, 3, 0, 1, 1, 2)},
+)
+
+EXAMPLES = {
+    Kind.HELLO: protocol.Hello(),
+    Kind.PAYLOAD: protocol.Payload(),
+    Kind.STARTED: protocol.Started("vm", 123, 1, 4),
+    Kind.LOG: protocol.Log("stderr"),
+    Kind.REPORTS: protocol.Reports(dropped=3),
+    Kind.ERROR: protocol.RankError("vm", "ValueError", "bad ✓", "Traceback ..."),
+    Kind.RESULT: protocol.Result(),
+    Kind.FILE: protocol.FileChunk("timeline", last=True),
+    Kind.EXIT: protocol.Exit(130),
+    Kind.JOIN: protocol.Join(2, "exec-1", "10.0.0.2", ["0"], "/usr/bin/python3", "tcp://10.0.0.2:7"),
+    Kind.PLAN: Plan(PLAN),
+    Kind.LAUNCHER_LOG: protocol.LauncherLog(),
+    Kind.LAUNCHER_EXIT: protocol.LauncherExit(1),
+    Kind.RELEASE: protocol.Release(),
+    Kind.ABORT: protocol.Abort(),
+    Kind.STORE: protocol.StoreRequest(7, "PUT", "/global/0"),
+    Kind.STORED: protocol.StoreAnswer(7, 404),
+    Kind.EXEC: protocol.Exec("orted --foo"),
+    Kind.OUTPUT: protocol.Output("stdout"),
+    Kind.PING: protocol.Ping(),
+    Kind.PONG: protocol.Pong(),
+    Kind.KILL: protocol.Kill(),
+}
+
+
+def test_every_kind_has_a_record_and_round_trips():
+    assert set(EXAMPLES) == set(Kind)
+    for kind, record in EXAMPLES.items():
+        assert record.KIND is kind
+        frames = encode(record, rank=5, blob=b"\x00blob")
+        assert frames[0] == kind.value.encode()
+        message = decode(frames, identity=b"peer")
+        assert message is not None, kind
+        assert (message.record, message.rank, message.blob, message.identity) == (
+            record,
+            5,
+            b"\x00blob",
+            b"peer",
+        )
+        assert message.kind is kind
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [
+        [b"no-such-kind", b"{}", b""],
+        [b"exit", b"not json", b""],
+        [b"exit", b'{"rank": 0}', b""],  # a required field missing
+        [b"exit", b'{"rank": "zero", "code": 1}', b""],
+        [b"exit", b"[1, 2]", b""],
+        [b"\xff", b"{}", b""],
+        [b"exit", b'{"code": 0}'],  # a frame short
+    ],
+)
+def test_what_is_not_one_of_our_messages_decodes_to_none(frames):
+    assert decode(frames) is None
+
+
+def test_the_spark_plan_survives_json_as_the_tasks_get_it():
+    wire = json.loads(json.dumps(PLAN.to_json()))
+    assert SparkPlan.from_json(wire) == PLAN
+    assert PLAN.host_of(2).token == "hvd-host-0" and PLAN.host_of(1).token == "hvd-host-1"
+    assert PLAN.slots[1].env()["HOROVOD_CROSS_RANK"] == "1"
+
+
+def test_log_text_is_decoded_per_rank_and_stream_across_chunk_boundaries():
+    decoder = LogDecoder()
+    text = "épreuve ✓ 🚀\n".encode()
+    pieces = [text[i : i + 1] for i in range(len(text))]  # the worst case: a byte at a time
+    out = ""
+    for index, piece in enumerate(pieces):
+        out += decoder.text(Message(Log("stdout"), 0, piece))
+        decoder.text(Message(Log("stdout"), 1, b"\xc3"))  # another rank's dangling byte
+        if index == 3:
+            assert decoder.text(Message(Log("stderr"), 0, b"err\n")) == "err\n"
+    assert out == "épreuve ✓ 🚀\n"
+
+
+def test_no_module_but_the_protocol_spells_a_kind():
+    package = pathlib.Path(hvd_magic.__file__).parent
+    quoted = [f'"{kind.value}"' for kind in Kind if "_" in kind.value or len(kind.value) > 4]
+    offenders = []
+    for path in package.rglob("*.py"):
+        if path.parent.name == "protocol":
+            continue
+        source = path.read_text()
+        offenders += [f"{path.name}: {word}" for word in quoted if word in source]
+    assert offenders == []
