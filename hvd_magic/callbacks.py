@@ -44,7 +44,7 @@ def _length(iterable: object) -> int | None:
 def _keras_callback_base() -> type:
     import tensorflow as tf
 
-    return tf.keras.callbacks.Callback
+    return cast(type, tf.keras.callbacks.Callback)
 
 
 class _LiveCallbackMixin:

@@ -104,7 +104,7 @@ def _dump(obj: object, what: str, namespace: dict[str, Any]) -> bytes:
     for module in by_value:
         cloudpickle.register_pickle_by_value(module)
     try:
-        return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        return bytes(cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
     except Exception as err:  # noqa: BLE001
         problems = [p for n, v in namespace.items() if (p := _unpicklable(n, v))]
         if not problems:

@@ -126,7 +126,7 @@ def _run_cell(payload: CellPayload) -> tuple[Any, dict[str, Any]]:
 
 def _load_payload(blob: bytes) -> CellPayload | FunctionPayload:
     try:
-        payload = cloudpickle.loads(blob)
+        payload: CellPayload | FunctionPayload = cloudpickle.loads(blob)
     except ImportError as err:
         raise ImportError(
             f"the payload needs module {err.name!r}, which this rank cannot import ({err}). Install it "

@@ -8,11 +8,12 @@ import subprocess
 from typing import TYPE_CHECKING
 
 from ..errors import LaunchError
-from . import Launcher, RankDeath
+from .base import Launcher
 from .gloo import GlooStore, LoopbackStoreServer, gloo_env, gloo_slots
 from .mpirun import mpirun_argv, mpirun_deaths
 from .processes import (
     OutputTail,
+    RankDeath,
     death_of,
     family_of,
     spawn,

@@ -30,10 +30,10 @@ from ..protocol import (
     StoreAnswer,
     StoreRequest,
 )
-from . import Launcher, RankDeath
+from .base import Launcher
 from .gloo import GlooStore, gloo_slots
 from .mpirun import mpirun_deaths
-from .processes import death_of
+from .processes import RankDeath, death_of
 from .spark_session import active_or_embedded_session, check_slots, driver_address, task_cpus
 from .spark_task import TaskSpec, barrier_task
 

@@ -72,7 +72,7 @@ def own_address(toward: str) -> str:
 def interface_of(address: str) -> str:
     for name, addresses in psutil.net_if_addrs().items():
         if any(a.address == address for a in addresses):
-            return name
+            return str(name)
     return "lo" if address.startswith("127.") else ""
 
 

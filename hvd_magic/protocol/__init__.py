@@ -1,6 +1,7 @@
 """The contract between the notebook, the Spark tasks, the exec agents and the ranks: message
-kinds and their typed records (``messages``), environment names (``env``), payloads
-(``payload``) and the Spark plan (``plan``). Plain data, no I/O."""
+kinds and their typed records (``messages``, where the table of who sends what is), how they
+travel (``wire``), environment names (``env``), payloads (``payload``) and the Spark plan
+(``plan``). Plain data, no I/O."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from .env import (
     ENV_VIA_AGENT,
 )
 from .messages import (
-    CONTROL_RECORDS,
     Abort,
     Exec,
     Exit,
@@ -25,8 +25,6 @@ from .messages import (
     LauncherExit,
     LauncherLog,
     Log,
-    LogDecoder,
-    Message,
     Output,
     Payload,
     Ping,
@@ -40,8 +38,7 @@ from .messages import (
     Started,
     StoreAnswer,
     StoreRequest,
-    decode,
-    encode,
+    record_type,
 )
 from .payload import (
     CELL_FILENAME,
@@ -52,6 +49,13 @@ from .plan import (
     GlooSlot,
     PlanHost,
     SparkPlan,
+)
+from .wire import (
+    CONTROL_RECORDS,
+    LogDecoder,
+    Message,
+    decode,
+    encode,
 )
 
 __all__ = [
@@ -96,4 +100,5 @@ __all__ = [
     "StoreRequest",
     "decode",
     "encode",
+    "record_type",
 ]

@@ -35,22 +35,18 @@ A new kind is one ``Kind`` member, one record class and one row in this table.
 
 from __future__ import annotations
 
-import codecs
 import dataclasses
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, cast
 
 from .plan import SparkPlan
 
 __all__ = [
-    "CONTROL_RECORDS", "Abort", "Exec", "Exit", "FileChunk", "Hello", "Join", "Kill", "Kind",
-    "LauncherExit", "LauncherLog", "Log", "LogDecoder", "Message", "Output", "Payload", "Ping",
-    "Plan", "Pong",
-    "RankError", "Record", "Release", "Reports", "Result", "Started", "StoreAnswer", "StoreRequest",
-    "decode", "encode",
+    "Abort", "Exec", "Exit", "FileChunk", "Hello", "Join", "Kill", "Kind", "LauncherExit",
+    "LauncherLog", "Log", "Output", "Payload", "Ping", "Plan", "Pong", "RankError", "Record",
+    "Release", "Reports", "Result", "Started", "StoreAnswer", "StoreRequest", "record_type",
 ]  # fmt: skip
 
 
@@ -85,7 +81,8 @@ class Record:
     KIND: ClassVar[Kind]
 
     def header(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)  # type: ignore[call-overload]
+        # Every record is a dataclass; the base class is not, so mypy cannot see it.
+        return cast(dict[str, Any], dataclasses.asdict(self))  # type: ignore[call-overload]
 
     @classmethod
     def from_header(cls, header: dict[str, Any]) -> Record:
@@ -104,6 +101,11 @@ def _kind(kind: Kind) -> Callable[[R], R]:
         return cls
 
     return register
+
+
+def record_type(kind: Kind) -> type[Record]:
+    """The record class of ``kind``."""
+    return _RECORDS[kind]
 
 
 @_kind(Kind.HELLO)
@@ -260,59 +262,3 @@ class Pong(Record):
 @dataclass(frozen=True)
 class Kill(Record):
     pass
-
-
-# What Spark tasks tell the driver's launcher (the hub queues them apart from rank events).
-CONTROL_RECORDS = (Join, LauncherLog, LauncherExit)
-
-
-@dataclass
-class Message:
-    """One message: its record, the sender's rank, the blob; ``identity`` is the sender's
-    connection, on the receiving side (to answer it)."""
-
-    record: Record
-    rank: int = -1
-    blob: bytes = b""
-    identity: bytes = b""
-
-    @property
-    def kind(self) -> Kind:
-        return self.record.KIND
-
-
-def encode(record: Record, rank: int = -1, blob: bytes = b"") -> list[bytes]:
-    """The frames of one message (the connection's identity frame is the transport's)."""
-    header = {"rank": rank, **record.header()}
-    return [record.KIND.value.encode(), json.dumps(header).encode(), blob]
-
-
-def decode(frames: list[bytes], identity: bytes = b"") -> Message | None:
-    """The message in ``frames`` (kind, header, blob), or None if it is not one of ours."""
-    if len(frames) != 3:
-        return None
-    kind_raw, header_raw, blob = frames
-    try:
-        record_class = _RECORDS[Kind(kind_raw.decode())]
-        header = json.loads(header_raw)
-        rank = int(header.pop("rank", -1))
-        record = record_class.from_header(header)
-    except (ValueError, UnicodeDecodeError, AttributeError, TypeError, KeyError):
-        return None
-    return Message(record, rank, blob, identity=identity)
-
-
-class LogDecoder:
-    """Text of ``Log`` blobs, decoded per (rank, stream) incrementally: ranks send their output
-    in chunks as written, and a character split across two chunks must stay one character."""
-
-    def __init__(self) -> None:
-        self._decoders: dict[tuple[int, str], codecs.IncrementalDecoder] = {}
-
-    def text(self, message: Message) -> str:
-        assert isinstance(message.record, Log)
-        key = (message.rank, message.record.stream)
-        decoder = self._decoders.get(key)
-        if decoder is None:
-            decoder = self._decoders[key] = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        return decoder.decode(message.blob)

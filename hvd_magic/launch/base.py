@@ -1,0 +1,39 @@
+"""The interface every launcher implements; the engine drives nothing else."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .processes import RankDeath
+
+if TYPE_CHECKING:
+    from ..hub import Hub
+
+__all__ = ["Launcher"]
+
+
+class Launcher:
+    """What the engine drives. ``bind_host`` is where the run's hub must listen for the ranks."""
+
+    bind_host = "127.0.0.1"
+
+    def start(self, hub: Hub, env: dict[str, str]) -> None:
+        """Start the ranks; ``env`` (the hub's address and keys among it) goes to every rank."""
+        raise NotImplementedError
+
+    def poll(self) -> int | None:
+        """The job's exit code once every process ended, else None."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Stop every process of the job: SIGINT, then SIGTERM, then SIGKILL."""
+        raise NotImplementedError
+
+    def diagnostics(self) -> str:
+        """The launcher's own output (e.g. mpirun's error block), bounded."""
+        return ""
+
+    def deaths(self) -> list[RankDeath]:
+        """Ranks seen to end badly, in the order seen, where the launcher can tell (some of
+        them may have reported an error before they ended)."""
+        return []
