@@ -1,9 +1,9 @@
 """What went wrong in a run, from what was recorded: pure functions, no processes, no clocks.
 
 ``RunRecord`` folds the ranks' messages into what the diagnosis needs (who started where, who
-exited, errors in arrival order, rank 0's result, when each rank last spoke). The functions
-below turn a record and the launcher's view of dead ranks (``RankDeath``) into one error that
-names the rank to blame and says what to do.
+exited, errors in arrival order, rank 0's result, when each rank last spoke, a stall Horovod
+reported). The functions below turn a record and the launcher's view of dead ranks
+(``RankDeath``) into one error that names the rank to blame and says what to do.
 """
 
 from __future__ import annotations
@@ -12,17 +12,25 @@ from dataclasses import dataclass, field
 
 from .errors import RankFailedError, RunError, RunTimeout
 from .launch.processes import RankDeath
-from .protocol import Exit, Message, RankError, Result, Started
+from .protocol import CELL_FILENAME, Exit, Message, RankError, Reports, Result, Stall, Started
 
 __all__ = [
     "RunRecord",
+    "explained",
     "failure_after_exit",
     "is_consequence",
     "rank_failed",
     "silence_timeout",
     "silent_death",
+    "stall_text",
     "start_timeout",
 ]
+
+UNEVEN_HINT = (
+    "This usually means the ranks had unequal work: shards of different sizes, or a different "
+    "number of steps or batches per rank. Give every rank the same number of batches (equal "
+    "shards, dropping the remainder), or call hvd.join() when a rank runs out of data."
+)
 
 
 @dataclass(frozen=True)
@@ -31,6 +39,14 @@ class Failure:
 
     rank: int
     error: RankError
+
+
+@dataclass(frozen=True)
+class StallSeen:
+    """The latest stall Horovod reported, and when it was first reported (the run's clock)."""
+
+    stall: Stall
+    since: float
 
 
 @dataclass
@@ -43,12 +59,21 @@ class RunRecord:
     result: bytes | None = None
     last_message: float = 0.0
     last_seen: dict[int, float] = field(default_factory=dict)
+    stall: StallSeen | None = None
 
     def apply(self, message: Message, at: float) -> None:
-        """Fold in ``message``, which arrived at ``at`` (the run's clock)."""
+        """Fold in ``message``, which arrived at ``at`` (the run's clock). A stall report is
+        not progress: it does not count against ``timeout=``."""
+        record = message.record
+        if isinstance(record, Stall):
+            same = self.stall is not None and self.stall.stall == record
+            self.stall = StallSeen(record, self.stall.since if self.stall and same else at)
+            return
         self.last_message = at
         self.last_seen[message.rank] = at
-        record = message.record
+        if self.stall is not None and message.rank in self.stall.stall.ranks:
+            if isinstance(record, (Reports, Exit, RankError)):  # the missing rank moved on
+                self.stall = None
         if isinstance(record, Started):
             self.started[message.rank] = record.host
         elif isinstance(record, RankError):
@@ -57,6 +82,10 @@ class RunRecord:
             self.result = message.blob
         elif isinstance(record, Exit):
             self.exited[message.rank] = record.code
+
+    def finished(self) -> list[int]:
+        """Ranks that ended normally (exit code 0)."""
+        return sorted(rank for rank, code in self.exited.items() if code == 0)
 
     def never_started(self) -> list[int]:
         return [rank for rank in range(self.ranks) if rank not in self.started]
@@ -85,11 +114,20 @@ def silent_death(record: RunRecord, deaths: list[RankDeath]) -> RankDeath | None
     return next((death for death in deaths if death.rank not in spoke), None)
 
 
+def explained(record: RunRecord, deaths: list[RankDeath]) -> bool:
+    """Whether the errors so far have their cause in the record: a rank's own error, a rank
+    that died without a word, or a rank that finished while others still communicated."""
+    return record.cause is not None or silent_death(record, deaths) is not None or bool(record.finished())
+
+
 def rank_failed(record: RunRecord, death: RankDeath | None) -> RankFailedError:
     """The error for a run in which a rank failed: its cause if a rank reported one, else the
-    rank that died without a word (when the launcher saw one), else the first error."""
+    rank that died without a word (when the launcher saw one), else ranks that finished early
+    (uneven work), else the first error."""
     failure = record.first_error
     assert failure is not None, "rank_failed needs a recorded error"
+    if record.cause is None and death is None and (uneven := uneven_work(record)) is not None:
+        return uneven
     if record.cause is None and death is not None:
         return RankFailedError(
             rank=death.rank,
@@ -154,8 +192,53 @@ def silence_timeout(record: RunRecord, timeout: float, now: float) -> RunTimeout
         f"rank {rank} for {now - seen:.0f} s" for rank, seen in sorted(record.last_seen.items()) if rank >= 0
     )
     never = record.never_started()
+    stalled = stall_text(record, now)
     return RunTimeout(
         f"no rank reported anything for {timeout:.0f} s (timeout={timeout:g}); "
         f"the run was stopped. Silent: {silent or 'every rank'}."
         + (f" Never started: ranks {never}." if never else "")
+        + (f" Horovod says it {stalled}." if stalled else "")
     )
+
+
+def uneven_work(record: RunRecord) -> RankFailedError | None:
+    """Some ranks finished while another was still in a collective: Horovod shut down under it."""
+    finished = record.finished()
+    stuck = next((f for f in record.errors if is_consequence(f.error) and f.rank not in finished), None)
+    if not finished or stuck is None:
+        return None
+    who = f"rank {finished[0]}" if len(finished) == 1 else f"ranks {', '.join(map(str, finished))}"
+    return RankFailedError(
+        rank=stuck.rank,
+        host=stuck.error.host,
+        exc_type="",
+        message=(
+            f"uneven work: {who} finished while rank {stuck.rank} was still in a collective "
+            f"({collective_in(stuck.error.traceback)}), which Horovod then shut down. {UNEVEN_HINT}"
+        ),
+        remote_traceback=stuck.error.traceback,
+        stopped=record.ranks - 1,
+    )
+
+
+def collective_in(traceback: str) -> str:
+    """The user's line a rank was on when it failed, from its traceback text."""
+    lines = traceback.splitlines()
+    for index in range(len(lines) - 2, -1, -1):
+        line = lines[index].strip()
+        if line.startswith('File "') and "site-packages" not in line and index + 1 < len(lines):
+            where = "the cell" if CELL_FILENAME in line else line.split('"')[1]
+            number = line.split(", line ")[-1].split(",")[0]
+            return f"{lines[index + 1].strip()} at line {number} of {where}"
+    return "a collective"
+
+
+def stall_text(record: RunRecord, now: float) -> str:
+    """'stalled: rank 0 never submitted allreduce.t3 (rank 1 waiting 63 s)', or ''."""
+    if record.stall is None:
+        return ""
+    stall = record.stall.stall
+    waiting = [rank for rank in range(record.ranks) if rank not in stall.ranks]
+    who = f"rank {waiting[0]}" if len(waiting) == 1 else f"ranks {', '.join(map(str, waiting))}"
+    seconds = now - record.stall.since + stall.threshold
+    return f"stalled: {stall.missing()} ({who} waiting over {seconds:.0f} s)"

@@ -36,6 +36,7 @@ __all__ = ["Run", "execute", "rank_env"]
 DRAIN_SECONDS = 5.0  # after the launcher exits: how long to wait for messages still in flight
 PUMP_BATCH = 2000
 START_TIMEOUT = float(os.environ.get("HVD_MAGIC_START_TIMEOUT", "300"))
+STALL_CHECK_SECONDS = 15
 CAUSE_GRACE = 3.0  # seconds to look for the cause behind a "Horovod has been shut down" error
 
 
@@ -43,9 +44,11 @@ def rank_env(options: RunOptions, hub: Hub) -> dict[str, str]:
     """What every rank gets in its environment: the user's, the hub's address and keys, and
     what Horovod needs for the options (timeline, tf-keras)."""
     env = dict(options.env)
-    if "TF_USE_LEGACY_KERAS" not in env and "TF_USE_LEGACY_KERAS" not in os.environ:
-        # Horovod's Keras binding needs Keras 2 (tf-keras) on TensorFlow >= 2.16.
-        env["TF_USE_LEGACY_KERAS"] = "1"
+    defaults = {
+        "TF_USE_LEGACY_KERAS": "1",  # Horovod's Keras binding needs tf-keras on TensorFlow >= 2.16
+        "HOROVOD_STALL_CHECK_TIME_SECONDS": str(STALL_CHECK_SECONDS),  # Horovod's 60 s is long to stare at
+    }
+    env |= {name: value for name, value in defaults.items() if name not in env and name not in os.environ}
     if options.timeline:
         # Written on rank 0's host (maybe an executor), streamed back by the worker at the end.
         env["HOROVOD_TIMELINE"] = os.path.join(
@@ -118,8 +121,10 @@ class Run:
                 self.launcher.stop()
                 self.view.close()
                 self.hub.close()
+        stalled = diagnosis.stall_text(self.record, self.clock())
         raise RunInterrupted(
             f"interrupted: the {self.options.ranks} ranks were stopped. The notebook's state is unchanged."
+            + (f" Horovod said: {stalled}." if stalled else "")
         )
 
     def _supervise(self) -> Any:
@@ -171,12 +176,11 @@ class Run:
         error still on its way, or a rank that died without a word (killed, OOM). Wait briefly for
         either, before anything is stopped and the evidence with it."""
         deadline = self.clock() + CAUSE_GRACE
-        while self.record.cause is None:
-            death = diagnosis.silent_death(self.record, self.launcher.deaths())
-            if death is not None or self.clock() > deadline:
-                return death
+        while not diagnosis.explained(self.record, self.launcher.deaths()) and self.clock() < deadline:
             self._pump(wait=self.wait / 2)
-        return None
+        if self.record.cause is not None:
+            return None
+        return diagnosis.silent_death(self.record, self.launcher.deaths())
 
     def _outcome(self, code: int) -> Any:
         failure = diagnosis.failure_after_exit(

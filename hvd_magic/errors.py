@@ -89,6 +89,8 @@ class RankFailedError(RunError):
         others = "the other rank was" if self.stopped == 1 else f"the other {self.stopped} ranks were"
         tail = f"; {others} stopped" if self.stopped else ""
         what = f"{self.exc_type}: {self.message}" if self.exc_type else self.message
+        if tail:
+            what = what.rstrip(".")
         return f"{where} failed: {what}{tail}"
 
     def __str__(self) -> str:

@@ -33,14 +33,19 @@ def normalize_line(line: str) -> str:
         words = shlex.split(line)
     except ValueError as err:  # an unclosed quote
         raise UsageError(f"the %%horovod line is not well quoted ({err}): {line}") from None
+    seen: set[str] = set()
     for token in words:
         key, sep, _ = token.partition("=")
         if token == "-np":
-            token = "--np"
+            token = key = "--np"
         elif sep and not key.startswith("-"):
             if key not in OPTIONS:
                 raise UsageError(f"unknown option {key!r}; the options are: {', '.join(OPTIONS)}")
-            token = f"--{token}"
+            token, key = f"--{token}", f"--{key}"
+        if key.startswith("--"):
+            if key in seen:
+                raise UsageError(f"option {key[2:]!r} is given twice; give it once: {line}")
+            seen.add(key)
         tokens.append(shlex.quote(token))
     return " ".join(tokens)
 

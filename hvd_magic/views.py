@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Protocol, TextIO
 
-from .protocol import Log, LogDecoder, Message
+from .protocol import Log, LogDecoder, Message, Stall
 
 __all__ = ["ConsoleView", "RunView", "make_view"]
 
@@ -33,12 +33,15 @@ class ConsoleView:
     def __init__(self) -> None:
         self._open: dict[str, int | None] = {"stdout": None, "stderr": None}  # stream -> rank mid-line
         self._decoder = LogDecoder()
+        self._stall: Stall | None = None
 
     def notice(self, text: str) -> None:
         self._end_open_line("stderr")
         print(text, file=sys.stderr, flush=True)
 
     def message(self, message: Message) -> None:
+        if isinstance(message.record, Stall):
+            self._stalled(message.record)
         if not isinstance(message.record, Log):
             return
         stream, rank = message.record.stream, message.rank
@@ -53,6 +56,12 @@ class ConsoleView:
         out = _out(stream)
         out.write("".join(pieces))
         out.flush()
+
+    def _stalled(self, stall: Stall) -> None:
+        """One line per new stall (Horovod repeats its warning every check interval)."""
+        if stall != self._stall:
+            self._stall = stall
+            self.notice(f"hvd_magic: stalled for over {stall.threshold:g} s: {stall.missing()}")
 
     def _end_open_line(self, stream: str) -> None:
         if self._open.get(stream) is not None:

@@ -40,6 +40,7 @@ from .protocol import (
     Result,
     Started,
 )
+from .stalls import StallFilter
 
 PAYLOAD_TIMEOUT = 120.0
 _CHUNK = 65536
@@ -87,8 +88,17 @@ class _OutputForwarder:
         sys.stderr = open(2, "w", buffering=1, closefd=False, encoding="utf-8", errors="replace")
 
     def _pump(self, fd: int, stream: str) -> None:
+        # Horovod's stall warnings (stderr) become Stall messages instead of log text.
+        stalls = StallFilter() if stream == "stderr" else None
         while chunk := os.read(fd, _CHUNK):
-            self.client.send(Log(stream), chunk)
+            if stalls is not None:
+                chunk, found = stalls.feed(chunk)
+                for stall in found:
+                    self.client.send(stall)
+            if chunk:
+                self.client.send(Log(stream), chunk)
+        if stalls is not None and (rest := stalls.flush()):
+            self.client.send(Log(stream), rest)
         os.close(fd)
 
     def close(self) -> None:
@@ -172,6 +182,37 @@ def send_timeline(client: HubClient, path: str) -> None:
     os.unlink(path)
 
 
+def _run(client: HubClient, blob: bytes, rank: int, host: str) -> int:
+    """Run the payload; rank 0 sends its value. Returns the rank's exit code; an exception (or
+    a non-zero sys.exit) is reported with its traceback. sys.exit(0) is a normal end."""
+    try:
+        payload = _load_payload(blob)
+        if isinstance(payload, FunctionPayload):
+            value, returned = payload.function(**payload.kwargs), dict[str, Any]()
+        else:
+            value, returned = _run_cell(payload)
+    except SystemExit as err:
+        if err.code not in (None, 0):
+            _report_error(client, host, err)
+            return err.code if isinstance(err.code, int) else 1
+        value, returned = None, {}
+    except BaseException as err:  # noqa: BLE001 - every failure is reported, then we exit
+        _report_error(client, host, err)
+        return 130 if isinstance(err, KeyboardInterrupt) else 1
+    if rank == 0:
+        try:
+            _send_result(client, value, returned)
+        except TypeError as err:
+            _report_error(client, host, err)
+            return 1
+    return 0
+
+
+def _report_error(client: HubClient, host: str, err: BaseException) -> None:
+    sys.stderr.flush()
+    client.send(RankError(host, type(err).__name__, str(err), _user_traceback(err)))
+
+
 def main() -> int:
     die_with_parent()
     if os.getppid() == 1:  # the launcher is already gone
@@ -195,19 +236,9 @@ def main() -> int:
     forwarder = _OutputForwarder(client)
     faulthandler.enable(file=os.fdopen(forwarder.original_stderr, "w"), all_threads=True)
     reporting._attach(client)
-    code = 0
+    code = 1
     try:
-        payload = _load_payload(blob)
-        if isinstance(payload, FunctionPayload):
-            value, returned = payload.function(**payload.kwargs), dict[str, Any]()
-        else:
-            value, returned = _run_cell(payload)
-        if rank == 0:
-            _send_result(client, value, returned)
-    except BaseException as err:  # noqa: BLE001 - every failure is reported, then we exit
-        code = 130 if isinstance(err, KeyboardInterrupt) else 1
-        sys.stderr.flush()
-        client.send(RankError(host, type(err).__name__, str(err), _user_traceback(err)))
+        code = _run(client, blob, rank, host)
     finally:
         reporting._detach()
         forwarder.close()

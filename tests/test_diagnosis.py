@@ -5,15 +5,18 @@ from __future__ import annotations
 from hvd_magic import RankFailedError, RunError, RunTimeout
 from hvd_magic.diagnosis import (
     RunRecord,
+    collective_in,
+    explained,
     failure_after_exit,
     is_consequence,
     rank_failed,
     silence_timeout,
     silent_death,
+    stall_text,
     start_timeout,
 )
 from hvd_magic.launch.processes import death_of
-from hvd_magic.protocol import Exit, Message, RankError, Result, Started
+from hvd_magic.protocol import Exit, Message, RankError, Reports, Result, Stall, Started
 
 SHUT_DOWN = RankError("vm", "HorovodInternalError", "Horovod has been shut down. This was caused by ...")
 
@@ -98,3 +101,50 @@ def test_time_limits_name_the_ranks():
     text = str(silence_timeout(record, 30, now=61.0))
     assert "no rank reported anything for 30 s" in text
     assert "rank 0 for 61 s, rank 1 for 60 s" in text and "Never started: ranks [2]" in text
+
+
+TRACEBACK = (
+    "Traceback (most recent call last):\n"
+    '  File "<horovod cell>", line 4, in <module>\n'
+    "    hvd.allreduce(torch.ones(2), name=f't{step}')\n"
+    '  File "/venv/lib/python3.11/site-packages/horovod/torch/mpi_ops.py", line 254, in allreduce\n'
+    "    summed = HorovodAllreduce.apply(tensor)\n"
+    "horovod.common.exceptions.HorovodInternalError: Horovod has been shut down.\n"
+)
+
+
+def test_a_rank_that_finished_while_another_communicated_is_named_as_uneven_work():
+    stuck = RankError("vm", "HorovodInternalError", "Horovod has been shut down ...", TRACEBACK)
+    record = record_of(3, (0, Exit(0)), (2, Exit(0)), (1, stuck))
+    assert explained(record, [])
+    error = rank_failed(record, None)
+    assert error.rank == 1 and error.remote_traceback == TRACEBACK
+    assert "uneven work: ranks 0, 2 finished while rank 1 was still in a collective" in str(error)
+    assert "(hvd.allreduce(torch.ones(2), name=f't{step}') at line 4 of the cell)" in str(error)
+    assert "hvd.join()" in str(error)
+    # Without a finished rank it is no uneven work: the consequence waits for its cause.
+    assert not explained(record_of(2, (1, stuck)), [])
+    assert "uneven" not in str(rank_failed(record_of(2, (1, stuck)), None))
+
+
+def test_the_collective_is_found_in_user_code_not_in_horovods():
+    assert collective_in(TRACEBACK) == "hvd.allreduce(torch.ones(2), name=f't{step}') at line 4 of the cell"
+    assert collective_in("no traceback at all") == "a collective"
+
+
+def test_a_stall_is_described_and_does_not_count_as_progress():
+    record = record_of(2, (0, Started("a", 1, 0, 2)), (1, Started("a", 2, 1, 2)))
+    assert stall_text(record, now=5.0) == ""
+    stall = Stall([0], [["allreduce.t3"]], 15.0)
+    record.apply(Message(stall, 0), at=20.0)
+    record.apply(Message(stall, 0), at=35.0)  # Horovod repeats it every check: same stall
+    assert record.last_message == 1.0  # not progress: timeout= still counts from rank 1's start
+    assert (
+        stall_text(record, now=68.0)
+        == "stalled: rank 0 never submitted allreduce.t3 (rank 1 waiting over 63 s)"
+    )
+    assert "Horovod says it stalled: rank 0 never submitted allreduce.t3" in str(
+        silence_timeout(record, 30, 68.0)
+    )
+    record.apply(Message(Reports(0), 0), at=70.0)  # the stalled rank moved on
+    assert stall_text(record, now=71.0) == ""

@@ -11,7 +11,7 @@ from hvd_magic import engine as engine_module
 from hvd_magic.engine import Run
 from hvd_magic.launch.processes import death_of
 from hvd_magic.options import make_options
-from hvd_magic.protocol import ENV_HUB, ENV_TOKEN, Exit, FileChunk, Log, RankError, Result, Started
+from hvd_magic.protocol import ENV_HUB, ENV_TOKEN, Exit, FileChunk, Log, RankError, Result, Stall, Started
 
 from .fakes import FakeHub, ScriptedLauncher, SteppingClock, healthy_rank, nothing, send
 from .helpers import RecordingView
@@ -21,12 +21,15 @@ SHUT_DOWN = RankError("vm", "HorovodInternalError", "Horovod has been shut down"
 
 
 def run(
-    launcher: ScriptedLauncher, timeout: float | None = None, timeline: str | None = None, ranks: int = 2
+    launcher: ScriptedLauncher,
+    timeout: float | None = None,
+    timeline: str | None = None,
+    ranks: int = 2,
+    step: float = 1.0,
 ):
     hub, view = FakeHub(), RecordingView()
-    supervisor = Run(
-        hub, launcher, view, make_options(-ranks, "gloo", timeout=timeout, timeline=timeline), SteppingClock()
-    )
+    options = make_options(-ranks, "gloo", timeout=timeout, timeline=timeline)
+    supervisor = Run(hub, launcher, view, options, SteppingClock(step))
     supervisor.wait = 0.001
     return supervisor, hub, view
 
@@ -62,7 +65,7 @@ def test_the_cause_arriving_after_a_consequence_is_named():
         on_start=[send(0, Started("a", 1, 0, 2)), send(1, Started("b", 2, 1, 2)), send(0, SHUT_DOWN)],
         code=None,
     )
-    supervisor, hub, _ = run(launcher)
+    supervisor, hub, _ = run(launcher, step=0.1)  # the 3 s grace spans ~30 clock reads
     original = supervisor._pump
     pumps = []
 
@@ -116,6 +119,19 @@ def test_ranks_that_never_start_end_the_run_after_the_start_timeout(monkeypatch)
     supervisor, _, _ = run(launcher)
     with pytest.raises(RunTimeout, match=r"ranks \[1\] did not start within 50 s"):
         supervisor.execute()
+
+
+def test_stall_reports_do_not_hold_off_the_timeout_and_are_named_by_it():
+    stall = Stall([0], [["allreduce.t3"]], 15.0)
+    launcher = ScriptedLauncher(
+        on_start=[send(0, Started("a", 1, 0, 2)), send(1, Started("a", 2, 1, 2))],
+        on_poll=[send(0, stall)] * 200,  # Horovod repeating its warning, far beyond the timeout
+        code=None,
+    )
+    supervisor, _, view = run(launcher, timeout=30)
+    with pytest.raises(RunTimeout, match=r"Horovod says it stalled: rank 0 never submitted allreduce.t3"):
+        supervisor.execute()
+    assert any(m.record == stall for m in view.messages)  # the view got it too
 
 
 def test_an_interrupt_stops_the_launcher_and_closes_everything():

@@ -148,6 +148,9 @@ def test_a_rank_killed_without_a_word_is_named_not_the_rank_it_took_down(ip, lau
         ("np=-2 return=a,1b", "not names"),
         ("np=-2 timeout=-3", "timeout must be positive"),
         ("np=-2 'unclosed", "not well quoted (No closing quotation)"),
+        ("np=2 np=3", "option 'np' is given twice"),
+        ("-np 2 np=3", "option 'np' is given twice"),
+        ("np=-2 timeout=5 --timeout 6", "option 'timeout' is given twice"),
     ],
 )
 def test_bad_options_raise_usage_error_with_usage(ip, line, fragment, capsys):

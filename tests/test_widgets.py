@@ -8,7 +8,7 @@ import re
 import pytest
 from ipywidgets.widgets.tests.utils import setup_test_comm, teardown_test_comm
 
-from hvd_magic.protocol import Exit, Log, Message, RankError, Reports, Started
+from hvd_magic.protocol import Exit, Log, Message, RankError, Reports, Stall, Started
 from hvd_magic.widgets.render import final_html, grid_html
 from hvd_magic.widgets.state import MAX_POINTS, RunModel, TerminalLog
 
@@ -91,6 +91,17 @@ def test_a_character_split_across_two_log_messages_stays_whole():
     model.apply(log(0, text[cut:]))
     assert model.logs[0].lines == ["loss ↓ 0.5 ✓"]
     assert "\ufffd" not in model.all_log.text()
+
+
+def test_a_stalled_rank_is_marked_with_its_tensors_until_it_reports_again():
+    model = RunModel(2)
+    model.apply(Message(Started("h0", 1, 0, 2), 0))
+    model.apply(Message(Stall([0], [["allreduce.t3"]], 15.0), 0))
+    assert (model.progress[0].state, model.progress[0].stalled_on) == ("stalled", ["allreduce.t3"])
+    assert "stalled: never submitted allreduce.t3" in grid_html(model)
+    assert model.counts()["stalled"] == 1
+    model.apply(reports(0, {"step": 5}))
+    assert (model.progress[0].state, model.progress[0].stalled_on) == ("running", [])
 
 
 def test_grid_turns_compact_for_many_ranks_and_still_shows_failed_and_slowest():

@@ -13,6 +13,7 @@ started        rank → hub               ``Started``         —
 log            rank → hub               ``Log``             stdout/stderr bytes, as written
 reports        rank → hub               ``Reports``         JSON list of ``report()`` records
 error          rank → hub               ``RankError``       —
+stall          rank 0 → hub             ``Stall``           —
 result         rank 0 → hub             ``Result``          pickled (value, returned names)
 file           rank 0 → hub             ``FileChunk``       a piece of the Horovod Timeline
 exit           rank → hub, agent → rsh  ``Exit``            —
@@ -22,6 +23,7 @@ launcher_log   task → driver            ``LauncherLog``     a line of mpirun's
 launcher_exit  task → driver            ``LauncherExit``    —
 release        driver → task            ``Release``         —
 abort          driver → task            ``Abort``           —
+stopped        task → driver            ``Stopped``         —
 store          task → driver            ``StoreRequest``    a Gloo store PUT body
 stored         driver → task            ``StoreAnswer``     the stored value
 exec           rsh client → agent       ``Exec``            —
@@ -46,7 +48,8 @@ from .plan import SparkPlan
 __all__ = [
     "Abort", "Exec", "Exit", "FileChunk", "Hello", "Join", "Kill", "Kind", "LauncherExit",
     "LauncherLog", "Log", "Output", "Payload", "Ping", "Plan", "Pong", "RankError", "Record",
-    "Release", "Reports", "Result", "Started", "StoreAnswer", "StoreRequest", "record_type",
+    "Release", "Reports", "Result", "Stall", "Started", "Stopped", "StoreAnswer", "StoreRequest",
+    "record_type",
 ]  # fmt: skip
 
 
@@ -57,6 +60,7 @@ class Kind(str, Enum):
     LOG = "log"
     REPORTS = "reports"
     ERROR = "error"
+    STALL = "stall"
     RESULT = "result"
     FILE = "file"
     EXIT = "exit"
@@ -66,6 +70,7 @@ class Kind(str, Enum):
     LAUNCHER_EXIT = "launcher_exit"
     RELEASE = "release"
     ABORT = "abort"
+    STOPPED = "stopped"
     STORE = "store"
     STORED = "stored"
     EXEC = "exec"
@@ -150,6 +155,22 @@ class RankError(Record):
     traceback: str = ""
 
 
+@_kind(Kind.STALL)
+@dataclass(frozen=True)
+class Stall(Record):
+    """Horovod's stall inspector (on rank 0) says ``ranks`` never submitted ``tensors[i]``
+    while the other ranks waited more than ``threshold`` seconds for them."""
+
+    ranks: list[int]
+    tensors: list[list[str]]
+    threshold: float
+
+    def missing(self) -> str:
+        """'rank 0 never submitted allreduce.t3; rank 2 never submitted ...'"""
+        pairs = zip(self.ranks, self.tensors, strict=True)
+        return "; ".join(f"rank {rank} never submitted {', '.join(tensors)}" for rank, tensors in pairs)
+
+
 @_kind(Kind.RESULT)
 @dataclass(frozen=True)
 class Result(Record):
@@ -217,6 +238,15 @@ class Release(Record):
 @dataclass(frozen=True)
 class Abort(Record):
     """Stop what the task started, then return."""
+
+
+@_kind(Kind.STOPPED)
+@dataclass(frozen=True)
+class Stopped(Record):
+    """A task stopped everything it started; ``remaining`` lists what it could not (pid: command)."""
+
+    executor: str
+    remaining: list[str] = field(default_factory=list)
 
 
 @_kind(Kind.STORE)

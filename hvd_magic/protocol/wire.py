@@ -6,12 +6,12 @@ import codecs
 import json
 from dataclasses import dataclass
 
-from .messages import Join, Kind, LauncherExit, LauncherLog, Log, Record, record_type
+from .messages import Join, Kind, LauncherExit, LauncherLog, Log, Record, Stopped, record_type
 
 __all__ = ["CONTROL_RECORDS", "LogDecoder", "Message", "decode", "encode"]
 
 # What Spark tasks tell the driver's launcher (the hub queues them apart from rank events).
-CONTROL_RECORDS = (Join, LauncherLog, LauncherExit)
+CONTROL_RECORDS = (Join, LauncherLog, LauncherExit, Stopped)
 
 
 @dataclass

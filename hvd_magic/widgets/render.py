@@ -16,7 +16,13 @@ __all__ = ["COMPACT_RANKS", "final_html", "grid_html", "log_html", "svg_chart", 
 COMPACT_RANKS = 64
 PER_RANK_TRACES_UP_TO = 16
 DRAWN_POINTS = 500
-STATE_COLOURS = {"starting": "#9e9e9e", "running": "#1e88e5", "done": "#43a047", "failed": "#e53935"}
+STATE_COLOURS = {
+    "starting": "#9e9e9e",
+    "running": "#1e88e5",
+    "stalled": "#fb8c00",
+    "done": "#43a047",
+    "failed": "#e53935",
+}
 
 
 _HEAD = "".join(
@@ -60,9 +66,17 @@ def _row(progress: RankProgress) -> str:
         "" if progress.epoch is None else str(progress.epoch),
         "" if progress.rate is None else f"{progress.rate:.1f}",
         _duration(progress.eta),
-        f'<span style="color:{STATE_COLOURS[progress.state]}">{progress.state}</span>',
+        _state(progress),
     ]
     return "<tr>" + "".join(f'<td style="padding:1px 8px">{c}</td>' for c in cells) + "</tr>"
+
+
+def _state(progress: RankProgress) -> str:
+    text = progress.state
+    if progress.state == "stalled" and progress.stalled_on:
+        text += ": never submitted " + ", ".join(progress.stalled_on[:3])
+        text += f" (+{len(progress.stalled_on) - 3})" if len(progress.stalled_on) > 3 else ""
+    return f'<span class="hvd-state" style="color:{STATE_COLOURS[progress.state]}">{html.escape(text)}</span>'
 
 
 def grid_html(model: RunModel) -> str:

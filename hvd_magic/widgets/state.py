@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..protocol import Exit, Log, LogDecoder, Message, RankError, Reports, Started
+from ..protocol import Exit, Log, LogDecoder, Message, RankError, Reports, Stall, Started
 
 __all__ = ["RankProgress", "RunModel", "TerminalLog"]
 
@@ -57,7 +57,8 @@ class TerminalLog:
 class RankProgress:
     rank: int
     host: str = ""
-    state: str = "starting"  # starting, running, done, failed
+    state: str = "starting"  # starting, running, stalled, done, failed
+    stalled_on: list[str] = field(default_factory=list)  # tensors Horovod waits on it for
     step: int | None = None
     total: int | None = None
     epoch: int | None = None
@@ -80,8 +81,8 @@ class RankProgress:
         return None
 
     def update(self, record: dict[str, Any]) -> None:
-        if self.state == "starting":
-            self.state = "running"
+        if self.state in ("starting", "stalled"):
+            self.state, self.stalled_on = "running", []
         if "total" in record:
             self.total = int(record["total"])
         if "epoch" in record:
@@ -131,6 +132,9 @@ class RunModel:
     def apply(self, message: Message) -> None:
         self.events += 1
         rank, record = message.rank, message.record
+        if isinstance(record, Stall):
+            self._stall(record)
+            return
         if not 0 <= rank < self.ranks:
             return
         progress = self.progress[rank]
@@ -149,6 +153,13 @@ class RunModel:
             progress.state = "done" if record.code == 0 else "failed"
         else:
             return
+        self.version += 1
+
+    def _stall(self, stall: Stall) -> None:
+        """Horovod waits on these ranks for these tensors (the report comes from rank 0)."""
+        for rank, tensors in zip(stall.ranks, stall.tensors, strict=True):
+            if 0 <= rank < self.ranks and self.progress[rank].state in ("starting", "running", "stalled"):
+                self.progress[rank].state, self.progress[rank].stalled_on = "stalled", list(tensors)
         self.version += 1
 
     def _report(self, rank: int, record: dict[str, Any]) -> None:
@@ -196,7 +207,7 @@ class RunModel:
         )
 
     def counts(self) -> dict[str, int]:
-        counts = {"starting": 0, "running": 0, "done": 0, "failed": 0}
+        counts = {"starting": 0, "running": 0, "stalled": 0, "done": 0, "failed": 0}
         for progress in self.progress:
             counts[progress.state] += 1
         return counts

@@ -1,0 +1,66 @@
+"""Horovod's stall warnings taken out of a rank's stderr (pure; the real warning is in
+test_faults.py)."""
+
+from __future__ import annotations
+
+from hvd_magic.protocol import Stall
+from hvd_magic.stalls import StallFilter
+
+WARNING = (
+    b"[2026-11-22 23:58:30. 23583: W /tmp/horovod/common/stall_inspector.cc:107] One or more tensors "
+    b"were submitted to be reduced, gathered or broadcasted by subset of ranks and are waiting for "
+    b"remainder of ranks for more than 15 seconds. This may indicate that different ranks are trying "
+    b"to submit different tensors or that only subset of ranks is submitting tensors, which will "
+    b"cause deadlock. \nMissing ranks:\n0: [allreduce.t3, allreduce.t4]\n2: [allreduce.t3]\n"
+)
+
+
+def feed_all(pieces: list[bytes]) -> tuple[bytes, list[Stall]]:
+    stalls = StallFilter()
+    shown, found = b"", []
+    for piece in pieces:
+        text, new = stalls.feed(piece)
+        shown += text
+        found += new
+    return shown + stalls.flush(), found
+
+
+def test_the_warning_becomes_a_stall_and_leaves_the_log():
+    shown, found = feed_all([b"epoch 1\n", WARNING, b"epoch 2\n"])
+    assert shown == b"epoch 1\nepoch 2\n"
+    assert found[-1] == Stall([0, 2], [["allreduce.t3", "allreduce.t4"], ["allreduce.t3"]], 15.0)
+    assert found[-1].missing() == (
+        "rank 0 never submitted allreduce.t3, allreduce.t4; rank 2 never submitted allreduce.t3"
+    )
+
+
+def test_a_warning_cut_anywhere_is_found_the_same():
+    text = b"before\n" + WARNING + b"after\n"
+    for cut in range(0, len(text), 7):
+        shown, found = feed_all([text[:cut], text[cut:]])
+        assert shown == b"before\nafter\n", cut
+        assert found[-1].ranks == [0, 2], cut
+    shown, found = feed_all([bytes([b]) for b in text])  # a byte at a time
+    assert shown == b"before\nafter\n" and found[-1].ranks == [0, 2]
+
+
+def test_warnings_in_a_row_cut_anywhere_are_all_taken():
+    text = WARNING * 3 + b"after\n"
+    for size in (1, 5, 64, 333):
+        shown, found = feed_all([text[i : i + size] for i in range(0, len(text), size)])
+        assert shown == b"after\n", size
+        assert len(found) == 6, size  # two rank lines per warning
+
+
+def test_other_output_is_not_held_back():
+    stalls = StallFilter()
+    assert stalls.feed(b"50%|#####     | 5/10\r") == (b"50%|#####     | 5/10\r", [])
+    assert stalls.feed(b"[1, 2, 3] partial") == (b"[1, 2, 3] partial", [])  # not Horovod's prefix
+    assert stalls.feed(b"[2026-11-22 23:58") == (b"", [])  # may be Horovod's: held to the line end
+    other = b":30.1: I operations.cc:1] Horovod initialized\n"
+    assert stalls.feed(other) == (b"[2026-11-22 23:58" + other, [])
+
+
+def test_the_warning_block_ends_at_the_first_other_line():
+    shown, found = feed_all([WARNING.replace(b"2: [allreduce.t3]\n", b"3: not a rank line\n")])
+    assert shown == b"3: not a rank line\n" and found[-1].ranks == [0]
