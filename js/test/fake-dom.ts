@@ -1,0 +1,152 @@
+// A minimal stand-in for the DOM (no jsdom/happy-dom here): just what the viewer touches, with
+// listener bookkeeping so tests can count what is still subscribed.
+
+type Listener = (event: any) => void;
+
+export class FakeTarget {
+  readonly listeners = new Map<string, Listener[]>();
+  [handler: `on${string}`]: Listener | undefined;
+
+  addEventListener(type: string, listener: Listener): void {
+    const list = this.listeners.get(type) ?? [];
+    if (!list.includes(listener)) list.push(listener);
+    this.listeners.set(type, list);
+  }
+
+  removeEventListener(type: string, listener: Listener): void {
+    const list = this.listeners.get(type) ?? [];
+    const at = list.indexOf(listener);
+    if (at >= 0) list.splice(at, 1);
+  }
+
+  /** Live listeners, over all types or one. */
+  count(type?: string): number {
+    if (type !== undefined) return this.listeners.get(type)?.length ?? 0;
+    let n = 0;
+    for (const list of this.listeners.values()) n += list.length;
+    return n;
+  }
+
+  /** Call the listeners of `type` (and an `on<type>` property, as the DOM does). */
+  dispatch(type: string, fields: Record<string, unknown> = {}): void {
+    const event = { type, preventDefault() {}, ...fields };
+    for (const listener of [...(this.listeners.get(type) ?? [])]) listener(event);
+    this[`on${type}`]?.(event);
+  }
+}
+
+export interface Drawn {
+  op: string;
+  args: unknown[];
+  fillStyle: string;
+}
+
+/** A 2D context recording the calls of the last frame (cleared by clearRect). */
+export function fakeContext() {
+  const frame: Drawn[] = [];
+  const context: Record<string, any> = { frame, fillStyle: "", strokeStyle: "", globalAlpha: 1, font: "" };
+  for (const op of ["fillRect", "fillText", "beginPath", "moveTo", "lineTo", "stroke"]) {
+    context[op] = (...args: unknown[]) => frame.push({ op, args, fillStyle: context.fillStyle });
+  }
+  context.clearRect = () => frame.splice(0);
+  context.measureText = (text: string) => ({ width: text.length * 6 });
+  return context;
+}
+
+export class FakeElement extends FakeTarget {
+  readonly style: Record<string, string> = { cssText: "" };
+  readonly dataset: Record<string, string> = {};
+  readonly classes = new Set<string>();
+  readonly classList = { add: (...names: string[]) => names.forEach((n) => this.classes.add(n)) };
+  children: Array<FakeElement | string> = [];
+  parent: FakeElement | null = null;
+  textContent = "";
+  placeholder = "";
+  value = "";
+  type = "";
+  checked = false;
+  width = 0;
+  height = 0;
+  clientWidth = 0;
+  private context?: ReturnType<typeof fakeContext>;
+
+  constructor(readonly tagName: string) {
+    super();
+  }
+
+  set innerHTML(_html: string) {
+    this.children = [];
+  }
+
+  append(...nodes: Array<FakeElement | string>): void {
+    for (const node of nodes) {
+      if (typeof node !== "string") node.parent = this;
+      this.children.push(node);
+    }
+  }
+
+  remove(): void {
+    if (this.parent) this.parent.children = this.parent.children.filter((c) => c !== this);
+    this.parent = null;
+  }
+
+  getContext(_kind: string) {
+    return (this.context ??= fakeContext());
+  }
+
+  /** Descendants with this tag name, in document order. */
+  all(tagName: string): FakeElement[] {
+    const found: FakeElement[] = [];
+    for (const child of this.children) {
+      if (typeof child === "string") continue;
+      if (child.tagName === tagName) found.push(child);
+      found.push(...child.all(tagName));
+    }
+    return found;
+  }
+
+  /** Every listener on this element and its descendants. */
+  countTree(): number {
+    return this.children.reduce((n, c) => n + (typeof c === "string" ? 0 : c.countTree()), this.count());
+  }
+}
+
+export class FakeDocument extends FakeTarget {
+  createElement(tagName: string): FakeElement {
+    return new FakeElement(tagName);
+  }
+}
+
+/** Bytes traitlets arrive in the browser as DataViews. */
+export function bytes(array: ArrayBufferView): DataView {
+  return new DataView(array.buffer, array.byteOffset, array.byteLength);
+}
+
+/**
+ * A model like the Python TimelineViewer's: `rowCount` tensors "layer0"…, each with a long
+ * ALLREDUCE span [0, 400) at depth 0 and a QUEUE span [100, 150) at depth 1; cycles at 0 and
+ * 500 µs; the run ends at 1000 µs. Counts its live on() subscriptions.
+ */
+export function fakeModel(rowCount = 40) {
+  const rows: number[] = [];
+  const starts: number[] = [];
+  for (let r = 0; r < rowCount; r++) rows.push(r, r), starts.push(0, 100);
+  const values: Record<string, unknown> = {
+    row_names: Array.from({ length: rowCount }, (_, r) => `layer${r}`),
+    activity_names: ["ALLREDUCE", "QUEUE"],
+    rows: bytes(Int32Array.from(rows)),
+    starts: bytes(Float64Array.from(starts)),
+    durations: bytes(Float32Array.from(rows.map((_, i) => (i % 2 ? 50 : 400)))),
+    kinds: bytes(Uint8Array.from(rows.map((_, i) => i % 2))),
+    depths: bytes(Uint8Array.from(rows.map((_, i) => i % 2))),
+    cycles: bytes(Float64Array.from([0, 500])),
+    end_us: 1000,
+  };
+  const subscriptions = new FakeTarget();
+  return {
+    get: (name: string) => values[name],
+    on: (event: string, callback: () => void) => subscriptions.addEventListener(event, callback),
+    off: (event: string, callback: () => void) => subscriptions.removeEventListener(event, callback),
+    subscriptions,
+  };
+}

@@ -1,0 +1,139 @@
+"""The public surface: what ``hvd_magic`` exports, and what ``import hvd_magic`` costs."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+import hvd_magic
+import hvd_magic.errors
+import hvd_magic.timeline
+
+PUBLIC = [
+    "CaptureError",
+    "HorovodMagicError",
+    "HorovodRunner",
+    "LaunchError",
+    "LiveCallback",
+    "RankFailedError",
+    "RunError",
+    "RunInterrupted",
+    "RunTimeout",
+    "load_ipython_extension",
+    "progress",
+    "report",
+    "timeline",
+]
+
+ERRORS = [
+    "CaptureError",
+    "HorovodMagicError",
+    "LaunchError",
+    "RankFailedError",
+    "RunError",
+    "RunInterrupted",
+    "RunTimeout",
+    "TimelineError",
+]
+
+TIMELINE = ["Analysis", "Timeline", "TimelineError", "analyze", "export_slice", "read", "spans"]
+
+
+def test_all_is_exactly_the_documented_set() -> None:
+    assert sorted(hvd_magic.__all__) == PUBLIC
+    assert len(hvd_magic.__all__) == len(set(hvd_magic.__all__))
+
+
+@pytest.mark.parametrize("name", [n for n in PUBLIC if n != "LiveCallback"])
+def test_every_public_name_resolves(name: str) -> None:
+    value = getattr(hvd_magic, name)
+    assert value is not None
+
+
+def test_live_callback_resolves_to_a_keras_callback() -> None:
+    if importlib.util.find_spec("tensorflow") is None:
+        pytest.skip("LiveCallback needs TensorFlow, which is not installed")
+    import tensorflow as tf
+
+    callback = hvd_magic.LiveCallback
+    assert inspect.isclass(callback)
+    assert issubclass(callback, tf.keras.callbacks.Callback)
+
+
+def test_public_names_are_the_real_objects() -> None:
+    from hvd_magic import callbacks, errors, reporting, runner
+
+    assert hvd_magic.report is reporting.report
+    assert hvd_magic.progress is callbacks.progress
+    assert hvd_magic.HorovodRunner is runner.HorovodRunner
+    assert isinstance(hvd_magic.timeline, types.ModuleType)
+    assert hvd_magic.timeline.__name__ == "hvd_magic.timeline"
+    for name in ERRORS:
+        if name in PUBLIC:
+            assert getattr(hvd_magic, name) is getattr(errors, name)
+    assert callable(hvd_magic.load_ipython_extension)
+
+
+def test_unknown_attribute_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no_such_thing"):
+        hvd_magic.no_such_thing  # noqa: B018
+    assert not hasattr(hvd_magic, "no_such_thing")
+
+
+def test_errors_all_is_one_exception_tree() -> None:
+    assert sorted(hvd_magic.errors.__all__) == ERRORS
+    base = hvd_magic.errors.HorovodMagicError
+    for name in hvd_magic.errors.__all__:
+        cls = getattr(hvd_magic.errors, name)
+        assert inspect.isclass(cls) and issubclass(cls, Exception), name
+        assert issubclass(cls, base), f"{name} is outside the HorovodMagicError tree"
+
+
+def test_errors_tree_shape() -> None:
+    errors = hvd_magic.errors
+    for name in ("RankFailedError", "RunInterrupted", "RunTimeout"):
+        assert issubclass(getattr(errors, name), errors.RunError), name
+    for name in ("CaptureError", "LaunchError", "TimelineError", "RunError"):
+        assert getattr(errors, name).__bases__[0] is errors.HorovodMagicError, name
+    assert issubclass(errors.TimelineError, ValueError)
+
+
+def test_timeline_all_names_resolve() -> None:
+    assert sorted(hvd_magic.timeline.__all__) == TIMELINE
+    for name in hvd_magic.timeline.__all__:
+        assert getattr(hvd_magic.timeline, name) is not None, name
+    assert hvd_magic.timeline.TimelineError is hvd_magic.errors.TimelineError
+    assert callable(hvd_magic.timeline.read) and callable(hvd_magic.timeline.analyze)
+
+
+HEAVY = ("torch", "tensorflow", "keras", "pyspark", "ipywidgets", "anywidget")
+
+
+def test_import_is_cheap() -> None:
+    code = (
+        "import json, sys\n"
+        "import hvd_magic\n"
+        "heavy = tuple(sys.argv[1:])\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in heavy)))\n"
+        "print(json.dumps(hvd_magic.__file__))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, *HEAVY],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    repo = Path(__file__).resolve().parents[1]
+    assert Path(json.loads(lines[-1])).resolve().is_relative_to(repo)  # this checkout's package
+    assert json.loads(lines[-2]) == []
