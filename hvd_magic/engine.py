@@ -110,19 +110,41 @@ class Run:
         self.timeline = _TimelineSink(options.timeline)
 
     def execute(self) -> Any:
-        """Start, supervise, and stop whatever is left; interrupts end in RunInterrupted."""
+        """Start and supervise; then stop whatever is left and return (or raise) only once the
+        run's processes are gone, or with a note saying which are still being stopped.
+        Interrupts end in RunInterrupted."""
+        error: BaseException | None = None
         try:
             self.launcher.start(self.hub, rank_env(self.options, self.hub))
-            return self._supervise()
+            value = self._supervise()
         except KeyboardInterrupt:
-            pass
-        finally:
-            with _interrupts_deferred():  # pressing stop again must not cut the clean-up short
-                self.launcher.stop()
-                self.view.close()
-                self.hub.close()
+            error = self._interrupted()
+        except BaseException as err:  # noqa: BLE001 - raised again below, after the stop
+            error = err
+        leftovers = self._finish()
+        if leftovers:
+            note = f"still being stopped after the run: {'; '.join(leftovers)}"
+            if error is None:
+                self.view.notice(f"hvd_magic: {note}")
+            else:
+                error.add_note(note)
+        if error is not None:
+            raise error
+        return value
+
+    def _finish(self) -> list[str]:
+        """Stop the launcher (it returns what it could not stop), hand the view the last
+        messages, close the view and the hub."""
+        with _interrupts_deferred():  # pressing stop again must not cut the clean-up short
+            leftovers = self.launcher.stop()
+            self._pump(wait=0)
+            self.view.close()
+            self.hub.close()
+        return leftovers
+
+    def _interrupted(self) -> RunInterrupted:
         stalled = diagnosis.stall_text(self.record, self.clock())
-        raise RunInterrupted(
+        return RunInterrupted(
             f"interrupted: the {self.options.ranks} ranks were stopped. The notebook's state is unchanged."
             + (f" Horovod said: {stalled}." if stalled else "")
         )
@@ -132,10 +154,7 @@ class Run:
             self._pump(wait=self.wait)
             self.view.tick()
             if self.record.errors:
-                failure = diagnosis.rank_failed(self.record, self._find_cause())  # before the stop
-                self.launcher.stop()
-                self._pump(wait=0)
-                raise failure
+                raise diagnosis.rank_failed(self.record, self._find_cause())  # decided before the stop
             code = self.launcher.poll()
             if code is not None:
                 self._drain()
@@ -145,11 +164,9 @@ class Run:
     def _check_time_limits(self) -> None:
         now = self.clock()
         if self.record.never_started() and now - self.record.began > START_TIMEOUT:
-            self.launcher.stop()
             raise diagnosis.start_timeout(self.record, START_TIMEOUT)
         timeout = self.options.timeout
         if timeout and now - self.record.last_message > timeout:
-            self.launcher.stop()
             raise diagnosis.silence_timeout(self.record, timeout, now)
 
     def _pump(self, wait: float) -> None:

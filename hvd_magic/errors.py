@@ -34,7 +34,10 @@ class HorovodMagicError(Exception):
 
     def _render_traceback_(self) -> list[str]:
         # IPython shows this instead of our internal frames: the message is the whole story.
-        return [f"\x1b[31m{type(self).__name__}\x1b[0m: {self}"]
+        return [f"\x1b[31m{type(self).__name__}\x1b[0m: {self}", *self._notes()]
+
+    def _notes(self) -> list[str]:
+        return list(getattr(self, "__notes__", []))
 
 
 class CaptureError(HorovodMagicError):
@@ -108,4 +111,4 @@ class RankFailedError(RunError):
             lines.append(f"{red}--- remote traceback, {self._where()} ---{reset}")
             lines += self.remote_traceback.rstrip("\n").split("\n")
         lines.append(f"{red}RankFailedError{reset}: {self._summary()}")
-        return lines
+        return lines + self._notes()

@@ -44,6 +44,8 @@ class ScriptedLauncher(Launcher):
     seen_deaths: list[RankDeath] = field(default_factory=list)
     output: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    leftovers: list[str] = field(default_factory=list)  # what stop() says it could not stop
+    on_stop: list[Step] = field(default_factory=list)  # messages the stop makes the ranks send
     stops: int = 0
 
     def start(self, hub, env: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
@@ -57,8 +59,11 @@ class ScriptedLauncher(Launcher):
             return None
         return self.code
 
-    def stop(self) -> None:
+    def stop(self) -> list[str]:
         self.stops += 1
+        for step in self.on_stop:
+            step(self.hub)
+        return list(self.leftovers)
 
     def diagnostics(self) -> str:
         return self.output

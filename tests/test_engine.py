@@ -145,6 +145,41 @@ def test_an_interrupt_stops_the_launcher_and_closes_everything():
     assert launcher.stops == 1 and hub.closed and view.closed
 
 
+def test_the_error_says_what_could_not_be_stopped():
+    launcher = ScriptedLauncher(
+        on_start=[send(0, Started("a", 1, 0, 2)), send(1, RankError("b", "ValueError", "bad"))],
+        code=None,
+        leftovers=["4242: python -m hvd_magic.worker (executor 1)"],
+    )
+    supervisor, _, _ = run(launcher)
+    with pytest.raises(RankFailedError) as info:
+        supervisor.execute()
+    assert info.value.__notes__ == [
+        "still being stopped after the run: 4242: python -m hvd_magic.worker (executor 1)"
+    ]
+    assert info.value._render_traceback_()[-1] == info.value.__notes__[0]  # shown in the notebook
+
+
+def test_a_successful_run_with_leftovers_says_so_and_still_returns_its_value():
+    launcher = ScriptedLauncher(on_start=healthy_rank(0, value=7) + healthy_rank(1), leftovers=["99: orted"])
+    supervisor, _, view = run(launcher)
+    assert supervisor.execute() == (7, {})
+    assert view.notices == ["hvd_magic: still being stopped after the run: 99: orted"]
+
+
+def test_the_stop_comes_once_after_the_decision_and_the_last_output_still_reaches_the_view():
+    launcher = ScriptedLauncher(
+        on_start=[send(0, Started("a", 1, 0, 2)), send(1, RankError("b", "ValueError", "bad"))],
+        on_stop=[send(0, Log("stderr"), b"KeyboardInterrupt\n")],  # what the stop makes rank 0 say
+        code=None,
+    )
+    supervisor, _, view = run(launcher)
+    with pytest.raises(RankFailedError) as info:
+        supervisor.execute()
+    assert info.value.rank == 1 and launcher.stops == 1
+    assert view.messages[-1].blob == b"KeyboardInterrupt\n" and view.closed
+
+
 def test_a_value_the_notebook_cannot_load_is_a_clear_error():
     broken = [
         send(0, Started("a", 1, 0, 1)),

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from hvd_magic import HorovodRunner, LaunchError, RankFailedError, RunError, RunInterrupted
+from hvd_magic import HorovodRunner, LaunchError, RankFailedError, RunError, RunInterrupted, RunTimeout
 from hvd_magic.launch import spark as spark_launch
 from hvd_magic.launch.spark_session import check_slots
 from hvd_magic.protocol import Join, SparkPlan
@@ -21,6 +21,7 @@ from .helpers import (
     executor_processes,
     gone_within,
     leftover_processes,
+    run_processes_anywhere,
     waiting_cell,
     when_started,
 )
@@ -171,6 +172,7 @@ def test_failing_rank_on_spark_names_rank_and_host(ip, cluster):
 
     with pytest.raises(RankFailedError) as info:
         ip.run_cell_magic("horovod", "np=4", cell)
+    assert run_processes_anywhere() == []  # at once
     assert info.value.rank == 3 and info.value.exc_type == "ValueError" and info.value.host
     assert "bad shard" in info.value.remote_traceback
     assert leftover_processes() == []
@@ -246,10 +248,18 @@ def test_interrupt_on_spark_stops_every_rank_on_every_executor(ip, cluster, tmp_
     )
     with pytest.raises(RunInterrupted):
         ip.run_cell_magic("horovod", "np=4", waiting_cell(tmp_path, wait=ALLREDUCE_FOREVER))
+    assert run_processes_anywhere() == []  # at once: the stop is complete when the cell returns
     elapsed = time.monotonic() - interrupted[0]
     assert elapsed < 5, f"the interrupt took {elapsed:.1f} s"
-    assert gone_within(1) == []
     assert HorovodRunner(np=2).run(rank_sum()) == 3.0  # the next run works
+
+
+@pytest.mark.parametrize("launcher", ["mpi", "gloo"])
+def test_nothing_is_left_when_a_timed_out_spark_cell_returns(ip, cluster, tmp_path, launcher):
+    cell = waiting_cell(tmp_path, ignore_signals=True)  # only SIGKILL stops these ranks
+    with pytest.raises(RunTimeout):
+        ip.run_cell_magic("horovod", f"np=4 launcher={launcher} timeout=5", cell)
+    assert run_processes_anywhere() == []
 
 
 def test_executor_lost_mid_run_is_a_clear_error(ip, cluster, tmp_path):

@@ -25,8 +25,10 @@ class Launcher:
         """The job's exit code once every process ended, else None."""
         raise NotImplementedError
 
-    def stop(self) -> None:
-        """Stop every process of the job: SIGINT, then SIGTERM, then SIGKILL."""
+    def stop(self) -> list[str]:
+        """Stop every process of the job (SIGINT, then SIGTERM, then SIGKILL) and return only
+        once they are gone, or a bound passed: then the list says what is still being
+        stopped, and where. Safe to call again."""
         raise NotImplementedError
 
     def diagnostics(self) -> str:

@@ -15,9 +15,10 @@ from .processes import (
     OutputTail,
     RankDeath,
     death_of,
+    describe,
     family_of,
     spawn,
-    stop_processes,
+    stop_and_confirm,
     thread_budget_env,
     worker_command,
 )
@@ -48,10 +49,12 @@ class _ProcessGroupLauncher(Launcher):
             return None
         return next((code for code in codes if code), 0)
 
-    def stop(self) -> None:
-        stop_processes([member for process in self.processes for member in family_of(process.pid)])
+    def stop(self) -> list[str]:
+        family = [member for process in self.processes for member in family_of(process.pid)]
+        remaining = stop_and_confirm(family)
         for process in self.processes:
-            process.wait()
+            process.poll()  # reap it
+        return [f"{describe(process)} (on this machine)" for process in remaining]
 
     def diagnostics(self) -> str:
         return "\n".join(tail.text() for tail in self.tails).strip()
@@ -103,8 +106,9 @@ class LocalGlooLauncher(_ProcessGroupLauncher):
                 self._deaths.append(death_of(rank, code))
         return list(self._deaths)
 
-    def stop(self) -> None:
-        super().stop()
+    def stop(self) -> list[str]:
+        remaining = super().stop()
         if self._server is not None:
             self._server.close()
             self._server = None
+        return remaining

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -20,7 +21,10 @@ __all__ = [
     "OutputTail",
     "RankDeath",
     "death_of",
+    "describe",
     "die_with_parent",
+    "family_of",
+    "stop_and_confirm",
     "spawn",
     "stop_processes",
     "stop_tree",
@@ -29,6 +33,7 @@ __all__ = [
 ]
 
 STOP_GRACE_SECONDS = 1.5
+GONE_SECONDS = 15.0  # after SIGKILL, how long to wait for the kernel to tear a process down
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_NUM_INTRAOP_THREADS")
 _TAIL_LINES = 200
 
@@ -90,17 +95,50 @@ def spawn(
 
 
 def stop_processes(processes: list[psutil.Process], grace: float = STOP_GRACE_SECONDS) -> None:
-    """SIGINT, then SIGTERM, then SIGKILL, waiting ``grace`` seconds between steps."""
-    alive = [p for p in processes if p.is_running()]
+    """SIGINT, then SIGTERM, then SIGKILL, waiting up to ``grace`` seconds between steps."""
+    alive = [p for p in processes if _alive(p)]
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
         for process in alive:
             try:
                 process.send_signal(sig)
             except psutil.NoSuchProcess:
                 pass
-        _, alive = psutil.wait_procs(alive, timeout=grace)
+        alive = _wait_gone(alive, grace)
         if not alive:
             return
+
+
+def _alive(process: psutil.Process) -> bool:
+    """Running and not a zombie (a zombie holds nothing but its pid; its parent reaps it)."""
+    try:
+        return bool(process.is_running() and process.status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
+
+
+def describe(process: psutil.Process) -> str:
+    """'1234: mpirun -np 4 ...' for error messages."""
+    try:
+        return f"{process.pid}: {' '.join(process.cmdline())[:120]}"
+    except psutil.Error:
+        return f"{process.pid}: ?"
+
+
+def stop_and_confirm(
+    processes: list[psutil.Process], grace: float = STOP_GRACE_SECONDS, bound: float = GONE_SECONDS
+) -> list[psutil.Process]:
+    """Stop ``processes`` (see ``stop_processes``) and wait until each is really gone; returns
+    those still alive after ``bound`` more seconds (empty: the stop is complete)."""
+    stop_processes(processes, grace)
+    return _wait_gone(processes, bound)
+
+
+def _wait_gone(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Those of ``processes`` still alive after up to ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while (alive := [p for p in processes if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return alive
 
 
 def family_of(pid: int) -> list[psutil.Process]:

@@ -27,6 +27,7 @@ from ..protocol import (
     Record,
     Release,
     SparkPlan,
+    Stopped,
     StoreAnswer,
     StoreRequest,
 )
@@ -39,8 +40,10 @@ from .spark_task import TaskSpec, barrier_task
 
 __all__ = ["SparkLauncher", "make_plan"]
 
-JOIN_TIMEOUT = 120.0
-STOP_SECONDS = 6.0  # tasks stop their processes: SIGINT, SIGTERM, SIGKILL 1.5 s apart
+STOP_SECONDS = 30.0  # for every task to confirm its stop (SIGINT, SIGTERM, SIGKILL 1.5 s apart)
+QUIET_SECONDS = 12.0  # ... but not longer than this after the last confirmation
+AFTER_JOB_SECONDS = 2.0  # once the job ended: for confirmations still on their way
+JOB_END_SECONDS = 10.0
 
 
 def make_plan(joins: list[Join], launcher: str) -> SparkPlan:
@@ -79,11 +82,14 @@ class SparkLauncher(Launcher):
         self.exit_code: int | None = None
         self.job_error: str = ""
         self.log: collections.deque[str] = collections.deque(maxlen=200)
-        self._tasks: list[bytes] = []
+        self._joins: dict[bytes, Join] = {}  # task connection -> its Join
+        self._stopped: dict[bytes, Stopped] = {}  # task connection -> its confirmation
         self._launcher_exits: list[int] = []
         self._deaths: list[RankDeath] = []  # gloo: ranks whose task saw them end badly
-        self._rank_of: dict[bytes, tuple[int, str]] = {}  # task identity -> (rank, host)
-        self._released = threading.Event()
+        self._rank_of: dict[bytes, tuple[int, str]] = {}  # task connection -> (rank, host)
+        self._ending: Release | Abort | None = None  # what the tasks were told to do
+        self._closed = threading.Event()
+        self._job: threading.Thread | None = None
 
     @classmethod
     def on_active_session(cls, np: int, launcher: str) -> SparkLauncher:
@@ -105,8 +111,7 @@ class SparkLauncher(Launcher):
             target=self._run_job, args=(spec,), name="hvd_magic-spark-job", daemon=True
         )
         self._job.start()
-        self._control = threading.Thread(target=self._rendezvous, name="hvd_magic-rendezvous", daemon=True)
-        self._control.start()
+        threading.Thread(target=self._control_loop, name="hvd_magic-spark-control", daemon=True).start()
 
     def _run_job(self, spec: TaskSpec) -> None:
         context = self.session.sparkContext
@@ -119,63 +124,49 @@ class SparkLauncher(Launcher):
             self.job_error = str(err).strip().split("\n")[0][:2000]
             self.exit_code = 1
 
-    def _rendezvous(self) -> None:
-        joins = self._gather_joins()
-        if joins is None:
-            return
-        self._tasks = list(joins)
-        plan = make_plan(list(joins.values()), self.launcher)
-        if self.launcher == "gloo":
-            self._serve_gloo_store(plan)
-            for identity, join in joins.items():
-                slot = plan.slots[join.partition]
-                self._rank_of[identity] = (slot.rank, slot.hostname)
-        for identity in joins:
-            self.hub.send_to(identity, Plan(plan))
-        self._follow_launchers()
-
-    def _gather_joins(self) -> dict[bytes, Join] | None:
-        """Every task's ``Join`` by its connection, or None if they did not all come (or the
-        run was stopped)."""
-        joins: dict[bytes, Join] = {}
-        deadline = time.monotonic() + JOIN_TIMEOUT
-        while len(joins) < self.np:
-            message = self._next_control(deadline)
-            if message is None:
-                return None
-            if isinstance(message.record, Join):
-                joins[message.identity] = message.record
-        return joins
-
-    def _follow_launchers(self) -> None:
-        """Release the tasks once the launchers ended: mpirun's task reports once, Gloo tasks
-        each report their own rank."""
-        expected = 1 if self.launcher == "mpi" else self.np
-        while not self._released.is_set():
-            message = self._next_control(None)
-            if message is None or not isinstance(message.record, LauncherExit):
-                continue
-            code = message.record.code
-            self._launcher_exits.append(code)
-            if code and message.identity in self._rank_of:
-                rank, host = self._rank_of[message.identity]
-                self._deaths.append(death_of(rank, code, host))
-            if len(self._launcher_exits) >= expected:
-                self.release()
-
-    def _next_control(self, deadline: float | None) -> Message | None:
-        while not self._released.is_set():
-            if deadline is not None and time.monotonic() > deadline:
-                return None
+    def _control_loop(self) -> None:
+        """Every message the tasks send the driver, until the stop is over."""
+        while not self._closed.is_set():
             try:
                 message = self.hub.control.get(timeout=0.2)
             except queue.Empty:
                 continue
-            if isinstance(message.record, LauncherLog):
+            record = message.record
+            if isinstance(record, Join):
+                self._joined(message.identity, record)
+            elif isinstance(record, LauncherLog):
                 self.log.append(message.blob.decode("utf-8", errors="replace").rstrip("\n"))
-                continue
-            return message
-        return None
+            elif isinstance(record, LauncherExit):
+                self._launcher_ended(message.identity, record.code)
+            elif isinstance(record, Stopped):
+                self._stopped[message.identity] = record
+
+    def _joined(self, identity: bytes, join: Join) -> None:
+        self._joins[identity] = join
+        if self._ending is not None:  # the run is being stopped: this task has nothing to do
+            self.hub.send_to(identity, self._ending)
+        elif len(self._joins) == self.np:
+            self._send_plan()
+
+    def _send_plan(self) -> None:
+        plan = make_plan(list(self._joins.values()), self.launcher)
+        if self.launcher == "gloo":
+            self._serve_gloo_store(plan)
+            for identity, join in self._joins.items():
+                slot = plan.slots[join.partition]
+                self._rank_of[identity] = (slot.rank, slot.hostname)
+        for identity in self._joins:
+            self.hub.send_to(identity, Plan(plan))
+
+    def _launcher_ended(self, identity: bytes, code: int) -> None:
+        """Release the tasks once the launchers ended: mpirun's task reports once, Gloo tasks
+        each report their own rank."""
+        self._launcher_exits.append(code)
+        if code and identity in self._rank_of:
+            rank, host = self._rank_of[identity]
+            self._deaths.append(death_of(rank, code, host))
+        if len(self._launcher_exits) >= (1 if self.launcher == "mpi" else self.np):
+            self.release()
 
     def _serve_gloo_store(self, plan: SparkPlan) -> None:
         """Answer the tasks' relayed Gloo store requests from a store on the driver."""
@@ -191,29 +182,58 @@ class SparkLauncher(Launcher):
 
     def release(self, record: Release | Abort = Release()) -> None:  # noqa: B008 - immutable
         """Let every task return (their slots and GPUs go back to Spark); ``Abort`` kills first."""
-        self._released.set()
-        for identity in self._tasks:
+        if self._ending is not None:
+            return
+        self._ending = record
+        for identity in list(self._joins):
             self.hub.send_to(identity, record)
 
     def poll(self) -> int | None:
-        if not self._job.is_alive():
+        if self._job is not None and not self._job.is_alive():
             return self.exit_code
         # A failed launcher ends the run now: Spark may be busy retrying the barrier stage
         # (an executor was lost); stop() then cancels the job.
         failed = [code for code in self._launcher_exits if code]
         return failed[0] if failed else None
 
-    def stop(self) -> None:
-        if not hasattr(self, "_job"):
-            return
-        if self._job.is_alive():
-            self.release(Abort())
-            self._job.join(timeout=STOP_SECONDS)
-        if self._job.is_alive():
+    def stop(self) -> list[str]:
+        """Abort the tasks and wait until each confirmed that what it started is gone."""
+        if self._job is None or self._closed.is_set():
+            return self._leftovers()
+        self.release(Abort())
+        self._wait_for_confirmations()
+        self._job.join(timeout=JOB_END_SECONDS)
+        if self._job.is_alive():  # tasks that never answered, or Spark retrying the stage
             self.session.sparkContext.cancelJobGroup(self.group)
-            self._job.join(timeout=10)
-        self._released.set()
+            self._job.join(timeout=JOB_END_SECONDS)
+        self._closed.set()
         self.hub.responders.pop(StoreRequest, None)
+        return self._leftovers()
+
+    def _wait_for_confirmations(self) -> None:
+        """Until all np tasks confirmed. Bounded: a task Spark killed (a lost executor, a
+        failed stage) never confirms, so the wait also ends when no confirmation came for
+        QUIET_SECONDS, and shortly after the job ended."""
+        start = time.monotonic()
+        deadline, confirmed = start + STOP_SECONDS, -1
+        while len(self._stopped) < self.np and (now := time.monotonic()) < deadline:
+            if len(self._stopped) != confirmed:
+                confirmed, deadline = len(self._stopped), min(start + STOP_SECONDS, now + QUIET_SECONDS)
+            if self._job is not None and not self._job.is_alive():
+                deadline = min(deadline, now + AFTER_JOB_SECONDS)
+            time.sleep(0.02)
+
+    def _leftovers(self) -> list[str]:
+        leftovers = []
+        for identity, join in self._joins.items():
+            stopped = self._stopped.get(identity)
+            if stopped is None:
+                leftovers.append(
+                    f"task {join.partition} on executor {join.executor} ({join.ip}) did not confirm"
+                )
+            else:
+                leftovers += [f"{item} (executor {stopped.executor})" for item in stopped.remaining]
+        return leftovers
 
     def deaths(self) -> list[RankDeath]:
         if self.launcher == "mpi":

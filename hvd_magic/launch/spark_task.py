@@ -35,13 +35,14 @@ from ..protocol import (
     Plan,
     Release,
     SparkPlan,
+    Stopped,
     StoreAnswer,
     StoreRequest,
 )
 from .agent import ExecAgent
 from .gloo import LoopbackStoreServer, gloo_env
 from .mpirun import mpirun_argv
-from .processes import spawn, stop_processes, stop_tree, thread_budget_env, worker_command
+from .processes import describe, spawn, stop_and_confirm, stop_tree, thread_budget_env, worker_command
 
 __all__ = ["TaskSpec", "barrier_task"]
 PLAN_TIMEOUT = 120.0
@@ -97,19 +98,21 @@ def barrier_task(spec: TaskSpec, _rows: Iterator[Any]) -> Iterator[int]:
     code = 1
     try:
         answer = client.receive(PLAN_TIMEOUT)
-        if answer is None or not isinstance(answer.record, Plan):
+        if answer is not None and isinstance(answer.record, (Abort, Release)):
+            code = 0  # the run was stopped before it launched anything
+        elif answer is None or not isinstance(answer.record, Plan):
             raise RuntimeError(
                 f"task {partition}: no launch plan from the notebook within {PLAN_TIMEOUT:.0f} s"
             )
-        plan = answer.record.plan
-        if agent is not None:
-            code = _mpi_task(spec, plan, partition, agent, client)
+        elif agent is not None:
+            code = _mpi_task(spec, answer.record.plan, partition, agent, client)
         else:
-            code = _gloo_task(spec, plan, partition, client)
+            code = _gloo_task(spec, answer.record.plan, partition, client)
     finally:
         if agent is not None:
             agent.close()
-        _stop_children()
+        # The driver returns from its stop only once every task confirmed this.
+        client.send(Stopped(join.executor, [describe(p) for p in stop_and_confirm(_descendants())]))
         client.close()
     yield code
 
@@ -195,6 +198,5 @@ def _forward(process: subprocess.Popen[bytes], client: HubClient) -> None:
         client.send(LauncherLog(), line)
 
 
-def _stop_children() -> None:
-    me = psutil.Process()
-    stop_processes(me.children(recursive=True))
+def _descendants() -> list[psutil.Process]:
+    return list(psutil.Process().children(recursive=True))

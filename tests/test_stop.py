@@ -1,0 +1,47 @@
+"""A stop is complete when the cell returns: after RunInterrupted, RankFailedError and RunTimeout
+no process of the run exists anywhere on the machine, checked at once, with no grace. (The same
+on Spark is in test_launch_spark.py.)"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from hvd_magic import RankFailedError, RunInterrupted, RunTimeout
+
+from .helpers import run_processes_anywhere, waiting_cell, when_started
+
+FAILING_CELL = (
+    "import time, horovod.torch as hvd, torch\nhvd.init()\n"
+    "if hvd.rank() == 1:\n    raise ValueError('bad shard')\n"
+    "signal_ignored = __import__('signal').signal(2, __import__('signal').SIG_IGN)\n"  # rank 0 resists SIGINT
+    "hvd.allreduce(torch.ones(1))\n"
+)
+
+
+@pytest.mark.parametrize("launcher", ["mpi", "gloo"])
+def test_nothing_is_left_when_an_interrupted_cell_returns(ip, tmp_path, launcher):
+    when_started(tmp_path, 2, lambda: os.kill(os.getpid(), signal.SIGINT))
+    with pytest.raises(RunInterrupted):
+        ip.run_cell_magic(
+            "horovod", f"np=-2 launcher={launcher}", waiting_cell(tmp_path, ignore_signals=True)
+        )
+    assert run_processes_anywhere() == []
+
+
+@pytest.mark.parametrize("launcher", ["mpi", "gloo"])
+def test_nothing_is_left_when_a_failed_cell_returns(ip, launcher):
+    with pytest.raises(RankFailedError):
+        ip.run_cell_magic("horovod", f"np=-2 launcher={launcher}", FAILING_CELL)
+    assert run_processes_anywhere() == []
+
+
+@pytest.mark.parametrize("launcher", ["mpi", "gloo"])
+def test_nothing_is_left_when_a_timed_out_cell_returns(ip, tmp_path, launcher):
+    with pytest.raises(RunTimeout):
+        ip.run_cell_magic(
+            "horovod", f"np=-2 launcher={launcher} timeout=3", waiting_cell(tmp_path, ignore_signals=True)
+        )
+    assert run_processes_anywhere() == []
