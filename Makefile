@@ -22,3 +22,4 @@ bench: setup
 	$(PY) bench/launch.py
 	$(PY) bench/live_view.py
 	$(PY) bench/timeline_parse.py
+	$(PY) bench/stop.py

@@ -27,7 +27,7 @@ CHROMIUM_FLAGS = [
 ]  # fmt: skip
 
 TRAIN_CELL = """%%horovod np=-2
-import time, torch, hvd_magic, horovod.torch as hvd
+import os, time, torch, hvd_magic, horovod.torch as hvd
 hvd.init()
 torch.manual_seed(0)
 model = torch.nn.Linear(8, 1)
@@ -40,7 +40,8 @@ for step in range(1, 61):
     loss.backward()
     optimizer.step()
     hvd_magic.report(step=step, total=60, epoch=0, loss=loss.item())
-    time.sleep(0.1)
+    while step == 30 and not os.path.exists("go"):  # halfway: the test looks, then opens the gate
+        time.sleep(0.05)
 print("rank", hvd.rank(), "finished")
 """
 
@@ -104,21 +105,22 @@ def _jupyterlab(tmp_path, cell: str):
 
 
 @needs_chromium
-def test_live_view_in_jupyterlab(jupyterlab):
+def test_live_view_in_jupyterlab(jupyterlab, tmp_path):
     with notebook_page(jupyterlab, height=1400) as page:
-        # While the ranks train: the live grid shows bars moving and the curve has points.
-        page.wait_for_selector(".hvd-grid .hvd-bar", timeout=120_000)
+        # The ranks wait halfway (step 30 of 60) until the test opens the gate: the live grid
+        # must show both bars at 50 % and the curve its points while they train.
         page.wait_for_function(
             """() => {
+                const bars = [...document.querySelectorAll('.hvd-grid .hvd-bar')];
                 const plot = document.querySelector('.js-plotly-plot');
-                return plot && plot.data && plot.data.length === 3 && plot.data[2].x.length >= 10;
+                return bars.length === 2 && bars.every(b => b.dataset.progress === '50')
+                    && plot && plot.data && plot.data.length === 3 && plot.data[2].x.length >= 10;
             }""",
-            timeout=120_000,
+            timeout=180_000,
         )
-        partial = page.eval_on_selector_all(".hvd-bar", "bars => bars.map(b => +b.dataset.progress)")
         page.screenshot(path=str(ARTIFACTS / "live_view_running.png"))
         assert not page.query_selector(".hvd-final"), "the run ended before the live view was seen"
-        assert len(partial) == 2 and all(0 < p < 100 for p in partial)
+        (tmp_path / "go").touch()
         # At the end the widget is replaced by the final record: both bars at 100 %, curves kept.
         page.wait_for_selector(".hvd-final", timeout=120_000)
         final = page.eval_on_selector_all(".hvd-final .hvd-bar", "bars => bars.map(b => +b.dataset.progress)")

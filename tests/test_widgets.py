@@ -126,6 +126,23 @@ def test_final_record_holds_the_curve_data():
     assert "<svg" in html
 
 
+def test_curves_catch_up_when_the_run_goes_quiet(comms):
+    """Curves redraw at most twice a second; the last points must not wait for a next message."""
+    from hvd_magic.widgets.view import LiveView
+
+    now = [0.0]
+    view = LiveView(1, show=False, clock=lambda: now[0])
+    view.message(reports(0, {"step": 1, "metrics": {"loss": 1.0}}))
+    view.tick()
+    now[0] = 0.2
+    view.message(reports(0, {"step": 2, "metrics": {"loss": 0.5}}))
+    view.tick()  # the grid is redrawn, the curves wait (0.2 s after the last curve draw)
+    for tick in range(1, 21):  # then nothing arrives for two seconds (e.g. a rank waits)
+        now[0] = 0.2 + tick / 10
+        view.tick()
+    assert view.figure.data and {tuple(trace.x) for trace in view.figure.data} == {(1.0, 2.0)}
+
+
 def test_live_view_sends_batched_throttled_updates(comms):
     from hvd_magic.widgets.view import LiveView
 

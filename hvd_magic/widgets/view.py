@@ -51,6 +51,7 @@ class LiveView:
         self.model = RunModel(ranks)
         self.updates = 0
         self._drawn_version = -1
+        self._curves_version = -1  # curves redraw less often: they may lag the rest
         self._last_draw = -1.0
         self._last_curves = -1.0
         self.grid = widgets.HTML()
@@ -81,8 +82,17 @@ class LiveView:
 
     def tick(self) -> None:
         now = self.clock()
-        if self.model.version != self._drawn_version and now - self._last_draw >= 1 / MAX_UPDATES_PER_SECOND:
+        if now - self._last_draw < 1 / MAX_UPDATES_PER_SECOND:
+            return
+        if self.model.version != self._drawn_version:
             self.draw()
+        elif (
+            self._curves_version != self.model.version
+            and now - self._last_curves >= 1 / CURVE_UPDATES_PER_SECOND
+        ):
+            self._last_curves = now  # the run went quiet before the curves caught up
+            with self.figure.batch_update():
+                self._draw_curves()
 
     def draw(self, final: bool = False) -> None:
         self._last_draw = self.clock()
@@ -102,6 +112,7 @@ class LiveView:
             self.summary.value = f"<small>{self.model.summary()}</small>"
 
     def _draw_curves(self) -> None:
+        self._curves_version = self.model.version
         data: list[dict[str, Any]] = traces(self.model, self.metric.value) if self.metric.value else []
         with self.figure.batch_update():
             if len(self.figure.data) != len(data):
