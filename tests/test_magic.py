@@ -14,8 +14,6 @@ from hvd_magic import CaptureError, RankFailedError
 
 from .helpers import leftover_processes
 
-STARTUP_ALLOWANCE = 10  # seconds to start 2 ranks importing torch + horovod on a loaded machine
-
 ALLREDUCE_CELL = """
 import horovod.torch as hvd, torch
 hvd.init()
@@ -97,7 +95,7 @@ hvd.allreduce(torch.tensor([1.0]))   # rank 0 blocks here until it is stopped
     started = time.monotonic()
     with pytest.raises(RankFailedError) as info:
         ip.run_cell_magic("horovod", "np=-2", cell)
-    assert time.monotonic() - started < 10 + STARTUP_ALLOWANCE
+    assert time.monotonic() - started < 60  # not a hang: the other rank was stopped
     err = info.value
     assert err.rank == 1
     assert err.exc_type == "ZeroDivisionError"

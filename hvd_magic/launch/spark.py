@@ -38,12 +38,23 @@ from .processes import RankDeath, death_of
 from .spark_session import active_or_embedded_session, check_slots, driver_address, task_cpus
 from .spark_task import TaskSpec, barrier_task
 
-__all__ = ["SparkLauncher", "make_plan"]
+__all__ = ["SparkLauncher", "make_plan", "spark_failure"]
 
 STOP_SECONDS = 30.0  # for every task to confirm its stop (SIGINT, SIGTERM, SIGKILL 1.5 s apart)
 QUIET_SECONDS = 12.0  # ... but not longer than this after the last confirmation
 AFTER_JOB_SECONDS = 2.0  # once the job ended: for confirmations still on their way
 JOB_END_SECONDS = 10.0
+
+
+def spark_failure(text: str) -> str:
+    """The line of a failed job's (long, Java) error that says why: a lost executor, else the
+    stage failure, else the first line."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    for marker in ("ExecutorLostFailure", "Job aborted due to stage failure"):
+        found = next((line for line in lines if marker in line), None)
+        if found is not None:
+            return found[found.index(marker) :][:500]
+    return lines[0][:500] if lines else "the Spark job failed"
 
 
 def make_plan(joins: list[Join], launcher: str) -> SparkPlan:
@@ -120,8 +131,8 @@ class SparkLauncher(Launcher):
             rdd = context.parallelize(range(self.np), self.np).barrier()
             codes = rdd.mapPartitions(functools.partial(barrier_task, spec)).collect()
             self.exit_code = max(codes, default=1)
-        except Exception as err:  # noqa: BLE001 - py4j errors: keep the first line for the user
-            self.job_error = str(err).strip().split("\n")[0][:2000]
+        except Exception as err:  # noqa: BLE001 - py4j errors: keep the line that says why
+            self.job_error = spark_failure(str(err))
             self.exit_code = 1
 
     def _control_loop(self) -> None:
