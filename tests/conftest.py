@@ -1,12 +1,22 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 from .helpers import leftover_processes
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _interrupts_reach_python() -> None:
+    """Tests interrupt runs with SIGINT as a notebook's stop button does. A shell that starts
+    the suite in the background makes it ignore SIGINT, and Python then never raises
+    KeyboardInterrupt: install the handler a notebook's kernel has."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
