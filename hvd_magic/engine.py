@@ -121,26 +121,25 @@ class Run:
             error = self._interrupted()
         except BaseException as err:  # noqa: BLE001 - raised again below, after the stop
             error = err
-        leftovers = self._finish()
-        if leftovers:
-            note = f"still being stopped after the run: {'; '.join(leftovers)}"
-            if error is None:
-                self.view.notice(f"hvd_magic: {note}")
-            else:
-                error.add_note(note)
+        self._finish(error)
         if error is not None:
             raise error
         return value
 
-    def _finish(self) -> list[str]:
-        """Stop the launcher (it returns what it could not stop), hand the view the last
-        messages, close the view and the hub."""
+    def _finish(self, error: BaseException | None) -> None:
+        """Stop the launcher and say on ``error`` (or in the view) what it could not stop; hand
+        the view the last messages; close the view and the hub."""
         with _interrupts_deferred():  # pressing stop again must not cut the clean-up short
             leftovers = self.launcher.stop()
             self._pump(wait=0)
+            if leftovers:
+                note = f"still being stopped after the run: {'; '.join(leftovers)}"
+                if error is None:
+                    self.view.notice(f"hvd_magic: {note}")
+                else:
+                    error.add_note(note)
             self.view.close()
             self.hub.close()
-        return leftovers
 
     def _interrupted(self) -> RunInterrupted:
         stalled = diagnosis.stall_text(self.record, self.clock())

@@ -113,6 +113,7 @@ class RecordingView:
         self.closed = False
 
     def notice(self, text: str) -> None:
+        assert not self.closed, f"a notice after the view was closed is lost: {text}"
         self.notices.append(text)
 
     def message(self, message: Message) -> None:
