@@ -55,6 +55,13 @@ def no_flusher(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(reporting, "FLUSH_SECONDS", 3600.0)
 
 
+def attach(client: FakeClient) -> reporting._Reporter:
+    """Attach ``client`` as the run's channel; the reporter that now buffers the records."""
+    reporting._attach(client)  # type: ignore[arg-type]
+    assert reporting._reporter is not None
+    return reporting._reporter
+
+
 def test_report_outside_a_run_does_nothing() -> None:
     assert reporting._reporter is None
     hvd_magic.report(step=1, total=10, epoch=0, loss=0.5)
@@ -148,9 +155,7 @@ def test_full_buffer_drops_and_counts(no_flusher: None, monkeypatch: pytest.Monk
 def test_drop_count_grows_across_batches(no_flusher: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(reporting, "BUFFER_LIMIT", 2)
     client = FakeClient()
-    reporting._attach(client)  # type: ignore[arg-type]
-    reporter = reporting._reporter
-    assert reporter is not None
+    reporter = attach(client)
     for step in range(4):
         reporting.report(step=step)
     reporter.flush()
@@ -162,9 +167,7 @@ def test_drop_count_grows_across_batches(no_flusher: None, monkeypatch: pytest.M
 
 def test_refused_send_counts_the_batch_as_dropped(no_flusher: None) -> None:
     client = FakeClient(answers=[False])  # the client's send queue is full once
-    reporting._attach(client)  # type: ignore[arg-type]
-    reporter = reporting._reporter
-    assert reporter is not None
+    reporter = attach(client)
     for step in range(3):
         reporting.report(step=step)
     reporter.flush()
@@ -195,9 +198,7 @@ def test_detach_flushes_what_is_left(no_flusher: None) -> None:
 
 def test_detach_stops_the_background_thread(no_flusher: None) -> None:
     client = FakeClient()
-    reporting._attach(client)  # type: ignore[arg-type]
-    reporter = reporting._reporter
-    assert reporter is not None
+    reporter = attach(client)
     assert reporter._thread.is_alive()
     reporting._detach()
     assert not reporter._thread.is_alive()
@@ -207,9 +208,7 @@ def test_concurrent_reports_are_all_accounted_for(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(reporting, "FLUSH_SECONDS", 0.001)  # flusher races the writers
     monkeypatch.setattr(reporting, "BUFFER_LIMIT", 50)
     client = FakeClient(answers=[True, False] * 20)
-    reporting._attach(client)  # type: ignore[arg-type]
-    reporter = reporting._reporter
-    assert reporter is not None
+    reporter = attach(client)
     threads, per_thread = 4, 500
     start = threading.Barrier(threads)
 
