@@ -5,6 +5,7 @@ from __future__ import annotations
 from .callbacks import progress
 from .errors import (
     CaptureError,
+    DataError,
     HorovodMagicError,
     LaunchError,
     RankFailedError,
@@ -16,6 +17,7 @@ from .reporting import report
 
 __all__ = [
     "CaptureError",
+    "DataError",
     "HorovodMagicError",
     "HorovodRunner",
     "LaunchError",
@@ -27,6 +29,7 @@ __all__ = [
     "load_ipython_extension",
     "progress",
     "report",
+    "shard",
     "timeline",
 ]
 
@@ -41,6 +44,10 @@ def __getattr__(name: str) -> object:
         from . import callbacks
 
         return callbacks.LiveCallback
+    if name == "shard":
+        from .data import shard
+
+        return shard
     if name == "timeline":
         import importlib
 

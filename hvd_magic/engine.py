@@ -73,6 +73,8 @@ def execute(captured: Captured, options: RunOptions, view: RunView | None = None
         launcher = launch.create(options)
     except KeyboardInterrupt:
         raise RunInterrupted("interrupted before any rank started; nothing was launched.") from None
+    for text in launcher.notices:
+        view.notice(text)
     hub = Hub(launcher.bind_host, captured.blob)
     return Run(hub, launcher, view, options).execute()
 

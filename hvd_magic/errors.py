@@ -5,6 +5,7 @@
     HorovodMagicError
     ├── CaptureError          the cell or function cannot be shipped to the ranks
     ├── LaunchError           the job could not be started (no mpirun, no slots, bad setup)
+    ├── DataError             the data= input cannot be split into shards for the ranks
     ├── TimelineError         a file is not a Horovod Timeline (or is damaged beyond its tail)
     └── RunError              the job started but did not finish cleanly
         ├── RankFailedError   a rank raised; carries its rank, host and remote traceback
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 __all__ = [
     "CaptureError",
+    "DataError",
     "HorovodMagicError",
     "LaunchError",
     "RankFailedError",
@@ -46,6 +48,10 @@ class CaptureError(HorovodMagicError):
 
 class LaunchError(HorovodMagicError):
     """The job could not be started."""
+
+
+class DataError(HorovodMagicError, ValueError):
+    """The ``data=`` input cannot be split into shards for the ranks (or a rank has none)."""
 
 
 class TimelineError(HorovodMagicError, ValueError):

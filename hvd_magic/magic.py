@@ -18,10 +18,10 @@ from .options import OptionError, make_options
 
 __all__ = ["HorovodMagics", "normalize_line"]
 
-OPTIONS = ("np", "launcher", "env", "return", "timeout", "timeline")
+OPTIONS = ("np", "launcher", "env", "return", "timeout", "timeline", "data", "remainder")
 USAGE = (
     "usage: %%horovod np=N [launcher=mpi|gloo] [env=K=V,...] [return=a,b] [timeout=SECONDS] "
-    "[timeline=on|cycles|PATH]\n"
+    "[timeline=on|cycles|PATH] [data=DATAFRAME [remainder=drop|keep]]\n"
     "np=-N runs N ranks on this machine, np=N on Spark; %%horovod? shows the full help."
 )
 
@@ -59,6 +59,10 @@ class HorovodMagics(Magics):
     @argument("--return", dest="return_names", help="rank 0 variables to copy back: a,b")
     @argument("--timeout", help="end the run when no rank reports anything for this many seconds")
     @argument("--timeline", help="record a Horovod Timeline: on, cycles (mark cycles) or a file path")
+    @argument("--data", help="a DataFrame of the notebook: each rank reads its shard with hvd_magic.shard()")
+    @argument(
+        "--remainder", choices=["drop", "keep"], help="rows that do not split evenly: drop (default), keep"
+    )
     @cell_magic
     def horovod(self, line: str, cell: str) -> Any:
         """Run the cell as a Horovod job; its last expression on rank 0 is the cell's value.
@@ -73,7 +77,15 @@ class HorovodMagics(Magics):
         try:
             args = parse_argstring(self.horovod, normalize_line(line))
             options = make_options(
-                args.np, args.launcher, args.env, args.return_names, args.timeout, args.timeline
+                args.np,
+                args.launcher,
+                args.env,
+                args.return_names,
+                args.timeout,
+                args.timeline,
+                data=self._data(args.data),
+                data_name=args.data or "data",
+                remainder=args.remainder,
             )
         except (UsageError, OptionError) as err:
             raise UsageError(f"{err}\n{USAGE}") from None
@@ -91,6 +103,15 @@ class HorovodMagics(Magics):
                 _show_run_timeline(options.timeline)
         self.shell.user_ns.update(returned)  # type: ignore[union-attr]
         return value
+
+    def _data(self, name: str | None) -> Any:
+        """The notebook variable ``data=`` names."""
+        if name is None:
+            return None
+        namespace = self.shell.user_ns  # type: ignore[union-attr]
+        if name not in namespace:
+            raise UsageError(f"data={name}: the notebook has no variable {name!r}; name a DataFrame in it")
+        return namespace[name]
 
     @line_magic
     def horovod_timeline(self, line: str) -> None:

@@ -6,6 +6,10 @@ import os
 import shutil
 import time
 from dataclasses import dataclass, field
+from typing import Any
+
+from .data.source import check_source
+from .errors import DataError
 
 __all__ = ["RunOptions", "OptionError", "make_options", "parse_env", "parse_names"]
 
@@ -19,6 +23,9 @@ class RunOptions:
     timeout: float | None = None  # seconds without any rank event before the run is ended
     timeline: str | None = None  # where the notebook side writes the Horovod Timeline
     mark_cycles: bool = False
+    data: Any = None  # data=: a Spark DataFrame (classic or Connect), pandas DataFrame or Arrow table
+    data_name: str = "data"  # how the user named it, for messages
+    keep_remainder: bool = False  # remainder=keep: the last total % np rows go to the first ranks
 
     @property
     def ranks(self) -> int:
@@ -98,6 +105,13 @@ def parse_timeline(value: str | None) -> tuple[str | None, bool]:
     return os.path.abspath(value), False
 
 
+def parse_remainder(value: str | None) -> bool:
+    """``drop`` (the default: equal shards) or ``keep``; True to keep."""
+    if value not in (None, "drop", "keep"):
+        raise OptionError(f"remainder must be drop or keep, got {value!r}")
+    return value == "keep"
+
+
 def make_options(
     np: object,
     launcher: str | None = None,
@@ -105,8 +119,20 @@ def make_options(
     return_names: str | list[str] | None = None,
     timeout: object = None,
     timeline: str | None = None,
+    data: Any = None,
+    data_name: str = "data",
+    remainder: str | None = None,
 ) -> RunOptions:
     timeline_path, mark_cycles = parse_timeline(timeline)
+    if data is not None:
+        try:
+            check_source(data, data_name)
+        except DataError as err:
+            raise OptionError(str(err)) from None
+    elif remainder is not None:
+        raise OptionError(
+            "remainder= says what to do with rows of data= that do not split evenly; give data="
+        )
     return RunOptions(
         np=parse_np(np),
         launcher=parse_launcher(launcher),
@@ -115,4 +141,7 @@ def make_options(
         timeout=parse_timeout(timeout),
         timeline=timeline_path,
         mark_cycles=mark_cycles,
+        data=data,
+        data_name=data_name,
+        keep_remainder=parse_remainder(remainder),
     )

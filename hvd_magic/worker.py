@@ -29,6 +29,8 @@ from .launch.processes import die_with_parent
 from .protocol import (
     CELL_FILENAME,
     ENV_HUB,
+    ENV_SHARD,
+    ENV_SHARDS,
     ENV_SLOT_GPUS,
     ENV_TOKEN,
     CellPayload,
@@ -58,6 +60,12 @@ def rank_from_env() -> tuple[int, int, int]:
         if rank_var in env:
             return int(env[rank_var]), int(env.get(local_var, 0)), int(env.get(size_var, 1))
     return 0, 0, 1
+
+
+def shard_for_local_rank(shards: str | None, local_rank: int) -> str | None:
+    """This rank's data shard file (``data=``), from the per-local-rank list of its host."""
+    paths = json.loads(shards) if shards else []
+    return str(paths[local_rank]) if local_rank < len(paths) else None
 
 
 def gpu_for_local_rank(slot_gpus: str | None, local_rank: int) -> str | None:
@@ -224,6 +232,9 @@ def main() -> int:
     gpus = gpu_for_local_rank(os.environ.pop(ENV_SLOT_GPUS, None), local_rank)
     if gpus is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus
+    shard = shard_for_local_rank(os.environ.pop(ENV_SHARDS, None), local_rank)
+    if shard is not None:
+        os.environ[ENV_SHARD] = shard
     client = HubClient(address, token, rank)
     host = socket.gethostname()
     try:

@@ -18,6 +18,7 @@ import hvd_magic.timeline
 
 PUBLIC = [
     "CaptureError",
+    "DataError",
     "HorovodMagicError",
     "HorovodRunner",
     "LaunchError",
@@ -29,11 +30,13 @@ PUBLIC = [
     "load_ipython_extension",
     "progress",
     "report",
+    "shard",
     "timeline",
 ]
 
 ERRORS = [
     "CaptureError",
+    "DataError",
     "HorovodMagicError",
     "LaunchError",
     "RankFailedError",
@@ -100,7 +103,7 @@ def test_errors_tree_shape() -> None:
     errors = hvd_magic.errors
     for name in ("RankFailedError", "RunInterrupted", "RunTimeout"):
         assert issubclass(getattr(errors, name), errors.RunError), name
-    for name in ("CaptureError", "LaunchError", "TimelineError", "RunError"):
+    for name in ("CaptureError", "DataError", "LaunchError", "TimelineError", "RunError"):
         assert getattr(errors, name).__bases__[0] is errors.HorovodMagicError, name
     assert issubclass(errors.TimelineError, ValueError)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hvd_magic.worker import gpu_for_local_rank
+from hvd_magic.worker import gpu_for_local_rank, shard_for_local_rank
 
 
 def test_gpu_for_local_rank():
@@ -10,3 +10,9 @@ def test_gpu_for_local_rank():
     assert gpu_for_local_rank('[["0", "1"], ["2", "3"]]', 1) == "2,3"
     assert gpu_for_local_rank(None, 0) is None
     assert gpu_for_local_rank("[[]]", 0) is None
+
+
+def test_shard_for_local_rank():
+    assert shard_for_local_rank('["/tmp/a", "/tmp/b"]', 1) == "/tmp/b"
+    assert shard_for_local_rank(None, 0) is None
+    assert shard_for_local_rank("[]", 0) is None

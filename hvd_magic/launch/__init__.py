@@ -28,13 +28,14 @@ __all__ = ["Launcher", "RankDeath", "create"]
 
 
 def create(options: RunOptions) -> Launcher:
-    """The launcher for these options; on Spark this finds (or starts) the session."""
+    """The launcher for these options; on Spark this finds (or starts) the session. With
+    ``data=`` the shards are planned here, so bad data fails before anything launches."""
     if options.np < 0:
         from .local import LocalGlooLauncher, LocalMpiLauncher
 
         if options.launcher == "gloo":
-            return LocalGlooLauncher(options.ranks)
-        return LocalMpiLauncher(options.ranks)
+            return LocalGlooLauncher.for_options(options)
+        return LocalMpiLauncher.for_options(options)
     from .spark import SparkLauncher
 
-    return SparkLauncher.on_active_session(options.ranks, options.launcher)
+    return SparkLauncher.for_options(options)

@@ -16,6 +16,7 @@ class Launcher:
     """What the engine drives. ``bind_host`` is where the run's hub must listen for the ranks."""
 
     bind_host = "127.0.0.1"
+    notices: list[str] = []  # told to the user before the run (e.g. how data= was split)
 
     def start(self, hub: Hub, env: dict[str, str]) -> None:
         """Start the ranks; ``env`` (the hub's address and keys among it) goes to every rank."""

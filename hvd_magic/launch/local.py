@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import tempfile
 from typing import TYPE_CHECKING
 
+from ..data.source import local_shards
 from ..errors import LaunchError
+from ..protocol import ENV_SHARDS
 from .base import Launcher
 from .gloo import GlooStore, LoopbackStoreServer, gloo_env, gloo_slots
 from .mpirun import mpirun_argv, mpirun_deaths
@@ -25,6 +29,7 @@ from .processes import (
 
 if TYPE_CHECKING:
     from ..hub import Hub
+    from ..options import RunOptions
 
 __all__ = ["LocalGlooLauncher", "LocalMpiLauncher"]
 
@@ -32,11 +37,29 @@ __all__ = ["LocalGlooLauncher", "LocalMpiLauncher"]
 class _ProcessGroupLauncher(Launcher):
     """Common part: processes in new sessions, stopped together with their descendants."""
 
-    def __init__(self, np: int, cwd: str | None = None) -> None:
+    def __init__(self, np: int, cwd: str | None = None, shards: list[str] | None = None) -> None:
         self.np = np
         self.cwd = cwd or os.getcwd()
+        self.shards = shards or []  # data=: rank -> its shard file, written by the notebook
         self.processes: list[subprocess.Popen[bytes]] = []
         self.tails: list[OutputTail] = []
+
+    @classmethod
+    def for_options(cls, options: RunOptions) -> _ProcessGroupLauncher:
+        """With ``data=``, the shards are written (and bad data refused) before anything starts."""
+        if options.data is None:
+            return cls(options.ranks)
+        directory = tempfile.mkdtemp(prefix="hvd_magic-shards-")
+        try:
+            shards, notice = local_shards(
+                options.data, options.data_name, options.ranks, options.keep_remainder, directory
+            )
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+        launcher = cls(options.ranks, shards=shards)
+        launcher.notices = [notice]
+        return launcher
 
     def _spawn(self, argv: list[str], env: dict[str, str]) -> None:
         process = spawn(argv, env, cwd=self.cwd)
@@ -54,6 +77,8 @@ class _ProcessGroupLauncher(Launcher):
         remaining = stop_and_confirm(family)
         for process in self.processes:
             process.poll()  # reap it
+        if self.shards:
+            shutil.rmtree(os.path.dirname(self.shards[0]), ignore_errors=True)
         return [f"{describe(process)} (on this machine)" for process in remaining]
 
     def diagnostics(self) -> str:
@@ -65,6 +90,8 @@ class _ProcessGroupLauncher(Launcher):
         path = merged.get("PYTHONPATH", "")
         merged["PYTHONPATH"] = self.cwd + (os.pathsep + path if path else "")
         merged["PYTHONUNBUFFERED"] = "1"
+        if self.shards:
+            merged[ENV_SHARDS] = json.dumps(self.shards)  # local rank = rank on one host
         return merged
 
 

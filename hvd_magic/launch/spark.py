@@ -1,8 +1,11 @@
 """Ranks on Spark executors: one barrier stage, one task per slot (np > 0).
 
 The driver side: check there are enough slots (fail in seconds, not after Spark's 10 minutes of
-barrier retries), submit the barrier job in its own job group on a thread, answer the tasks'
-``Join`` with the plan, and release them when the launcher (mpirun, or each Gloo rank) ends.
+barrier retries), submit the barrier stage (``mapInArrow(..., barrier=True)``: the DataFrame API
+only, so classic and Spark Connect sessions run the same code) under a job tag on a thread,
+answer the tasks' ``Join`` with the plan, and release them when the launcher (mpirun, or each
+Gloo rank) ends. With ``data=``, the stage runs on the keyed DataFrame (``data.source``), so
+each task starts with its shard.
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ import queue
 import threading
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ..data.source import spark_dataframe, spark_shards
 from ..hub import Hub, RunKeys
 from ..protocol import (
     Abort,
@@ -35,8 +39,17 @@ from .base import Launcher
 from .gloo import GlooStore, gloo_slots
 from .mpirun import mpirun_deaths
 from .processes import RankDeath, death_of
-from .spark_session import active_or_embedded_session, check_slots, driver_address, task_cpus
-from .spark_task import TaskSpec, barrier_task
+from .spark_session import (
+    active_or_embedded_session,
+    check_dynamic_allocation,
+    check_slots,
+    driver_address,
+    task_cpus,
+)
+from .spark_task import STAGE_SCHEMA, TaskSpec, barrier_stage
+
+if TYPE_CHECKING:
+    from ..options import RunOptions
 
 __all__ = ["SparkLauncher", "make_plan", "spark_failure"]
 
@@ -50,7 +63,7 @@ def spark_failure(text: str) -> str:
     """The line of a failed job's (long, Java) error that says why: a lost executor, else the
     stage failure, else the first line."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    for marker in ("ExecutorLostFailure", "Job aborted due to stage failure"):
+    for marker in ("hvd_magic", "ExecutorLostFailure", "Job aborted due to stage failure"):
         found = next((line for line in lines if marker in line), None)
         if found is not None:
             return found[found.index(marker) :][:500]
@@ -70,6 +83,7 @@ def make_plan(joins: list[Join], launcher: str) -> SparkPlan:
             partitions=[t.partition for t in tasks],
             gpus=[list(t.gpus) for t in tasks],
             agent=tasks[0].agent,
+            shards=[t.shard for t in tasks] if any(t.shard for t in tasks) else [],
         )
         for index, (executor, tasks) in enumerate(by_executor.items())
     ]
@@ -84,12 +98,21 @@ def make_plan(joins: list[Join], launcher: str) -> SparkPlan:
 class SparkLauncher(Launcher):
     """One barrier stage of ``np`` tasks on the session's executors."""
 
-    def __init__(self, np: int, launcher: str, session: Any) -> None:
+    def __init__(
+        self,
+        np: int,
+        launcher: str,
+        session: Any,
+        stage_input: Any = None,
+        shard_sizes: list[int] | None = None,
+    ) -> None:
         self.np = np
         self.launcher = launcher
         self.session = session
+        self.stage_input = stage_input  # data=: the keyed DataFrame, one shard per partition
+        self.shard_sizes = shard_sizes or []
         self.bind_host = driver_address(session)
-        self.group = f"hvd_magic-{uuid.uuid4().hex[:12]}"
+        self.tag = f"hvd_magic-{uuid.uuid4().hex[:12]}"
         self.exit_code: int | None = None
         self.job_error: str = ""
         self.log: collections.deque[str] = collections.deque(maxlen=200)
@@ -103,8 +126,20 @@ class SparkLauncher(Launcher):
         self._job: threading.Thread | None = None
 
     @classmethod
-    def on_active_session(cls, np: int, launcher: str) -> SparkLauncher:
-        return cls(np, launcher, active_or_embedded_session())
+    def for_options(cls, options: RunOptions) -> SparkLauncher:
+        """On the data's session (``data=`` a Spark DataFrame), else the active or an embedded
+        one; the data's shards are planned (and bad data refused) before anything launches."""
+        data = options.data
+        session = getattr(data, "sparkSession", None) or active_or_embedded_session()
+        check_dynamic_allocation(session)
+        if data is None:
+            return cls(options.ranks, options.launcher, session)
+        keyed, split = spark_shards(
+            spark_dataframe(data, session), options.data_name, options.ranks, options.keep_remainder
+        )
+        launcher = cls(options.ranks, options.launcher, session, keyed, split.sizes())
+        launcher.notices = [split.notice(options.data_name)]
+        return launcher
 
     def start(self, hub: Hub, env: dict[str, str]) -> None:
         check_slots(self.session, self.np)
@@ -117,6 +152,8 @@ class SparkLauncher(Launcher):
             hub_token=hub.keys.client_token(),
             agent_keys=RunKeys.generate(),
             task_cpus=task_cpus(self.session),
+            run_id=self.tag,
+            shard_sizes=self.shard_sizes,
         )
         self._job = threading.Thread(
             target=self._run_job, args=(spec,), name="hvd_magic-spark-job", daemon=True
@@ -125,15 +162,18 @@ class SparkLauncher(Launcher):
         threading.Thread(target=self._control_loop, name="hvd_magic-spark-control", daemon=True).start()
 
     def _run_job(self, spec: TaskSpec) -> None:
-        context = self.session.sparkContext
-        context.setJobGroup(self.group, f"hvd_magic: {self.np} Horovod ranks", interruptOnCancel=True)
+        self.session.addTag(self.tag)  # this thread's jobs: stop() interrupts them by the tag
         try:
-            rdd = context.parallelize(range(self.np), self.np).barrier()
-            codes = rdd.mapPartitions(functools.partial(barrier_task, spec)).collect()
-            self.exit_code = max(codes, default=1)
-        except Exception as err:  # noqa: BLE001 - py4j errors: keep the line that says why
+            source = self.stage_input
+            if source is None:
+                source = self.session.range(0, self.np, 1, self.np)
+            stage = source.mapInArrow(functools.partial(barrier_stage, spec), STAGE_SCHEMA, barrier=True)
+            self.exit_code = max((int(row[0]) for row in stage.collect()), default=1)
+        except Exception as err:  # noqa: BLE001 - py4j/gRPC errors: keep the line that says why
             self.job_error = spark_failure(str(err))
             self.exit_code = 1
+        finally:
+            self.session.removeTag(self.tag)
 
     def _control_loop(self) -> None:
         """Every message the tasks send the driver, until the stop is over."""
@@ -215,7 +255,7 @@ class SparkLauncher(Launcher):
         self._wait_for_confirmations()
         self._job.join(timeout=JOB_END_SECONDS)
         if self._job.is_alive():  # tasks that never answered, or Spark retrying the stage
-            self.session.sparkContext.cancelJobGroup(self.group)
+            self.session.interruptTag(self.tag)
             self._job.join(timeout=JOB_END_SECONDS)
         self._closed.set()
         self.hub.responders.pop(StoreRequest, None)

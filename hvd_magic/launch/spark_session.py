@@ -1,9 +1,15 @@
-"""The Spark side a run needs before it launches: the session (the active one, or an embedded
-local one), the driver's address for the hub, and enough free slots for a barrier stage."""
+"""The Spark side a run needs before it launches: the session (the active one, classic or Spark
+Connect, or an embedded local one), the address the executors reach the notebook at, and the
+checks that fail in seconds what Spark would retry for minutes: too few slots, dynamic
+allocation (which barrier mode refuses).
+
+On a Spark Connect session there is no SparkContext here: everything goes through the
+DataFrame API and the session's configuration, and the slots are counted from it."""
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 import time
@@ -11,9 +17,18 @@ from typing import Any
 
 from ..errors import LaunchError
 
-__all__ = ["active_or_embedded_session", "check_slots", "driver_address", "slots_available", "task_cpus"]
+__all__ = [
+    "active_or_embedded_session",
+    "check_dynamic_allocation",
+    "check_slots",
+    "driver_address",
+    "is_connect",
+    "slots_available",
+    "task_cpus",
+]
 
 SLOT_WAIT_SECONDS = 10.0
+ENV_DRIVER_HOST = "HVD_MAGIC_DRIVER_HOST"  # the notebook's address as the executors reach it
 
 
 def active_or_embedded_session() -> Any:
@@ -44,40 +59,102 @@ def active_or_embedded_session() -> Any:
     return session
 
 
+def is_connect(session: Any) -> bool:
+    """A Spark Connect session (no SparkContext, no JVM in this process for it)."""
+    return type(session).__module__.startswith("pyspark.sql.connect")
+
+
+def conf(session: Any, key: str, default: str | None = None) -> str | None:
+    if is_connect(session):
+        return session.conf.get(key, default)  # type: ignore[no-any-return]
+    return session.sparkContext.getConf().get(key, default)  # type: ignore[no-any-return]
+
+
 def driver_address(session: Any) -> str:
-    host = session.sparkContext.getConf().get("spark.driver.host") or socket.gethostname()
-    return socket.gethostbyname(host)
+    """Where the run's hub listens: an address of this machine the executors reach.
+    ``HVD_MAGIC_DRIVER_HOST`` chooses it; else the driver's host (classic), or the address
+    this machine uses toward the Spark Connect server."""
+    host = os.environ.get(ENV_DRIVER_HOST)
+    if not host and is_connect(session):
+        server = session.client._builder.host
+        local = server in ("localhost", "::1") or server.startswith("127.")
+        host = "127.0.0.1" if local else _route_to(server)
+    host = host or conf(session, "spark.driver.host") or socket.gethostname()
+    try:
+        return socket.gethostbyname(host)
+    except OSError as err:
+        raise LaunchError(
+            f"the notebook's address {host!r} does not resolve ({err}); set {ENV_DRIVER_HOST} to an "
+            "address of this machine that the executors reach"
+        ) from None
 
 
-def slots_available(session: Any) -> int:
+def _route_to(host: str) -> str:
+    """The local address the kernel uses to reach ``host`` (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((socket.gethostbyname(host), 9))
+        return str(probe.getsockname()[0])
+
+
+def check_dynamic_allocation(session: Any) -> None:
+    if (conf(session, "spark.dynamicAllocation.enabled") or "false").lower() == "true":
+        raise LaunchError(
+            "this Spark cluster has dynamic allocation on (spark.dynamicAllocation.enabled=true), and "
+            "Spark's barrier mode, which runs the ranks, refuses it. Start the cluster (or a cluster "
+            "policy) with spark.dynamicAllocation.enabled=false and a fixed spark.executor.instances, "
+            "or run on this machine with np=-N."
+        )
+
+
+def slots_available(session: Any) -> int | None:
+    """Barrier tasks that can run at once; None when a Connect session does not tell."""
+    if is_connect(session):
+        return _slots_from_conf(session)
     jsc = session.sparkContext._jsc.sc()
     profile = jsc.resourceProfileManager().defaultResourceProfile()
     return int(jsc.maxNumConcurrentTasks(profile))
 
 
+def _slots_from_conf(session: Any) -> int | None:
+    """What the master URL or the static executor settings give, divided by spark.task.cpus."""
+    master = conf(session, "spark.master") or ""
+    cores: int | None = None
+    if found := re.fullmatch(r"local(?:\[(\*|\d+)(?:,\d+)?\])?", master):
+        count = found.group(1)
+        cores = 1 if count is None else (os.cpu_count() or 1) if count == "*" else int(count)
+    elif found := re.fullmatch(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]", master):
+        cores = int(found.group(1)) * int(found.group(2))
+    elif (instances := conf(session, "spark.executor.instances")) and (
+        per_executor := conf(session, "spark.executor.cores")
+    ):
+        cores = int(instances) * int(per_executor)
+    return None if cores is None else cores // task_cpus(session)
+
+
 def check_slots(session: Any, np: int, wait: float = SLOT_WAIT_SECONDS) -> None:
     """Raise LaunchError unless ``np`` barrier tasks can run at once (executors may still join)."""
     deadline = time.monotonic() + wait
-    while (slots := slots_available(session)) < np and time.monotonic() < deadline:
+    while (slots := slots_available(session)) is not None and slots < np and time.monotonic() < deadline:
         time.sleep(0.25)
-    if slots >= np:
+    if slots is None or slots >= np:
         return
-    conf = session.sparkContext.getConf()
-    executors = session.sparkContext._jsc.sc().getExecutorMemoryStatus().size()
-    task_cpus = conf.get("spark.task.cpus", "1")
-    gpus = conf.get("spark.task.resource.gpu.amount")
-    per_task = f"spark.task.cpus={task_cpus}" + (f", spark.task.resource.gpu.amount={gpus}" if gpus else "")
-    use = (
-        f"Use np={slots} or fewer, or add"
-        if slots
-        else "No executor offers a slot now: check the cluster, or add"
+    gpus = conf(session, "spark.task.resource.gpu.amount")
+    per_task = f"spark.task.cpus={task_cpus(session)}" + (
+        f", spark.task.resource.gpu.amount={gpus}" if gpus else ""
     )
+    if is_connect(session):
+        where = f"(spark.master={conf(session, 'spark.master')}; {per_task})"
+    else:
+        executors = session.sparkContext._jsc.sc().getExecutorMemoryStatus().size()
+        where = f"({executors} executor JVMs incl. the driver's; {per_task})"
+    use = f"Use np={slots} or fewer, or add"
+    if not slots:
+        use = "No executor offers a slot now: check the cluster, or add"
     raise LaunchError(
-        f"np={np} needs {np} task slots at once, but the Spark cluster has {slots} "
-        f"({executors} executor JVMs incl. the driver's; {per_task}). {use} executors or cores "
-        f"(spark.executor.instances, spark.executor.cores), or run locally with np=-{np}."
+        f"np={np} needs {np} task slots at once, but the Spark cluster has {slots} {where}. {use} "
+        f"executors or cores (spark.executor.instances, spark.executor.cores), or run locally with np=-{np}."
     )
 
 
 def task_cpus(session: Any) -> int:
-    return int(session.sparkContext.getConf().get("spark.task.cpus", "1"))
+    return int(conf(session, "spark.task.cpus") or "1")

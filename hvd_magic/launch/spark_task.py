@@ -1,7 +1,9 @@
 """What each Spark barrier task runs on its executor (imported there by reference).
 
-Every task reports itself to the notebook's hub (``Join``: executor, address, GPUs, agent
-address) and gets the run's ``Plan`` back: one rendezvous through the driver, not Spark's
+With ``data=``, the stage's input is the keyed DataFrame (``data.source``): each task first
+writes its partition, which is exactly one shard, to a file on its executor. Every task then
+reports itself to the notebook's hub (``Join``: executor, address, GPUs, agent address, shard)
+and gets the run's ``Plan`` back: one rendezvous through the driver, not Spark's
 ``allGather`` (~1 s per call here). With MPI, the first task runs mpirun, and the first task of
 each executor serves the exec agent that starts that executor's share of the ranks. With Gloo,
 each task starts its own rank and serves it the rendezvous store on loopback, relaying to the
@@ -11,14 +13,16 @@ driver's store. Every task holds its slot (and GPU) until the driver releases it
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
@@ -27,6 +31,7 @@ from ..hub import HubClient, RunKeys
 from ..protocol import (
     ENV_AGENT_TOKEN,
     ENV_AGENTS,
+    ENV_SHARDS,
     ENV_SLOT_GPUS,
     Abort,
     Join,
@@ -44,7 +49,7 @@ from .gloo import LoopbackStoreServer, gloo_env
 from .mpirun import mpirun_argv
 from .processes import describe, spawn, stop_and_confirm, stop_tree, thread_budget_env, worker_command
 
-__all__ = ["TaskSpec", "barrier_task"]
+__all__ = ["STAGE_SCHEMA", "TaskSpec", "barrier_stage", "barrier_task"]
 PLAN_TIMEOUT = 120.0
 STORE_TIMEOUT = 30.0
 
@@ -58,6 +63,8 @@ class TaskSpec:
     hub_token: str
     agent_keys: RunKeys
     task_cpus: int
+    run_id: str = "run"
+    shard_sizes: list[int] = field(default_factory=list)  # data=: rows each partition must hold
 
 
 def own_address(toward: str) -> str:
@@ -77,22 +84,67 @@ def interface_of(address: str) -> str:
     return "lo" if address.startswith("127.") else ""
 
 
-def barrier_task(spec: TaskSpec, _rows: Iterator[Any]) -> Iterator[int]:
+STAGE_SCHEMA = "code long"  # what each task of the barrier stage returns: its exit code
+
+
+def barrier_stage(spec: TaskSpec, batches: Iterator[Any]) -> Iterator[Any]:
+    """The function of the barrier stage (``mapInArrow(..., barrier=True)``)."""
+    import pyarrow as pa
+
+    yield pa.RecordBatch.from_pydict({"code": [barrier_task(spec, batches)]})
+
+
+def barrier_task(spec: TaskSpec, batches: Iterator[Any]) -> int:
     from pyspark import BarrierTaskContext
 
     context = BarrierTaskContext.get()
     partition = context.partitionId()
+    executor = context.getTaskInfos()[partition].address
+    shard = _write_shard(spec, partition, executor, batches) if spec.shard_sizes else ""
+    try:
+        return _run_task(spec, context, partition, executor, shard)
+    finally:
+        if shard:
+            os.unlink(shard)
+
+
+def _write_shard(spec: TaskSpec, partition: int, executor: str, batches: Iterator[Any]) -> str:
+    """This partition (exactly one shard) into a file on this executor, for the rank here."""
+    from ..data.files import write_shard
+    from ..data.source import KEY
+
+    path = os.path.join(tempfile.gettempdir(), f"hvd_magic-{spec.run_id}-shard-{partition}.arrow")
+    first = next(batches, None)
+    rows = 0
+    if first is not None:
+        columns = [name for name in first.schema.names if name != KEY]
+        head = first.select(columns)
+        metadata = {"partition": str(partition), "executor": executor, "pid": str(os.getpid())}
+        rest = (batch.select(columns) for batch in batches)
+        rows = write_shard(path, itertools.chain([head], rest), head.schema, metadata)
+    if rows != spec.shard_sizes[partition]:
+        if rows:
+            os.unlink(path)
+        raise RuntimeError(
+            f"hvd_magic data: partition {partition} holds {rows} rows, not its shard's "
+            f"{spec.shard_sizes[partition]} (did adaptive execution merge partitions?)"
+        )
+    return path
+
+
+def _run_task(spec: TaskSpec, context: Any, partition: int, executor: str, shard: str) -> int:
     resources = context.resources()
     client = HubClient(spec.hub_address, spec.hub_token, rank=-1)
     ip = own_address(spec.hub_address)
     agent = ExecAgent(ip, spec.agent_keys, "", {}) if spec.launcher == "mpi" else None
     join = Join(
         partition=partition,
-        executor=context.getTaskInfos()[partition].address,
+        executor=executor,
         ip=ip,
         gpus=list(resources["gpu"].addresses) if "gpu" in resources else [],
         python=sys.executable,
         agent=agent.address if agent is not None else "",
+        shard=shard,
     )
     client.send(join)
     code = 1
@@ -114,7 +166,7 @@ def barrier_task(spec: TaskSpec, _rows: Iterator[Any]) -> Iterator[int]:
         # The driver returns from its stop only once every task confirmed this.
         client.send(Stopped(join.executor, [describe(p) for p in stop_and_confirm(_descendants())]))
         client.close()
-    yield code
+    return code
 
 
 def _mpi_task(spec: TaskSpec, plan: SparkPlan, partition: int, agent: ExecAgent, client: HubClient) -> int:
@@ -122,9 +174,8 @@ def _mpi_task(spec: TaskSpec, plan: SparkPlan, partition: int, agent: ExecAgent,
     if host.partitions[0] == partition:
         agent.host_token = host.token
         local_ranks = len(host.partitions)
-        agent.host_env = {ENV_SLOT_GPUS: json.dumps(host.gpus)} | thread_budget_env(
-            local_ranks, local_ranks * spec.task_cpus, spec.env
-        )
+        agent.host_env = {ENV_SLOT_GPUS: json.dumps(host.gpus), ENV_SHARDS: json.dumps(host.shards)}
+        agent.host_env |= thread_budget_env(local_ranks, local_ranks * spec.task_cpus, spec.env)
     process = _start_mpirun(spec, plan) if partition == plan.mpirun_partition else None
     return _hold_slot(client, process)
 
@@ -150,7 +201,7 @@ def _gloo_task(spec: TaskSpec, plan: SparkPlan, partition: int, client: HubClien
     env = dict(os.environ) | spec.env | thread_budget_env(local_ranks, local_ranks * spec.task_cpus, spec.env)
     relay = HubClient(spec.hub_address, spec.hub_token, rank=-1)
     store = LoopbackStoreServer(functools.partial(_ask_driver, relay))
-    env |= gloo_env(slot, store.port, interface_of(host.ip))
+    env |= gloo_env(slot, store.port, interface_of(host.ip)) | {ENV_SHARDS: json.dumps(host.shards)}
     gpus = host.gpus[slot.local_rank]
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)

@@ -6,6 +6,8 @@ __all__ = [
     "ENV_AGENTS",
     "ENV_AGENT_TOKEN",
     "ENV_HUB",
+    "ENV_SHARD",
+    "ENV_SHARDS",
     "ENV_SLOT_GPUS",
     "ENV_TOKEN",
     "ENV_VIA_AGENT",
@@ -17,3 +19,5 @@ ENV_SLOT_GPUS = "HVD_MAGIC_SLOT_GPUS"  # JSON list: local rank -> GPU addresses 
 ENV_AGENTS = "HVD_MAGIC_AGENTS"  # JSON: host token -> exec agent address, for the rsh client
 ENV_AGENT_TOKEN = "HVD_MAGIC_AGENT_TOKEN"  # the agents' client keys, for the rsh client
 ENV_VIA_AGENT = "HVD_MAGIC_VIA_AGENT"  # set on what an agent starts: its host token
+ENV_SHARDS = "HVD_MAGIC_SHARDS"  # JSON list: local rank -> its data shard file (data=)
+ENV_SHARD = "HVD_MAGIC_SHARD"  # this rank's data shard file, read by hvd_magic.shard()

@@ -193,7 +193,8 @@ class Exit(Record):
 @_kind(Kind.JOIN)
 @dataclass(frozen=True)
 class Join(Record):
-    """A barrier task introduces itself: where it runs, its GPUs, its exec agent (mpi)."""
+    """A barrier task introduces itself: where it runs, its GPUs, its exec agent (mpi), the
+    file its shard of the run's data waits in (data=)."""
 
     partition: int
     executor: str
@@ -201,6 +202,7 @@ class Join(Record):
     gpus: list[str] = field(default_factory=list)
     python: str = ""
     agent: str = ""
+    shard: str = ""
 
 
 @_kind(Kind.PLAN)

@@ -36,6 +36,7 @@ class PlanHost:
     partitions: list[int]
     gpus: list[list[str]]  # per task of this host, in partition order
     agent: str = ""  # the exec agent's address (mpi)
+    shards: list[str] = field(default_factory=list)  # data=: per task of this host, its shard file
 
 
 @dataclass(frozen=True)

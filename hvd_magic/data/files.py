@@ -1,0 +1,52 @@
+"""Shard files: the Arrow IPC file a rank's rows wait in, on the machine where the rank runs.
+
+Written batch by batch as the rows arrive (a Spark task never holds a whole partition), read by
+the rank through a memory map: ``arrow`` and ``batches`` cost no copy, so a shard larger than
+the rank's memory streams from the page cache.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pyarrow as pa
+
+__all__ = ["read_shard", "write_shard"]
+
+FORMS = ("pandas", "arrow", "batches")
+
+
+def write_shard(
+    path: str, batches: Iterable[pa.RecordBatch], schema: pa.Schema, metadata: dict[str, str]
+) -> int:
+    """Write ``batches`` to ``path`` (written under a temporary name, then renamed, so a reader
+    never sees half a file); returns the number of rows."""
+    rows = 0
+    partial = f"{path}.partial"
+    schema = schema.with_metadata({f"hvd_magic.{key}": value for key, value in metadata.items()})
+    with pa.OSFile(partial, "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+        for batch in batches:
+            if batch.num_rows:
+                writer.write_batch(batch)
+                rows += batch.num_rows
+    os.replace(partial, path)
+    return rows
+
+
+def read_shard(path: str, form: str = "pandas") -> Any:
+    """The shard at ``path`` as a pandas DataFrame, a pyarrow Table, or an iterator of record
+    batches (``form``: pandas, arrow, batches)."""
+    if form not in FORMS:
+        raise ValueError(f"shard form must be one of {', '.join(FORMS)}; got {form!r}")
+    reader = pa.ipc.open_file(pa.memory_map(path, "r"))
+    if form == "batches":
+        return _batches(reader)
+    table = reader.read_all()
+    return table if form == "arrow" else table.to_pandas()
+
+
+def _batches(reader: pa.ipc.RecordBatchFileReader) -> Iterator[pa.RecordBatch]:
+    for index in range(reader.num_record_batches):
+        yield reader.get_batch(index)

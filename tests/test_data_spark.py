@@ -1,0 +1,80 @@
+"""data= on a real local-cluster (two executor JVMs): every row in exactly one shard, each
+shard written on the executor of the rank that reads it, ML vectors as arrays, bad data
+refused before launch, and the same DataFrame on this machine (np < 0)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hvd_magic import DataError, HorovodRunner
+
+from .data_cells import SHARD_CELL, all_ids
+from .helpers import leftover_processes, run_processes_anywhere
+from .spark_fixtures import spark_session
+
+ROWS = 10_003
+
+
+@pytest.fixture(scope="module")
+def spark():
+    with spark_session("local-cluster[2,2,1024]", {}) as session:
+        from hvd_magic.launch.spark_session import check_slots
+
+        check_slots(session, 4, wait=60)  # executors register after the session starts
+        yield session
+
+
+@pytest.fixture(scope="module")
+def train_df(spark):
+    from pyspark.ml.feature import VectorAssembler
+
+    df = spark.range(0, ROWS, numPartitions=7).selectExpr(
+        "id", "cast(id % 10 as int) as label", "cast(id as double) as x", "cast(id * 2 as double) as y"
+    )
+    return VectorAssembler(inputCols=["x", "y"], outputCol="features").transform(df)
+
+
+@pytest.mark.parametrize("launcher", ["mpi", "gloo"])
+def test_every_row_reaches_exactly_one_rank_from_the_ranks_own_executor(ip, train_df, launcher, capsys):
+    ip.user_ns["train_df"] = train_df
+    ranks = ip.run_cell_magic("horovod", f"np=4 launcher={launcher} data=train_df", SHARD_CELL)
+    assert [len(r["ids"]) for r in ranks] == [2500] * 4
+    ids = all_ids(ranks)
+    assert len(ids) == len(set(ids)) == 10_000 and set(ids) <= set(range(ROWS))
+    assert all(r["same"] for r in ranks)
+    for rank in ranks:
+        assert rank["executor"] is not None, rank  # the rank runs under an executor JVM ...
+        assert rank["writer_executor"] == rank["executor"], rank  # ... which also wrote its shard
+    assert len({r["executor"] for r in ranks}) == 2  # spread over both executors
+    assert ranks[0]["types"]["features"].startswith("list<element: double")  # an ML vector, as an array
+    assert ranks[0]["types"]["label"] == "int32"
+    notice = "data=train_df: 10,003 rows into 4 shards of 2,500 rows; dropped the last 3"
+    assert notice in capsys.readouterr().err
+    assert run_processes_anywhere() == [] and leftover_processes() == []
+
+
+def test_keep_remainder_and_the_function_api(train_df):
+    def main():
+        import json
+
+        import horovod.torch as hvd
+
+        import hvd_magic
+
+        hvd.init()
+        return [json.loads(s) for s in hvd.allgather_object(json.dumps(len(hvd_magic.shard("arrow"))))]
+
+    assert HorovodRunner(np=4, data=train_df, remainder="keep").run(main) == [2501, 2501, 2501, 2500]
+
+
+def test_a_spark_dataframe_on_this_machine(ip, train_df):
+    ip.user_ns["train_df"] = train_df.limit(101)
+    ranks = ip.run_cell_magic("horovod", "np=-2 data=train_df", SHARD_CELL)
+    assert [len(r["ids"]) for r in ranks] == [50, 50] and len(set(all_ids(ranks))) == 100
+
+
+@pytest.mark.parametrize(("rows", "message"), [(0, "has no rows"), (3, "3 rows, fewer than the 4 ranks")])
+def test_too_little_data_is_refused_before_launch(spark, rows, message):
+    with pytest.raises(DataError, match=message):
+        HorovodRunner(np=4, data=spark.range(rows)).run(lambda: None)
+    assert run_processes_anywhere() == []

@@ -1,0 +1,79 @@
+"""The split of rows into shards (pure), and shard files as a rank reads them."""
+
+from __future__ import annotations
+
+import numpy
+import pyarrow as pa
+import pytest
+
+from hvd_magic import DataError
+from hvd_magic.data.files import read_shard, write_shard
+from hvd_magic.data.split import ShardPlan, partition_offsets, plan_shards
+
+
+def test_equal_shards_drop_the_remainder_and_say_so():
+    plan = plan_shards(10_003, 4)
+    assert plan.sizes() == [2500] * 4 and plan.kept == 10_000
+    notice = plan.notice("train_df")
+    assert "10,003 rows into 4 shards of 2,500 rows" in notice
+    assert "dropped the last 3" in notice and "remainder=keep" in notice
+
+
+def test_keep_gives_the_first_ranks_one_row_more_and_says_so():
+    plan = plan_shards(10_003, 4, keep_remainder=True)
+    assert plan.sizes() == [2501, 2501, 2501, 2500] and plan.kept == 10_003
+    notice = plan.notice("df")
+    assert "ranks 0-2 get 2,501 rows, the others 2,500" in notice and "hvd.join()" in notice
+    assert "dropped" not in notice
+
+
+def test_an_even_split_says_nothing_of_a_remainder():
+    notice = plan_shards(8, 2).notice("df")
+    assert notice == "data=df: 8 rows into 2 shards of 4 rows"
+
+
+@pytest.mark.parametrize(
+    ("total", "np", "keep"), [(10, 3, False), (10, 3, True), (7, 7, False), (1000, 6, True)]
+)
+def test_rows_are_dealt_like_cards_and_the_sizes_hold(total, np, keep):
+    plan = ShardPlan(total, np, keep)
+    # Numbered in pieces (as partitions number them), the answer is the same as at once.
+    pieces = [plan.shard_of(first, min(3, total - first)) for first in range(0, total, 3)]
+    shard = numpy.concatenate(pieces)
+    assert (shard == plan.shard_of(0, total)).all()
+    assert [int((shard == s).sum()) for s in range(np)] == plan.sizes()
+    assert (shard[: plan.kept] == numpy.arange(plan.kept) % np).all()  # every shard sees the whole range
+    assert (shard[plan.kept :] == -1).all()
+
+
+@pytest.mark.parametrize(("total", "message"), [(0, "has no rows"), (3, "fewer than the 4 ranks")])
+def test_too_few_rows_is_a_clear_error(total, message):
+    with pytest.raises(DataError, match=message):
+        plan_shards(total, 4, name="df")
+
+
+def test_partition_offsets_count_rows_of_earlier_partitions_only():
+    assert partition_offsets({0: 5, 2: 3, 3: 0, 5: 1}) == {0: 0, 2: 5, 3: 8, 5: 8}
+
+
+def test_a_shard_file_reads_the_same_in_every_form(tmp_path):
+    table = pa.table({"id": pa.array(range(25), pa.int64()), "x": [[float(i)] * 3 for i in range(25)]})
+    path = str(tmp_path / "shard.arrow")
+    rows = write_shard(path, table.to_batches(max_chunksize=10), table.schema, {"rank": "1"})
+    assert rows == 25 and not (tmp_path / "shard.arrow.partial").exists()
+    arrow = read_shard(path, "arrow")
+    assert arrow.schema.metadata == {b"hvd_magic.rank": b"1"}
+    assert arrow.select(["id", "x"]).equals(table.replace_schema_metadata(arrow.schema.metadata))
+    streamed = pa.Table.from_batches(list(read_shard(path, "batches")))
+    assert streamed.column("id").to_pylist() == list(range(25))
+    assert read_shard(path, "pandas")["id"].tolist() == list(range(25))
+    with pytest.raises(ValueError, match="pandas, arrow, batches"):
+        read_shard(path, "csv")
+
+
+def test_shard_outside_a_run_with_data_says_how_to_get_one(monkeypatch):
+    import hvd_magic
+
+    monkeypatch.delenv("HVD_MAGIC_SHARD", raising=False)
+    with pytest.raises(DataError, match="data=NAME"):
+        hvd_magic.shard()

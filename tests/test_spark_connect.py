@@ -1,0 +1,132 @@
+"""%%horovod on Spark Connect sessions, as Spark 4 and managed Spark hand them to notebooks.
+
+Each runs in a real kernel: a local Connect server lives in the JVM of the process that starts
+it, which cannot also hold this test process's classic sessions. Two servers: one in front of
+``local[2]`` and one in front of ``local-cluster`` (two executor JVMs)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+import pytest
+from jupyter_client.manager import start_new_kernel
+
+from .helpers import run_processes_anywhere, wait_for_ranks, waiting_cell
+
+MASTERS = ["local[2]", "local-cluster[2,1,1024]"]
+
+
+@dataclass
+class Outcome:
+    status: str
+    ename: str = ""
+    evalue: str = ""
+    value: str = ""  # the cell's Out, as text
+    shown: list[str] = field(default_factory=list)  # printed text and displayed HTML
+
+
+@dataclass
+class ConnectKernel:
+    manager: Any
+    client: Any
+
+    def run(self, code: str, timeout: float = 300) -> Outcome:
+        outcome = Outcome("")
+
+        def collect(message: dict) -> None:
+            content = message["content"]
+            if message["msg_type"] == "execute_result":
+                outcome.value = content["data"]["text/plain"]
+            elif message["msg_type"] == "stream":
+                outcome.shown.append(content["text"])
+            elif message["msg_type"] in ("display_data", "update_display_data"):
+                outcome.shown.append(content["data"].get("text/html", ""))
+
+        reply = self.client.execute_interactive(code, timeout=timeout, output_hook=collect)["content"]
+        outcome.status, outcome.ename = reply["status"], reply.get("ename", "")
+        outcome.evalue = reply.get("evalue", "")
+        return outcome
+
+    def processes(self) -> list[psutil.Process]:
+        return psutil.Process(self.manager.provisioner.process.pid).children(recursive=True)
+
+
+@pytest.fixture(scope="module", params=MASTERS)
+def connect(request, tmp_path_factory):
+    """A kernel whose active session is a Spark Connect session to a local server."""
+    manager, client = start_new_kernel(kernel_name="python3", cwd=str(tmp_path_factory.mktemp("connect")))
+    kernel = ConnectKernel(manager, client)
+    try:
+        started = kernel.run(
+            "import os, sys\nos.environ['PYSPARK_PYTHON'] = sys.executable\n"
+            "from pyspark.sql import SparkSession\n"
+            f"spark = SparkSession.builder.remote({request.param!r}).config('spark.ui.enabled', 'false')"
+            ".getOrCreate()\n%load_ext hvd_magic\n"
+            "type(spark).__module__"
+        )
+        assert started.status == "ok" and "connect" in started.value, started
+        yield kernel
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
+ALLREDUCE = (
+    "import horovod.torch as hvd, torch\nhvd.init()\n"
+    "(hvd.rank(), hvd.size(), hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum).item())"
+)
+
+
+@pytest.mark.parametrize("launcher", ["mpi", "gloo"])
+def test_allreduce_on_a_connect_session(connect, launcher):
+    outcome = connect.run(f"%%horovod np=2 launcher={launcher}\n{ALLREDUCE}")
+    assert outcome.status == "ok", outcome
+    assert outcome.value == "(0, 2, 3.0)"  # rank 0's value is the cell's Out
+    assert run_processes_anywhere() == []
+
+
+def test_data_frame_shards_on_a_connect_session(connect):
+    assert connect.run("df = spark.range(0, 1001, 1, 3).selectExpr('id', 'id * 2.0 as x')").status == "ok"
+    outcome = connect.run(
+        "%%horovod np=2 data=df\nimport json, horovod.torch as hvd, hvd_magic\nhvd.init()\n"
+        "ids = hvd_magic.shard()['id'].tolist()\n"
+        "json.dumps([json.loads(s) for s in hvd.allgather_object(json.dumps(ids))])"
+    )
+    assert outcome.status == "ok", outcome
+    shards = json.loads(ast.literal_eval(outcome.value))
+    assert [len(s) for s in shards] == [500, 500]
+    assert len(set(shards[0] + shards[1])) == 1000 and set(shards[0] + shards[1]) <= set(range(1001))
+    assert "1,001 rows into 2 shards of 500 rows; dropped the last 1" in "".join(outcome.shown)
+
+
+def test_a_failing_rank_is_named_on_a_connect_session(connect):
+    cell = "import horovod.torch as hvd, torch\nhvd.init()\n"
+    cell += "if hvd.rank() == 1:\n    raise ValueError('bad row')\n"
+    outcome = connect.run("%%horovod np=2\n" + cell + "hvd.allreduce(torch.tensor([1.0]))")
+    assert outcome.ename == "RankFailedError", outcome
+    assert outcome.evalue.startswith("rank 1") and "ValueError: bad row" in outcome.evalue
+    assert run_processes_anywhere() == []
+
+
+def test_interrupt_stops_every_process_on_a_connect_session(connect, tmp_path):
+    msg_id = connect.client.execute("%%horovod np=2\n" + waiting_cell(tmp_path))
+    assert wait_for_ranks(tmp_path, 2)
+    connect.manager.interrupt_kernel()
+    reply = connect.client.get_shell_msg(timeout=120)
+    assert reply["parent_header"]["msg_id"] == msg_id
+    assert reply["content"]["ename"] == "RunInterrupted", reply["content"]
+    assert run_processes_anywhere() == []  # at once: the stop is complete when the cell returns
+    assert connect.run(f"%%horovod np=2\n{ALLREDUCE}").value == "(0, 2, 3.0)"  # and the next run works
+
+
+def test_more_ranks_than_slots_fails_fast_on_a_connect_session(connect):
+    started = time.monotonic()
+    outcome = connect.run("%%horovod np=3\n1")
+    assert outcome.ename == "LaunchError", outcome
+    assert "np=3 needs 3 task slots at once, but the Spark cluster has 2" in outcome.evalue
+    assert time.monotonic() - started < 60  # Spark would retry the barrier stage for 10 minutes
