@@ -289,3 +289,36 @@ def test_a_failed_jobs_java_error_is_cut_to_the_line_that_says_why():
         "Job aborted due to stage failure: Could not recover."
     )
     assert spark_launch.spark_failure("py4j: something\nelse") == "py4j: something"
+    python = (
+        "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+        '  File "/x/hvd_magic/launch/spark_task.py", line 95, in barrier_stage\n'
+        "ConnectionError: hvd_magic: this executor cannot reach the notebook at 10.0.0.1:5000\n"
+    )
+    assert (
+        spark_launch.spark_failure(python)
+        == "hvd_magic: this executor cannot reach the notebook at 10.0.0.1:5000"
+    )
+
+
+def test_executors_that_cannot_reach_the_notebook_fail_fast_naming_the_address(cluster, monkeypatch):
+    from hvd_magic.launch.spark import SparkLauncher
+
+    from .spark_fixtures import free_port
+
+    closed = free_port()
+    real_start = SparkLauncher.start
+
+    def start(self, hub, env):  # as if a firewall stood between the executors and the notebook
+        monkeypatch.setattr(hub, "address", f"tcp://127.0.0.1:{closed}")
+        real_start(self, hub, env)
+
+    monkeypatch.setattr(SparkLauncher, "start", start)
+    started = time.monotonic()
+    with pytest.raises(RunError) as info:
+        HorovodRunner(np=2).run(rank_sum())
+    assert time.monotonic() - started < 60, "the executors' failure took long to reach the notebook"
+    message = str(info.value)
+    assert (
+        f"cannot reach the notebook at 127.0.0.1:{closed}" in message and "HVD_MAGIC_DRIVER_HOST" in message
+    )
+    assert run_processes_anywhere() == []

@@ -60,10 +60,15 @@ JOB_END_SECONDS = 10.0
 
 
 def spark_failure(text: str) -> str:
-    """The line of a failed job's (long, Java) error that says why: a lost executor, else the
-    stage failure, else the first line."""
+    """The line of a failed job's (long, Java) error that says why: our own task's error, a lost
+    executor, else the stage failure, else the first line."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    for marker in ("hvd_magic", "ExecutorLostFailure", "Job aborted due to stage failure"):
+    for marker in (
+        "hvd_magic:",
+        "hvd_magic data:",
+        "ExecutorLostFailure",
+        "Job aborted due to stage failure",
+    ):
         found = next((line for line in lines if marker in line), None)
         if found is not None:
             return found[found.index(marker) :][:500]

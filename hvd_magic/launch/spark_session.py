@@ -22,6 +22,7 @@ __all__ = [
     "check_dynamic_allocation",
     "check_slots",
     "driver_address",
+    "dynamic_allocation_on",
     "is_connect",
     "slots_available",
     "task_cpus",
@@ -96,8 +97,18 @@ def _route_to(host: str) -> str:
         return str(probe.getsockname()[0])
 
 
+def dynamic_allocation_on(master: str, enabled: str | None) -> bool:
+    """Whether Spark runs this cluster with dynamic allocation (it ignores the setting in local
+    mode, ``local`` and ``local[...]``, but not on ``local-cluster`` or a real cluster)."""
+    local = master == "local" or master.startswith("local[")
+    return (enabled or "false").strip().lower() == "true" and not local
+
+
 def check_dynamic_allocation(session: Any) -> None:
-    if (conf(session, "spark.dynamicAllocation.enabled") or "false").lower() == "true":
+    """Barrier mode refuses dynamic allocation: say so before anything is launched."""
+    if dynamic_allocation_on(
+        conf(session, "spark.master") or "", conf(session, "spark.dynamicAllocation.enabled")
+    ):
         raise LaunchError(
             "this Spark cluster has dynamic allocation on (spark.dynamicAllocation.enabled=true), and "
             "Spark's barrier mode, which runs the ranks, refuses it. Start the cluster (or a cluster "

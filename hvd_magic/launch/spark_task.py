@@ -52,6 +52,7 @@ from .processes import describe, spawn, stop_and_confirm, stop_tree, thread_budg
 __all__ = ["STAGE_SCHEMA", "TaskSpec", "barrier_stage", "barrier_task"]
 PLAN_TIMEOUT = 120.0
 STORE_TIMEOUT = 30.0
+REACH_SECONDS = 10.0
 
 
 @dataclass
@@ -132,7 +133,22 @@ def _write_shard(spec: TaskSpec, partition: int, executor: str, batches: Iterato
     return path
 
 
+def check_reachable(address: str, timeout: float = REACH_SECONDS) -> None:
+    """Fail the task at once, saying where it tried, when the notebook's hub cannot be reached
+    from this executor (a firewall, or the notebook's address as seen from the cluster)."""
+    host, port = address.split("//")[-1].rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as err:
+        raise ConnectionError(
+            f"hvd_magic: this executor cannot reach the notebook at {host}:{port} ({err}). In the notebook, "
+            "set os.environ['HVD_MAGIC_DRIVER_HOST'] to an address of its machine that the executors "
+            "reach (and let them connect to it), then run the cell again."
+        ) from None
+
+
 def _run_task(spec: TaskSpec, context: Any, partition: int, executor: str, shard: str) -> int:
+    check_reachable(spec.hub_address)
     resources = context.resources()
     client = HubClient(spec.hub_address, spec.hub_token, rank=-1)
     ip = own_address(spec.hub_address)
