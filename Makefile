@@ -23,3 +23,5 @@ bench: setup
 	$(PY) bench/live_view.py
 	$(PY) bench/timeline_parse.py
 	$(PY) bench/stop.py
+	$(PY) bench/data_plane.py
+	$(PY) bench/connect_launch.py

@@ -95,8 +95,9 @@ def main() -> None:
         data_seconds = median_seconds(with_data, args.repeat)
         launch_seconds = median_seconds(without_data, args.repeat)
     delivery = max(data_seconds - launch_seconds, 1e-9)
-    print(f"data plane benchmark: {rows:,} rows of Parquet, np=2, median of {args.repeat}, {os.cpu_count()} cores")
-    print(f"  pyarrow reads the files directly    {pyarrow_seconds:7.2f} s  {rows / pyarrow_seconds:14,.0f} rows/s")
+    print(f"data plane: {rows:,} Parquet rows, np=2, median of {args.repeat}, {os.cpu_count()} cores")
+    pyarrow_rate = rows / pyarrow_seconds
+    print(f"  pyarrow reads the files directly    {pyarrow_seconds:7.2f} s  {pyarrow_rate:14,.0f} rows/s")
     print(f"  hvd_magic run with data= (total)    {data_seconds:7.2f} s")
     print(f"  hvd_magic run without data (launch) {launch_seconds:7.2f} s")
     print(f"  delivery into the ranks             {delivery:7.2f} s  {rows / delivery:14,.0f} rows/s")
