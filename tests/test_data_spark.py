@@ -78,3 +78,26 @@ def test_too_little_data_is_refused_before_launch(spark, rows, message):
     with pytest.raises(DataError, match=message):
         HorovodRunner(np=4, data=spark.range(rows)).run(lambda: None)
     assert run_processes_anywhere() == []
+
+
+def test_a_dataframe_that_reads_differently_each_time_is_a_clear_error(spark):
+    import random
+
+    from pyspark.sql import functions as F
+
+    from hvd_magic import RunError
+
+    coin = F.udf(lambda _: random.random(), "double").asNondeterministic()
+    df = spark.range(0, 2000, numPartitions=7).where(coin("id") < 0.5)
+    with pytest.raises(RunError) as info:
+        HorovodRunner(np=2, data=df).run(lambda: None)
+    assert "the DataFrame is not deterministic" in str(info.value) and "localCheckpoint" in str(info.value)
+    assert run_processes_anywhere() == []
+    # Materialized, the same DataFrame splits.
+    assert HorovodRunner(np=2, data=df.localCheckpoint()).run(_shard_rows) > 0
+
+
+def _shard_rows() -> int:
+    import hvd_magic
+
+    return len(hvd_magic.shard())

@@ -13,10 +13,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from collections.abc import Iterator
 from typing import Any
-
-import numpy
 
 from ..errors import DataError
 from .split import ShardPlan, partition_offsets, plan_shards
@@ -24,6 +21,7 @@ from .split import ShardPlan, partition_offsets, plan_shards
 __all__ = ["KEY", "check_source", "local_shards", "spark_shards", "spark_dataframe"]
 
 KEY = "__hvd_magic_shard"  # the shard key column; the barrier task drops it before writing
+INDEX = "__hvd_magic_row"  # the row's number (for the keys only)
 _KEY_CANDIDATES = 64  # per shard: Spark's hash spreads these over every partition
 
 
@@ -96,17 +94,40 @@ def spark_dataframe(value: Any, session: Any) -> Any:
 
 def spark_shards(df: Any, name: str, np: int, keep: bool) -> tuple[Any, ShardPlan]:
     """A DataFrame whose partition ``i`` holds exactly shard ``i`` (with the ``KEY`` column),
-    and the split, for a barrier stage of ``np`` tasks."""
+    and the split, for a barrier stage of ``np`` tasks. Rows are numbered and keyed by Spark
+    SQL expressions: no Python runs on the executors before the barrier stage."""
     from pyspark.sql import functions as F
-    from pyspark.sql.types import IntegerType, StructField, StructType
 
     df = _vectors_as_arrays(df)
     counted = df.select(F.spark_partition_id().alias("p")).groupBy("p").count().collect()
     counts = {int(row[0]): int(row[1]) for row in counted}
     plan = plan_shards(sum(counts.values()), np, keep, name)
-    schema = StructType([*df.schema.fields, StructField(KEY, IntegerType(), True)])
-    keyed = df.mapInArrow(functools.partial(key_rows, counts, plan, shard_keys(df.sparkSession, np)), schema)
-    return keyed.repartition(np, KEY), plan
+    # monotonically_increasing_id() is (partition id << 33) + the row's place in its partition;
+    # kept in a column so that every expression below reads the same number.
+    numbered = df.withColumn(INDEX, F.monotonically_increasing_id())
+    partition = F.shiftright(F.col(INDEX), 33).cast("int")
+    place = F.col(INDEX).bitwiseAND((1 << 33) - 1)
+    index = _lookup(partition_offsets(counts), partition) + place
+    keys = F.array(*[F.lit(key) for key in shard_keys(df.sparkSession, np)])
+    key = F.element_at(keys, (F.pmod(index, F.lit(np)) + 1).cast("int"))
+    changed = F.raise_error(F.lit(_NOT_DETERMINISTIC))
+    keyed = numbered.withColumn(KEY, F.when(place >= _lookup(counts, partition), changed).otherwise(key))
+    return keyed.where(index < F.lit(plan.kept)).drop(INDEX).repartition(np, KEY), plan
+
+
+_NOT_DETERMINISTIC = (
+    "hvd_magic data: a partition of the DataFrame gave more rows when read for the shards than when "
+    "counted: the DataFrame is not deterministic (it samples, or its source changed). Materialize "
+    "it first, e.g. df = df.localCheckpoint()."
+)
+
+
+def _lookup(table: dict[int, int], partition: Any) -> Any:
+    """``table[partition]`` as a Spark column (0 for a partition that is not in it)."""
+    from pyspark.sql import functions as F
+
+    pairs = [F.lit(value) for item in sorted(table.items()) for value in item]
+    return F.coalesce(F.element_at(F.create_map(*pairs).cast("map<int,bigint>"), partition), F.lit(0))
 
 
 @functools.lru_cache(maxsize=64)
@@ -127,28 +148,3 @@ def shard_keys(session: Any, np: int) -> list[int]:
     key = F.col("id").cast("int")
     rows = session.range(0, _KEY_CANDIDATES * np).select(key, F.pmod(F.hash(key), F.lit(np))).collect()
     return list(_keys(np, tuple((int(row[0]), int(row[1])) for row in rows)))
-
-
-def key_rows(
-    counts: dict[int, int], plan: ShardPlan, keys: list[int], batches: Iterator[Any]
-) -> Iterator[Any]:
-    """On an executor: number this partition's rows, drop the remainder, add each row's shard key."""
-    import pyarrow as pa
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    assert context is not None  # on an executor, in a task
-    partition = context.partitionId()
-    first, seen = partition_offsets(counts).get(partition, 0), 0
-    key_of = numpy.asarray(keys, dtype=numpy.int32)
-    for batch in batches:
-        shard = plan.shard_of(first + seen, batch.num_rows)
-        seen += batch.num_rows
-        keyed = batch.append_column(KEY, pa.array(key_of[numpy.maximum(shard, 0)], pa.int32()))
-        yield keyed.filter(pa.array(shard >= 0))
-    if seen != counts.get(partition, 0):
-        raise DataError(
-            f"hvd_magic data: partition {partition} gave {seen} rows when read for the shards but "
-            f"{counts.get(partition, 0)} when counted: the DataFrame is not deterministic (it samples, "
-            "or its source changed). Materialize it first, e.g. df = df.localCheckpoint()."
-        )

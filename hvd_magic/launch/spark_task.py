@@ -127,8 +127,9 @@ def _write_shard(spec: TaskSpec, partition: int, executor: str, batches: Iterato
         if rows:
             os.unlink(path)
         raise RuntimeError(
-            f"hvd_magic data: partition {partition} holds {rows} rows, not its shard's "
-            f"{spec.shard_sizes[partition]} (did adaptive execution merge partitions?)"
+            f"hvd_magic data: shard {partition} holds {rows} rows, not the {spec.shard_sizes[partition]} "
+            "counted: the DataFrame is not deterministic (it samples, or its source changed). "
+            "Materialize it first, e.g. df = df.localCheckpoint()."
         )
     return path
 
