@@ -101,9 +101,8 @@ def main() -> None:
     print(f"data plane: {rows:,} Parquet rows, np=2, median of {args.repeat}, {os.cpu_count()} cores")
     pyarrow_rate = rows / pyarrow_seconds
     print(f"  pyarrow reads the files directly    {pyarrow_seconds:7.2f} s  {pyarrow_rate:14,.0f} rows/s")
-    print(
-        f"  Spark df.toArrow() in the notebook  {collect_seconds:7.2f} s  {rows / collect_seconds:14,.0f} rows/s"
-    )
+    collect_rate = rows / collect_seconds
+    print(f"  Spark df.toArrow() in the notebook  {collect_seconds:7.2f} s  {collect_rate:14,.0f} rows/s")
     print(f"  hvd_magic run with data= (total)    {data_seconds:7.2f} s")
     print(f"  hvd_magic run without data (launch) {launch_seconds:7.2f} s")
     print(f"  delivery into the ranks             {delivery:7.2f} s  {rows / delivery:14,.0f} rows/s")
