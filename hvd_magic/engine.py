@@ -79,18 +79,36 @@ def execute(captured: Captured, options: RunOptions, view: RunView | None = None
     return Run(hub, launcher, view, options).execute()
 
 
-class _TimelineSink:
-    """Appends rank 0's timeline chunks to the file the user asked for."""
+class _FileSink:
+    """Writes the files rank 0 streams back: its Horovod Timeline to the path the user asked
+    for, other files (``reporting.send_file``: checkpoints) into ``files_dir``, each under a
+    temporary name until its last chunk arrived."""
 
-    def __init__(self, path: str | None) -> None:
-        self.path = path
-        self.written = 0
+    def __init__(self, timeline: str | None, files_dir: str | None) -> None:
+        self.timeline, self.files_dir = timeline, files_dir
+        self.started: set[str] = set()
 
     def take(self, message: Message) -> None:
-        if self.path and message.rank == 0 and isinstance(message.record, FileChunk):
-            with open(self.path, "wb" if self.written == 0 else "ab") as out:
-                out.write(message.blob)
-            self.written += len(message.blob)
+        record = message.record
+        if message.rank != 0 or not isinstance(record, FileChunk):
+            return
+        path = self._path(record.name)
+        if path is None:
+            return
+        partial = path if record.name == "timeline" else f"{path}.partial"
+        with open(partial, "ab" if record.name in self.started else "wb") as out:
+            out.write(message.blob)
+        self.started.add(record.name)
+        if record.last and partial != path:
+            os.replace(partial, path)
+            self.started.discard(record.name)
+
+    def _path(self, name: str) -> str | None:
+        if name == "timeline":
+            return self.timeline
+        if self.files_dir is None or os.path.basename(name) != name or name.startswith("."):
+            return None  # nobody asked for files, or a name that would leave the folder
+        return os.path.join(self.files_dir, name)
 
 
 class Run:
@@ -109,7 +127,7 @@ class Run:
         self.hub, self.launcher, self.view, self.options, self.clock = hub, launcher, view, options, clock
         now = clock()
         self.record = RunRecord(options.ranks, began=now, last_message=now)
-        self.timeline = _TimelineSink(options.timeline)
+        self.files = _FileSink(options.timeline, options.files_dir)
 
     def execute(self) -> Any:
         """Start and supervise; then stop whatever is left and return (or raise) only once the
@@ -180,7 +198,7 @@ class Run:
             except queue.Empty:
                 return
             self.record.apply(message, self.clock())
-            self.timeline.take(message)
+            self.files.take(message)
             self.view.message(message)
 
     def _drain(self) -> None:

@@ -26,6 +26,7 @@ class RunOptions:
     data: Any = None  # data=: a Spark DataFrame (classic or Connect), pandas DataFrame or Arrow table
     data_name: str = "data"  # how the user named it, for messages
     keep_remainder: bool = False  # remainder=keep: the last total % np rows go to the first ranks
+    files_dir: str | None = None  # where files rank 0 sends (send_file) are written; None: refused
 
     @property
     def ranks(self) -> int:

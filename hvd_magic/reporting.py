@@ -12,12 +12,12 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from .protocol import Reports
+from .protocol import FileChunk, Reports
 
 if TYPE_CHECKING:
     from .hub import HubClient
 
-__all__ = ["report"]
+__all__ = ["report", "send_file"]
 
 FLUSH_SECONDS = 0.1
 BUFFER_LIMIT = 20_000
@@ -102,3 +102,22 @@ def report(
     if metrics:
         record["metrics"] = {name: float(value) for name, value in metrics.items()}
     reporter.add(record)
+
+
+FILE_CHUNK_BYTES = 4 * 1024 * 1024
+
+
+def send_file(name: str, data: bytes) -> bool:
+    """Send ``data`` to the notebook as the file ``name`` (rank 0 only; the run decides where it
+    is written, e.g. an estimator's model_dir). False outside a run or on another rank."""
+    reporter = _reporter
+    if reporter is None or reporter.client.rank != 0:
+        return False
+    view = memoryview(data)
+    for start in range(0, max(len(data), 1), FILE_CHUNK_BYTES):
+        last = start + FILE_CHUNK_BYTES >= len(data)
+        while not reporter.client.send(
+            FileChunk(name, last=last), bytes(view[start : start + FILE_CHUNK_BYTES])
+        ):
+            time.sleep(0.01)  # the send queue is full: a file must arrive whole
+    return True

@@ -1,0 +1,33 @@
+"""Spark ML estimators that train with Horovod, for people leaving horovod.spark's estimators
+(which no longer import on today's stack): change the import, keep the parameters.
+
+    estimator        HorovodEstimator / HorovodModel: fit = one run with data=df; transform
+                     with predict_batch_udf; persistence
+    torch_estimator  TorchEstimator / TorchModel       (torch_training: on the ranks)
+    keras_estimator  KerasEstimator / KerasModel       (keras_training: on the ranks)
+    params, columns, training, persistence: what they share
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["HorovodEstimator", "HorovodModel", "KerasEstimator", "KerasModel", "TorchEstimator", "TorchModel"]
+
+_WHERE = {
+    "HorovodEstimator": "estimator",
+    "HorovodModel": "estimator",
+    "KerasEstimator": "keras_estimator",
+    "KerasModel": "keras_estimator",
+    "TorchEstimator": "torch_estimator",
+    "TorchModel": "torch_estimator",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # pyspark.ml loads only when an estimator is asked for.
+    if name in _WHERE:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    raise AttributeError(f"module 'hvd_magic.spark' has no attribute {name!r}")

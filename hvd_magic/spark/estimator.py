@@ -1,0 +1,175 @@
+"""The generic estimator and model: ``fit(df)`` is one Horovod run with ``data=df`` (through the
+same engine and launchers as ``%%horovod``, live view included); the fitted model transforms
+with ``predict_batch_udf`` on the executors and saves to a folder any Spark ML reader finds.
+
+A framework subclass says how to train on a rank (``train_function``, ``train_spec``), how to
+build its model from rank 0's result (``make_model``) and how that model predicts, saves and
+loads (``HorovodModel`` hooks).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from pyspark.ml import Estimator, Model
+from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
+
+from ..capture import capture_function
+from ..engine import execute
+from ..options import OptionError, make_options
+from . import persistence
+from .columns import check_columns, features_column, prediction_column
+from .params import EstimatorParams, ModelParams
+from .training import TrainSpec
+
+__all__ = ["HorovodEstimator", "HorovodModel"]
+
+CHECKPOINTS = "checkpoints"
+EXPORT = "model"
+
+
+class HorovodModel(Model, ModelParams, MLWritable, MLReadable["HorovodModel"]):
+    """A fitted model: ``transform`` adds ``output_cols[0]`` (the raw output, array<float>) and
+    ``prediction_col``; ``history`` holds the per-epoch metrics averaged over the ranks."""
+
+    def __init__(self, history: list[dict[str, float]] | None = None, feature_width: int = 0) -> None:
+        super().__init__()
+        self.history = history or []
+        self.feature_width = feature_width
+
+    # --- framework hooks ---------------------------------------------------------------------
+    def make_predict_fn(self) -> Callable[[], Callable[[Any], Any]]:
+        raise NotImplementedError
+
+    def save_artifacts(self, folder: str) -> None:
+        raise NotImplementedError
+
+    def load_artifacts(self, folder: str) -> None:
+        raise NotImplementedError
+
+    # --- Spark ML ----------------------------------------------------------------------------
+    def _transform(self, dataset: Any) -> Any:
+        from pyspark.ml.functions import predict_batch_udf
+        from pyspark.sql.types import ArrayType, FloatType
+
+        predict = predict_batch_udf(
+            self.make_predict_fn(),
+            return_type=ArrayType(FloatType()),
+            batch_size=self.getOrDefault("batch_size"),
+            input_tensor_shapes=[[self.feature_width]],
+        )
+        output = self.getOrDefault("output_cols")[0]
+        with_output = dataset.withColumn(
+            output, predict(features_column(dataset, self.getOrDefault("feature_cols")))
+        )
+        return with_output.withColumn(
+            self.getOrDefault("prediction_col"), prediction_column(with_output[output])
+        )
+
+    def write(self) -> MLWriter:
+        return _ModelWriter(self)
+
+    @classmethod
+    def read(cls) -> MLReader[HorovodModel]:
+        return _ModelReader(cls)
+
+
+class _ModelWriter(MLWriter):
+    def __init__(self, model: HorovodModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def save(self, path: str) -> None:
+        persistence.save(self.model, path, overwrite=self.shouldOverwrite)
+
+
+class _ModelReader(MLReader[HorovodModel]):
+    def __init__(self, cls: type[HorovodModel]) -> None:
+        super().__init__()
+        self.cls = cls
+
+    def load(self, path: str) -> HorovodModel:
+        return persistence.load(self.cls, path)
+
+
+class HorovodEstimator(Estimator[HorovodModel], EstimatorParams):
+    """``fit(df)`` trains on ``num_proc`` Horovod ranks, each with its equal shard of
+    ``df[feature_cols + label_cols]``, and returns the fitted model. With ``model_dir``, rank 0
+    sends a checkpoint each epoch into ``model_dir/checkpoints`` (no shared file system needed),
+    a new fit resumes from the latest one, and the exported model lands in ``model_dir/model``.
+    """
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__()
+        if params.pop("store", None) is not None:
+            raise ValueError(
+                "store= is horovod.spark's intermediate storage; hvd_magic hands each rank its shard "
+                "directly and needs none. Drop store= (model_dir= keeps checkpoints and the exported model)."
+            )
+        unknown = sorted(name for name in params if not self.hasParam(name))
+        if unknown:
+            known = ", ".join(sorted(p.name for p in self.params))
+            raise TypeError(f"{type(self).__name__} has no parameter {', '.join(unknown)}; it has: {known}")
+        self._set(**{name: value for name, value in params.items() if value is not None})
+
+    # --- framework hooks ---------------------------------------------------------------------
+    def train_function(self) -> Callable[[TrainSpec], Any]:
+        raise NotImplementedError
+
+    def train_spec(self, checkpoint: bytes | None) -> TrainSpec:
+        raise NotImplementedError
+
+    def make_model(self, result: Any, feature_width: int) -> HorovodModel:
+        raise NotImplementedError
+
+    # --- Spark ML ----------------------------------------------------------------------------
+    def _fit(self, dataset: Any) -> HorovodModel:
+        features, labels = self.getOrDefault("feature_cols"), self.getOrDefault("label_cols")
+        check_columns(dataset, features, labels)
+        model_dir = self.getOrDefault("model_dir") if self.isDefined("model_dir") else None
+        checkpoints = os.path.join(os.path.abspath(model_dir), CHECKPOINTS) if model_dir else None
+        try:
+            options = make_options(
+                self.getOrDefault("num_proc") if self.isDefined("num_proc") else None,
+                self.getOrDefault("launcher") if self.isDefined("launcher") else None,
+                data=dataset.select(*features, *labels),
+                data_name="(the DataFrame given to fit)",
+            )
+        except OptionError as err:
+            raise ValueError(f"{type(self).__name__}: {err}") from None
+        if checkpoints:
+            os.makedirs(checkpoints, exist_ok=True)
+            options.files_dir = checkpoints
+        spec = self.train_spec(persistence.latest_checkpoint(checkpoints))
+        value, _ = execute(capture_function(self.train_function(), {"spec": spec}), options)
+        width = int(
+            dataset.select(features_column(dataset, features).alias("f")).selectExpr("size(f)").first()[0]
+        )
+        model = self.make_model(value, width)
+        model._set(
+            **{p.name: self.getOrDefault(p.name) for p in ModelParams().params if self.isDefined(p.name)}
+        )
+        if model_dir:
+            model.write().overwrite().save(os.path.join(model_dir, EXPORT))
+        return model
+
+    def common_spec(self, model: Any, optimizer: Any, loss: Any, checkpoint: bytes | None) -> TrainSpec:
+        get = self.getOrDefault
+        return TrainSpec(
+            model=model,
+            optimizer=optimizer,
+            loss=loss,
+            metrics=list(get("metrics")),
+            feature_cols=list(get("feature_cols")),
+            label_cols=list(get("label_cols")),
+            batch_size=get("batch_size"),
+            epochs=get("epochs"),
+            validation=get("validation"),
+            seed=get("random_seed"),
+            shuffle=get("shuffle"),
+            verbose=get("verbose"),
+            checkpoint=checkpoint,
+            callbacks=list(get("callbacks")),
+        )

@@ -1,0 +1,75 @@
+"""A fitted model in a folder, and the checkpoints a fit resumes from.
+
+The folder holds ``metadata/part-00000`` in Spark ML's own format (class, uid, params), so a
+saved ``PipelineModel`` finds and loads the stage, ``hvd_magic.json`` (history, input width)
+and the framework's files, which load outside Spark too (``state_dict.pt`` + ``module.pkl``
+for PyTorch, ``model.keras`` for Keras). Written with plain file I/O: no SparkContext needed,
+so it works from Spark Connect sessions as well."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from .estimator import HorovodModel
+
+__all__ = ["latest_checkpoint", "load", "save"]
+
+M = TypeVar("M", bound="HorovodModel")
+_OWN = "hvd_magic.json"
+
+
+def save(model: HorovodModel, path: str, overwrite: bool = False) -> None:
+    if os.path.exists(path):
+        if not overwrite:
+            raise FileExistsError(f"{path} already exists: use model.write().overwrite().save(path)")
+        shutil.rmtree(path)
+    os.makedirs(os.path.join(path, "metadata"))
+    import pyspark
+
+    metadata = {
+        "class": f"{type(model).__module__}.{type(model).__qualname__}",
+        "timestamp": int(time.time() * 1000),
+        "sparkVersion": pyspark.__version__,
+        "uid": model.uid,
+        "paramMap": {param.name: value for param, value in model._paramMap.items()},
+        "defaultParamMap": {param.name: value for param, value in model._defaultParamMap.items()},
+    }
+    with open(os.path.join(path, "metadata", "part-00000"), "w") as out:
+        out.write(json.dumps(metadata) + "\n")
+    with open(os.path.join(path, _OWN), "w") as out:
+        json.dump({"history": model.history, "feature_width": model.feature_width}, out)
+    model.save_artifacts(path)
+
+
+def load(cls: type[M], path: str) -> M:
+    if not os.path.exists(os.path.join(path, _OWN)):
+        raise FileNotFoundError(f"{path} is not a saved hvd_magic model (no {_OWN} in it)")
+    with open(os.path.join(path, "metadata", "part-00000")) as metadata_file:
+        metadata = json.loads(metadata_file.readline())
+    with open(os.path.join(path, _OWN)) as own_file:
+        own = json.load(own_file)
+    model = cls(history=own["history"], feature_width=own["feature_width"])
+    model._resetUid(metadata["uid"])
+    model._set(**metadata["paramMap"])
+    model.load_artifacts(path)
+    return model
+
+
+def latest_checkpoint(folder: str | None) -> bytes | None:
+    """The newest ``checkpoint-NNNN.*`` a rank 0 sent into ``folder``, if any."""
+    if not folder or not os.path.isdir(folder):
+        return None
+    found = sorted(
+        name
+        for name in os.listdir(folder)
+        if name.startswith("checkpoint-") and not name.endswith(".partial")
+    )
+    if not found:
+        return None
+    with open(os.path.join(folder, found[-1]), "rb") as checkpoint:
+        return checkpoint.read()

@@ -1,0 +1,198 @@
+"""TorchEstimator and KerasEstimator on a real local-cluster with real MNIST digits: fit with
+np=2, transform held-out rows, save/load, resume from checkpoints, Pipeline and CrossValidator,
+and bad input refused before anything launches."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from hvd_magic import CaptureError, DataError
+
+from .estimator_fixtures import accuracy, mnist_frames, mnist_net
+from .helpers import run_processes_anywhere
+from .spark_fixtures import spark_session
+
+
+@pytest.fixture(scope="module")
+def spark():
+    with spark_session("local-cluster[2,1,1024]", {}) as session:
+        from hvd_magic.launch.spark_session import check_slots
+
+        check_slots(session, 2, wait=60)
+        yield session
+
+
+@pytest.fixture(scope="module")
+def mnist(spark):
+    return mnist_frames(spark)
+
+
+def torch_estimator(**overrides):
+    import torch
+
+    from hvd_magic.spark import TorchEstimator
+
+    net = mnist_net()
+    params = dict(
+        num_proc=2,
+        model=net,
+        optimizer=torch.optim.Adam(net.parameters(), lr=2e-3),
+        loss=torch.nn.functional.cross_entropy,
+        metrics=["accuracy"],
+        feature_cols=["image"],
+        label_cols=["label"],
+        batch_size=32,
+        epochs=2,
+        validation=0.1,
+    )
+    return TorchEstimator(**(params | overrides))
+
+
+def test_torch_estimator_fits_mnist_and_transforms_held_out_digits(mnist, tmp_path, capsys):
+    train_df, test_df = mnist
+    model = torch_estimator(model_dir=str(tmp_path / "run")).fit(train_df)
+    assert [sorted(epoch) for epoch in model.history] == [["loss", "val_accuracy", "val_loss"]] * 2
+    assert model.history[1]["val_loss"] < model.history[0]["val_loss"]
+    predicted = model.transform(test_df)
+    assert accuracy(predicted) >= 0.9
+    assert predicted.schema["output"].dataType.simpleString() == "array<float>"
+    assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == [
+        "checkpoint-0001.pt",
+        "checkpoint-0002.pt",
+    ]
+    assert {"state_dict.pt", "module.pkl", "metadata"} <= set(os.listdir(tmp_path / "run" / "model"))
+    assert "epoch 2: loss" in capsys.readouterr().out  # rank 0's line per epoch
+    assert run_processes_anywhere() == []
+
+
+def test_saved_model_loads_with_identical_predictions_and_outside_spark(mnist, tmp_path):
+    import cloudpickle
+    import torch
+
+    from hvd_magic.spark import TorchModel
+
+    train_df, test_df = mnist
+    model = torch_estimator(epochs=1).fit(train_df.limit(2000))
+    model.save(str(tmp_path / "saved"))
+    loaded = TorchModel.load(str(tmp_path / "saved"))
+    assert loaded.uid == model.uid and loaded.history == model.history
+    before = model.transform(test_df).select("output").toPandas()["output"].tolist()
+    after = loaded.transform(test_df).select("output").toPandas()["output"].tolist()
+    assert [list(row) for row in before] == [list(row) for row in after]
+    # Outside Spark: the module file alone gives the same numbers.
+    with open(tmp_path / "saved" / "module.pkl", "rb") as blob:
+        module = cloudpickle.load(blob)
+    first = test_df.select("image").first()[0]
+    with torch.no_grad():
+        alone = module(torch.tensor([first], dtype=torch.float32))[0].tolist()
+    assert alone == pytest.approx(list(before[0]), abs=1e-5)
+
+
+def test_a_second_fit_resumes_from_the_latest_checkpoint(mnist, tmp_path):
+    train_df, _ = mnist
+    small = train_df.limit(2000)
+    first = torch_estimator(epochs=1, model_dir=str(tmp_path)).fit(small)
+    second = torch_estimator(epochs=2, model_dir=str(tmp_path)).fit(small)
+    assert len(second.history) == 2
+    assert second.history[0] == first.history[0]  # epoch 1 came from the checkpoint, not retrained
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["checkpoint-0001.pt", "checkpoint-0002.pt"]
+
+
+def test_pipeline_with_a_vector_assembler_fits_transforms_saves_and_loads(spark, tmp_path):
+    import pandas as pd
+    import torch
+    from pyspark.ml import Pipeline, PipelineModel
+    from pyspark.ml.feature import VectorAssembler
+    from sklearn.datasets import load_digits
+
+    from hvd_magic.spark import TorchEstimator
+
+    digits = load_digits()
+    columns = [f"p{i}" for i in range(64)]
+    frame = pd.DataFrame(digits.data / 16.0, columns=columns).assign(label=digits.target)
+    df = spark.createDataFrame(frame)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    estimator = TorchEstimator(
+        num_proc=2,
+        model=net,
+        optimizer=torch.optim.Adam(net.parameters(), lr=1e-2),
+        loss=torch.nn.functional.cross_entropy,
+        feature_cols=["features"],
+        label_cols=["label"],
+        batch_size=32,
+        epochs=5,
+        verbose=0,
+    )
+    pipeline = Pipeline(stages=[VectorAssembler(inputCols=columns, outputCol="features"), estimator])
+    fitted = pipeline.fit(df)
+    assert accuracy(fitted.transform(df)) >= 0.9
+    fitted.save(str(tmp_path / "pipeline"))
+    again = PipelineModel.load(str(tmp_path / "pipeline"))
+    assert accuracy(again.transform(df)) == accuracy(fitted.transform(df))
+
+
+def test_cross_validator_runs_each_fit_as_one_job(spark):
+    import pandas as pd
+    import torch
+    from pyspark.ml.evaluation import MulticlassClassificationEvaluator
+    from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
+    from sklearn.datasets import load_digits
+
+    from hvd_magic.spark import TorchEstimator
+
+    digits = load_digits()
+    frame = pd.DataFrame({"features": list(digits.data / 16.0), "label": digits.target})
+    df = spark.createDataFrame(frame)
+    net = torch.nn.Linear(64, 10)
+    estimator = TorchEstimator(
+        num_proc=2,
+        model=net,
+        optimizer=torch.optim.SGD(net.parameters(), lr=0.5),
+        loss=torch.nn.functional.cross_entropy,
+        feature_cols=["features"],
+        label_cols=["label"],
+        batch_size=32,
+        verbose=0,
+    )
+    grid = ParamGridBuilder().addGrid(estimator.epochs, [1, 4]).build()
+    evaluator = MulticlassClassificationEvaluator(metricName="accuracy")
+    search = CrossValidator(estimator=estimator, estimatorParamMaps=grid, evaluator=evaluator, numFolds=2)
+    best = search.fit(df)
+    assert len(best.avgMetrics) == 2 and best.avgMetrics[1] > best.avgMetrics[0]  # more epochs, better
+    assert best.bestModel.getOrDefault("batch_size") == 32 and len(best.bestModel.history) == 4
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "message"),
+    [
+        ({"feature_cols": ["pixels"]}, DataError, "no column 'pixels'; its columns: image, label"),
+        (
+            {"label_cols": ["image"]},
+            DataError,
+            "label column 'image' is array<float>; a label must be a number",
+        ),
+        ({"store": object()}, ValueError, "store= is horovod.spark's intermediate storage"),
+        ({"frobnicate": 1}, TypeError, "has no parameter frobnicate"),
+    ],
+)
+def test_bad_input_is_refused_before_launch(mnist, change, error, message):
+    train_df, _ = mnist
+    with pytest.raises(error, match=message):
+        torch_estimator(**change).fit(train_df)
+    assert run_processes_anywhere() == []
+
+
+def test_an_empty_dataframe_and_an_unpicklable_model_are_refused_before_launch(mnist):
+    import threading
+
+    train_df, _ = mnist
+    with pytest.raises(DataError, match="has no rows"):
+        torch_estimator().fit(train_df.limit(0))
+    net = mnist_net()
+    net.lock = threading.Lock()
+    with pytest.raises(CaptureError, match="cannot be pickled"):
+        torch_estimator(model=net).fit(train_df)
+    assert run_processes_anywhere() == []
