@@ -196,3 +196,41 @@ def test_an_empty_dataframe_and_an_unpicklable_model_are_refused_before_launch(m
     with pytest.raises(CaptureError, match="cannot be pickled"):
         torch_estimator(model=net).fit(train_df)
     assert run_processes_anywhere() == []
+
+
+def test_keras_estimator_fits_mnist_transforms_saves_and_loads(mnist, tmp_path):
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    import keras
+
+    from hvd_magic.spark import KerasEstimator, KerasModel
+
+    train_df, test_df = mnist
+    keras.utils.set_random_seed(0)
+    net = keras.Sequential(
+        [keras.Input((784,)), keras.layers.Dense(128, activation="relu"), keras.layers.Dense(10)]
+    )
+    estimator = KerasEstimator(
+        num_proc=2,
+        model=net,
+        optimizer=keras.optimizers.Adam(2e-3),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+        feature_cols=["image"],
+        label_cols=["label"],
+        batch_size=32,
+        epochs=2,
+        validation=0.1,
+        model_dir=str(tmp_path / "run"),
+    )
+    model = estimator.fit(train_df)
+    assert len(model.history) == 2 and model.history[1]["val_accuracy"] > 0.85
+    predicted = model.transform(test_df)
+    assert accuracy(predicted) >= 0.9
+    model.save(str(tmp_path / "saved"))
+    loaded = KerasModel.load(str(tmp_path / "saved"))
+    assert accuracy(loaded.transform(test_df)) == accuracy(predicted)
+    assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == [
+        "checkpoint-0001.pkl",
+        "checkpoint-0002.pkl",
+    ]
+    assert run_processes_anywhere() == []

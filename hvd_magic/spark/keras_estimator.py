@@ -1,0 +1,78 @@
+"""``KerasEstimator`` / ``KerasModel``: horovod.spark's Keras estimator for Keras 3 models.
+
+>>> est = KerasEstimator(num_proc=2, model=model, optimizer=keras.optimizers.Adam(1e-3),
+...                      loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+...                      feature_cols=["features"], label_cols=["label"], epochs=3)  # doctest: +SKIP
+>>> est.fit(train_df).transform(test_df)        # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from typing import Any
+
+import cloudpickle
+
+from .estimator import HorovodEstimator, HorovodModel
+from .training import TrainSpec
+
+__all__ = ["KerasEstimator", "KerasModel"]
+
+
+class KerasModel(HorovodModel):
+    """A fitted Keras model (``model.keras_model``); transforms on the executors."""
+
+    def __init__(self, history: list[dict[str, float]] | None = None, feature_width: int = 0) -> None:
+        super().__init__(history, feature_width)
+        self.keras_model: Any = None
+
+    def make_predict_fn(self) -> Callable[[], Callable[[Any], Any]]:
+        from .keras_training import make_predictor, model_bytes
+
+        return functools.partial(make_predictor, model_bytes(self.keras_model))
+
+    def save_artifacts(self, folder: str) -> None:
+        self.keras_model.save(os.path.join(folder, "model.keras"))
+
+    def load_artifacts(self, folder: str) -> None:
+        import keras
+
+        self.keras_model = keras.saving.load_model(os.path.join(folder, "model.keras"), compile=False)
+
+
+class KerasEstimator(HorovodEstimator):
+    """Trains a Keras 3 model with Horovod on ``num_proc`` ranks: ``fit(df)`` gives a
+    ``KerasModel``. ``optimizer`` is a Keras optimizer (its config travels), ``loss`` a name or
+    a Keras loss; ``callbacks`` get ``on_epoch_end`` with the epoch's averaged metrics."""
+
+    def train_function(self) -> Callable[[TrainSpec], Any]:
+        from .keras_training import train
+
+        return train
+
+    def train_spec(self, checkpoint: bytes | None) -> TrainSpec:
+        import keras
+
+        from .keras_training import model_bytes
+
+        missing = [name for name in ("model", "optimizer", "loss") if not self.isDefined(name)]
+        if missing:
+            raise ValueError(f"KerasEstimator needs {', '.join(f'{name}=' for name in missing)}")
+        model = self.getOrDefault("model")
+        if not isinstance(model, keras.Model):
+            raise TypeError(
+                f"KerasEstimator takes a Keras 3 model (keras.Model), got {type(model).__module__}."
+                f"{type(model).__qualname__}; build it with `import keras` (here tf.keras may be tf-keras)."
+            )
+        optimizer = keras.optimizers.serialize(self.getOrDefault("optimizer"))
+        return self.common_spec(model_bytes(model), optimizer, self.getOrDefault("loss"), checkpoint)
+
+    def make_model(self, result: Any, feature_width: int) -> HorovodModel:
+        from .keras_training import load_model, model_bytes
+
+        fitted = KerasModel(result["history"], feature_width)
+        fitted.keras_model = load_model(model_bytes(self.getOrDefault("model")))
+        fitted.keras_model.set_weights(cloudpickle.loads(result["weights"]))
+        return fitted

@@ -1,0 +1,134 @@
+"""KerasEstimator on the ranks: a Keras 3 model (TensorFlow backend) trained with Horovod's
+TensorFlow ops (gradients averaged by a grouped allreduce; Horovod's own Keras binding
+needs the legacy tf-keras, the notebook's model is Keras 3), a checkpoint per epoch from rank 0, and (on the
+executors) the predict function ``transform`` uses."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import cloudpickle
+
+from .. import reporting
+from .training import Rows, TrainSpec, batches, checkpoint_name, end_of_epoch, load_rows
+
+__all__ = ["load_model", "make_predictor", "model_bytes", "train"]
+
+
+def model_bytes(model: Any) -> bytes:
+    """A Keras model as the bytes of its ``.keras`` file (architecture, weights, compile)."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "model.keras")
+        model.save(path)
+        with open(path, "rb") as saved:
+            return saved.read()
+
+
+def load_model(blob: bytes) -> Any:
+    import keras
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "model.keras")
+        with open(path, "wb") as out:
+            out.write(blob)
+        return keras.saving.load_model(path, compile=False)
+
+
+def train(spec: TrainSpec) -> dict[str, Any]:
+    """Runs on every rank; rank 0's value (weights, history) is the fit's result."""
+    import horovod.tensorflow as hvd
+    import keras
+
+    hvd.init()
+    keras.utils.set_random_seed(spec.seed)
+    rows = load_rows(spec)
+    model = load_model(spec.model)
+    optimizer = keras.optimizers.deserialize(spec.optimizer)
+    optimizer.build(model.trainable_variables)
+    loss = keras.losses.get(spec.loss) if isinstance(spec.loss, (str, dict)) else spec.loss
+    start, history = 0, []
+    if spec.checkpoint is not None:
+        state = cloudpickle.loads(spec.checkpoint)
+        model.set_weights(state["weights"])
+        start, history = int(state["epoch"]), list(state["history"])
+    for index, variable in enumerate(model.weights):
+        variable.assign(hvd.broadcast(variable.value, root_rank=0, name=f"weight.{index}"))
+    step = _step_function(model, optimizer, loss)
+    for callback in spec.callbacks:
+        callback.set_model(model)
+    for epoch in range(start + 1, spec.epochs + 1):
+        metrics = {"loss": _train_epoch(spec, step, rows, epoch)}
+        if len(rows.val_x):
+            metrics |= _evaluate(spec, model, loss, rows)
+        metrics = {name: _average(hvd, name, value) for name, value in metrics.items()}
+        history.append(metrics)
+        end_of_epoch(epoch, metrics, spec.verbose, hvd.rank())
+        for callback in spec.callbacks:
+            callback.on_epoch_end(epoch - 1, dict(metrics))
+        if hvd.rank() == 0:
+            state = {"epoch": epoch, "history": history, "weights": model.get_weights()}
+            reporting.send_file(checkpoint_name(epoch) + ".pkl", cloudpickle.dumps(state))
+    return {"weights": cloudpickle.dumps(model.get_weights()), "history": history}
+
+
+def _average(hvd: Any, name: str, value: float) -> float:
+    import tensorflow as tf
+
+    return float(hvd.allreduce(tf.constant(value, tf.float64), name=f"epoch.{name}").numpy())
+
+
+def _step_function(model: Any, optimizer: Any, loss: Any) -> Callable[[Any, Any], Any]:
+    """One training step as a graph: gradients averaged over the ranks (grouped allreduce:
+    Horovod's DistributedGradientTape needs tf.Variables, Keras 3 has its own)."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    def step(x: Any, y: Any) -> Any:
+        with tf.GradientTape() as tape:
+            value = loss(y, model(x, training=True))
+        gradients = hvd.grouped_allreduce(tape.gradient(value, model.trainable_variables), op=hvd.Average)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+        return value
+
+    return tf.function(step, autograph=False)  # type: ignore[no-any-return]
+
+
+def _train_epoch(spec: TrainSpec, step: Callable[[Any, Any], Any], rows: Rows, epoch: int) -> float:
+    import horovod.tensorflow as hvd
+
+    order = list(batches(len(rows.x), spec.batch_size, spec.seed, epoch, hvd.rank(), spec.shuffle))
+    total = 0.0
+    for number, index in enumerate(order, 1):
+        value = float(step(rows.x[index], rows.y[index]).numpy())
+        total += value
+        reporting.report(step=number, total=len(order), epoch=epoch, loss=value)
+    return total / max(len(order), 1)
+
+
+def _evaluate(spec: TrainSpec, model: Any, loss: Any, rows: Rows) -> dict[str, float]:
+    import numpy
+
+    output = model(rows.val_x, training=False)
+    found = {"val_loss": float(numpy.mean(loss(rows.val_y, output)))}
+    for metric in spec.metrics:
+        if metric == "accuracy":
+            found["val_accuracy"] = float(numpy.mean(numpy.argmax(output, axis=1) == rows.val_y))
+        else:
+            found[f"val_{getattr(metric, '__name__', 'metric')}"] = float(metric(rows.val_y, output))
+    return found
+
+
+def make_predictor(blob: bytes) -> Callable[[Any], Any]:
+    """For ``predict_batch_udf``: load the model once per Python worker, predict in batches."""
+    import numpy
+
+    model = load_model(blob)
+
+    def predict(inputs: Any) -> Any:
+        output = numpy.asarray(model(numpy.asarray(inputs, dtype=numpy.float32), training=False))
+        return output.reshape(len(inputs), -1)
+
+    return predict
