@@ -3,6 +3,8 @@ no sockets, a clock that steps (the real launchers are tested end to end elsewhe
 
 from __future__ import annotations
 
+import os
+
 import cloudpickle
 import pytest
 
@@ -205,3 +207,25 @@ def test_rank0s_timeline_chunks_are_written_where_the_user_asked(tmp_path):
     supervisor, _, _ = run(ScriptedLauncher(on_start=steps), timeline=str(path), ranks=1)
     supervisor.execute()
     assert path.read_bytes() == b"[{}]"
+
+
+def test_files_rank0_sends_land_in_the_runs_folder_whole_and_nowhere_else(tmp_path):
+    steps = [
+        send(0, Started("a", 1, 0, 2)),
+        send(0, FileChunk("checkpoint-0001.pt"), b"ab"),
+        send(0, FileChunk("checkpoint-0001.pt", last=True), b"cd"),
+        send(0, FileChunk("half.pt"), b"never finished"),
+        send(0, FileChunk("../escape.pt", last=True), b"x"),
+        send(1, FileChunk("from-rank-1.pt", last=True), b"x"),
+        send(0, Result(), cloudpickle.dumps((None, {}))),
+        send(0, Exit(0)),
+        send(1, Started("a", 2, 1, 2)),
+        send(1, Exit(0)),
+    ]
+    supervisor, _, _ = run(ScriptedLauncher(on_start=steps))
+    (tmp_path / "files").mkdir()
+    supervisor.files.files_dir = str(tmp_path / "files")
+    supervisor.execute()
+    assert sorted(os.listdir(tmp_path / "files")) == ["checkpoint-0001.pt", "half.pt.partial"]
+    assert (tmp_path / "files" / "checkpoint-0001.pt").read_bytes() == b"abcd"
+    assert not (tmp_path / "escape.pt").exists()
