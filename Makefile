@@ -25,3 +25,4 @@ bench: setup
 	$(PY) bench/stop.py
 	$(PY) bench/data_plane.py
 	$(PY) bench/connect_launch.py
+	$(PY) bench/estimator.py
