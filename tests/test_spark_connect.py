@@ -130,3 +130,28 @@ def test_more_ranks_than_slots_fails_fast_on_a_connect_session(connect):
     assert outcome.ename == "LaunchError", outcome
     assert "np=3 needs 3 task slots at once, but the Spark cluster has 2" in outcome.evalue
     assert time.monotonic() - started < 60  # Spark would retry the barrier stage for 10 minutes
+
+
+ESTIMATOR = """
+import pandas as pd, torch
+from sklearn.datasets import load_digits
+from hvd_magic.spark import TorchEstimator
+
+digits = load_digits()
+df = spark.createDataFrame(pd.DataFrame({"features": list(digits.data / 16.0), "label": digits.target}))
+torch.manual_seed(0)
+net = torch.nn.Linear(64, 10)
+model = TorchEstimator(
+    num_proc=2, model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.5),
+    loss=torch.nn.functional.cross_entropy, feature_cols=["features"], label_cols=["label"],
+    batch_size=32, epochs=4, verbose=0,
+).fit(df)
+round(model.transform(df).where("prediction = label").count() / df.count(), 3)
+"""
+
+
+def test_an_estimator_fits_and_transforms_on_a_connect_session(connect):
+    outcome = connect.run(ESTIMATOR)
+    assert outcome.status == "ok", outcome
+    assert float(outcome.value) >= 0.9
+    assert run_processes_anywhere() == []

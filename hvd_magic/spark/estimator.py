@@ -144,10 +144,7 @@ class HorovodEstimator(Estimator[HorovodModel], EstimatorParams):
             options.files_dir = checkpoints
         spec = self.train_spec(persistence.latest_checkpoint(checkpoints))
         value, _ = execute(capture_function(self.train_function(), {"spec": spec}), options)
-        width = int(
-            dataset.select(features_column(dataset, features).alias("f")).selectExpr("size(f)").first()[0]
-        )
-        model = self.make_model(value, width)
+        model = self.make_model(value, int(value["width"]))  # the feature width the ranks saw
         model._set(
             **{p.name: self.getOrDefault(p.name) for p in ModelParams().params if self.isDefined(p.name)}
         )

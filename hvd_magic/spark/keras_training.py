@@ -71,7 +71,8 @@ def train(spec: TrainSpec) -> dict[str, Any]:
         if hvd.rank() == 0:
             state = {"epoch": epoch, "history": history, "weights": model.get_weights()}
             reporting.send_file(checkpoint_name(epoch) + ".pkl", cloudpickle.dumps(state))
-    return {"weights": cloudpickle.dumps(model.get_weights()), "history": history}
+    weights = cloudpickle.dumps(model.get_weights())
+    return {"weights": weights, "history": history, "width": int(rows.x.shape[1])}
 
 
 def _average(hvd: Any, name: str, value: float) -> float:

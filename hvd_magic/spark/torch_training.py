@@ -45,7 +45,7 @@ def train(spec: TrainSpec) -> dict[str, Any]:
                 "optimizer": optimizer.state_dict(),
             }
             reporting.send_file(checkpoint_name(epoch) + ".pt", _to_bytes(state))
-    return {"state": _to_bytes(model.state_dict()), "history": history}
+    return {"state": _to_bytes(model.state_dict()), "history": history, "width": int(rows.x.shape[1])}
 
 
 def _resume(spec: TrainSpec, model: Any, optimizer: Any) -> tuple[int, list[dict[str, float]]]:
