@@ -3,7 +3,9 @@
 Compares hvd_magic on Spark (mpi and gloo launchers) and locally with, measured in the same run
 on the same machine: bare ``horovodrun --gloo``, ``horovod.spark.run`` and Spark's
 ``TorchDistributor`` (where they run). Prints medians and ratios. Targets (issue 3): within 1.3x
-of ``horovodrun --gloo``, at most half the time of the faster Spark peer.
+of ``horovodrun --gloo``, at most half the time of the faster Spark peer; ``backend=torch``
+(torch.distributed ranks, issue 16): at most half of TorchDistributor's time on the same
+trivial torch.distributed allreduce.
 
 Usage: python bench/launch.py [--repeat 5]
 """
@@ -87,6 +89,10 @@ def main() -> None:
 
         return run
 
+    def torch_backend() -> object:
+        with quiet:
+            return HorovodRunner(np=2, backend="torch").run(torch_allreduce)
+
     def horovod_spark() -> object:
         import horovod.spark
 
@@ -104,6 +110,7 @@ def main() -> None:
         "hvd_magic np=2 (Spark, mpi)": hvd_magic_run(2, "mpi"),
         "hvd_magic np=2 (Spark, gloo)": hvd_magic_run(2, "gloo"),
         "hvd_magic np=-2 (local, mpi)": hvd_magic_run(-2, "mpi"),
+        "hvd_magic np=2 backend=torch": torch_backend,
         "horovod.spark.run": horovod_spark,
         "TorchDistributor": torch_distributor,
     }
@@ -126,6 +133,9 @@ def main() -> None:
         if peers:
             line += f", {results[name] / min(peers):.2f}x the faster Spark peer (target <= 0.5)"
         print(line)
+    if "hvd_magic np=2 backend=torch" in results and "TorchDistributor" in results:
+        ratio = results["hvd_magic np=2 backend=torch"] / results["TorchDistributor"]
+        print(f"hvd_magic np=2 backend=torch: {ratio:.2f}x TorchDistributor (target <= 0.5)")
     session.stop()
 
 

@@ -18,9 +18,9 @@ from .options import OptionError, make_options
 
 __all__ = ["HorovodMagics", "normalize_line"]
 
-OPTIONS = ("np", "launcher", "env", "return", "timeout", "timeline", "data", "remainder")
+OPTIONS = ("np", "launcher", "backend", "env", "return", "timeout", "timeline", "data", "remainder")
 USAGE = (
-    "usage: %%horovod np=N [launcher=mpi|gloo] [env=K=V,...] [return=a,b] [timeout=SECONDS] "
+    "usage: %%horovod np=N [launcher=mpi|gloo | backend=torch] [env=K=V,...] [return=a,b] [timeout=SECONDS] "
     "[timeline=on|cycles|PATH] [data=DATAFRAME [remainder=drop|keep]]\n"
     "np=-N runs N ranks on this machine, np=N on Spark; %%horovod? shows the full help."
 )
@@ -55,6 +55,9 @@ class HorovodMagics(Magics):
     @magic_arguments()
     @argument("--np", required=True, help="number of ranks: -N runs N ranks on this machine, N on Spark")
     @argument("--launcher", choices=["mpi", "gloo"], help="mpi (default when mpirun exists) or gloo")
+    @argument(
+        "--backend", choices=["horovod", "torch"], help="horovod (default) or torch: torch.distributed ranks"
+    )
     @argument("--env", help="extra environment for the ranks: KEY=VALUE,KEY2=VALUE2")
     @argument("--return", dest="return_names", help="rank 0 variables to copy back: a,b")
     @argument("--timeout", help="end the run when no rank reports anything for this many seconds")
@@ -86,6 +89,7 @@ class HorovodMagics(Magics):
                 data=self._data(args.data),
                 data_name=args.data or "data",
                 remainder=args.remainder,
+                backend=args.backend,
             )
         except (UsageError, OptionError) as err:
             raise UsageError(f"{err}\n{USAGE}") from None

@@ -17,7 +17,7 @@ __all__ = ["RunOptions", "OptionError", "make_options", "parse_env", "parse_name
 @dataclass
 class RunOptions:
     np: int
-    launcher: str = "mpi"
+    launcher: str = "mpi"  # how ranks start: mpi or gloo (Horovod), torch (backend=torch)
     env: dict[str, str] = field(default_factory=dict)
     return_names: list[str] = field(default_factory=list)
     timeout: float | None = None  # seconds without any rank event before the run is ended
@@ -113,6 +113,20 @@ def parse_remainder(value: str | None) -> bool:
     return value == "keep"
 
 
+def parse_backend(value: str | None, launcher: str | None) -> str | None:
+    """``backend=torch`` runs torch.distributed ranks: the launcher becomes ``torch``."""
+    if value in (None, "horovod"):
+        return launcher
+    if value != "torch":
+        raise OptionError(f"backend must be horovod or torch, got {value!r}")
+    if launcher is not None:
+        raise OptionError(
+            "launcher= picks Horovod's controller (mpi or gloo); backend=torch starts torch.distributed "
+            "ranks, which need neither: drop launcher="
+        )
+    return "torch"
+
+
 def make_options(
     np: object,
     launcher: str | None = None,
@@ -123,6 +137,7 @@ def make_options(
     data: Any = None,
     data_name: str = "data",
     remainder: str | None = None,
+    backend: str | None = None,
 ) -> RunOptions:
     timeline_path, mark_cycles = parse_timeline(timeline)
     if data is not None:
@@ -136,7 +151,7 @@ def make_options(
         )
     return RunOptions(
         np=parse_np(np),
-        launcher=parse_launcher(launcher),
+        launcher=_launcher_for(backend, launcher),
         env=parse_env(env),
         return_names=parse_names(return_names),
         timeout=parse_timeout(timeout),
@@ -146,3 +161,8 @@ def make_options(
         data_name=data_name,
         keep_remainder=parse_remainder(remainder),
     )
+
+
+def _launcher_for(backend: str | None, launcher: str | None) -> str:
+    chosen = parse_backend(backend, launcher)
+    return "torch" if chosen == "torch" else parse_launcher(chosen)

@@ -22,7 +22,9 @@ class HorovodRunner:
     >>> HorovodRunner(np=-2).run(main, lr=0.1)          # doctest: +SKIP
     0
 
-    ``np=-N`` runs N ranks on this machine, ``np=N`` on the Spark cluster. ``data=df`` (a Spark,
+    ``np=-N`` runs N ranks on this machine, ``np=N`` on the Spark cluster.
+    ``backend="torch"`` runs torch.distributed ranks (``init_process_group`` finds its
+    ``env://`` settings) instead of Horovod. ``data=df`` (a Spark,
     pandas or Arrow DataFrame) gives each rank its shard: ``hvd_magic.shard()`` in ``main``.
     ``driver_log_verbosity`` is accepted for compatibility with sparkdl and ignored: rank output
     is always streamed.
@@ -39,9 +41,12 @@ class HorovodRunner:
         timeline: str | None = None,
         data: Any = None,
         remainder: str | None = None,
+        backend: str | None = None,
     ) -> None:
         try:
-            self.options = make_options(np, launcher, env, None, timeout, timeline, data, "data", remainder)
+            self.options = make_options(
+                np, launcher, env, None, timeout, timeline, data, "data", remainder, backend=backend
+            )
         except OptionError as err:
             raise ValueError(str(err)) from None
         self.num_processor = abs(self.options.np)

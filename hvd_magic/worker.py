@@ -50,12 +50,14 @@ _FILE_CHUNK = 4 * 1024 * 1024
 
 
 def rank_from_env() -> tuple[int, int, int]:
-    """(rank, local_rank, size) as set by mpirun (Open MPI / PMI) or Horovod's Gloo launcher."""
+    """(rank, local_rank, size) as set by mpirun (Open MPI / PMI), Horovod's Gloo launcher or
+    the torch.distributed one."""
     env = os.environ
     for rank_var, local_var, size_var in (
         ("HOROVOD_RANK", "HOROVOD_LOCAL_RANK", "HOROVOD_SIZE"),
         ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE"),
         ("PMI_RANK", "MPI_LOCALRANKID", "PMI_SIZE"),
+        ("RANK", "LOCAL_RANK", "WORLD_SIZE"),  # torch.distributed's env:// (backend=torch)
     ):
         if rank_var in env:
             return int(env[rank_var]), int(env.get(local_var, 0)), int(env.get(size_var, 1))

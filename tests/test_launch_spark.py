@@ -322,3 +322,36 @@ def test_executors_that_cannot_reach_the_notebook_fail_fast_naming_the_address(c
         f"cannot reach the notebook at 127.0.0.1:{closed}" in message and "HVD_MAGIC_DRIVER_HOST" in message
     )
     assert run_processes_anywhere() == []
+
+
+def test_ddp_ranks_on_spark_executors_get_their_slot_and_agree(ip, cluster, plans):
+    from .test_launch_torch import DDP_CELL
+
+    ranks = ip.run_cell_magic("horovod", "np=4 backend=torch", DDP_CELL)
+    assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
+    assert all(r["params"] == ranks[0]["params"] for r in ranks)
+    (plan,) = plans
+    assert len(plan.hosts) == 2  # two executors, two ranks each
+    for rank in ranks:
+        env = rank["env"]
+        assert env["RANK"] == str(rank["rank"]) and env["WORLD_SIZE"] == "4"
+        assert env["LOCAL_RANK"] == str(rank["rank"] % 2) and env["LOCAL_WORLD_SIZE"] == "2"
+        assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == (plan.hosts[0].ip, str(plan.master_port))
+        host = plan.hosts[rank["rank"] // 2]
+        assert [rank["gpus"]] == host.gpus[int(env["LOCAL_RANK"])]  # the GPU of the rank's slot
+    assert run_processes_anywhere() == []
+
+
+def test_a_failing_torch_rank_on_spark_is_named(cluster):
+    def main():
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        if dist.get_rank() == 3:
+            raise ValueError("bad batch on rank 3")
+        dist.barrier()
+
+    with pytest.raises(RankFailedError) as info:
+        HorovodRunner(np=4, backend="torch").run(main)
+    assert info.value.rank == 3 and "bad batch on rank 3" in str(info.value)
+    assert run_processes_anywhere() == []

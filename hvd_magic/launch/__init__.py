@@ -7,7 +7,8 @@ or on a Spark cluster (np > 0). ``Launcher`` is the small interface the engine d
     processes   spawn (parent-death signal), stop escalation, thread budget, RankDeath
     mpirun      mpirun's command line, its report of a death
     gloo        Horovod's Gloo layout, the ranks' environment, the loopback rendezvous store
-    local       LocalMpiLauncher, LocalGlooLauncher
+    torch_dist  torch.distributed ranks (backend=torch): their env:// environment
+    local       LocalMpiLauncher, LocalGlooLauncher, LocalTorchLauncher
     spark       SparkLauncher (the driver side of one barrier stage)
     spark_session  finding or starting the SparkSession, its slots
     spark_task  what each barrier task runs on its executor
@@ -31,8 +32,10 @@ def create(options: RunOptions) -> Launcher:
     """The launcher for these options; on Spark this finds (or starts) the session. With
     ``data=`` the shards are planned here, so bad data fails before anything launches."""
     if options.np < 0:
-        from .local import LocalGlooLauncher, LocalMpiLauncher
+        from .local import LocalGlooLauncher, LocalMpiLauncher, LocalTorchLauncher
 
+        if options.launcher == "torch":
+            return LocalTorchLauncher.for_options(options)
         if options.launcher == "gloo":
             return LocalGlooLauncher.for_options(options)
         return LocalMpiLauncher.for_options(options)

@@ -26,12 +26,13 @@ from .processes import (
     thread_budget_env,
     worker_command,
 )
+from .torch_dist import free_port, torch_env
 
 if TYPE_CHECKING:
     from ..hub import Hub
     from ..options import RunOptions
 
-__all__ = ["LocalGlooLauncher", "LocalMpiLauncher"]
+__all__ = ["LocalGlooLauncher", "LocalMpiLauncher", "LocalTorchLauncher"]
 
 
 class _ProcessGroupLauncher(Launcher):
@@ -111,18 +112,10 @@ class LocalMpiLauncher(_ProcessGroupLauncher):
         return mpirun_deaths("\n".join(list(self.tails[0].lines))) if self.tails else []
 
 
-class LocalGlooLauncher(_ProcessGroupLauncher):
-    """N processes with Horovod's Gloo rendezvous, the store served to them on loopback."""
+class _ProcessPerRankLauncher(_ProcessGroupLauncher):
+    """One process per rank, started here in rank order: each death is seen in its status."""
 
-    _server: LoopbackStoreServer | None = None
-
-    def start(self, hub: Hub, env: dict[str, str]) -> None:
-        slots = gloo_slots([("localhost", self.np)])
-        self._deaths: list[RankDeath] = []
-        self._server = LoopbackStoreServer(GlooStore(slots).request)
-        base = self.base_env(env)
-        for slot in slots:
-            self._spawn(worker_command(), base | gloo_env(slot, self._server.port, "lo"))
+    _deaths: list[RankDeath]
 
     def deaths(self) -> list[RankDeath]:
         """Processes are in rank order; each death is kept in the order it was first seen."""
@@ -133,9 +126,33 @@ class LocalGlooLauncher(_ProcessGroupLauncher):
                 self._deaths.append(death_of(rank, code))
         return list(self._deaths)
 
+
+class LocalGlooLauncher(_ProcessPerRankLauncher):
+    """N processes with Horovod's Gloo rendezvous, the store served to them on loopback."""
+
+    _server: LoopbackStoreServer | None = None
+
+    def start(self, hub: Hub, env: dict[str, str]) -> None:
+        slots = gloo_slots([("localhost", self.np)])
+        self._deaths = []
+        self._server = LoopbackStoreServer(GlooStore(slots).request)
+        base = self.base_env(env)
+        for slot in slots:
+            self._spawn(worker_command(), base | gloo_env(slot, self._server.port, "lo"))
+
     def stop(self) -> list[str]:
         remaining = super().stop()
         if self._server is not None:
             self._server.close()
             self._server = None
         return remaining
+
+
+class LocalTorchLauncher(_ProcessPerRankLauncher):
+    """N torch.distributed processes (``backend=torch``), rank 0's store on loopback."""
+
+    def start(self, hub: Hub, env: dict[str, str]) -> None:
+        self._deaths = []
+        base, port = self.base_env(env), free_port()
+        for slot in gloo_slots([("localhost", self.np)]):
+            self._spawn(worker_command(), base | torch_env(slot, "127.0.0.1", port))

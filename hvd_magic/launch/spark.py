@@ -27,7 +27,6 @@ from ..protocol import (
     LauncherLog,
     Message,
     Plan,
-    PlanHost,
     Record,
     Release,
     SparkPlan,
@@ -36,9 +35,10 @@ from ..protocol import (
     StoreRequest,
 )
 from .base import Launcher
-from .gloo import GlooStore, gloo_slots
+from .gloo import GlooStore
 from .mpirun import mpirun_deaths
 from .processes import RankDeath, death_of
+from .spark_plan import make_plan
 from .spark_session import (
     active_or_embedded_session,
     check_dynamic_allocation,
@@ -73,31 +73,6 @@ def spark_failure(text: str) -> str:
         if found is not None:
             return found[found.index(marker) :][:500]
     return lines[0][:500] if lines else "the Spark job failed"
-
-
-def make_plan(joins: list[Join], launcher: str) -> SparkPlan:
-    """Group tasks by executor: one host per executor, ranks numbered host by host."""
-    by_executor: dict[str, list[Join]] = collections.OrderedDict()
-    for join in sorted(joins, key=lambda j: j.partition):
-        by_executor.setdefault(join.executor, []).append(join)
-    hosts = [
-        PlanHost(
-            token=f"hvd-host-{index}",
-            executor=executor,
-            ip=tasks[0].ip,
-            partitions=[t.partition for t in tasks],
-            gpus=[list(t.gpus) for t in tasks],
-            agent=tasks[0].agent,
-            shards=[t.shard for t in tasks] if any(t.shard for t in tasks) else [],
-        )
-        for index, (executor, tasks) in enumerate(by_executor.items())
-    ]
-    slots = {}
-    if launcher == "gloo":
-        partitions = [p for host in hosts for p in host.partitions]
-        layout = gloo_slots([(host.token, len(host.partitions)) for host in hosts])
-        slots = dict(zip(partitions, layout, strict=True))
-    return SparkPlan(hosts, mpirun_partition=hosts[0].partitions[0], slots=slots)
 
 
 class SparkLauncher(Launcher):
@@ -208,6 +183,7 @@ class SparkLauncher(Launcher):
         plan = make_plan(list(self._joins.values()), self.launcher)
         if self.launcher == "gloo":
             self._serve_gloo_store(plan)
+        if plan.slots:
             for identity, join in self._joins.items():
                 slot = plan.slots[join.partition]
                 self._rank_of[identity] = (slot.rank, slot.hostname)
@@ -215,8 +191,8 @@ class SparkLauncher(Launcher):
             self.hub.send_to(identity, Plan(plan))
 
     def _launcher_ended(self, identity: bytes, code: int) -> None:
-        """Release the tasks once the launchers ended: mpirun's task reports once, Gloo tasks
-        each report their own rank."""
+        """Release the tasks once the launchers ended: mpirun's task reports once, Gloo and torch
+        tasks each report their own rank."""
         self._launcher_exits.append(code)
         if code and identity in self._rank_of:
             rank, host = self._rank_of[identity]

@@ -48,6 +48,7 @@ from .agent import ExecAgent
 from .gloo import LoopbackStoreServer, gloo_env
 from .mpirun import mpirun_argv
 from .processes import describe, spawn, stop_and_confirm, stop_tree, thread_budget_env, worker_command
+from .torch_dist import free_port, torch_env
 
 __all__ = ["STAGE_SCHEMA", "TaskSpec", "barrier_stage", "barrier_task"]
 PLAN_TIMEOUT = 120.0
@@ -162,6 +163,7 @@ def _run_task(spec: TaskSpec, context: Any, partition: int, executor: str, shard
         python=sys.executable,
         agent=agent.address if agent is not None else "",
         shard=shard,
+        port=free_port(ip) if spec.launcher == "torch" else 0,
     )
     client.send(join)
     code = 1
@@ -175,6 +177,8 @@ def _run_task(spec: TaskSpec, context: Any, partition: int, executor: str, shard
             )
         elif agent is not None:
             code = _mpi_task(spec, answer.record.plan, partition, agent, client)
+        elif spec.launcher == "torch":
+            code = _torch_task(spec, answer.record.plan, partition, client)
         else:
             code = _gloo_task(spec, answer.record.plan, partition, client)
     finally:
@@ -211,17 +215,32 @@ def _start_mpirun(spec: TaskSpec, plan: SparkPlan) -> subprocess.Popen[bytes]:
     return spawn(argv, dict(os.environ) | spec.env | secrets)
 
 
-def _gloo_task(spec: TaskSpec, plan: SparkPlan, partition: int, client: HubClient) -> int:
-    slot = plan.slots[partition]
+def _rank_env(spec: TaskSpec, plan: SparkPlan, partition: int) -> dict[str, str]:
+    """The environment of the rank this task starts itself (Gloo, torch): its slot's GPUs,
+    its share of the host's CPUs, its shard."""
     host = plan.host_of(partition)
     local_ranks = len(host.partitions)
     env = dict(os.environ) | spec.env | thread_budget_env(local_ranks, local_ranks * spec.task_cpus, spec.env)
-    relay = HubClient(spec.hub_address, spec.hub_token, rank=-1)
-    store = LoopbackStoreServer(functools.partial(_ask_driver, relay))
-    env |= gloo_env(slot, store.port, interface_of(host.ip)) | {ENV_SHARDS: json.dumps(host.shards)}
-    gpus = host.gpus[slot.local_rank]
+    env[ENV_SHARDS] = json.dumps(host.shards)
+    gpus = host.gpus[plan.slots[partition].local_rank]
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+    return env
+
+
+def _torch_task(spec: TaskSpec, plan: SparkPlan, partition: int, client: HubClient) -> int:
+    """backend=torch: this task's rank, with rank 0's store on the first host."""
+    master = torch_env(plan.slots[partition], plan.hosts[0].ip, plan.master_port)
+    return _hold_slot(client, spawn(worker_command(), _rank_env(spec, plan, partition) | master))
+
+
+def _gloo_task(spec: TaskSpec, plan: SparkPlan, partition: int, client: HubClient) -> int:
+    slot = plan.slots[partition]
+    host = plan.host_of(partition)
+    env = _rank_env(spec, plan, partition)
+    relay = HubClient(spec.hub_address, spec.hub_token, rank=-1)
+    store = LoopbackStoreServer(functools.partial(_ask_driver, relay))
+    env |= gloo_env(slot, store.port, interface_of(host.ip))
     try:
         return _hold_slot(client, spawn(worker_command(), env))
     finally:

@@ -203,6 +203,7 @@ class Join(Record):
     python: str = ""
     agent: str = ""
     shard: str = ""
+    port: int = 0  # backend=torch: a port free on the task's host, for rank 0's store
 
 
 @_kind(Kind.PLAN)

@@ -41,12 +41,13 @@ class PlanHost:
 
 @dataclass(frozen=True)
 class SparkPlan:
-    """Hosts in rank order; mpirun runs in ``mpirun_partition``'s task; ``slots`` (Gloo) maps
-    each partition to its rank's slot."""
+    """Hosts in rank order; mpirun runs in ``mpirun_partition``'s task; ``slots`` (Gloo and
+    torch) maps each partition to its rank's slot."""
 
     hosts: list[PlanHost]
     mpirun_partition: int
     slots: dict[int, GlooSlot] = field(default_factory=dict)
+    master_port: int = 0  # backend=torch: rank 0's store, on the first host's address
 
     def host_of(self, partition: int) -> PlanHost:
         return next(host for host in self.hosts if partition in host.partitions)
@@ -56,6 +57,7 @@ class SparkPlan:
             "hosts": [dataclasses.asdict(host) for host in self.hosts],
             "mpirun_partition": self.mpirun_partition,
             "slots": {str(p): dataclasses.asdict(slot) for p, slot in self.slots.items()},
+            "master_port": self.master_port,
         }
 
     @classmethod
@@ -64,4 +66,5 @@ class SparkPlan:
             hosts=[PlanHost(**host) for host in data["hosts"]],
             mpirun_partition=int(data["mpirun_partition"]),
             slots={int(p): GlooSlot(**slot) for p, slot in data.get("slots", {}).items()},
+            master_port=int(data.get("master_port", 0)),
         )
