@@ -17,11 +17,10 @@ import argparse
 import contextlib
 import io
 import os
-import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable
+
+from timing import median_seconds
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -55,16 +54,6 @@ def read_shard_rows() -> int:
 
 def launch_only() -> int:
     return 0
-
-
-def median_seconds(run: Callable[[], object], repeat: int) -> float:
-    run()  # warm-up: page cache, Spark's Python workers
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 def main() -> None:

@@ -13,11 +13,10 @@ import argparse
 import contextlib
 import io
 import os
-import statistics
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
+
+from timing import median_seconds
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -46,16 +45,6 @@ def by_hand(epochs: int) -> int:
             torch.nn.functional.cross_entropy(net(x[index]), y[index]).backward()
             optimizer.step()
     return len(x)
-
-
-def median_seconds(run: Callable[[], object], repeat: int) -> float:
-    run()
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 def main() -> None:

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
+
+from timing import median_seconds
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -56,16 +56,6 @@ def horovodrun_gloo() -> None:
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     argv = [horovodrun, "--gloo", "-np", "2", sys.executable, script.name]
     subprocess.run(argv, check=True, capture_output=True)
-
-
-def median_seconds(run: Callable[[], object], repeat: int) -> float:
-    run()  # warm-up: page cache, Spark's Python workers
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 def main() -> None:

@@ -152,6 +152,12 @@ class HorovodEstimator(Estimator[HorovodModel], EstimatorParams):
             model.write().overwrite().save(os.path.join(model_dir, EXPORT))
         return model
 
+    def require(self, *names: str) -> None:
+        """A ValueError naming the parameters that have no value."""
+        missing = [name for name in names if not self.isDefined(name)]
+        if missing:
+            raise ValueError(f"{type(self).__name__} needs {', '.join(f'{name}=' for name in missing)}")
+
     def common_spec(self, model: Any, optimizer: Any, loss: Any, checkpoint: bytes | None) -> TrainSpec:
         get = self.getOrDefault
         return TrainSpec(

@@ -57,9 +57,7 @@ class KerasEstimator(HorovodEstimator):
 
         from .keras_training import model_bytes
 
-        missing = [name for name in ("model", "optimizer", "loss") if not self.isDefined(name)]
-        if missing:
-            raise ValueError(f"KerasEstimator needs {', '.join(f'{name}=' for name in missing)}")
+        self.require("model", "optimizer", "loss")
         model = self.getOrDefault("model")
         if not isinstance(model, keras.Model):
             raise TypeError(

@@ -60,9 +60,7 @@ class TorchEstimator(HorovodEstimator):
         return train
 
     def train_spec(self, checkpoint: bytes | None) -> TrainSpec:
-        missing = [name for name in ("model", "optimizer", "loss") if not self.isDefined(name)]
-        if missing:
-            raise ValueError(f"TorchEstimator needs {', '.join(f'{name}=' for name in missing)}")
+        self.require("model", "optimizer", "loss")
         spec = self.common_spec(
             self.getOrDefault("model"), self.getOrDefault("optimizer"), self.getOrDefault("loss"), checkpoint
         )
