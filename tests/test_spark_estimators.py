@@ -57,7 +57,7 @@ def test_torch_estimator_fits_mnist_and_transforms_held_out_digits(mnist, tmp_pa
     assert model.history[1]["val_loss"] < model.history[0]["val_loss"]
     predicted = model.transform(test_df)
     assert accuracy(predicted) >= 0.9
-    assert predicted.schema["output"].dataType.simpleString() == "array<float>"
+    assert predicted.schema["rawPrediction"].dataType.simpleString() == "array<float>"
     assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == [
         "checkpoint-0001.pt",
         "checkpoint-0002.pt",
@@ -78,8 +78,8 @@ def test_saved_model_loads_with_identical_predictions_and_outside_spark(mnist, t
     model.save(str(tmp_path / "saved"))
     loaded = TorchModel.load(str(tmp_path / "saved"))
     assert loaded.uid == model.uid and loaded.history == model.history
-    before = model.transform(test_df).select("output").toPandas()["output"].tolist()
-    after = loaded.transform(test_df).select("output").toPandas()["output"].tolist()
+    before = model.transform(test_df).select("rawPrediction").toPandas()["rawPrediction"].tolist()
+    after = loaded.transform(test_df).select("rawPrediction").toPandas()["rawPrediction"].tolist()
     assert [list(row) for row in before] == [list(row) for row in after]
     # Outside Spark: the module file alone gives the same numbers.
     with open(tmp_path / "saved" / "module.pkl", "rb") as blob:

@@ -31,7 +31,8 @@ EXPORT = "model"
 
 
 class HorovodModel(Model, ModelParams, MLWritable, MLReadable["HorovodModel"]):
-    """A fitted model: ``transform`` adds ``output_cols[0]`` (the raw output, array<float>) and
+    """A fitted model: ``transform`` adds ``output_cols[0]`` (default ``rawPrediction``: the raw
+    output, array<float>) and
     ``prediction_col``; ``history`` holds the per-epoch metrics averaged over the ranks."""
 
     def __init__(self, history: list[dict[str, float]] | None = None, feature_width: int = 0) -> None:
@@ -101,9 +102,9 @@ class HorovodEstimator(Estimator[HorovodModel], EstimatorParams):
     a new fit resumes from the latest one, and the exported model lands in ``model_dir/model``.
     """
 
-    def __init__(self, **params: Any) -> None:
+    def __init__(self, *, store: Any = None, **params: Any) -> None:
         super().__init__()
-        if params.pop("store", None) is not None:
+        if store is not None:
             raise ValueError(
                 "store= is horovod.spark's intermediate storage; hvd_magic hands each rank its shard "
                 "directly and needs none. Drop store= (model_dir= keeps checkpoints and the exported model)."

@@ -55,7 +55,9 @@ class ModelParams(Params):
 
     def __init__(self) -> None:
         super().__init__()
-        self._setDefault(output_cols=["output"], prediction_col="prediction", batch_size=32, label_cols=[])
+        self._setDefault(
+            output_cols=["rawPrediction"], prediction_col="prediction", batch_size=32, label_cols=[]
+        )
 
 
 @accessors
