@@ -90,14 +90,25 @@ def test_saved_model_loads_with_identical_predictions_and_outside_spark(mnist, t
     assert alone == pytest.approx(list(before[0]), abs=1e-5)
 
 
-def test_a_second_fit_resumes_from_the_latest_checkpoint(mnist, tmp_path):
-    train_df, _ = mnist
+@pytest.mark.parametrize("kind", ["folder", "uri"])
+def test_a_second_fit_resumes_from_the_latest_checkpoint(mnist, tmp_path, kind):
+    from hvd_magic.spark import TorchModel
+
+    train_df, test_df = mnist
     small = train_df.limit(2000)
-    first = torch_estimator(epochs=1, model_dir=str(tmp_path)).fit(small)
-    second = torch_estimator(epochs=2, model_dir=str(tmp_path)).fit(small)
+    model_dir = str(tmp_path) if kind == "folder" else f"file://{tmp_path}/remote"  # a pyarrow URI
+    first = torch_estimator(epochs=1, model_dir=model_dir).fit(small)
+    second = torch_estimator(epochs=2, model_dir=model_dir).fit(small)
     assert len(second.history) == 2
     assert second.history[0] == first.history[0]  # epoch 1 came from the checkpoint, not retrained
-    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["checkpoint-0001.pt", "checkpoint-0002.pt"]
+    stored = tmp_path if kind == "folder" else tmp_path / "remote"
+    assert sorted(os.listdir(stored / "checkpoints")) == ["checkpoint-0001.pt", "checkpoint-0002.pt"]
+    exported = TorchModel.load(f"{model_dir}/model")  # the fitted model, exported into model_dir
+    assert exported.history == second.history
+    assert (
+        exported.transform(test_df).select("prediction").collect()
+        == second.transform(test_df).select("prediction").collect()
+    )
 
 
 def test_pipeline_with_a_vector_assembler_fits_transforms_saves_and_loads(spark, tmp_path):

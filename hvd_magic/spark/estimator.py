@@ -100,6 +100,8 @@ class HorovodEstimator(Estimator[HorovodModel], EstimatorParams):
     ``df[feature_cols + label_cols]``, and returns the fitted model. With ``model_dir``, rank 0
     sends a checkpoint each epoch into ``model_dir/checkpoints`` (no shared file system needed),
     a new fit resumes from the latest one, and the exported model lands in ``model_dir/model``.
+    ``model_dir`` is a local folder or a URI that pyarrow's file systems open (``s3://``,
+    ``gs://``, ``hdfs://``, ``file://``).
     """
 
     def __init__(self, *, store: Any = None, **params: Any) -> None:
@@ -129,8 +131,6 @@ class HorovodEstimator(Estimator[HorovodModel], EstimatorParams):
     def _fit(self, dataset: Any) -> HorovodModel:
         features, labels = self.getOrDefault("feature_cols"), self.getOrDefault("label_cols")
         check_columns(dataset, features, labels)
-        model_dir = self.getOrDefault("model_dir") if self.isDefined("model_dir") else None
-        checkpoints = os.path.join(os.path.abspath(model_dir), CHECKPOINTS) if model_dir else None
         try:
             options = make_options(
                 self.getOrDefault("num_proc") if self.isDefined("num_proc") else None,
@@ -140,17 +140,20 @@ class HorovodEstimator(Estimator[HorovodModel], EstimatorParams):
             )
         except OptionError as err:
             raise ValueError(f"{type(self).__name__}: {err}") from None
-        if checkpoints:
-            os.makedirs(checkpoints, exist_ok=True)
-            options.files_dir = checkpoints
-        spec = self.train_spec(persistence.latest_checkpoint(checkpoints))
-        value, _ = execute(capture_function(self.train_function(), {"spec": spec}), options)
-        model = self.make_model(value, int(value["width"]))  # the feature width the ranks saw
-        model._set(
-            **{p.name: self.getOrDefault(p.name) for p in ModelParams().params if self.isDefined(p.name)}
-        )
-        if model_dir:
-            model.write().overwrite().save(os.path.join(model_dir, EXPORT))
+        model_dir = self.getOrDefault("model_dir") if self.isDefined("model_dir") else None
+        with persistence.local_folder(model_dir) as folder:  # a URI's files come and go through it
+            checkpoints = os.path.join(folder, CHECKPOINTS) if folder else None
+            if checkpoints:
+                os.makedirs(checkpoints, exist_ok=True)
+                options.files_dir = checkpoints
+            spec = self.train_spec(persistence.latest_checkpoint(checkpoints))
+            value, _ = execute(capture_function(self.train_function(), {"spec": spec}), options)
+            model = self.make_model(value, int(value["width"]))  # the feature width the ranks saw
+            model._set(
+                **{p.name: self.getOrDefault(p.name) for p in ModelParams().params if self.isDefined(p.name)}
+            )
+            if folder:
+                model.write().overwrite().save(os.path.join(folder, EXPORT))
         return model
 
     def require(self, *names: str) -> None:

@@ -8,19 +8,61 @@ so it works from Spark Connect sessions as well."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
-__all__ = ["latest_checkpoint", "load", "save"]
+__all__ = ["latest_checkpoint", "load", "local_folder", "save"]
 
 M = TypeVar("M")  # a HorovodModel subclass (not imported here: the estimator imports this module)
 _OWN = "hvd_magic.json"
 
 
-def save(model: Any, path: str, overwrite: bool = False) -> None:
+@contextlib.contextmanager
+def local_folder(location: str | None, download: bool = True, upload: bool = True) -> Iterator[str | None]:
+    """``location`` as a local folder: a path is itself; for a URI that pyarrow's file systems
+    open (s3://, gs://, hdfs://, file://) a local copy, fetched first and sent back after,
+    even when the block fails (the checkpoints a failed fit made are kept)."""
+    if not location or "://" not in location:
+        yield os.path.abspath(location) if location else None
+        return
+    from pyarrow import fs
+
+    remote, path = fs.FileSystem.from_uri(location)
+    here, local = fs.LocalFileSystem(), tempfile.mkdtemp(prefix="hvd_magic-model_dir-")
+    try:
+        if download and remote.get_file_info(path).type == fs.FileType.Directory:
+            fs.copy_files(path, local, source_filesystem=remote, destination_filesystem=here)
+        yield local
+    finally:
+        if upload:
+            remote.create_dir(path, recursive=True)
+            fs.copy_files(local, path, source_filesystem=here, destination_filesystem=remote)
+        shutil.rmtree(local, ignore_errors=True)
+
+
+def save(model: Any, location: str, overwrite: bool = False) -> None:
+    if "://" in location:
+        from pyarrow import fs
+
+        remote, path = fs.FileSystem.from_uri(location)
+        if remote.get_file_info(path).type != fs.FileType.NotFound:
+            if not overwrite:
+                raise FileExistsError(f"{location} already exists: use model.write().overwrite().save(path)")
+            remote.delete_dir(path)
+        with local_folder(location, download=False) as folder:
+            assert folder is not None
+            _save_here(model, folder, overwrite=True)  # the empty local copy, sent on after
+        return
+    _save_here(model, location, overwrite)
+
+
+def _save_here(model: Any, path: str, overwrite: bool = False) -> None:
     if os.path.exists(path):
         if not overwrite:
             raise FileExistsError(f"{path} already exists: use model.write().overwrite().save(path)")
@@ -43,7 +85,13 @@ def save(model: Any, path: str, overwrite: bool = False) -> None:
     model.save_artifacts(path)
 
 
-def load(cls: type[M], path: str) -> M:
+def load(cls: type[M], location: str) -> M:
+    with local_folder(location, upload=False) as folder:
+        assert folder is not None
+        return _load_here(cls, folder)
+
+
+def _load_here(cls: type[M], path: str) -> M:
     if not os.path.exists(os.path.join(path, _OWN)):
         raise FileNotFoundError(f"{path} is not a saved hvd_magic model (no {_OWN} in it)")
     with open(os.path.join(path, "metadata", "part-00000")) as metadata_file:
