@@ -57,7 +57,9 @@ def test_embedded_spark_session_when_none_is_active(tmp_path):
     assert "MASTER local[" in done.stdout
 
 
-@pytest.mark.parametrize("notebook", ["quickstart.ipynb", "mnist_torch_spark.ipynb", "mnist_estimator.ipynb"])
+@pytest.mark.parametrize(
+    "notebook", ["quickstart.ipynb", "mnist_torch_spark.ipynb", "mnist_estimator.ipynb", "mnist_ddp.ipynb"]
+)
 def test_example_notebooks_run_headless(notebook, tmp_path):
     """The README's main job (and the local quickstart), executed as `make demo` does."""
     output = tmp_path / notebook
