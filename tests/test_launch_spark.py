@@ -343,15 +343,9 @@ def test_ddp_ranks_on_spark_executors_get_their_slot_and_agree(ip, cluster, plan
 
 
 def test_a_failing_torch_rank_on_spark_is_named(cluster):
-    def main():
-        import torch.distributed as dist
-
-        dist.init_process_group("gloo")
-        if dist.get_rank() == 3:
-            raise ValueError("bad batch on rank 3")
-        dist.barrier()
+    from .test_launch_torch import failing_last_rank
 
     with pytest.raises(RankFailedError) as info:
-        HorovodRunner(np=4, backend="torch").run(main)
+        HorovodRunner(np=4, backend="torch").run(failing_last_rank())
     assert info.value.rank == 3 and "bad batch on rank 3" in str(info.value)
     assert run_processes_anywhere() == []

@@ -50,6 +50,19 @@ def torch_estimator(**overrides):
     return TorchEstimator(**(params | overrides))
 
 
+def digits_estimator(net, optimizer, **extra):
+    """An estimator for scikit-learn's 8x8 digits in a ``features`` column (no validation)."""
+    return torch_estimator(
+        model=net,
+        optimizer=optimizer,
+        feature_cols=["features"],
+        metrics=[],
+        validation=0.0,
+        verbose=0,
+        **extra,
+    )
+
+
 def test_torch_estimator_fits_mnist_and_transforms_held_out_digits(mnist, tmp_path, capsys):
     train_df, test_df = mnist
     model = torch_estimator(model_dir=str(tmp_path / "run")).fit(train_df)
@@ -118,25 +131,13 @@ def test_pipeline_with_a_vector_assembler_fits_transforms_saves_and_loads(spark,
     from pyspark.ml.feature import VectorAssembler
     from sklearn.datasets import load_digits
 
-    from hvd_magic.spark import TorchEstimator
-
     digits = load_digits()
     columns = [f"p{i}" for i in range(64)]
     frame = pd.DataFrame(digits.data / 16.0, columns=columns).assign(label=digits.target)
     df = spark.createDataFrame(frame)
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
-    estimator = TorchEstimator(
-        num_proc=2,
-        model=net,
-        optimizer=torch.optim.Adam(net.parameters(), lr=1e-2),
-        loss=torch.nn.functional.cross_entropy,
-        feature_cols=["features"],
-        label_cols=["label"],
-        batch_size=32,
-        epochs=5,
-        verbose=0,
-    )
+    estimator = digits_estimator(net, torch.optim.Adam(net.parameters(), lr=1e-2), epochs=5)
     pipeline = Pipeline(stages=[VectorAssembler(inputCols=columns, outputCol="features"), estimator])
     fitted = pipeline.fit(df)
     assert accuracy(fitted.transform(df)) >= 0.9
@@ -152,22 +153,11 @@ def test_cross_validator_runs_each_fit_as_one_job(spark):
     from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
     from sklearn.datasets import load_digits
 
-    from hvd_magic.spark import TorchEstimator
-
     digits = load_digits()
     frame = pd.DataFrame({"features": list(digits.data / 16.0), "label": digits.target})
     df = spark.createDataFrame(frame)
     net = torch.nn.Linear(64, 10)
-    estimator = TorchEstimator(
-        num_proc=2,
-        model=net,
-        optimizer=torch.optim.SGD(net.parameters(), lr=0.5),
-        loss=torch.nn.functional.cross_entropy,
-        feature_cols=["features"],
-        label_cols=["label"],
-        batch_size=32,
-        verbose=0,
-    )
+    estimator = digits_estimator(net, torch.optim.SGD(net.parameters(), lr=0.5))
     grid = ParamGridBuilder().addGrid(estimator.epochs, [1, 4]).build()
     evaluator = MulticlassClassificationEvaluator(metricName="accuracy")
     search = CrossValidator(estimator=estimator, estimatorParamMaps=grid, evaluator=evaluator, numFolds=2)

@@ -10,7 +10,6 @@ Connect sessions alike, with the DataFrame API only.
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 from typing import Any
@@ -130,21 +129,24 @@ def _lookup(table: dict[int, int], partition: Any) -> Any:
     return F.coalesce(F.element_at(F.create_map(*pairs).cast("map<int,bigint>"), partition), F.lit(0))
 
 
-@functools.lru_cache(maxsize=64)
-def _keys(np: int, found: tuple[tuple[int, int], ...]) -> tuple[int, ...]:
-    first: dict[int, int] = {}
-    for key, partition in found:
-        first.setdefault(partition, key)
-    if len(first) < np:
-        raise DataError(f"hvd_magic: Spark's hash left partitions of {np} without a key; please report this")
-    return tuple(first[partition] for partition in range(np))
+_SHARD_KEYS: dict[int, list[int]] = {}  # np -> keys: Spark's hash does not change within a run of Python
 
 
 def shard_keys(session: Any, np: int) -> list[int]:
     """For each shard ``i``, an int that Spark's hash partitioning sends to partition ``i`` of
-    ``np`` (the same Murmur3 hash, seed 42, that ``repartition(np, column)`` uses)."""
-    from pyspark.sql import functions as F
+    ``np`` (the same Murmur3 hash, seed 42, that ``repartition(np, column)`` uses). Asked of
+    Spark once per ``np``."""
+    if np not in _SHARD_KEYS:
+        from pyspark.sql import functions as F
 
-    key = F.col("id").cast("int")
-    rows = session.range(0, _KEY_CANDIDATES * np).select(key, F.pmod(F.hash(key), F.lit(np))).collect()
-    return list(_keys(np, tuple((int(row[0]), int(row[1])) for row in rows)))
+        key = F.col("id").cast("int")
+        rows = session.range(0, _KEY_CANDIDATES * np).select(key, F.pmod(F.hash(key), F.lit(np))).collect()
+        first: dict[int, int] = {}
+        for row in rows:
+            first.setdefault(int(row[1]), int(row[0]))
+        if len(first) < np:
+            raise DataError(
+                f"hvd_magic: Spark's hash left partitions of {np} without a key; please report this"
+            )
+        _SHARD_KEYS[np] = [first[partition] for partition in range(np)]
+    return _SHARD_KEYS[np]
