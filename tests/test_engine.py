@@ -216,6 +216,7 @@ def test_files_rank0_sends_land_in_the_runs_folder_whole_and_nowhere_else(tmp_pa
         send(0, FileChunk("checkpoint-0001.pt", last=True), b"cd"),
         send(0, FileChunk("half.pt"), b"never finished"),
         send(0, FileChunk("../escape.pt", last=True), b"x"),
+        send(0, FileChunk("x/../../escape.pt", last=True), b"x"),
         send(1, FileChunk("from-rank-1.pt", last=True), b"x"),
         send(0, Result(), cloudpickle.dumps((None, {}))),
         send(0, Exit(0)),
