@@ -1,27 +1,27 @@
 """What went wrong in a run, from what was recorded: pure functions, no processes, no clocks.
 
-``RunRecord`` folds the ranks' messages into what the diagnosis needs (who started where, who
-exited, errors in arrival order, rank 0's result, when each rank last spoke, a stall Horovod
-reported). The functions below turn a record and the launcher's view of dead ranks
-(``RankDeath``) into one error that names the rank to blame and says what to do.
+The functions here turn a ``RunRecord`` (what the ranks said) and the launcher's view of dead
+ranks (``RankDeath``) into one error that names the rank to blame and says what to do.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
 
 from .errors import RankFailedError, RunError, RunTimeout
 from .launch.processes import RankDeath
-from .protocol import CELL_FILENAME, Exit, Message, RankError, Reports, Result, Stall, Started
+from .protocol import CELL_FILENAME
+from .run_record import RunRecord, is_consequence, timed_out
 
 __all__ = [
-    "RunRecord",
     "explained",
     "failure_after_exit",
-    "is_consequence",
+    "left_behind",
+    "left_waiting",
     "rank_failed",
     "silence_timeout",
     "silent_death",
+    "stall_sentence",
     "stall_text",
     "start_timeout",
 ]
@@ -29,83 +29,9 @@ __all__ = [
 UNEVEN_HINT = (
     "This usually means the ranks had unequal work: shards of different sizes, or a different "
     "number of steps or batches per rank. Give every rank the same number of batches (equal "
-    "shards, dropping the remainder), or call hvd.join() when a rank runs out of data."
+    "shards, dropping the remainder), or let a rank that runs out of data join the others "
+    "(Horovod: hvd.join(); DDP: the torch.distributed.algorithms.Join context manager)."
 )
-
-
-@dataclass(frozen=True)
-class Failure:
-    """A rank's error as it arrived."""
-
-    rank: int
-    error: RankError
-
-
-@dataclass(frozen=True)
-class StallSeen:
-    """The latest stall Horovod reported, and when it was first reported (the run's clock)."""
-
-    stall: Stall
-    since: float
-
-
-@dataclass
-class RunRecord:
-    ranks: int
-    began: float = 0.0
-    started: dict[int, str] = field(default_factory=dict)  # rank -> host
-    exited: dict[int, int] = field(default_factory=dict)  # rank -> exit code
-    errors: list[Failure] = field(default_factory=list)  # in arrival order
-    result: bytes | None = None
-    last_message: float = 0.0
-    last_seen: dict[int, float] = field(default_factory=dict)
-    stall: StallSeen | None = None
-
-    def apply(self, message: Message, at: float) -> None:
-        """Fold in ``message``, which arrived at ``at`` (the run's clock). A stall report is
-        not progress: it does not count against ``timeout=``."""
-        record = message.record
-        if isinstance(record, Stall):
-            same = self.stall is not None and self.stall.stall == record
-            self.stall = StallSeen(record, self.stall.since if self.stall and same else at)
-            return
-        self.last_message = at
-        self.last_seen[message.rank] = at
-        if self.stall is not None and message.rank in self.stall.stall.ranks:
-            if isinstance(record, (Reports, Exit, RankError)):  # the missing rank moved on
-                self.stall = None
-        if isinstance(record, Started):
-            self.started[message.rank] = record.host
-        elif isinstance(record, RankError):
-            self.errors.append(Failure(message.rank, record))
-        elif isinstance(record, Result):
-            self.result = message.blob
-        elif isinstance(record, Exit):
-            self.exited[message.rank] = record.code
-
-    def finished(self) -> list[int]:
-        """Ranks that ended normally (exit code 0)."""
-        return sorted(rank for rank, code in self.exited.items() if code == 0)
-
-    def never_started(self) -> list[int]:
-        return [rank for rank in range(self.ranks) if rank not in self.started]
-
-    @property
-    def cause(self) -> Failure | None:
-        """The error to blame: the first that is not a consequence of another rank's failure."""
-        return next((f for f in self.errors if not is_consequence(f.error)), None)
-
-    @property
-    def first_error(self) -> Failure | None:
-        return self.cause or (self.errors[0] if self.errors else None)
-
-
-def is_consequence(error: RankError) -> bool:
-    """Horovod shuts down on every rank once one fails; the others then raise this. A
-    KeyboardInterrupt in a rank is our own stop (ranks have sessions of their own)."""
-    return error.exc_type in ("HorovodInternalError", "KeyboardInterrupt") or (
-        "Horovod has been shut down" in error.message
-    )
 
 
 def silent_death(record: RunRecord, deaths: list[RankDeath]) -> RankDeath | None:
@@ -117,7 +43,12 @@ def silent_death(record: RunRecord, deaths: list[RankDeath]) -> RankDeath | None
 def explained(record: RunRecord, deaths: list[RankDeath]) -> bool:
     """Whether the errors so far have their cause in the record: a rank's own error, a rank
     that died without a word, or a rank that finished while others still communicated."""
-    return record.cause is not None or silent_death(record, deaths) is not None or bool(record.finished())
+    return (
+        record.cause is not None
+        or silent_death(record, deaths) is not None
+        or bool(record.finished())
+        or left_behind(record) is not None
+    )
 
 
 def rank_failed(record: RunRecord, death: RankDeath | None) -> RankFailedError:
@@ -128,6 +59,8 @@ def rank_failed(record: RunRecord, death: RankDeath | None) -> RankFailedError:
     assert failure is not None, "rank_failed needs a recorded error"
     if record.cause is None and death is None and (uneven := uneven_work(record)) is not None:
         return uneven
+    if record.cause is None and death is None and (behind := left_behind(record)) is not None:
+        return behind
     if record.cause is None and death is not None:
         return RankFailedError(
             rank=death.rank,
@@ -192,12 +125,11 @@ def silence_timeout(record: RunRecord, timeout: float, now: float) -> RunTimeout
         f"rank {rank} for {now - seen:.0f} s" for rank, seen in sorted(record.last_seen.items()) if rank >= 0
     )
     never = record.never_started()
-    stalled = stall_text(record, now)
     return RunTimeout(
         f"no rank reported anything for {timeout:.0f} s (timeout={timeout:g}); "
         f"the run was stopped. Silent: {silent or 'every rank'}."
         + (f" Never started: ranks {never}." if never else "")
-        + (f" Horovod says it {stalled}." if stalled else "")
+        + stall_sentence(record, now)
     )
 
 
@@ -214,7 +146,7 @@ def uneven_work(record: RunRecord) -> RankFailedError | None:
         exc_type="",
         message=(
             f"uneven work: {who} finished while rank {stuck.rank} was still in a collective "
-            f"({collective_in(stuck.error.traceback)}), which Horovod then shut down. {UNEVEN_HINT}"
+            f"({collective_in(stuck.error.traceback)}), which then failed. {UNEVEN_HINT}"
         ),
         remote_traceback=stuck.error.traceback,
         stopped=record.ranks - 1,
@@ -229,7 +161,8 @@ def collective_in(traceback: str) -> str:
         if line.startswith('File "') and "site-packages" not in line and index + 1 < len(lines):
             where = "the cell" if CELL_FILENAME in line else line.split('"')[1]
             number = line.split(", line ")[-1].split(",")[0]
-            return f"{lines[index + 1].strip()} at line {number} of {where}"
+            code = re.sub(r"\s{2,}#.*$", "", lines[index + 1].strip())  # an inline comment
+            return f"{code} at line {number} of {where}"
     return "a collective"
 
 
@@ -242,3 +175,65 @@ def stall_text(record: RunRecord, now: float) -> str:
     who = f"rank {waiting[0]}" if len(waiting) == 1 else f"ranks {', '.join(map(str, waiting))}"
     seconds = now - record.stall.since + stall.threshold
     return f"stalled: {stall.missing()} ({who} waiting over {seconds:.0f} s)"
+
+
+def stall_sentence(record: RunRecord, now: float) -> str:
+    """' Horovod says it stalled: ...' (or ' It stalled: ...' from torch ranks' waits), or ''."""
+    text = stall_text(record, now)
+    if record.stall is None or not text:
+        return ""
+    source = record.stall.stall.source
+    return f" {source} says it {text}." if source else f" It {text}."
+
+
+def left_behind(record: RunRecord) -> RankFailedError | None:
+    """torch.distributed ranks timed out waiting (their waits are known): blame the ranks that
+    were not waiting, as Horovod's stall inspector would."""
+    late = next((f for f in record.errors if timed_out(f.error) and f.rank in record.waits), None)
+    if late is None:
+        return None
+    failed = {f.rank for f in record.errors}
+    gone = failed | set(record.waits) | set(record.exited)
+    behind = [rank for rank in range(record.ranks) if rank not in gone]
+    if not behind:
+        return None
+    wait, first_line = record.waits[late.rank], late.error.message.strip().splitlines()[0][:200]
+    return RankFailedError(
+        rank=behind[0],
+        host=record.started.get(behind[0], ""),
+        exc_type="",
+        message=(
+            f"it was behind; rank {late.rank} timed out waiting for it in {wait.call} "
+            f"({wait.where or 'torch.distributed'}): {late.error.exc_type}: {first_line}. See what "
+            f"rank {behind[0]} was doing (its log above); every rank must make the same "
+            "torch.distributed calls, in the same order."
+        ),
+        remote_traceback=late.error.traceback,
+        stopped=record.ranks - 1,
+    )
+
+
+def left_waiting(record: RunRecord, now: float) -> RankFailedError:
+    """Ranks finished while the others wait for them in a torch.distributed call (which would
+    wait until torch's timeout, 30 minutes by default)."""
+    assert record.stall is not None, "left_waiting needs the stall"
+    stall = record.stall.stall
+    gone = stall.ranks[0]
+    waiting = sorted(record.waits)
+    return RankFailedError(
+        rank=gone,
+        host=record.started.get(gone, ""),
+        exc_type="",
+        message=(
+            f"it finished without reaching {stall.tensors[0][0]}, where "
+            f"{_ranks(waiting)} waited over {now - min(w.since for w in record.waits.values()):.0f} s "
+            f"for it. Every rank must make the same torch.distributed calls, in the same order. "
+            f"{UNEVEN_HINT}"
+        ),
+        remote_traceback="",
+        stopped=record.ranks - 1,
+    )
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"

@@ -21,14 +21,14 @@ from typing import Any
 
 import cloudpickle
 
-from . import diagnosis, launch
+from . import diagnosis, launch, stalls
 from .capture import Captured
-from .diagnosis import RunRecord
 from .errors import RunError, RunInterrupted
 from .hub import Hub
 from .launch import Launcher
 from .options import RunOptions
 from .protocol import ENV_HUB, ENV_TOKEN, FileChunk, Message
+from .run_record import RunRecord
 from .views import RunView, make_view
 
 __all__ = ["Run", "execute", "rank_env"]
@@ -37,6 +37,7 @@ DRAIN_SECONDS = 5.0  # after the launcher exits: how long to wait for messages s
 PUMP_BATCH = 2000
 START_TIMEOUT = float(os.environ.get("HVD_MAGIC_START_TIMEOUT", "300"))
 STALL_CHECK_SECONDS = 15
+STALL_VARIABLE = "HOROVOD_STALL_CHECK_TIME_SECONDS"  # also how long torch ranks wait before a stall
 CAUSE_GRACE = 3.0  # seconds to look for the cause behind a "Horovod has been shut down" error
 
 
@@ -46,7 +47,7 @@ def rank_env(options: RunOptions, hub: Hub) -> dict[str, str]:
     env = dict(options.env)
     defaults = {
         "TF_USE_LEGACY_KERAS": "1",  # Horovod's Keras binding needs tf-keras on TensorFlow >= 2.16
-        "HOROVOD_STALL_CHECK_TIME_SECONDS": str(STALL_CHECK_SECONDS),  # Horovod's 60 s is long to stare at
+        STALL_VARIABLE: str(STALL_CHECK_SECONDS),  # Horovod's 60 s is long to stare at
     }
     env |= {name: value for name, value in defaults.items() if name not in env and name not in os.environ}
     if options.timeline:
@@ -128,6 +129,7 @@ class Run:
         now = clock()
         self.record = RunRecord(options.ranks, began=now, last_message=now)
         self.files = _FileSink(options.timeline, options.files_dir)
+        self.stall_seconds = stall_seconds(options)
 
     def execute(self) -> Any:
         """Start and supervise; then stop whatever is left and return (or raise) only once the
@@ -162,16 +164,16 @@ class Run:
             self.hub.close()
 
     def _interrupted(self) -> RunInterrupted:
-        stalled = diagnosis.stall_text(self.record, self.clock())
         return RunInterrupted(
             f"interrupted: the {self.options.ranks} ranks were stopped. The notebook's state is unchanged."
-            + (f" Horovod said: {stalled}." if stalled else "")
+            + diagnosis.stall_sentence(self.record, self.clock())
         )
 
     def _supervise(self) -> Any:
         while True:
             self._pump(wait=self.wait)
             self.view.tick()
+            self._watch_waits()
             if self.record.errors:
                 raise diagnosis.rank_failed(self.record, self._find_cause())  # decided before the stop
             code = self.launcher.poll()
@@ -179,6 +181,25 @@ class Run:
                 self._drain()
                 return self._outcome(code)
             self._check_time_limits()
+
+    def _watch_waits(self) -> None:
+        """torch.distributed ranks: a stall seen in their waits is told like Horovod's; ranks that
+        finished while the others wait for them end the run (torch would wait 30 minutes)."""
+        if not self.record.waits and (self.record.stall is None or self.record.stall.stall.source):
+            return
+        now = self.clock()
+        stall = stalls.waiting_stall(self.record.waits, self.record.ranks, now, self.stall_seconds)
+        current = self.record.stall.stall if self.record.stall is not None else None
+        if stall is None:
+            if current is not None and not current.source:
+                self.record.stall = None  # the waits ended
+            return
+        if stall != current:
+            message = Message(stall)
+            self.record.apply(message, now)
+            self.view.message(message)
+        if all(rank in self.record.exited for rank in stall.ranks):
+            raise diagnosis.left_waiting(self.record, now)
 
     def _check_time_limits(self) -> None:
         now = self.clock()
@@ -233,6 +254,15 @@ class Run:
                 f"could not be loaded in the notebook: {type(err).__name__}: {str(err)[:300]}. End the "
                 "cell with ';' or return plain data (numbers, lists, arrays, state_dicts)."
             ) from None
+
+
+def stall_seconds(options: RunOptions) -> float:
+    """How long ranks wait for others before it is a stall (Horovod's variable, for both backends)."""
+    value = options.env.get(STALL_VARIABLE) or os.environ.get(STALL_VARIABLE) or STALL_CHECK_SECONDS
+    try:
+        return max(1.0, float(value))
+    except ValueError:
+        return float(STALL_CHECK_SECONDS)
 
 
 @contextlib.contextmanager

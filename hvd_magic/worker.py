@@ -42,7 +42,7 @@ from .protocol import (
     Result,
     Started,
 )
-from .stalls import StallFilter
+from .stalls import StallFilter, WaitWatch
 
 PAYLOAD_TIMEOUT = 120.0
 _CHUNK = 65536
@@ -249,10 +249,16 @@ def main() -> int:
     forwarder = _OutputForwarder(client)
     faulthandler.enable(file=os.fdopen(forwarder.original_stderr, "w"), all_threads=True)
     reporting._attach(client)
+    # torch.distributed ranks (env:// set up for them): the hub hears where a rank waits.
+    watch = WaitWatch(client.send) if "MASTER_PORT" in os.environ and "RANK" in os.environ else None
+    if watch is not None:
+        watch.start()
     code = 1
     try:
         code = _run(client, blob, rank, host)
     finally:
+        if watch is not None:
+            watch.stop()
         reporting._detach()
         forwarder.close()
         if rank == 0 and os.environ.get("HOROVOD_TIMELINE"):

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from hvd_magic import RankFailedError, RunError, RunTimeout
 from hvd_magic.diagnosis import (
-    RunRecord,
     collective_in,
     explained,
     failure_after_exit,
-    is_consequence,
+    left_behind,
     rank_failed,
     silence_timeout,
     silent_death,
@@ -16,7 +15,8 @@ from hvd_magic.diagnosis import (
     start_timeout,
 )
 from hvd_magic.launch.processes import death_of
-from hvd_magic.protocol import Exit, Message, RankError, Reports, Result, Stall, Started
+from hvd_magic.protocol import Exit, Message, RankError, Reports, Result, Stall, Started, Waiting
+from hvd_magic.run_record import RunRecord, is_consequence
 
 SHUT_DOWN = RankError("vm", "HorovodInternalError", "Horovod has been shut down. This was caused by ...")
 
@@ -129,6 +129,8 @@ def test_a_rank_that_finished_while_another_communicated_is_named_as_uneven_work
 
 def test_the_collective_is_found_in_user_code_not_in_horovods():
     assert collective_in(TRACEBACK) == "hvd.allreduce(torch.ones(2), name=f't{step}') at line 4 of the cell"
+    commented = TRACEBACK.replace("name=f't{step}')", "name=f't{step}')   # sums the gradients")
+    assert collective_in(commented) == "hvd.allreduce(torch.ones(2), name=f't{step}') at line 4 of the cell"
     assert collective_in("no traceback at all") == "a collective"
 
 
@@ -148,3 +150,33 @@ def test_a_stall_is_described_and_does_not_count_as_progress():
     )
     record.apply(Message(Reports(0), 0), at=70.0)  # the stalled rank moved on
     assert stall_text(record, now=71.0) == ""
+
+
+GLOO_TIMEOUT = RankError(
+    "vm", "RuntimeError", "[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 6000ms for recv"
+)
+PEER_GONE = RankError("vm", "RuntimeError", "[../gloo/transport/tcp/pair.cc:553] Connection closed by peer")
+
+
+def test_torch_ranks_failing_because_a_peer_is_gone_or_late_are_consequences():
+    assert is_consequence(GLOO_TIMEOUT) and is_consequence(PEER_GONE)
+    assert is_consequence(RankError("vm", "DistStoreError", "Timed out after 7 seconds waiting for clients."))
+    assert not is_consequence(RankError("vm", "RuntimeError", "CUDA out of memory"))
+
+
+def test_the_rank_not_waiting_when_the_others_timed_out_is_behind():
+    waiting = Waiting("all_reduce", "line 5 of the cell", 3.0)
+    started = [(rank, Started(f"h{rank}", rank, rank, 3)) for rank in range(3)]
+    record = record_of(3, *started, (0, waiting), (2, waiting), (0, GLOO_TIMEOUT))
+    assert explained(record, [])  # no grace needed: the waits say who was behind
+    error = rank_failed(record, None)
+    assert (error.rank, error.host) == (1, "h1")
+    assert str(error).startswith(
+        "rank 1 on h1 failed: it was behind; rank 0 timed out waiting for it in all_reduce "
+        "(line 5 of the cell): RuntimeError: [../gloo/transport/tcp/unbound_buffer.cc:78] Timed out"
+    )
+    # Without waits (or with every rank waiting) nobody can be named: the error stands as it is.
+    assert left_behind(record_of(2, (0, GLOO_TIMEOUT))) is None
+    assert left_behind(record_of(2, (0, waiting), (1, waiting), (0, GLOO_TIMEOUT))) is None
+    # A wait that ended is forgotten.
+    assert record_of(2, (0, waiting), (0, Waiting())).waits == {}

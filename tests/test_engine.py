@@ -13,7 +13,18 @@ from hvd_magic import engine as engine_module
 from hvd_magic.engine import Run
 from hvd_magic.launch.processes import death_of
 from hvd_magic.options import make_options
-from hvd_magic.protocol import ENV_HUB, ENV_TOKEN, Exit, FileChunk, Log, RankError, Result, Stall, Started
+from hvd_magic.protocol import (
+    ENV_HUB,
+    ENV_TOKEN,
+    Exit,
+    FileChunk,
+    Log,
+    RankError,
+    Result,
+    Stall,
+    Started,
+    Waiting,
+)
 
 from .fakes import FakeHub, ScriptedLauncher, SteppingClock, healthy_rank, nothing, send
 from .helpers import RecordingView
@@ -134,6 +145,42 @@ def test_stall_reports_do_not_hold_off_the_timeout_and_are_named_by_it():
     with pytest.raises(RunTimeout, match=r"Horovod says it stalled: rank 0 never submitted allreduce.t3"):
         supervisor.execute()
     assert any(m.record == stall for m in view.messages)  # the view got it too
+
+
+def test_torch_ranks_waiting_for_one_that_left_end_the_run_naming_it():
+    waiting = Waiting("init_process_group", "line 4 of the cell", 2.0)
+    launcher = ScriptedLauncher(
+        on_start=[send(0, Started("a", 1, 0, 2)), send(1, Started("a", 2, 1, 2))],
+        on_poll=[send(0, waiting), nothing, nothing, send(1, Exit(0))] + [nothing] * 100,
+        code=None,
+    )
+    supervisor, _, view = run(launcher)
+    with pytest.raises(RankFailedError) as info:
+        supervisor.execute()
+    assert info.value.rank == 1
+    assert "rank 1 on a failed: it finished without reaching init_process_group (line 4 of the cell)" in str(
+        info.value
+    )
+    stalls = [m.record for m in view.messages if isinstance(m.record, Stall)]
+    assert stalls == [Stall([1], [["init_process_group (line 4 of the cell)"]], 15.0, "reached", "")]
+
+
+def test_a_torch_stall_is_told_once_and_forgotten_when_the_wait_ends():
+    waiting = Waiting("all_reduce", "line 5 of the cell", 2.0)
+    launcher = ScriptedLauncher(
+        on_start=[send(0, Started("a", 1, 0, 2)), send(1, Started("a", 2, 1, 2))],
+        on_poll=[send(0, waiting)]
+        + [nothing] * 30
+        + [send(0, Waiting())]
+        + healthy_rank(0, 7)
+        + healthy_rank(1),
+        code=0,
+    )
+    supervisor, _, view = run(launcher)
+    assert supervisor.execute() == (7, {})
+    stalls = [m.record for m in view.messages if isinstance(m.record, Stall)]
+    assert stalls == [Stall([1], [["all_reduce (line 5 of the cell)"]], 15.0, "reached", "")]
+    assert supervisor.record.stall is None
 
 
 def test_an_interrupt_stops_the_launcher_and_closes_everything():

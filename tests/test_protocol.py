@@ -39,6 +39,7 @@ EXAMPLES = {
     Kind.REPORTS: protocol.Reports(dropped=3),
     Kind.ERROR: protocol.RankError("vm", "ValueError", "bad ✓", "Traceback ..."),
     Kind.STALL: protocol.Stall([0, 2], [["allreduce.t3"], ["allreduce.t3", "allreduce.t4"]], 15.0),
+    Kind.WAITING: protocol.Waiting("all_reduce", "line 5 of the cell", 2.5),
     Kind.RESULT: protocol.Result(),
     Kind.FILE: protocol.FileChunk("timeline", last=True),
     Kind.EXIT: protocol.Exit(130),

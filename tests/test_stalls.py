@@ -1,10 +1,17 @@
 """Horovod's stall warnings taken out of a rank's stderr (pure; the real warning is in
-test_faults.py)."""
+test_faults_horovod.py); torch.distributed waits seen in a real blocked call, and the stall they
+make (the real runs are in test_faults_torch.py)."""
 
 from __future__ import annotations
 
-from hvd_magic.protocol import Stall
-from hvd_magic.stalls import StallFilter
+import datetime
+import threading
+
+import pytest
+import torch.distributed as dist
+
+from hvd_magic.protocol import CELL_FILENAME, Stall, Waiting
+from hvd_magic.stalls import StallFilter, WaitSeen, WaitWatch, waiting_in, waiting_stall
 
 WARNING = (
     b"[2026-11-22 23:58:30. 23583: W /tmp/horovod/common/stall_inspector.cc:107] One or more tensors "
@@ -64,3 +71,68 @@ def test_other_output_is_not_held_back():
 def test_the_warning_block_ends_at_the_first_other_line():
     shown, found = feed_all([WARNING.replace(b"2: [allreduce.t3]\n", b"3: not a rank line\n")])
     assert shown == b"3: not a rank line\n" and found[-1].ranks == [0]
+
+
+def test_a_stall_is_the_ranks_not_waiting_once_one_waited_long_enough():
+    waits = {0: WaitSeen("all_reduce", "line 5 of the cell", 10.0), 2: WaitSeen("barrier", "", 12.0)}
+    assert waiting_stall(waits, 3, now=24.0, threshold=15) is None  # not long enough yet
+    stall = waiting_stall(waits, 3, now=25.0, threshold=15)
+    assert stall == Stall([1], [["all_reduce (line 5 of the cell)"]], 15, "reached", "")
+    assert stall.missing() == "rank 1 never reached all_reduce (line 5 of the cell)"
+    assert waiting_stall(waits, 2, now=25.0, threshold=15) == Stall(
+        [1], [["all_reduce (line 5 of the cell)"]], 15, "reached", ""
+    )
+    everyone = waits | {1: WaitSeen("all_reduce", "", 11.0)}
+    assert waiting_stall(everyone, 3, now=99.0, threshold=15) is None  # nobody is behind
+
+
+@pytest.fixture
+def blocked_in_init():
+    """A thread inside a real init_process_group (cell code, line 2) that waits for a second
+    rank that never comes; it gives up after a few seconds."""
+    store = dist.HashStore()
+    cell = 'import datetime\ninit("gloo", store=store, rank=0, world_size=2, timeout=timedelta(seconds=8))\n'
+    code = compile(
+        cell,
+        CELL_FILENAME,
+        "exec",
+    )
+
+    def run() -> None:
+        try:
+            exec(code, {"init": dist.init_process_group, "store": store, "timedelta": datetime.timedelta})
+        except Exception:  # noqa: BLE001 - the timeout it is meant to reach
+            pass
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    yield thread
+    thread.join(timeout=60)
+
+
+def frame_of(thread: threading.Thread):
+    import sys
+
+    return sys._current_frames()[thread.ident]
+
+
+def test_a_real_wait_in_init_process_group_is_seen_and_told_once(blocked_in_init):
+    deadline = datetime.datetime.now() + datetime.timedelta(seconds=30)
+    found = None
+    while found is None and datetime.datetime.now() < deadline:
+        found = waiting_in(frame_of(blocked_in_init))
+    assert found is not None and found[1:] == ("init_process_group", "line 2 of the cell")
+    sent, now = [], [0.0]
+    watch = WaitWatch(sent.append, clock=lambda: now[0])
+    watch.sample(frame_of(blocked_in_init))
+    now[0] = 1.0
+    watch.sample(frame_of(blocked_in_init))
+    assert sent == []  # a short wait is not told
+    now[0] = 2.5
+    watch.sample(frame_of(blocked_in_init))
+    now[0] = 3.0
+    watch.sample(frame_of(blocked_in_init))
+    assert sent == [Waiting("init_process_group", "line 2 of the cell", 2.5)]
+    watch.sample(None)  # out of it
+    assert sent[1:] == [Waiting()]
+    assert waiting_in(frame_of(threading.current_thread())) is None  # this test is not waiting

@@ -1,5 +1,6 @@
 """The contract between the notebook, the Spark tasks, the exec agents and the ranks: message
-kinds and their typed records (``messages``, where the table of who sends what is), how they
+kinds and their typed records (``messages``, where the table of who sends what is, and
+``task_messages``), how they
 travel (``wire``), environment names (``env``), payloads (``payload``) and the Spark plan
 (``plan``). Plain data, no I/O."""
 
@@ -16,32 +17,19 @@ from .env import (
     ENV_VIA_AGENT,
 )
 from .messages import (
-    Abort,
-    Exec,
     Exit,
     FileChunk,
     Hello,
-    Join,
-    Kill,
     Kind,
-    LauncherExit,
-    LauncherLog,
     Log,
-    Output,
     Payload,
-    Ping,
-    Plan,
-    Pong,
     RankError,
     Record,
-    Release,
     Reports,
     Result,
     Stall,
     Started,
-    Stopped,
-    StoreAnswer,
-    StoreRequest,
+    Waiting,
     record_type,
 )
 from .payload import (
@@ -53,6 +41,22 @@ from .plan import (
     GlooSlot,
     PlanHost,
     SparkPlan,
+)
+from .task_messages import (
+    Abort,
+    Exec,
+    Join,
+    Kill,
+    LauncherExit,
+    LauncherLog,
+    Output,
+    Ping,
+    Plan,
+    Pong,
+    Release,
+    Stopped,
+    StoreAnswer,
+    StoreRequest,
 )
 from .wire import (
     CONTROL_RECORDS,
@@ -106,6 +110,7 @@ __all__ = [
     "Stopped",
     "StoreAnswer",
     "StoreRequest",
+    "Waiting",
     "decode",
     "encode",
     "record_type",

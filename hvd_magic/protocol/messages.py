@@ -14,6 +14,7 @@ log            rank → hub               ``Log``             stdout/stderr byte
 reports        rank → hub               ``Reports``         JSON list of ``report()`` records
 error          rank → hub               ``RankError``       —
 stall          rank 0 → hub             ``Stall``           —
+waiting        rank → hub               ``Waiting``         —
 result         rank 0 → hub             ``Result``          pickled (value, returned names)
 file           rank 0 → hub             ``FileChunk``       a piece of the Horovod Timeline
 exit           rank → hub, agent → rsh  ``Exit``            —
@@ -32,24 +33,21 @@ ping, pong     rsh client ⇄ agent       ``Ping``, ``Pong``  —
 kill           rsh client → agent       ``Kill``            —
 =============  =======================  ==================  ================================
 
-A new kind is one ``Kind`` member, one record class and one row in this table.
+A new kind is one ``Kind`` member, one record class (the ranks' here, the Spark tasks' and the
+exec agents' in ``task_messages``) and one row in this table.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, ClassVar, TypeVar, cast
 
-from .plan import SparkPlan
-
 __all__ = [
-    "Abort", "Exec", "Exit", "FileChunk", "Hello", "Join", "Kill", "Kind", "LauncherExit",
-    "LauncherLog", "Log", "Output", "Payload", "Ping", "Plan", "Pong", "RankError", "Record",
-    "Release", "Reports", "Result", "Stall", "Started", "Stopped", "StoreAnswer", "StoreRequest",
-    "record_type",
+    "Exit", "FileChunk", "Hello", "Kind", "Log", "Payload", "RankError", "Record", "Reports",
+    "Result", "Stall", "Started", "Waiting", "record_type",
 ]  # fmt: skip
 
 
@@ -61,6 +59,7 @@ class Kind(str, Enum):
     REPORTS = "reports"
     ERROR = "error"
     STALL = "stall"
+    WAITING = "waiting"
     RESULT = "result"
     FILE = "file"
     EXIT = "exit"
@@ -158,17 +157,31 @@ class RankError(Record):
 @_kind(Kind.STALL)
 @dataclass(frozen=True)
 class Stall(Record):
-    """Horovod's stall inspector (on rank 0) says ``ranks`` never submitted ``tensors[i]``
-    while the other ranks waited more than ``threshold`` seconds for them."""
+    """``ranks`` never ``action`` ``tensors[i]`` while the other ranks waited more than
+    ``threshold`` seconds for them. ``source`` says who saw it: Horovod's stall inspector (on
+    rank 0), or "" for the notebook's own watch of torch.distributed ranks (``Waiting``)."""
 
     ranks: list[int]
     tensors: list[list[str]]
     threshold: float
+    action: str = "submitted"  # torch.distributed: "reached"
+    source: str = "Horovod"
 
     def missing(self) -> str:
         """'rank 0 never submitted allreduce.t3; rank 2 never submitted ...'"""
         pairs = zip(self.ranks, self.tensors, strict=True)
-        return "; ".join(f"rank {rank} never submitted {', '.join(tensors)}" for rank, tensors in pairs)
+        return "; ".join(f"rank {rank} never {self.action} {', '.join(tensors)}" for rank, tensors in pairs)
+
+
+@_kind(Kind.WAITING)
+@dataclass(frozen=True)
+class Waiting(Record):
+    """A torch.distributed rank has been inside ``call`` (``init_process_group``, ``all_reduce``,
+    a DDP backward...) for ``seconds``, called from ``where``; an empty ``call`` says it came out."""
+
+    call: str = ""
+    where: str = ""
+    seconds: float = 0.0
 
 
 @_kind(Kind.RESULT)
@@ -188,110 +201,3 @@ class FileChunk(Record):
 @dataclass(frozen=True)
 class Exit(Record):
     code: int
-
-
-@_kind(Kind.JOIN)
-@dataclass(frozen=True)
-class Join(Record):
-    """A barrier task introduces itself: where it runs, its GPUs, its exec agent (mpi), the
-    file its shard of the run's data waits in (data=)."""
-
-    partition: int
-    executor: str
-    ip: str
-    gpus: list[str] = field(default_factory=list)
-    python: str = ""
-    agent: str = ""
-    shard: str = ""
-    port: int = 0  # backend=torch: a port free on the task's host, for rank 0's store
-
-
-@_kind(Kind.PLAN)
-@dataclass(frozen=True)
-class Plan(Record):
-    plan: SparkPlan
-
-    def header(self) -> dict[str, Any]:
-        return {"plan": self.plan.to_json()}
-
-    @classmethod
-    def from_header(cls, header: dict[str, Any]) -> Record:
-        return cls(SparkPlan.from_json(header["plan"]))
-
-
-@_kind(Kind.LAUNCHER_LOG)
-@dataclass(frozen=True)
-class LauncherLog(Record):
-    pass
-
-
-@_kind(Kind.LAUNCHER_EXIT)
-@dataclass(frozen=True)
-class LauncherExit(Record):
-    code: int
-
-
-@_kind(Kind.RELEASE)
-@dataclass(frozen=True)
-class Release(Record):
-    """The run is over: the task returns and its slot goes back to Spark."""
-
-
-@_kind(Kind.ABORT)
-@dataclass(frozen=True)
-class Abort(Record):
-    """Stop what the task started, then return."""
-
-
-@_kind(Kind.STOPPED)
-@dataclass(frozen=True)
-class Stopped(Record):
-    """A task stopped everything it started; ``remaining`` lists what it could not (pid: command)."""
-
-    executor: str
-    remaining: list[str] = field(default_factory=list)
-
-
-@_kind(Kind.STORE)
-@dataclass(frozen=True)
-class StoreRequest(Record):
-    id: int
-    method: str
-    path: str
-
-
-@_kind(Kind.STORED)
-@dataclass(frozen=True)
-class StoreAnswer(Record):
-    id: int
-    status: int
-
-
-@_kind(Kind.EXEC)
-@dataclass(frozen=True)
-class Exec(Record):
-    command: str
-
-
-@_kind(Kind.OUTPUT)
-@dataclass(frozen=True)
-class Output(Record):
-    stream: str = "stdout"
-
-
-@_kind(Kind.PING)
-@dataclass(frozen=True)
-class Ping(Record):
-    pass
-
-
-@_kind(Kind.PONG)
-@dataclass(frozen=True)
-class Pong(Record):
-    pass
-
-
-@_kind(Kind.KILL)
-@dataclass(frozen=True)
-class Kill(Record):
-    pass

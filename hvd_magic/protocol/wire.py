@@ -6,7 +6,8 @@ import codecs
 import json
 from dataclasses import dataclass
 
-from .messages import Join, Kind, LauncherExit, LauncherLog, Log, Record, Stopped, record_type
+from .messages import Kind, Log, Record, record_type
+from .task_messages import Join, LauncherExit, LauncherLog, Stopped
 
 __all__ = ["CONTROL_RECORDS", "LogDecoder", "Message", "decode", "encode"]
 

@@ -74,7 +74,7 @@ def _row(progress: RankProgress) -> str:
 def _state(progress: RankProgress) -> str:
     text = progress.state
     if progress.state == "stalled" and progress.stalled_on:
-        text += ": never submitted " + ", ".join(progress.stalled_on[:3])
+        text += f": never {progress.stalled_action} " + ", ".join(progress.stalled_on[:3])
         text += f" (+{len(progress.stalled_on) - 3})" if len(progress.stalled_on) > 3 else ""
     return f'<span class="hvd-state" style="color:{STATE_COLOURS[progress.state]}">{html.escape(text)}</span>'
 

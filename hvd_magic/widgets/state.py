@@ -58,7 +58,8 @@ class RankProgress:
     rank: int
     host: str = ""
     state: str = "starting"  # starting, running, stalled, done, failed
-    stalled_on: list[str] = field(default_factory=list)  # tensors Horovod waits on it for
+    stalled_on: list[str] = field(default_factory=list)  # tensors (calls) the others wait on it for
+    stalled_action: str = "submitted"  # torch.distributed ranks: "reached"
     step: int | None = None
     total: int | None = None
     epoch: int | None = None
@@ -156,10 +157,16 @@ class RunModel:
         self.version += 1
 
     def _stall(self, stall: Stall) -> None:
-        """Horovod waits on these ranks for these tensors (the report comes from rank 0)."""
+        """The other ranks wait on these ranks for these tensors (Horovod's report comes from rank
+        0; torch.distributed's from the notebook's watch)."""
         for rank, tensors in zip(stall.ranks, stall.tensors, strict=True):
             if 0 <= rank < self.ranks and self.progress[rank].state in ("starting", "running", "stalled"):
-                self.progress[rank].state, self.progress[rank].stalled_on = "stalled", list(tensors)
+                progress = self.progress[rank]
+                progress.state, progress.stalled_on, progress.stalled_action = (
+                    "stalled",
+                    list(tensors),
+                    stall.action,
+                )
         self.version += 1
 
     def _report(self, rank: int, record: dict[str, Any]) -> None:

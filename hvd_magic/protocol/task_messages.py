@@ -1,0 +1,122 @@
+"""The records of the Spark tasks' and the exec agents' kinds (the table of who sends what is in
+``messages``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .messages import Kind, Record, _kind
+from .plan import SparkPlan
+
+__all__ = [
+    "Abort", "Exec", "Join", "Kill", "LauncherExit", "LauncherLog", "Output", "Ping", "Plan", "Pong",
+    "Release", "Stopped", "StoreAnswer", "StoreRequest",
+]  # fmt: skip
+
+
+@_kind(Kind.JOIN)
+@dataclass(frozen=True)
+class Join(Record):
+    """A barrier task introduces itself: where it runs, its GPUs, its exec agent (mpi), the
+    file its shard of the run's data waits in (data=)."""
+
+    partition: int
+    executor: str
+    ip: str
+    gpus: list[str] = field(default_factory=list)
+    python: str = ""
+    agent: str = ""
+    shard: str = ""
+    port: int = 0  # backend=torch: a port free on the task's host, for rank 0's store
+
+
+@_kind(Kind.PLAN)
+@dataclass(frozen=True)
+class Plan(Record):
+    plan: SparkPlan
+
+    def header(self) -> dict[str, Any]:
+        return {"plan": self.plan.to_json()}
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any]) -> Record:
+        return cls(SparkPlan.from_json(header["plan"]))
+
+
+@_kind(Kind.LAUNCHER_LOG)
+@dataclass(frozen=True)
+class LauncherLog(Record):
+    pass
+
+
+@_kind(Kind.LAUNCHER_EXIT)
+@dataclass(frozen=True)
+class LauncherExit(Record):
+    code: int
+
+
+@_kind(Kind.RELEASE)
+@dataclass(frozen=True)
+class Release(Record):
+    """The run is over: the task returns and its slot goes back to Spark."""
+
+
+@_kind(Kind.ABORT)
+@dataclass(frozen=True)
+class Abort(Record):
+    """Stop what the task started, then return."""
+
+
+@_kind(Kind.STOPPED)
+@dataclass(frozen=True)
+class Stopped(Record):
+    """A task stopped everything it started; ``remaining`` lists what it could not (pid: command)."""
+
+    executor: str
+    remaining: list[str] = field(default_factory=list)
+
+
+@_kind(Kind.STORE)
+@dataclass(frozen=True)
+class StoreRequest(Record):
+    id: int
+    method: str
+    path: str
+
+
+@_kind(Kind.STORED)
+@dataclass(frozen=True)
+class StoreAnswer(Record):
+    id: int
+    status: int
+
+
+@_kind(Kind.EXEC)
+@dataclass(frozen=True)
+class Exec(Record):
+    command: str
+
+
+@_kind(Kind.OUTPUT)
+@dataclass(frozen=True)
+class Output(Record):
+    stream: str = "stdout"
+
+
+@_kind(Kind.PING)
+@dataclass(frozen=True)
+class Ping(Record):
+    pass
+
+
+@_kind(Kind.PONG)
+@dataclass(frozen=True)
+class Pong(Record):
+    pass
+
+
+@_kind(Kind.KILL)
+@dataclass(frozen=True)
+class Kill(Record):
+    pass

@@ -1,0 +1,108 @@
+"""What a run's ranks said, folded into what the diagnosis needs (pure): who started where,
+who exited, errors in arrival order, rank 0's result, when each rank last spoke, a stall
+Horovod reported, where torch.distributed ranks wait; and which errors are only consequences
+of another rank's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .protocol import Exit, Message, RankError, Reports, Result, Stall, Started, Waiting
+from .stalls import WaitSeen
+
+__all__ = ["Failure", "RunRecord", "StallSeen", "is_consequence", "timed_out"]
+
+# What torch.distributed ranks raise when a peer is gone, or did not come in time.
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote process exited")
+_TIMED_OUT = ("Timed out waiting", "collective operation timeout", "waiting for clients")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A rank's error as it arrived."""
+
+    rank: int
+    error: RankError
+
+
+@dataclass(frozen=True)
+class StallSeen:
+    """The latest stall Horovod reported, and when it was first reported (the run's clock)."""
+
+    stall: Stall
+    since: float
+
+
+@dataclass
+class RunRecord:
+    ranks: int
+    began: float = 0.0
+    started: dict[int, str] = field(default_factory=dict)  # rank -> host
+    exited: dict[int, int] = field(default_factory=dict)  # rank -> exit code
+    errors: list[Failure] = field(default_factory=list)  # in arrival order
+    result: bytes | None = None
+    last_message: float = 0.0
+    last_seen: dict[int, float] = field(default_factory=dict)
+    stall: StallSeen | None = None
+    waits: dict[int, WaitSeen] = field(default_factory=dict)  # torch.distributed ranks waiting
+
+    def apply(self, message: Message, at: float) -> None:
+        """Fold in ``message``, which arrived at ``at`` (the run's clock). A stall report is
+        not progress: it does not count against ``timeout=``."""
+        record = message.record
+        if isinstance(record, Stall):
+            same = self.stall is not None and self.stall.stall == record
+            self.stall = StallSeen(record, self.stall.since if self.stall and same else at)
+            return
+        if isinstance(record, Waiting):  # not progress either
+            if record.call:
+                self.waits[message.rank] = WaitSeen(record.call, record.where, at - record.seconds)
+            else:
+                self.waits.pop(message.rank, None)
+            return
+        self.last_message = at
+        self.last_seen[message.rank] = at
+        if self.stall is not None and message.rank in self.stall.stall.ranks:
+            if isinstance(record, (Reports, Exit, RankError)):  # the missing rank moved on
+                self.stall = None
+        if isinstance(record, Started):
+            self.started[message.rank] = record.host
+        elif isinstance(record, RankError):
+            self.errors.append(Failure(message.rank, record))
+        elif isinstance(record, Result):
+            self.result = message.blob
+        elif isinstance(record, Exit):
+            self.exited[message.rank] = record.code
+            self.waits.pop(message.rank, None)
+
+    def finished(self) -> list[int]:
+        """Ranks that ended normally (exit code 0)."""
+        return sorted(rank for rank, code in self.exited.items() if code == 0)
+
+    def never_started(self) -> list[int]:
+        return [rank for rank in range(self.ranks) if rank not in self.started]
+
+    @property
+    def cause(self) -> Failure | None:
+        """The error to blame: the first that is not a consequence of another rank's failure."""
+        return next((f for f in self.errors if not is_consequence(f.error)), None)
+
+    @property
+    def first_error(self) -> Failure | None:
+        return self.cause or (self.errors[0] if self.errors else None)
+
+
+def is_consequence(error: RankError) -> bool:
+    """Horovod shuts down on every rank once one fails; the others then raise this. A
+    KeyboardInterrupt in a rank is our own stop (ranks have sessions of their own).
+    torch.distributed ranks fail when a peer is gone or late (its cause is elsewhere)."""
+    return (
+        error.exc_type in ("HorovodInternalError", "KeyboardInterrupt")
+        or "Horovod has been shut down" in error.message
+        or any(text in error.message for text in _PEER_GONE)
+        or timed_out(error)
+    )
+
+
+def timed_out(error: RankError) -> bool:
+    return error.exc_type == "DistStoreError" or any(text in error.message for text in _TIMED_OUT)

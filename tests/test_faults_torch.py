@@ -1,0 +1,84 @@
+"""torch.distributed's own failure modes, caused for real on local ranks (backend=torch): a rank
+that never calls init_process_group, a rank behind when the others time out, a collective after
+another rank finished. torch says none of them by name; the run does."""
+
+from __future__ import annotations
+
+import pytest
+
+from hvd_magic import RankFailedError
+from hvd_magic.capture import capture_cell
+from hvd_magic.engine import execute
+from hvd_magic.options import make_options
+from hvd_magic.protocol import Stall
+from hvd_magic.widgets.render import grid_html
+from hvd_magic.widgets.state import RunModel
+
+from .helpers import RecordingView, leftover_processes
+
+STALL_ENV = "HOROVOD_STALL_CHECK_TIME_SECONDS=2"
+
+NO_INIT_CELL = """import os, torch.distributed as dist
+if os.environ["RANK"] == "1":
+    raise SystemExit(0)                      # rank 1 leaves without joining
+dist.init_process_group("gloo")
+"""
+
+BEHIND_CELL = """import datetime, time, torch, torch.distributed as dist
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=6))
+if dist.get_rank() == 1:
+    time.sleep(600)                          # slow data on rank 1
+dist.all_reduce(torch.ones(2))
+"""
+
+LATE_CELL = """import time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+if dist.get_rank() == 1:
+    time.sleep(1)
+    dist.all_reduce(torch.ones(2))           # rank 0 has finished
+"""
+
+
+def test_a_rank_that_never_calls_init_process_group_is_named_live_and_when_it_leaves():
+    view = RecordingView()
+    options = make_options(-2, backend="torch", env=STALL_ENV)
+    with pytest.raises(RankFailedError) as info:
+        execute(capture_cell(NO_INIT_CELL, {}), options, view)
+    message = str(info.value).split("\n")[0]
+    assert info.value.rank == 1, message
+    assert "failed: it finished without reaching init_process_group (line 4 of the cell)" in message
+    assert "where rank 0 waited over" in message
+    stalls = [m.record for m in view.messages if isinstance(m.record, Stall)]
+    assert stalls and stalls[0].ranks == [1] and stalls[0].action == "reached"
+    model = RunModel(2)
+    for item in view.messages:
+        if isinstance(item.record, Stall):
+            model.apply(item)
+    assert "stalled: never reached init_process_group (line 4 of the cell)" in grid_html(model)
+    assert leftover_processes() == []
+
+
+def test_the_rank_behind_is_named_when_the_others_time_out():
+    view = RecordingView()
+    options = make_options(-2, backend="torch", env=STALL_ENV)
+    with pytest.raises(RankFailedError) as info:
+        execute(capture_cell(BEHIND_CELL, {}), options, view)
+    message = str(info.value).split("\n")[0]
+    assert info.value.rank == 1, message
+    assert (
+        "failed: it was behind; rank 0 timed out waiting for it in all_reduce (line 5 of the cell)" in message
+    )
+    assert "Timed out waiting 6000ms" in message  # gloo's own words come along
+    assert any(isinstance(m.record, Stall) and m.record.ranks == [1] for m in view.messages)
+    assert leftover_processes() == []
+
+
+def test_a_collective_after_another_rank_finished_is_uneven_work(ip):
+    with pytest.raises(RankFailedError) as info:
+        ip.run_cell_magic("horovod", "np=-2 backend=torch", LATE_CELL)
+    message = str(info.value).split("\n")[0]
+    assert info.value.rank == 1, message
+    assert "uneven work: rank 0 finished while rank 1 was still in a collective" in message
+    assert "dist.all_reduce(torch.ones(2)) at line 5 of the cell" in message
+    assert "torch.distributed.algorithms.Join" in message
+    assert leftover_processes() == []
