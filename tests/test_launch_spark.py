@@ -349,3 +349,13 @@ def test_a_failing_torch_rank_on_spark_is_named(cluster):
         HorovodRunner(np=4, backend="torch").run(failing_last_rank())
     assert info.value.rank == 3 and "bad batch on rank 3" in str(info.value)
     assert run_processes_anywhere() == []
+
+
+def test_interrupt_stops_torch_ranks_on_every_executor(ip, cluster, tmp_path):
+    from .test_launch_torch import allreducing_cell
+
+    when_started(tmp_path, 4, lambda: os.kill(os.getpid(), signal.SIGINT))
+    with pytest.raises(RunInterrupted):
+        ip.run_cell_magic("horovod", "np=4 backend=torch", allreducing_cell(tmp_path))
+    assert run_processes_anywhere() == []  # at once
+    assert HorovodRunner(np=2).run(rank_sum()) == 3.0  # the next run works

@@ -72,15 +72,19 @@ def test_a_failing_torch_rank_is_named():
     assert leftover_processes() == []
 
 
-def test_interrupt_stops_torch_ranks(ip, tmp_path):
-    when_started(tmp_path, 2, lambda: os.kill(os.getpid(), signal.SIGINT))
-    cell = (
+def allreducing_cell(folder) -> str:
+    """torch ranks that say they started (a file each in ``folder``), then allreduce forever."""
+    return (
         "import pathlib, time, torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
-        f"pathlib.Path({str(tmp_path)!r}, f'started-{{dist.get_rank()}}').touch()\n"
+        f"pathlib.Path({str(folder)!r}, f'started-{{dist.get_rank()}}').touch()\n"
         "while True:\n    dist.all_reduce(torch.ones(1))\n    time.sleep(0.1)\n"
     )
+
+
+def test_interrupt_stops_torch_ranks(ip, tmp_path):
+    when_started(tmp_path, 2, lambda: os.kill(os.getpid(), signal.SIGINT))
     with pytest.raises(RunInterrupted):
-        ip.run_cell_magic("horovod", "np=-2 backend=torch", cell)
+        ip.run_cell_magic("horovod", "np=-2 backend=torch", allreducing_cell(tmp_path))
     assert wait_for_ranks(tmp_path, 2, timeout=1)
     assert leftover_processes() == []  # at once
     started = time.monotonic()
