@@ -31,6 +31,15 @@ if dist.get_rank() == 1:
 dist.all_reduce(torch.ones(2))
 """
 
+DDP_BEHIND_CELL = """import datetime, time, torch, torch.distributed as dist
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=6))
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+loss = model(torch.randn(8, 4)).pow(2).mean()
+if dist.get_rank() == 1:
+    time.sleep(600)
+loss.backward()                              # DDP waits here for rank 1's gradients
+"""
+
 LATE_CELL = """import time, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 if dist.get_rank() == 1:
@@ -58,16 +67,19 @@ def test_a_rank_that_never_calls_init_process_group_is_named_live_and_when_it_le
     assert leftover_processes() == []
 
 
-def test_the_rank_behind_is_named_when_the_others_time_out():
+@pytest.mark.parametrize(
+    ("cell", "waits_in"),
+    [(BEHIND_CELL, "all_reduce (line 5 of the cell)"), (DDP_BEHIND_CELL, "backward (line 7 of the cell)")],
+    ids=["all_reduce", "ddp-backward"],
+)
+def test_the_rank_behind_is_named_when_the_others_time_out(cell, waits_in):
     view = RecordingView()
     options = make_options(-2, backend="torch", env=STALL_ENV)
     with pytest.raises(RankFailedError) as info:
-        execute(capture_cell(BEHIND_CELL, {}), options, view)
+        execute(capture_cell(cell, {}), options, view)
     message = str(info.value).split("\n")[0]
     assert info.value.rank == 1, message
-    assert (
-        "failed: it was behind; rank 0 timed out waiting for it in all_reduce (line 5 of the cell)" in message
-    )
+    assert f"failed: it was behind; rank 0 timed out waiting for it in {waits_in}" in message
     assert "Timed out waiting 6000ms" in message  # gloo's own words come along
     assert any(isinstance(m.record, Stall) and m.record.ranks == [1] for m in view.messages)
     assert leftover_processes() == []
