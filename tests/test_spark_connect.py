@@ -90,6 +90,18 @@ def test_allreduce_on_a_connect_session(connect, launcher):
     assert run_processes_anywhere() == []
 
 
+def test_torch_distributed_ranks_on_a_connect_session(connect):
+    cell = (
+        "import torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
+        "total = torch.tensor([dist.get_rank() + 1.0])\ndist.all_reduce(total)\n"
+        "(dist.get_rank(), dist.get_world_size(), total.item())"
+    )
+    outcome = connect.run(f"%%horovod np=2 backend=torch\n{cell}")
+    assert outcome.status == "ok", outcome
+    assert outcome.value == "(0, 2, 3.0)"
+    assert run_processes_anywhere() == []
+
+
 def test_data_frame_shards_on_a_connect_session(connect):
     assert connect.run("df = spark.range(0, 1001, 1, 3).selectExpr('id', 'id * 2.0 as x')").status == "ok"
     outcome = connect.run(
