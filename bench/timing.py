@@ -1,4 +1,6 @@
-"""What every benchmark here measures with: the median wall time of a warmed-up call."""
+"""What every benchmark here measures with: the median (or the least) wall time of a warmed-up
+call. The least is the better estimate of a cost when one run is subtracted from another on a
+shared, noisy machine."""
 
 from __future__ import annotations
 
@@ -7,11 +9,19 @@ import time
 from collections.abc import Callable
 
 
-def median_seconds(run: Callable[[], object], repeat: int) -> float:
+def wall_times(run: Callable[[], object], repeat: int) -> list[float]:
     run()  # warm-up: page cache, Spark's Python workers
     times = []
     for _ in range(repeat):
         started = time.perf_counter()
         run()
         times.append(time.perf_counter() - started)
-    return statistics.median(times)
+    return times
+
+
+def median_seconds(run: Callable[[], object], repeat: int) -> float:
+    return statistics.median(wall_times(run, repeat))
+
+
+def least_seconds(run: Callable[[], object], repeat: int) -> float:
+    return min(wall_times(run, repeat))

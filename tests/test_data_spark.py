@@ -1,6 +1,7 @@
 """data= on a real local-cluster (two executor JVMs): every row in exactly one shard, each
 shard written on the executor of the rank that reads it, ML vectors as arrays, bad data
-refused before launch, and the same DataFrame on this machine (np < 0)."""
+refused before launch, and the same DataFrame on this machine (np < 0). A plain Parquet scan
+is read by the ranks from the files; anything else on it goes through Spark's rows."""
 
 from __future__ import annotations
 
@@ -101,3 +102,50 @@ def _shard_rows() -> int:
     import hvd_magic
 
     return len(hvd_magic.shard())
+
+
+PARQUET_NOTICE = "read by the tasks straight from its Parquet files"
+
+
+@pytest.fixture(scope="module")
+def parquet_dir(spark, tmp_path_factory):
+    folder = str(tmp_path_factory.mktemp("parquet") / "train")
+    spark.range(0, ROWS, numPartitions=5).selectExpr("id", "cast(id % 10 as int) as label").write.parquet(
+        folder
+    )
+    return folder
+
+
+@pytest.mark.parametrize("launcher", ["mpi", "gloo"])
+def test_a_plain_parquet_scan_is_read_by_the_ranks_from_the_files(ip, spark, parquet_dir, launcher, capsys):
+    ip.user_ns["train_df"] = spark.read.parquet(parquet_dir)
+    ranks = ip.run_cell_magic("horovod", f"np=4 launcher={launcher} data=train_df", SHARD_CELL)
+    assert [len(r["ids"]) for r in ranks] == [2500] * 4
+    ids = all_ids(ranks)
+    assert len(ids) == len(set(ids)) == 10_000 and set(ids) <= set(range(ROWS))
+    assert all(r["same"] for r in ranks)  # pandas, Arrow and streamed batches: the same rows
+    assert all(r["shard_file"].endswith(".pieces.json") for r in ranks)  # row ranges, not rows
+    for rank in ranks:
+        assert rank["writer_executor"] == rank["executor"] is not None, (
+            rank
+        )  # handed over on the rank's executor
+    assert ranks[0]["types"] == {"id": "int64", "label": "int32"}
+    err = capsys.readouterr().err
+    assert "data=train_df: 10,003 rows into 4 shards of 2,500 rows; dropped the last 3" in err
+    assert PARQUET_NOTICE in err
+    assert run_processes_anywhere() == [] and leftover_processes() == []
+
+
+def test_anything_more_than_a_parquet_scan_goes_through_sparks_rows(ip, spark, parquet_dir, capsys, tmp_path):
+    ip.user_ns["train_df"] = spark.read.parquet(parquet_dir).where("id % 2 = 0")  # 5,002 rows
+    ranks = ip.run_cell_magic("horovod", "np=2 data=train_df", SHARD_CELL)
+    assert sorted(all_ids(ranks)) == list(range(0, ROWS, 2))
+    assert not any(r["shard_file"].endswith(".pieces.json") for r in ranks)
+    assert PARQUET_NOTICE not in capsys.readouterr().err
+    # Partition directories: their column is not in the files, so Spark's rows it is.
+    partitioned = str(tmp_path / "by_label")
+    spark.read.parquet(parquet_dir).write.partitionBy("label").parquet(partitioned)
+    ip.user_ns["train_df"] = spark.read.parquet(partitioned)
+    ranks = ip.run_cell_magic("horovod", "np=2 data=train_df", SHARD_CELL)
+    assert len(set(all_ids(ranks))) == 10_002 and "label" in ranks[0]["types"]
+    assert PARQUET_NOTICE not in capsys.readouterr().err

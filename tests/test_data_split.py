@@ -77,3 +77,18 @@ def test_shard_outside_a_run_with_data_says_how_to_get_one(monkeypatch):
     monkeypatch.delenv("HVD_MAGIC_SHARD", raising=False)
     with pytest.raises(DataError, match="data=NAME"):
         hvd_magic.shard()
+
+
+def test_parquet_row_groups_are_cut_into_consecutive_runs_of_the_shard_sizes():
+    from hvd_magic.data.parquet import Piece, pieces_of
+
+    groups = [("a", 0, 4), ("a", 1, 0), ("b", 0, 7), ("c", 0, 3)]  # 14 rows, an empty row group
+    shards = pieces_of(groups, plan_shards(14, 3).sizes())  # 4 rows each, the last 2 dropped
+    assert shards == [
+        [Piece("a", 0, 0, 4)],
+        [Piece("b", 0, 0, 4)],
+        [Piece("b", 0, 4, 7), Piece("c", 0, 0, 1)],
+    ]
+    kept = pieces_of(groups, plan_shards(14, 3, keep_remainder=True).sizes())  # 5, 5, 4
+    assert [sum(p.stop - p.start for p in shard) for shard in kept] == [5, 5, 4]
+    assert kept[2][-1] == Piece("c", 0, 0, 3)  # every row, in order

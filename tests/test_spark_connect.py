@@ -116,6 +116,27 @@ def test_data_frame_shards_on_a_connect_session(connect):
     assert "1,001 rows into 2 shards of 500 rows; dropped the last 1" in "".join(outcome.shown)
 
 
+def test_a_parquet_scan_is_read_from_its_files_on_a_connect_session(connect, tmp_path):
+    folder = str(tmp_path / "table")
+    written = connect.run(
+        f"spark.range(0, 1001, 1, 3).selectExpr('id', 'id * 2.0 as x').write.parquet({folder!r})\n"
+        f"pq_df = spark.read.parquet({folder!r})"
+    )
+    assert written.status == "ok", written
+    outcome = connect.run(
+        "%%horovod np=2 data=pq_df\nimport json, os, horovod.torch as hvd, hvd_magic\nhvd.init()\n"
+        "me = [hvd_magic.shard()['id'].tolist(), os.environ['HVD_MAGIC_SHARD']]\n"
+        "json.dumps([json.loads(s) for s in hvd.allgather_object(json.dumps(me))])"
+    )
+    assert outcome.status == "ok", outcome
+    ranks = json.loads(ast.literal_eval(outcome.value))
+    assert [len(ids) for ids, _ in ranks] == [500, 500]
+    assert len(set(ranks[0][0] + ranks[1][0])) == 1000
+    assert all(path.endswith(".pieces.json") for _, path in ranks)  # the files, not Spark's rows
+    assert "straight from its Parquet files" in "".join(outcome.shown)
+    assert run_processes_anywhere() == []
+
+
 def test_a_failing_rank_is_named_on_a_connect_session(connect):
     cell = "import horovod.torch as hvd, torch\nhvd.init()\n"
     cell += "if hvd.rank() == 1:\n    raise ValueError('bad row')\n"

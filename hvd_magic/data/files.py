@@ -13,6 +13,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from .parquet import MANIFEST, read_manifest, read_pieces, read_table
+
 __all__ = ["read_shard", "write_shard"]
 
 FORMS = ("pandas", "arrow", "batches")
@@ -37,9 +39,16 @@ def write_shard(
 
 def read_shard(path: str, form: str = "pandas") -> Any:
     """The shard at ``path`` as a pandas DataFrame, a pyarrow Table, or an iterator of record
-    batches (``form``: pandas, arrow, batches)."""
+    batches (``form``: pandas, arrow, batches). A Parquet manifest (``data.parquet``) is read
+    from the files it names, a row group at a time."""
     if form not in FORMS:
         raise ValueError(f"shard form must be one of {', '.join(FORMS)}; got {form!r}")
+    if path.endswith(MANIFEST):
+        schema, pieces = read_manifest(path)
+        if form == "batches":
+            return read_pieces(pieces)
+        table = read_table(pieces).replace_schema_metadata(schema.metadata)
+        return table if form == "arrow" else table.to_pandas()
     reader = pa.ipc.open_file(pa.memory_map(path, "r"))
     if form == "batches":
         return _batches(reader)

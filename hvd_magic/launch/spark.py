@@ -18,6 +18,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from ..data.parquet import Piece, parquet_plan
 from ..data.source import spark_dataframe, spark_shards
 from ..hub import Hub, RunKeys
 from ..protocol import (
@@ -57,6 +58,10 @@ STOP_SECONDS = 30.0  # for every task to confirm its stop (SIGINT, SIGTERM, SIGK
 QUIET_SECONDS = 12.0  # ... but not longer than this after the last confirmation
 AFTER_JOB_SECONDS = 2.0  # once the job ended: for confirmations still on their way
 JOB_END_SECONDS = 10.0
+PARQUET_NOTE = (
+    "; read by the tasks straight from its Parquet files, each rank a contiguous run of rows in "
+    "file order (shuffle within your shard)"
+)
 
 
 def spark_failure(text: str) -> str:
@@ -85,12 +90,14 @@ class SparkLauncher(Launcher):
         session: Any,
         stage_input: Any = None,
         shard_sizes: list[int] | None = None,
+        pieces: list[list[Piece]] | None = None,
     ) -> None:
         self.np = np
         self.launcher = launcher
         self.session = session
         self.stage_input = stage_input  # data=: the keyed DataFrame, one shard per partition
         self.shard_sizes = shard_sizes or []
+        self.pieces = pieces or []  # data= a plain Parquet scan: the row ranges each task reads
         self.bind_host = driver_address(session)
         self.tag = f"hvd_magic-{uuid.uuid4().hex[:12]}"
         self.exit_code: int | None = None
@@ -114,11 +121,16 @@ class SparkLauncher(Launcher):
         check_dynamic_allocation(session)
         if data is None:
             return cls(options.ranks, options.launcher, session)
-        keyed, split = spark_shards(
-            spark_dataframe(data, session), options.data_name, options.ranks, options.keep_remainder
-        )
+        df, name = spark_dataframe(data, session), options.data_name
+        direct = parquet_plan(df, name, options.ranks, options.keep_remainder)
+        if direct is not None:
+            pieces, split = direct
+            launcher = cls(options.ranks, options.launcher, session, None, split.sizes(), pieces)
+            launcher.notices = [split.notice(name) + PARQUET_NOTE]
+            return launcher
+        keyed, split = spark_shards(df, name, options.ranks, options.keep_remainder)
         launcher = cls(options.ranks, options.launcher, session, keyed, split.sizes())
-        launcher.notices = [split.notice(options.data_name)]
+        launcher.notices = [split.notice(name)]
         return launcher
 
     def start(self, hub: Hub, env: dict[str, str]) -> None:
@@ -134,6 +146,7 @@ class SparkLauncher(Launcher):
             task_cpus=task_cpus(self.session),
             run_id=self.tag,
             shard_sizes=self.shard_sizes,
+            pieces=self.pieces,
         )
         self._job = threading.Thread(
             target=self._run_job, args=(spec,), name="hvd_magic-spark-job", daemon=True

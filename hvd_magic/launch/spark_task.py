@@ -27,6 +27,7 @@ from typing import Any
 
 import psutil
 
+from ..data.parquet import Piece, write_manifest
 from ..hub import HubClient, RunKeys
 from ..protocol import (
     ENV_AGENT_TOKEN,
@@ -67,6 +68,7 @@ class TaskSpec:
     task_cpus: int
     run_id: str = "run"
     shard_sizes: list[int] = field(default_factory=list)  # data=: rows each partition must hold
+    pieces: list[list[Piece]] = field(default_factory=list)  # data= Parquet: what each task reads
 
 
 def own_address(toward: str) -> str:
@@ -116,12 +118,14 @@ def _write_shard(spec: TaskSpec, partition: int, executor: str, batches: Iterato
     from ..data.source import KEY
 
     path = os.path.join(tempfile.gettempdir(), f"hvd_magic-{spec.run_id}-shard-{partition}.arrow")
+    metadata = {"partition": str(partition), "executor": executor, "pid": str(os.getpid())}
+    if spec.pieces:  # a plain Parquet scan: the rank reads its rows from the files
+        return write_manifest(path, spec.pieces[partition], metadata)
     first = next(batches, None)
     rows = 0
     if first is not None:
         columns = [name for name in first.schema.names if name != KEY]
         head = first.select(columns)
-        metadata = {"partition": str(partition), "executor": executor, "pid": str(os.getpid())}
         rest = (batch.select(columns) for batch in batches)
         rows = write_shard(path, itertools.chain([head], rest), head.schema, metadata)
     if rows != spec.shard_sizes[partition]:
