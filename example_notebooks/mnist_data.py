@@ -71,3 +71,17 @@ def download_idx(mirror: str) -> Arrays:
             data = parse_idx(gzip.decompress(answer.read()))
         arrays[name] = data.astype(np.float32) / 255.0 if name.startswith("x") else data.astype(np.int64)
     return arrays["x_train"], arrays["y_train"], arrays["x_test"], arrays["y_test"]
+
+
+def spark_frames(spark, train_rows: int | None = None, column: str = "image"):  # noqa: ANN001, ANN201
+    """(train_df, test_df) of ``spark``: ``column`` an array<float> of 784 pixels, ``label`` an int;
+    the first ``train_rows`` training digits if given."""
+    import pyarrow as pa
+
+    x_train, y_train, x_test, y_test = load_mnist()
+    frames = []
+    for x, y in ((x_train[:train_rows], y_train[:train_rows]), (x_test, y_test)):
+        pixels = pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1), pa.float32()), 784)
+        table = pa.table({column: pixels.cast(pa.list_(pa.float32())), "label": pa.array(y, pa.int32())})
+        frames.append(spark.createDataFrame(table))
+    return frames[0], frames[1]

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "example_notebooks"))
 
@@ -16,13 +15,7 @@ import mnist_data  # noqa: E402
 
 def mnist_frames(spark, train_rows: int | None = None):
     """(train_df, test_df): ``image`` array<float> of 784 pixels, ``label`` int."""
-    x_train, y_train, x_test, y_test = mnist_data.load_mnist()
-    frames = []
-    for x, y in ((x_train[:train_rows], y_train[:train_rows]), (x_test, y_test)):
-        images = pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1), pa.float32()), 784)
-        table = pa.table({"image": images.cast(pa.list_(pa.float32())), "label": pa.array(y, pa.int32())})
-        frames.append(spark.createDataFrame(table))
-    return frames[0], frames[1]
+    return mnist_data.spark_frames(spark, train_rows)
 
 
 def accuracy(predicted, label_col: str = "label") -> float:

@@ -101,6 +101,8 @@ def test_saved_model_loads_with_identical_predictions_and_outside_spark(mnist, t
     with torch.no_grad():
         alone = module(torch.tensor([first], dtype=torch.float32))[0].tolist()
     assert alone == pytest.approx(list(before[0]), abs=1e-5)
+    with torch.no_grad():  # getModel(), as horovod.spark's TorchModel has it
+        assert loaded.getModel()(torch.tensor([first]))[0].tolist() == pytest.approx(alone, abs=1e-6)
 
 
 @pytest.mark.parametrize("kind", ["folder", "uri"])
@@ -229,6 +231,7 @@ def test_keras_estimator_fits_mnist_transforms_saves_and_loads(mnist, tmp_path):
     assert accuracy(predicted) >= 0.9
     model.save(str(tmp_path / "saved"))
     loaded = KerasModel.load(str(tmp_path / "saved"))
+    assert loaded.getModel().output_shape == (None, 10)  # the Keras model, as horovod.spark's getModel()
     before = predicted.select("rawPrediction").toPandas()["rawPrediction"].tolist()
     after = loaded.transform(test_df).select("rawPrediction").toPandas()["rawPrediction"].tolist()
     assert [list(row) for row in after] == [list(row) for row in before]

@@ -147,11 +147,10 @@ class HorovodEstimator(Estimator[HorovodModel], EstimatorParams):
                 os.makedirs(checkpoints, exist_ok=True)
                 options.files_dir = checkpoints
             spec = self.train_spec(persistence.latest_checkpoint(checkpoints))
+            spec.save_checkpoints = checkpoints is not None
             value, _ = execute(capture_function(self.train_function(), {"spec": spec}), options)
             model = self.make_model(value, int(value["width"]))  # the feature width the ranks saw
-            model._set(
-                **{p.name: self.getOrDefault(p.name) for p in ModelParams().params if self.isDefined(p.name)}
-            )
+            model._set(**{p.name: self.getOrDefault(p.name) for p in model.params if self.isDefined(p.name)})
             if folder:
                 model.write().overwrite().save(os.path.join(folder, EXPORT))
         return model

@@ -28,6 +28,10 @@ class KerasModel(HorovodModel):
         super().__init__(history, feature_width)
         self.keras_model: Any = None
 
+    def getModel(self) -> Any:  # noqa: N802 - horovod.spark's name
+        """The fitted Keras model (as horovod.spark's ``KerasModel.getModel()``)."""
+        return self.keras_model
+
     def make_predict_fn(self) -> Callable[[], Callable[[Any], Any]]:
         from .keras_training import make_predictor, model_bytes
 

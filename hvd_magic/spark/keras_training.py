@@ -68,7 +68,7 @@ def train(spec: TrainSpec) -> dict[str, Any]:
         end_of_epoch(epoch, metrics, spec.verbose, hvd.rank())
         for callback in spec.callbacks:
             callback.on_epoch_end(epoch - 1, dict(metrics))
-        if hvd.rank() == 0:
+        if hvd.rank() == 0 and spec.save_checkpoints:
             state = {"epoch": epoch, "history": history, "weights": model.get_weights()}
             reporting.send_file(checkpoint_name(epoch) + ".pkl", cloudpickle.dumps(state))
     weights = cloudpickle.dumps(model.get_weights())

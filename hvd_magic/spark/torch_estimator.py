@@ -31,6 +31,10 @@ class TorchModel(HorovodModel):
         super().__init__(history, feature_width)
         self.module: Any = None
 
+    def getModel(self) -> Any:  # noqa: N802 - horovod.spark's name
+        """The fitted ``torch.nn.Module`` (as horovod.spark's ``TorchModel.getModel()``)."""
+        return self.module
+
     def make_predict_fn(self) -> Callable[[], Callable[[Any], Any]]:
         from .torch_training import make_predictor
 

@@ -37,7 +37,7 @@ def train(spec: TrainSpec) -> dict[str, Any]:
         }
         history.append(metrics)
         end_of_epoch(epoch, metrics, spec.verbose, hvd.rank())
-        if hvd.rank() == 0:
+        if hvd.rank() == 0 and spec.save_checkpoints:
             state = {
                 "epoch": epoch,
                 "history": history,
