@@ -114,14 +114,14 @@ class WaitSeen:
 
 
 def waiting_stall(waits: dict[int, WaitSeen], ranks: int, now: float, threshold: float) -> Stall | None:
-    """Once a rank has waited ``threshold`` seconds: the ranks not waiting never reached the call
-    the longest waiter is in (the call it waits in names where they have to come)."""
+    """Once a rank has waited ``threshold`` seconds: the ranks not waiting, or waiting in another
+    call (a mismatch: neither can go on), never reached the call the longest waiter is in."""
     longest = min(waits.values(), key=lambda wait: wait.since, default=None)
     if longest is None or now - longest.since < threshold:
         return None
-    behind = [rank for rank in range(ranks) if rank not in waits]
+    behind = [rank for rank in range(ranks) if rank not in waits or waits[rank].call != longest.call]
     if not behind:
-        return None  # every rank waits: in different calls, or all in a long one
+        return None  # every rank waits in the same call: a long one
     call = f"{longest.call} ({longest.where})" if longest.where else longest.call
     return Stall(behind, [[call] for _ in behind], threshold, action="reached", source="")
 

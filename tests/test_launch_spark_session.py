@@ -46,3 +46,31 @@ def test_dynamic_allocation_is_refused_before_launch_with_what_to_change(dynamic
         HorovodRunner(np=1).run(lambda: 1)
     assert "spark.dynamicAllocation.enabled=false" in str(info.value)
     assert run_processes_anywhere() == []
+
+
+def test_the_embedded_sessions_jvm_output_stays_out_of_the_cell(tmp_path):
+    import re
+
+    from jupyter_client.manager import start_new_kernel
+
+    from .kernels import Kernel
+
+    manager, client = start_new_kernel(kernel_name="python3", cwd=str(tmp_path))
+    kernel = Kernel(manager, client)
+    try:
+        assert kernel.run("%load_ext hvd_magic").status == "ok"
+        outcome = kernel.run("%%horovod np=2\n1 + 1")  # no active session: the embedded one starts
+        assert (outcome.status, outcome.value) == ("ok", "2"), outcome
+        shown = "".join(outcome.shown)
+        for noise in ("log4j", "NativeCodeLoader", "WARN"):
+            assert noise not in shown, shown
+        found = re.search(r"its JVM log: (\S+?\.log)", shown)
+        assert found is not None, shown
+        with open(found[1], encoding="utf-8") as log:
+            assert "log4j" in log.read()  # the JVM's start-up lines went there instead
+        again = kernel.run("%%horovod np=2\n3")
+        assert again.value == "3" and "JVM log" not in "".join(again.shown)  # told once
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+    assert run_processes_anywhere() == []

@@ -9,58 +9,21 @@ from __future__ import annotations
 import ast
 import json
 import time
-from dataclasses import dataclass, field
-from typing import Any
 
-import psutil
 import pytest
 from jupyter_client.manager import start_new_kernel
 
 from .helpers import run_processes_anywhere, wait_for_ranks, waiting_cell
+from .kernels import Kernel
 
 MASTERS = ["local[2]", "local-cluster[2,1,1024]"]
-
-
-@dataclass
-class Outcome:
-    status: str
-    ename: str = ""
-    evalue: str = ""
-    value: str = ""  # the cell's Out, as text
-    shown: list[str] = field(default_factory=list)  # printed text and displayed HTML
-
-
-@dataclass
-class ConnectKernel:
-    manager: Any
-    client: Any
-
-    def run(self, code: str, timeout: float = 300) -> Outcome:
-        outcome = Outcome("")
-
-        def collect(message: dict) -> None:
-            content = message["content"]
-            if message["msg_type"] == "execute_result":
-                outcome.value = content["data"]["text/plain"]
-            elif message["msg_type"] == "stream":
-                outcome.shown.append(content["text"])
-            elif message["msg_type"] in ("display_data", "update_display_data"):
-                outcome.shown.append(content["data"].get("text/html", ""))
-
-        reply = self.client.execute_interactive(code, timeout=timeout, output_hook=collect)["content"]
-        outcome.status, outcome.ename = reply["status"], reply.get("ename", "")
-        outcome.evalue = reply.get("evalue", "")
-        return outcome
-
-    def processes(self) -> list[psutil.Process]:
-        return psutil.Process(self.manager.provisioner.process.pid).children(recursive=True)
 
 
 @pytest.fixture(scope="module", params=MASTERS)
 def connect(request, tmp_path_factory):
     """A kernel whose active session is a Spark Connect session to a local server."""
     manager, client = start_new_kernel(kernel_name="python3", cwd=str(tmp_path_factory.mktemp("connect")))
-    kernel = ConnectKernel(manager, client)
+    kernel = Kernel(manager, client)
     try:
         started = kernel.run(
             "import os, sys\nos.environ['PYSPARK_PYTHON'] = sys.executable\n"

@@ -74,16 +74,16 @@ def test_the_warning_block_ends_at_the_first_other_line():
 
 
 def test_a_stall_is_the_ranks_not_waiting_once_one_waited_long_enough():
-    waits = {0: WaitSeen("all_reduce", "line 5 of the cell", 10.0), 2: WaitSeen("barrier", "", 12.0)}
+    waits = {0: WaitSeen("all_reduce", "line 5 of the cell", 10.0), 2: WaitSeen("all_reduce", "", 12.0)}
     assert waiting_stall(waits, 3, now=24.0, threshold=15) is None  # not long enough yet
     stall = waiting_stall(waits, 3, now=25.0, threshold=15)
     assert stall == Stall([1], [["all_reduce (line 5 of the cell)"]], 15, "reached", "")
     assert stall.missing() == "rank 1 never reached all_reduce (line 5 of the cell)"
-    assert waiting_stall(waits, 2, now=25.0, threshold=15) == Stall(
-        [1], [["all_reduce (line 5 of the cell)"]], 15, "reached", ""
-    )
-    everyone = waits | {1: WaitSeen("all_reduce", "", 11.0)}
-    assert waiting_stall(everyone, 3, now=99.0, threshold=15) is None  # nobody is behind
+    # Rank 1 waits too, in barrier: a mismatch, so rank 1 still never reached all_reduce.
+    mismatch = waits | {1: WaitSeen("barrier", "line 7 of the cell", 11.0)}
+    assert waiting_stall(mismatch, 3, now=99.0, threshold=15) == stall
+    same = waits | {1: WaitSeen("all_reduce", "line 9 of the cell", 11.0)}
+    assert waiting_stall(same, 3, now=99.0, threshold=15) is None  # all in one (long) call
 
 
 @pytest.fixture

@@ -45,6 +45,7 @@ from .spark_session import (
     check_dynamic_allocation,
     check_slots,
     driver_address,
+    embedded_notice,
     task_cpus,
 )
 from .spark_task import STAGE_SCHEMA, TaskSpec, barrier_stage
@@ -120,8 +121,15 @@ class SparkLauncher(Launcher):
         session = getattr(data, "sparkSession", None) or active_or_embedded_session()
         check_dynamic_allocation(session)
         if data is None:
-            return cls(options.ranks, options.launcher, session)
-        df, name = spark_dataframe(data, session), options.data_name
+            launcher = cls(options.ranks, options.launcher, session)
+        else:
+            launcher = cls._with_data(options, session)
+        launcher.notices = embedded_notice() + launcher.notices
+        return launcher
+
+    @classmethod
+    def _with_data(cls, options: RunOptions, session: Any) -> SparkLauncher:
+        df, name = spark_dataframe(options.data, session), options.data_name
         direct = parquet_plan(df, name, options.ranks, options.keep_remainder)
         if direct is not None:
             pieces, split = direct

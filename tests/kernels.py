@@ -1,0 +1,45 @@
+"""A real Jupyter kernel for tests that need one: what a cell returned and showed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+
+@dataclass
+class Outcome:
+    status: str
+    ename: str = ""
+    evalue: str = ""
+    value: str = ""  # the cell's Out, as text
+    shown: list[str] = field(default_factory=list)  # printed text and displayed HTML
+
+
+@dataclass
+class Kernel:
+    """A real IPython kernel (jupyter_client) that runs cells and keeps what they show."""
+
+    manager: Any
+    client: Any
+
+    def run(self, code: str, timeout: float = 300) -> Outcome:
+        outcome = Outcome("")
+
+        def collect(message: dict) -> None:
+            content = message["content"]
+            if message["msg_type"] == "execute_result":
+                outcome.value = content["data"]["text/plain"]
+            elif message["msg_type"] == "stream":
+                outcome.shown.append(content["text"])
+            elif message["msg_type"] in ("display_data", "update_display_data"):
+                outcome.shown.append(content["data"].get("text/html", ""))
+
+        reply = self.client.execute_interactive(code, timeout=timeout, output_hook=collect)["content"]
+        outcome.status, outcome.ename = reply["status"], reply.get("ename", "")
+        outcome.evalue = reply.get("evalue", "")
+        return outcome
+
+    def processes(self) -> list[psutil.Process]:
+        return psutil.Process(self.manager.provisioner.process.pid).children(recursive=True)
