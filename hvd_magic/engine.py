@@ -185,13 +185,14 @@ class Run:
     def _watch_waits(self) -> None:
         """torch.distributed ranks: a stall seen in their waits is told like Horovod's; ranks that
         finished while the others wait for them end the run (torch would wait 30 minutes)."""
-        if not self.record.waits and (self.record.stall is None or self.record.stall.stall.source):
+        seen = self.record.stall
+        if not self.record.waits and (seen is None or not seen.own):
             return
         now = self.clock()
         stall = stalls.waiting_stall(self.record.waits, self.record.ranks, now, self.stall_seconds)
-        current = self.record.stall.stall if self.record.stall is not None else None
+        current = seen.stall if seen is not None else None
         if stall is None:
-            if current is not None and not current.source:
+            if seen is not None and seen.own:
                 self.record.stall = None  # the waits ended
             return
         if stall != current:

@@ -27,10 +27,16 @@ class Failure:
 
 @dataclass(frozen=True)
 class StallSeen:
-    """The latest stall Horovod reported, and when it was first reported (the run's clock)."""
+    """The latest stall (Horovod's stall inspector, or ours from torch ranks' waits), and when it
+    was first reported (the run's clock)."""
 
     stall: Stall
     since: float
+
+    @property
+    def own(self) -> bool:
+        """Found by hvd_magic in the ranks' waits, not reported by Horovod."""
+        return not self.stall.source
 
 
 @dataclass

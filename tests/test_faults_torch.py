@@ -54,13 +54,20 @@ if dist.get_rank() == 1:
 """
 
 
-def test_a_rank_that_never_calls_init_process_group_is_named_live_and_when_it_leaves():
+def failing_run(cell: str) -> tuple[RecordingView, str]:
+    """Runs ``cell`` on 2 local torch ranks; the view and the first line of the error, which
+    must name rank 1."""
     view = RecordingView()
     options = make_options(-2, backend="torch", env=STALL_ENV)
     with pytest.raises(RankFailedError) as info:
-        execute(capture_cell(NO_INIT_CELL, {}), options, view)
+        execute(capture_cell(cell, {}), options, view)
     message = str(info.value).split("\n")[0]
     assert info.value.rank == 1, message
+    return view, message
+
+
+def test_a_rank_that_never_calls_init_process_group_is_named_live_and_when_it_leaves():
+    view, message = failing_run(NO_INIT_CELL)
     assert "failed: it finished without reaching init_process_group (line 4 of the cell)" in message
     assert "where rank 0 waited over" in message
     stalls = [m.record for m in view.messages if isinstance(m.record, Stall)]
@@ -83,12 +90,7 @@ def test_a_rank_that_never_calls_init_process_group_is_named_live_and_when_it_le
     ids=["init_process_group", "all_reduce", "ddp-backward"],
 )
 def test_the_rank_behind_is_named_when_the_others_time_out(cell, waits_in):
-    view = RecordingView()
-    options = make_options(-2, backend="torch", env=STALL_ENV)
-    with pytest.raises(RankFailedError) as info:
-        execute(capture_cell(cell, {}), options, view)
-    message = str(info.value).split("\n")[0]
-    assert info.value.rank == 1, message
+    view, message = failing_run(cell)
     assert f"failed: it was behind; rank 0 timed out waiting for it in {waits_in}" in message
     assert "Timed out" in message  # torch's own words come along
     assert any(isinstance(m.record, Stall) and m.record.ranks == [1] for m in view.messages)

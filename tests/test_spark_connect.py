@@ -45,23 +45,22 @@ ALLREDUCE = (
 )
 
 
-@pytest.mark.parametrize("launcher", ["mpi", "gloo"])
-def test_allreduce_on_a_connect_session(connect, launcher):
-    outcome = connect.run(f"%%horovod np=2 launcher={launcher}\n{ALLREDUCE}")
+TORCH_ALLREDUCE = (
+    "import torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
+    "total = torch.tensor([dist.get_rank() + 1.0])\ndist.all_reduce(total)\n"
+    "(dist.get_rank(), dist.get_world_size(), total.item())"
+)
+
+
+@pytest.mark.parametrize(
+    ("options", "cell"),
+    [("launcher=mpi", ALLREDUCE), ("launcher=gloo", ALLREDUCE), ("backend=torch", TORCH_ALLREDUCE)],
+    ids=["mpi", "gloo", "torch"],
+)
+def test_allreduce_on_a_connect_session(connect, options, cell):
+    outcome = connect.run(f"%%horovod np=2 {options}\n{cell}")
     assert outcome.status == "ok", outcome
     assert outcome.value == "(0, 2, 3.0)"  # rank 0's value is the cell's Out
-    assert run_processes_anywhere() == []
-
-
-def test_torch_distributed_ranks_on_a_connect_session(connect):
-    cell = (
-        "import torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
-        "total = torch.tensor([dist.get_rank() + 1.0])\ndist.all_reduce(total)\n"
-        "(dist.get_rank(), dist.get_world_size(), total.item())"
-    )
-    outcome = connect.run(f"%%horovod np=2 backend=torch\n{cell}")
-    assert outcome.status == "ok", outcome
-    assert outcome.value == "(0, 2, 3.0)"
     assert run_processes_anywhere() == []
 
 

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from .source import vector_columns
 from .split import ShardPlan, plan_shards
 
 __all__ = [
@@ -63,7 +64,7 @@ def parquet_plan(df: Any, name: str, np: int, keep: bool) -> tuple[list[list[Pie
 
 
 def _plain_scan_files(df: Any) -> list[str]:
-    if any(type(f.dataType).__name__ == "VectorUDT" for f in df.schema.fields):
+    if vector_columns(df):
         return []
     try:
         files = sorted(df.inputFiles())

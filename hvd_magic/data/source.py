@@ -49,14 +49,19 @@ def check_source(value: Any, name: str) -> None:
         )
 
 
+def vector_columns(df: Any) -> list[str]:
+    """The Spark ML vector columns of ``df`` (e.g. from a VectorAssembler)."""
+    return [f.name for f in df.schema.fields if type(f.dataType).__name__ == "VectorUDT"]
+
+
 def _vectors_as_arrays(df: Any) -> Any:
-    """Spark ML vector columns (e.g. from a VectorAssembler) as arrays of doubles."""
-    vectors = [f.name for f in df.schema.fields if type(f.dataType).__name__ == "VectorUDT"]
+    """Spark ML vector columns as arrays of doubles."""
+    vectors = vector_columns(df)
     if vectors:
         from pyspark.ml.functions import vector_to_array
 
         for column in vectors:
-            df = df.withColumn(column, vector_to_array(column))
+            df = df.withColumn(column, vector_to_array(df[column]))
     return df
 
 
