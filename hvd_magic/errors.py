@@ -7,6 +7,7 @@
     ├── LaunchError           the job could not be started (no mpirun, no slots, bad setup)
     ├── DataError             the data= input cannot be split into shards for the ranks
     ├── TimelineError         a file is not a Horovod Timeline (or is damaged beyond its tail)
+    ├── InstallError          Horovod cannot be built or installed here (names what to install)
     └── RunError              the job started but did not finish cleanly
         ├── RankFailedError   a rank raised; carries its rank, host and remote traceback
         ├── RunInterrupted    the user interrupted the run
@@ -22,6 +23,7 @@ __all__ = [
     "CaptureError",
     "DataError",
     "HorovodMagicError",
+    "InstallError",
     "LaunchError",
     "RankFailedError",
     "RunError",
@@ -56,6 +58,10 @@ class DataError(HorovodMagicError, ValueError):
 
 class TimelineError(HorovodMagicError, ValueError):
     """The file is not a Horovod Timeline (or is damaged beyond its tail)."""
+
+
+class InstallError(HorovodMagicError):
+    """Horovod cannot be built or installed in this environment; the message names the fix."""
 
 
 class RunError(HorovodMagicError):

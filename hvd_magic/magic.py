@@ -118,6 +118,18 @@ class HorovodMagics(Magics):
         return namespace[name]
 
     @line_magic
+    def horovod_doctor(self, line: str) -> Any:
+        """Check what a run needs, each failure with its fix: ``%horovod_doctor``.
+
+        mpirun, Horovod and the frameworks it was built for, and the active SparkSession: its
+        slots, GPUs, dynamic allocation, and (a small Spark job) the executors' Python and
+        packages and whether they reach this notebook. Changes nothing.
+        """
+        from .doctor import doctor
+
+        return doctor()
+
+    @line_magic
     def horovod_timeline(self, line: str) -> None:
         """Show the analysis of a Horovod Timeline file: ``%horovod_timeline PATH``.
 

@@ -1,0 +1,149 @@
+"""Builds Horovod's wheel from its PyPI sdist for this environment, caches it, and installs it.
+
+Horovod 0.28.1 predates PyTorch >= 2.1 (whose headers need C++17), TensorFlow >= 2.19 (whose XLA
+op API changed) and Keras 3 (its Keras binding imports the Keras 3 backend); ``patch_source``
+makes those three changes and fails loudly if the source no longer looks as expected.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from ..errors import InstallError
+from .plan import HOROVOD_VERSION, BuildPlan, cached_wheel
+
+__all__ = ["install", "patch_source"]
+
+Say = Callable[[str], None]
+KERAS_IMPORT = re.compile(r"^(\s*)from keras import backend as K$", re.MULTILINE)
+
+
+def _edit(path: Path, old: str | re.Pattern[str], new: str) -> None:
+    text = path.read_text()
+    changed = old.sub(new, text) if isinstance(old, re.Pattern) else text.replace(old, new)
+    if changed == text:
+        raise InstallError(
+            f"Horovod's source changed: {path.name} no longer has {getattr(old, 'pattern', old)!r}"
+        )
+    path.write_text(changed)
+
+
+def patch_source(source: Path, with_tensorflow: bool) -> None:
+    """The changes today's frameworks need, applied to an unpacked Horovod source tree."""
+    for cmake in (source / "CMakeLists.txt", source / "horovod" / "torch" / "CMakeLists.txt"):
+        _edit(cmake, "set(CMAKE_CXX_STANDARD 14)", "set(CMAKE_CXX_STANDARD 17)")
+    if with_tensorflow:
+        tf_cmake = source / "horovod" / "tensorflow" / "CMakeLists.txt"
+        lines = tf_cmake.read_text().splitlines(keepends=True)
+        kept = [line for line in lines if "xla_mpi_ops.cc" not in line]
+        if len(kept) == len(lines):
+            raise InstallError(f"Horovod's source changed: {tf_cmake} no longer lists xla_mpi_ops.cc")
+        tf_cmake.write_text("".join(kept))
+    keras = source / "horovod" / "tensorflow" / "keras"
+    for module in (keras / "__init__.py", keras / "callbacks.py"):
+        _edit(module, KERAS_IMPORT, r"\1K = tf.keras.backend")
+
+
+def _pip(*args: str, log: Path | None = None, env: dict[str, str] | None = None) -> None:
+    command = [sys.executable, "-m", "pip", *args]
+    if log is None:
+        done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+        output = done.stdout + done.stderr
+    else:
+        with log.open("w") as out:
+            done = subprocess.run(
+                command, stdout=out, stderr=subprocess.STDOUT, text=True, env=env, check=False
+            )
+        output = log.read_text()
+    if done.returncode != 0:
+        tail = "\n".join(output.strip().splitlines()[-25:])
+        where = f" (the whole log: {log})" if log else ""
+        raise InstallError(f"`pip {' '.join(args[:2])} ...` failed{where}:\n{tail}")
+
+
+def _source(work: Path, sdist: Path | None) -> Path:
+    if sdist is None:
+        _pip(
+            "download",
+            "-q",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            f"horovod=={HOROVOD_VERSION}",
+            "-d",
+            str(work),
+        )
+        sdist = work / f"horovod-{HOROVOD_VERSION}.tar.gz"
+    with tarfile.open(sdist) as archive:
+        archive.extractall(work, filter="data")
+    return work / f"horovod-{HOROVOD_VERSION}"
+
+
+def build_wheel(plan: BuildPlan, say: Say, sdist: Path | None = None) -> Path:
+    """Builds into the plan's cache entry and returns the wheel (the build log stays beside it)."""
+    if plan.pip_first:
+        say(f"installing the build's Python tools: {' '.join(plan.pip_first)}")
+        _pip("install", "-q", *plan.pip_first)
+    plan.directory.mkdir(parents=True, exist_ok=True)
+    log = plan.directory / "build.log"
+    with tempfile.TemporaryDirectory(prefix="hvd_magic-horovod-") as tmp:
+        work = Path(tmp)
+        source = _source(work, sdist)
+        patch_source(source, plan.toolchain.tensorflow is not None)
+        say(f"building Horovod {HOROVOD_VERSION} (about 5 minutes on 2 cores; log: {log})")
+        env = {**os.environ, **plan.build_env(), "MAKEFLAGS": f"-j{os.cpu_count() or 1}"}
+        _pip(
+            "wheel",
+            "--no-build-isolation",
+            "--no-deps",
+            str(source),
+            "-w",
+            str(work / "out"),
+            log=log,
+            env=env,
+        )
+        built = next((work / "out").glob("horovod-*.whl"))
+        wheel = plan.directory / built.name
+        shutil.move(str(built), wheel)
+    return wheel
+
+
+def _check_import(plan: BuildPlan) -> None:
+    probes = []
+    if plan.toolchain.torch:
+        probes.append("import horovod.torch")
+    if plan.toolchain.tensorflow:
+        probes.append("import horovod.tensorflow")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    done = subprocess.run(
+        [sys.executable, "-c", "; ".join(probes)], capture_output=True, text=True, env=env, check=False
+    )
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-10:])
+        raise InstallError(
+            f"Horovod was installed but does not import:\n{tail}\n"
+            "Run again with --rebuild to build it anew for this environment."
+        )
+
+
+def install(plan: BuildPlan, say: Say, rebuild: bool = False, sdist: Path | None = None) -> Path:
+    """Installs a cached wheel that serves ``plan`` (building one first if there is none)."""
+    wheel = None if rebuild else cached_wheel(plan)
+    if wheel is None:
+        wheel = build_wheel(plan, say, sdist)
+    else:
+        say(f"using the cached wheel {wheel}")
+    _pip("install", "-q", "--no-deps", "--force-reinstall", str(wheel))
+    # Horovod's own run-time requirements; pip resolves only what is missing.
+    _pip("install", "-q", "cloudpickle", "psutil", "pyyaml", "packaging")
+    _check_import(plan)
+    say(f"installed {wheel.name}")
+    return wheel

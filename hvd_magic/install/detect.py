@@ -1,0 +1,138 @@
+"""What a Horovod build in this Python environment would be built against, found without building.
+
+Frameworks come from the installed distributions (torch is imported once, for its CUDA version);
+the toolchain from the PATH. Nothing here changes the environment.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Found", "Toolchain", "detect", "distribution_version", "mpirun_version"]
+
+TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel")
+NCCL_HEADER_DIRS = ("/usr/include", "/usr/local/cuda/include", "/usr/local/include")
+
+
+@dataclass(frozen=True)
+class Found:
+    """One tool: its version when found, else None."""
+
+    name: str
+    version: str | None
+
+    @property
+    def present(self) -> bool:
+        return self.version is not None
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    python: str  # "3.11"
+    torch: str | None  # "2.13.0+cpu"
+    torch_cuda: str | None  # "12.4" for a CUDA build of torch, else None
+    tensorflow: str | None
+    mpirun: str | None  # Open MPI's version, e.g. "4.1.4"
+    mpi_headers: bool
+    compiler: Found
+    cmake: Found
+    nccl: bool
+
+    @property
+    def python_tag(self) -> str:
+        return "py" + self.python.replace(".", "")
+
+    @property
+    def gpu(self) -> bool:
+        return self.torch_cuda is not None and self.nccl
+
+
+def distribution_version(*names: str) -> str | None:
+    """The installed version of the first of ``names`` that is installed."""
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _first_line(command: list[str]) -> str:
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return (done.stdout or done.stderr).strip().split("\n")[0]
+
+
+def _version_in(text: str) -> str | None:
+    match = re.search(r"(\d+\.\d+(?:\.\d+)?)", text)
+    return match.group(1) if match else None
+
+
+def mpirun_version() -> str | None:
+    """Open MPI's (or another MPI's) version as ``mpirun --version`` tells it; None without mpirun."""
+    if shutil.which("mpirun") is None:
+        return None
+    return _version_in(_first_line(["mpirun", "--version"])) or "unknown"
+
+
+def _torch_cuda() -> str | None:
+    if distribution_version("torch") is None:
+        return None
+    try:
+        import torch
+    except Exception:  # noqa: BLE001 - a torch that does not import is reported as not usable later
+        return None
+    return getattr(torch.version, "cuda", None)
+
+
+def _mpi_headers() -> bool:
+    wrapper = shutil.which("mpicxx") or shutil.which("mpic++")
+    if wrapper is None:
+        return False
+    return bool(_first_line([wrapper, "--showme:compile"]) or _first_line([wrapper, "-show"]))
+
+
+def _compiler() -> Found:
+    for name in (os.environ.get("CXX", ""), "g++", "c++", "clang++"):
+        if name and shutil.which(name):
+            return Found(name, _version_in(_first_line([name, "--version"])) or "unknown")
+    return Found("g++", None)
+
+
+def _cmake() -> Found:
+    """The cmake the build would run: the environment's own (pip's cmake) first, then the PATH's."""
+    beside = Path(sys.executable).parent / "cmake"
+    for path in (str(beside) if beside.exists() else None, shutil.which("cmake")):
+        if path:
+            return Found(path, _version_in(_first_line([path, "--version"])))
+    return Found("cmake", None)
+
+
+def _nccl() -> bool:
+    home = os.environ.get("HOROVOD_NCCL_HOME") or os.environ.get("NCCL_HOME")
+    dirs = [f"{home}/include"] if home else list(NCCL_HEADER_DIRS)
+    return any(Path(d, "nccl.h").exists() for d in dirs)
+
+
+def detect() -> Toolchain:
+    torch_cuda = _torch_cuda()
+    return Toolchain(
+        python=f"{sys.version_info.major}.{sys.version_info.minor}",
+        torch=distribution_version("torch"),
+        torch_cuda=torch_cuda,
+        tensorflow=distribution_version(*TENSORFLOW_DISTRIBUTIONS),
+        mpirun=mpirun_version(),
+        mpi_headers=_mpi_headers(),
+        compiler=_compiler(),
+        cmake=_cmake(),
+        nccl=torch_cuda is not None and _nccl(),
+    )

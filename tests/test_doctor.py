@@ -1,0 +1,118 @@
+"""doctor: every check passes on this machine and on a real local-cluster; each failure is
+provoked for real once (no mpirun on PATH, executors with another Python, executors that cannot
+reach the notebook, GPUs the tasks do not ask for) and names its fix."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from hvd_magic.doctor import doctor
+from hvd_magic.doctor import spark as doctor_spark
+from hvd_magic.doctor.spark import ReachListener
+
+from .spark_fixtures import fake_gpu_script, free_port, spark_session
+
+
+def run_doctor(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hvd_magic", "doctor", *args],
+        capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=300,
+    )  # fmt: skip
+
+
+def test_every_check_passes_here():
+    done = run_doctor()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "✓ mpirun" in done.stdout and "✓ horovod.torch" in done.stdout
+    assert "all checks passed" in done.stdout
+
+
+def test_no_mpirun_on_path_is_named_with_its_fix(tmp_path):
+    done = run_doctor(env={"PATH": str(tmp_path)})
+    assert done.returncode == 1
+    line = next(line for line in done.stdout.splitlines() if "mpirun" in line)
+    assert line.startswith("✗") and "not found on PATH" in line
+    assert "openmpi-bin" in done.stdout and "launcher=gloo" in done.stdout
+
+
+def test_executors_with_another_python_are_named_with_their_fix(tmp_path):
+    bare = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    done = run_doctor(
+        "--spark", "local-cluster[1,1,1024]",
+        env={"PYSPARK_PYTHON": str(bare / "bin" / "python"), "SPARK_LOCAL_IP": "127.0.0.1"},
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr[-2000:]
+    line = next(line for line in done.stdout.splitlines() if "executors' Python" in line)
+    assert line.startswith("✗") and f"({bare}/bin/python): hvd_magic missing, horovod missing" in line
+    assert "spark.pyspark.python / PYSPARK_PYTHON" in done.stdout
+    assert "✓ executors reach the notebook" in done.stdout  # the check ran without hvd_magic there
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    gpus = fake_gpu_script(tmp_path_factory.mktemp("gpu"), ["0"])
+    conf = {  # executors with a GPU, tasks that ask for none: the ranks would share it
+        "spark.worker.resource.gpu.amount": "1",
+        "spark.worker.resource.gpu.discoveryScript": str(gpus),
+        "spark.executor.resource.gpu.amount": "1",
+        "spark.executor.resource.gpu.discoveryScript": str(gpus),
+    }
+    with spark_session("local-cluster[2,1,1024]", conf) as session:
+        yield session
+
+
+def by_name(report):
+    return {check.name: check for check in report.checks}
+
+
+def test_a_cluster_is_checked_end_to_end(cluster):
+    checks = by_name(doctor(cluster))
+    assert checks["Spark session"].detail.startswith("classic, Spark ")
+    assert (
+        checks["executors' Python"].ok
+        and "python " + sys.version.split()[0] in checks["executors' Python"].detail
+    )
+    assert checks["executors reach the notebook"].ok
+    assert checks["dynamic allocation"].ok
+    gpus = checks["GPUs"]
+    assert gpus.ok is False and "spark.task.resource.gpu.amount=1" in gpus.fix
+
+
+def test_executors_that_cannot_reach_the_notebook_are_named_with_the_fix(cluster, monkeypatch):
+    closed = free_port()
+    real_init = ReachListener.__init__
+
+    def behind_a_firewall(self, host):  # the listener is up, but not where the executors connect
+        real_init(self, host)
+        self.address = f"127.0.0.1:{closed}"
+
+    monkeypatch.setattr(doctor_spark.ReachListener, "__init__", behind_a_firewall)
+    check = by_name(doctor(cluster))["executors reach the notebook"]
+    assert check.ok is False and f"not at 127.0.0.1:{closed}" in check.detail
+    assert "refused" in check.detail.lower()
+    assert "HVD_MAGIC_DRIVER_HOST" in check.fix
+
+
+def test_the_listener_answers_only_its_token():
+    listener = ReachListener("127.0.0.1")
+    host, port = listener.address.rsplit(":", 1)
+    try:
+        for token, answer in ((b"forged", b""), (listener.token.encode(), b"ok\n")):
+            with socket.create_connection((host, int(port)), timeout=10) as peer:
+                peer.settimeout(10)
+                peer.sendall(token + b"\n")
+                assert peer.recv(16) == answer
+    finally:
+        listener.close()
+
+
+def test_the_magic_shows_the_table(ip):
+    report = ip.run_line_magic("horovod_doctor", "")
+    html = report._repr_html_()
+    assert "<table class='hvd-doctor'>" in html and "mpirun" in html

@@ -1,0 +1,130 @@
+"""install-horovod: the plan from what is installed, the cache that serves compatible
+environments, the source changes, and the one message that names what is missing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hvd_magic.errors import InstallError
+from hvd_magic.install.build import patch_source
+from hvd_magic.install.detect import Found, Toolchain, detect
+from hvd_magic.install.plan import HOROVOD_VERSION, cached_wheel, make_plan
+
+GPP = Found("g++", "12.2.0")
+CMAKE = Found("cmake", "3.25.1")
+
+
+def toolchain(**changes: object) -> Toolchain:
+    base = dict(
+        python="3.11", torch="2.13.0+cpu", torch_cuda=None, tensorflow="2.21.0", mpirun="4.1.4",
+        mpi_headers=True, compiler=GPP, cmake=CMAKE, nccl=False,
+    )  # fmt: skip
+    return Toolchain(**{**base, **changes})  # type: ignore[arg-type]
+
+
+def test_the_cache_key_names_what_the_wheel_is_built_against(tmp_path):
+    plan = make_plan(toolchain(), tmp_path)
+    assert plan.key == "py311-torch2.13.0+cpu-tf2.21.0-ompi4.1.4"  # as scripts/setup.sh always named it
+    assert plan.directory == tmp_path / f"horovod-{HOROVOD_VERSION}-{plan.key}"
+    gpu = make_plan(toolchain(torch="2.13.0+cu124", torch_cuda="12.4", nccl=True), tmp_path)
+    assert gpu.key.endswith("-cu12.4") and gpu.build_env()["HOROVOD_GPU_OPERATIONS"] == "NCCL"
+
+
+def test_what_is_installed_is_built_and_the_rest_left_out(tmp_path):
+    env = make_plan(toolchain(tensorflow=None), tmp_path, with_mpi=False).build_env()
+    assert env["HOROVOD_WITH_PYTORCH"] == env["HOROVOD_WITHOUT_TENSORFLOW"] == "1"
+    assert env["HOROVOD_WITHOUT_MPI"] == env["HOROVOD_WITH_GLOO"] == env["HOROVOD_WITHOUT_MXNET"] == "1"
+    assert "HOROVOD_GPU_OPERATIONS" not in env
+
+
+def cache_entry(cache: Path, key: str) -> Path:
+    entry = cache / f"horovod-{HOROVOD_VERSION}-{key}"
+    entry.mkdir(parents=True)
+    wheel = entry / f"horovod-{HOROVOD_VERSION}-cp311-cp311-linux_x86_64.whl"
+    wheel.write_bytes(b"")
+    return wheel
+
+
+def test_a_cached_wheel_serves_every_environment_it_was_built_for(tmp_path):
+    both = cache_entry(tmp_path, "py311-torch2.13.0+cpu-tf2.21.0-ompi4.1.4")
+    assert cached_wheel(make_plan(toolchain(), tmp_path)) == both
+    # torch alone, same torch: the wheel's TensorFlow ops are simply not used
+    assert cached_wheel(make_plan(toolchain(tensorflow=None), tmp_path)) == both
+    assert cached_wheel(make_plan(toolchain(torch="2.14.1+cpu"), tmp_path)) is None
+    assert cached_wheel(make_plan(toolchain(python="3.12"), tmp_path)) is None
+    assert cached_wheel(make_plan(toolchain(), tmp_path, with_mpi=False)) is None
+    own = cache_entry(tmp_path, "py311-torch2.13.0+cpu-tfnone-ompi4.1.4")
+    assert cached_wheel(make_plan(toolchain(tensorflow=None), tmp_path)) == own  # its own entry first
+
+
+def test_missing_prerequisites_are_named_with_the_one_command_that_installs_them(tmp_path):
+    with pytest.raises(InstallError) as info:
+        make_plan(toolchain(compiler=Found("g++", None), mpirun=None, mpi_headers=False), tmp_path)
+    message = str(info.value)
+    assert "a C++17 compiler, Open MPI, its headers" in message
+    if Path("/etc/debian_version").exists():
+        assert "sudo apt-get install -y g++ openmpi-bin libopenmpi-dev" in message
+    assert "--without-mpi" in message
+    make_plan(toolchain(mpirun=None, mpi_headers=False), tmp_path, with_mpi=False)  # Gloo only: fine
+    with pytest.raises(InstallError, match="neither PyTorch nor TensorFlow"):
+        make_plan(toolchain(torch=None, tensorflow=None), tmp_path)
+
+
+def test_a_cmake_the_build_cannot_use_is_installed_by_pip_first(tmp_path):
+    assert "cmake>=3.13,<4" in make_plan(toolchain(cmake=Found("cmake", "4.1.0")), tmp_path).pip_first
+    assert "cmake>=3.13,<4" in make_plan(toolchain(cmake=Found("cmake", None)), tmp_path).pip_first
+    assert "cmake>=3.13,<4" not in make_plan(toolchain(), tmp_path).pip_first
+
+
+def horovod_like_tree(root: Path) -> Path:
+    """The lines of Horovod 0.28.1's source that the build changes, where they are."""
+    source = root / f"horovod-{HOROVOD_VERSION}"
+    for path, text in {
+        "CMakeLists.txt": "project(horovod)\nset(CMAKE_CXX_STANDARD 14)\n",
+        "horovod/torch/CMakeLists.txt": "set(CMAKE_CXX_STANDARD 14)\n",
+        "horovod/tensorflow/CMakeLists.txt": "list(APPEND SOURCES mpi_ops.cc\n    xla_mpi_ops.cc)\n",
+        "horovod/tensorflow/keras/__init__.py": "import tensorflow as tf\nfrom keras import backend as K\n",
+        "horovod/tensorflow/keras/callbacks.py": "def f():\n  from keras import backend as K\n",
+    }.items():
+        (source / path).parent.mkdir(parents=True, exist_ok=True)
+        (source / path).write_text(text)
+    return source
+
+
+def test_the_source_changes_for_todays_frameworks(tmp_path):
+    source = horovod_like_tree(tmp_path)
+    patch_source(source, with_tensorflow=True)
+    assert "CMAKE_CXX_STANDARD 17" in (source / "horovod/torch/CMakeLists.txt").read_text()
+    assert "xla_mpi_ops" not in (source / "horovod/tensorflow/CMakeLists.txt").read_text()
+    assert "\n  K = tf.keras.backend" in (source / "horovod/tensorflow/keras/callbacks.py").read_text()
+    with pytest.raises(InstallError, match="Horovod's source changed: CMakeLists.txt"):
+        patch_source(source, with_tensorflow=True)  # a source that no longer looks as expected
+
+
+def run_cli(*args: str, path: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PATH": path if path is not None else os.environ["PATH"]}
+    return subprocess.run(
+        [sys.executable, "-m", "hvd_magic", *args], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+def test_dry_run_prints_the_plan_of_this_environment_and_changes_nothing():
+    found = detect()
+    done = run_cli("install-horovod", "--dry-run")
+    assert done.returncode == 0, done.stderr
+    assert f"PyTorch         {found.torch}: its ops are built" in done.stdout
+    assert f"Open MPI {found.mpirun}: built in" in done.stdout
+    assert "cached: horovod-0.28.1-" in done.stdout  # scripts/setup.sh installed through the same cache
+    assert "[install-horovod]" not in done.stdout
+
+
+def test_without_a_compiler_or_mpi_on_path_the_message_says_what_to_install(tmp_path):
+    done = run_cli("install-horovod", "--dry-run", path=str(tmp_path))  # nothing on PATH
+    assert done.returncode == 2
+    assert "building Horovod needs a C++17 compiler, Open MPI, its headers" in done.stderr
+    assert "Traceback" not in done.stderr
