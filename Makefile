@@ -7,7 +7,7 @@ setup:
 	bash scripts/setup.sh
 
 demo: setup
-	$(PY) scripts/run_notebook.py example_notebooks/mnist_torch_spark.ipynb
+	$(PY) scripts/run_notebook.py example_notebooks/mnist_pytorch.ipynb --html example_notebooks/mnist_pytorch.html
 
 lint: setup
 	$(PY) -m ruff check setup.py hvd_magic tests scripts bench example_notebooks

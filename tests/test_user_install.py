@@ -1,0 +1,63 @@
+"""A user's install, end to end: hvd_magic's wheel built from a clean copy, installed into a new
+venv beside the user's own torch, then `install-horovod` (from the cache), `doctor`, and the
+quickstart notebook executed with that venv's kernel."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+
+
+def run(command: list[str | Path], **kwargs: object) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([str(c) for c in command], capture_output=True, text=True, timeout=1200, **kwargs)
+    assert done.returncode == 0, f"{command}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done
+
+
+def build_wheel(tmp_path: Path) -> Path:
+    """From a clean copy: no prebuilt viewer bundle, no compiled scanner, so the build makes both."""
+    source = tmp_path / "src"
+    shutil.copytree(
+        ROOT,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".venv", ".git", "static", "*.egg-info", "test-artifacts", "build", "*.so", "node_modules"
+        ),
+    )
+    build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
+    run([*build, "-w", tmp_path / "dist", source])
+    (wheel,) = (tmp_path / "dist").glob("hvd_magic-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "hvd_magic/static/viewer.js" in names
+    assert any(re.fullmatch(r"hvd_magic/timeline/_scan\..*\.so", name) for name in names)
+    return wheel
+
+
+def test_a_user_installs_the_wheel_beside_their_torch_and_runs_the_quickstart(tmp_path):
+    wheel = build_wheel(tmp_path)
+    venv = tmp_path / "venv"
+    run([sys.executable, "-m", "venv", venv])
+    python = venv / "bin" / "python"
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYSPARK_PYTHON")}
+    env["PATH"] = f"{venv / 'bin'}:{env['PATH']}"
+    run([python, "-m", "pip", "install", "-q", "torch==2.13.0"], env=env)  # the user's own torch
+    extras = f"{wheel}[widgets,timeline]"
+    run([python, "-m", "pip", "install", "-q", extras, "ipykernel", "nbclient", "scikit-learn"], env=env)
+    installed = run([python, "-m", "hvd_magic", "install-horovod"], env=env)
+    assert "using the cached wheel" in installed.stdout and "installed horovod-0.28.1" in installed.stdout
+    assert "TensorFlow      not installed: left out" in installed.stdout
+    checked = run([python, "-m", "hvd_magic", "doctor"], env=env)
+    assert "✓ horovod.torch" in checked.stdout and "all checks passed" in checked.stdout
+    assert "horovod.tensorflow" not in checked.stdout  # not installed here: not checked
+    notebook = ROOT / "example_notebooks" / "quickstart.ipynb"
+    done = run([python, ROOT / "scripts" / "run_notebook.py", notebook], env=env, cwd=tmp_path)
+    accuracy = float(re.search(r"final accuracy[^0-9]*([0-9.]+)", done.stdout).group(1))
+    assert accuracy > 0.8, done.stdout[-2000:]
+    assert "hvd_magic: 2 ranks" in done.stdout
