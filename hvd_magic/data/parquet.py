@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .source import vector_columns
 from .split import ShardPlan, plan_shards
 
 __all__ = [
@@ -31,6 +30,7 @@ __all__ = [
     "read_manifest",
     "read_pieces",
     "read_table",
+    "vector_columns",
     "write_manifest",
 ]
 
@@ -61,6 +61,12 @@ def parquet_plan(df: Any, name: str, np: int, keep: bool) -> tuple[list[list[Pie
         return None  # partition columns live in directory names, not in the files
     plan = plan_shards(sum(rows for _, _, rows in groups), np, keep, name)
     return pieces_of(groups, plan.sizes()), plan
+
+
+def vector_columns(df: Any) -> list[str]:
+    """The Spark ML vector columns of ``df`` (e.g. from a VectorAssembler): pyarrow cannot read
+    them as Spark wrote them, so they take Spark's path, converted to arrays."""
+    return [f.name for f in df.schema.fields if type(f.dataType).__name__ == "VectorUDT"]
 
 
 def _plain_scan_files(df: Any) -> list[str]:

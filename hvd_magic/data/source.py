@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from ..errors import DataError
+from .parquet import vector_columns
 from .split import ShardPlan, partition_offsets, plan_shards
 
 __all__ = ["KEY", "check_source", "local_shards", "spark_shards", "spark_dataframe"]
@@ -47,11 +48,6 @@ def check_source(value: Any, name: str) -> None:
             f"data={name} is a {type(value).__module__}.{type(value).__qualname__}; data= takes a Spark "
             "DataFrame (classic or Spark Connect), a pandas DataFrame or a pyarrow Table."
         )
-
-
-def vector_columns(df: Any) -> list[str]:
-    """The Spark ML vector columns of ``df`` (e.g. from a VectorAssembler)."""
-    return [f.name for f in df.schema.fields if type(f.dataType).__name__ == "VectorUDT"]
 
 
 def _vectors_as_arrays(df: Any) -> Any:

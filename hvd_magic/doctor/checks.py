@@ -50,13 +50,13 @@ def _binding(framework: str) -> dict[str, object]:
         return dict(json.loads(done.stdout.strip().splitlines()[-1]))
     except (IndexError, ValueError):
         tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        return {"imports": False, "error": f"the import crashed the process: {tail}"}
+        return {"imports": False, "problem": f"the import crashed the process: {tail}"}
 
 
 def _binding_check(framework: str, version: str, found: dict[str, object]) -> Check:
     name = f"horovod.{framework}"
     if not found["imports"]:
-        return Check(name, False, f"does not import with {framework} {version}: {found['error']}", REBUILD)
+        return Check(name, False, f"does not import with {framework} {version}: {found['problem']}", REBUILD)
     built = ", ".join(f"{label} {'✓' if found[c] else '✗'}" for c, label in CONTROLLERS.items())
     if not found["mpi"] and mpirun_version() is not None:
         return Check(name, False, f"{framework} {version}; built with {built}", REBUILD)
@@ -84,9 +84,7 @@ def horovod_checks() -> list[Check]:
 
 
 def hvd_magic_check() -> Check:
-    import hvd_magic
-
-    package = Path(hvd_magic.__file__).parent
+    package = Path(__file__).parent.parent
     version = distribution_version("hvd_magic") or "source tree"
     missing = []
     try:

@@ -30,9 +30,9 @@ def binding_report(framework: str) -> dict[str, object]:
         binding = importlib.import_module(BINDINGS[framework])
     except Exception as err:  # noqa: BLE001 - what went wrong is the report
         lines = [line for line in str(err).strip().splitlines() if line.strip()]
-        return {"imports": False, "error": f"{type(err).__name__}: {lines[-1] if lines else ''}"}
+        return {"imports": False, "problem": f"{type(err).__name__}: {lines[-1] if lines else ''}"}
     built = {name: bool(getattr(binding, f"{name}_built")()) for name in ("mpi", "gloo", "nccl")}
-    return {"imports": True, "error": "", **built}
+    return {"imports": True, "problem": "", **built}
 
 
 def executor_report(token: str, address: str, timeout: float, _row: object = None) -> str:
