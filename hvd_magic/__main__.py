@@ -37,11 +37,15 @@ def _doctor(master: str | None) -> int:
 
     session = None
     if master:
-        from pyspark.sql import SparkSession
+        try:
+            from pyspark.sql import SparkSession
 
-        builder = SparkSession.builder
-        builder = builder.remote(master) if master.startswith("sc://") else builder.master(master)
-        session = builder.getOrCreate()
+            builder = SparkSession.builder
+            builder = builder.remote(master) if master.startswith("sc://") else builder.master(master)
+            session = builder.getOrCreate()
+        except Exception as err:  # noqa: BLE001 - ImportError, a master that does not answer, ...
+            print(f"hvd_magic doctor: cannot start a Spark session on {master}: {err}", file=sys.stderr)
+            return 2
     report = doctor(session, spark=session is not None)
     print(report)
     return 0 if report.ok else 1

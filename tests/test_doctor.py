@@ -102,13 +102,19 @@ def test_executors_that_cannot_reach_the_notebook_are_named_with_the_fix(cluster
 def test_the_listener_answers_only_its_token():
     listener = ReachListener("127.0.0.1")
     host, port = listener.address.rsplit(":", 1)
+    silent = socket.create_connection((host, int(port)), timeout=10)  # says nothing: holds no one up
     try:
-        for token, answer in ((b"forged", b""), (listener.token.encode(), b"ok\n")):
+        for token, answer in (
+            (b"forged", b""),
+            (b"\x16\x03\x01\xff\xfe", b""),
+            (listener.token.encode(), b"ok\n"),
+        ):
             with socket.create_connection((host, int(port)), timeout=10) as peer:
                 peer.settimeout(10)
                 peer.sendall(token + b"\n")
                 assert peer.recv(16) == answer
     finally:
+        silent.close()
         listener.close()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -21,8 +22,8 @@ CMAKE = Found("cmake", "3.25.1")
 
 def toolchain(**changes: object) -> Toolchain:
     base = dict(
-        python="3.11", torch="2.13.0+cpu", torch_cuda=None, tensorflow="2.21.0", mpirun="4.1.4",
-        mpi_headers=True, compiler=GPP, cmake=CMAKE, nccl=False,
+        python="3.11", torch="2.13.0+cpu", torch_cuda=None, torch_problem="", tensorflow="2.21.0",
+        mpirun="4.1.4", mpi_headers=True, compiler=GPP, cmake=CMAKE, nccl=False,
     )  # fmt: skip
     return Toolchain(**{**base, **changes})  # type: ignore[arg-type]
 
@@ -45,7 +46,8 @@ def test_what_is_installed_is_built_and_the_rest_left_out(tmp_path):
 def cache_entry(cache: Path, key: str) -> Path:
     entry = cache / f"horovod-{HOROVOD_VERSION}-{key}"
     entry.mkdir(parents=True)
-    wheel = entry / f"horovod-{HOROVOD_VERSION}-cp311-cp311-linux_x86_64.whl"
+    platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
+    wheel = entry / f"horovod-{HOROVOD_VERSION}-cp311-cp311-{platform}.whl"
     wheel.write_bytes(b"")
     return wheel
 
@@ -58,6 +60,12 @@ def test_a_cached_wheel_serves_every_environment_it_was_built_for(tmp_path):
     assert cached_wheel(make_plan(toolchain(torch="2.14.1+cpu"), tmp_path)) is None
     assert cached_wheel(make_plan(toolchain(python="3.12"), tmp_path)) is None
     assert cached_wheel(make_plan(toolchain(), tmp_path, with_mpi=False)) is None
+    other_machine = tmp_path / f"horovod-{HOROVOD_VERSION}-py311-torch2.13.0+cpu-tfnone-ompi4.1.4"
+    other_machine.mkdir()
+    (other_machine / f"horovod-{HOROVOD_VERSION}-cp311-cp311-some_other_arch.whl").write_bytes(b"")
+    assert cached_wheel(make_plan(toolchain(tensorflow=None), tmp_path)) == both  # not another platform's
+    (other_machine / f"horovod-{HOROVOD_VERSION}-cp311-cp311-some_other_arch.whl").unlink()
+    other_machine.rmdir()
     own = cache_entry(tmp_path, "py311-torch2.13.0+cpu-tfnone-ompi4.1.4")
     assert cached_wheel(make_plan(toolchain(tensorflow=None), tmp_path)) == own  # its own entry first
 
@@ -73,6 +81,10 @@ def test_missing_prerequisites_are_named_with_the_one_command_that_installs_them
     make_plan(toolchain(mpirun=None, mpi_headers=False), tmp_path, with_mpi=False)  # Gloo only: fine
     with pytest.raises(InstallError, match="neither PyTorch nor TensorFlow"):
         make_plan(toolchain(torch=None, tensorflow=None), tmp_path)
+    with pytest.raises(
+        InstallError, match=r"torch 2.13.0\+cpu is installed but does not import \(OSError: libx"
+    ):
+        make_plan(toolchain(torch_problem="OSError: libx.so: cannot open"), tmp_path)
 
 
 def test_a_cmake_the_build_cannot_use_is_installed_by_pip_first(tmp_path):

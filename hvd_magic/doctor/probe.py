@@ -41,7 +41,7 @@ def executor_report(token: str, address: str, timeout: float, _row: object = Non
     report: dict[str, object] = {
         "host": socket.gethostname(),
         "executable": sys.executable,
-        "python": sys.version.split()[0],
+        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
         "hvd_magic": _version("hvd_magic"),
         "horovod": _version("horovod"),
         "reach": "",

@@ -13,7 +13,6 @@ import sys
 import threading
 from typing import Any
 
-from ..errors import HorovodMagicError
 from ..install.detect import distribution_version
 from ..launch import spark_session as sessions
 from . import probe
@@ -47,14 +46,17 @@ class ReachListener:
                 peer, _ = self._socket.accept()
             except OSError:
                 continue
-            with peer:
+            # one thread per peer: a peer that says nothing must not hold up the executors
+            threading.Thread(target=self._answer, args=(peer,), daemon=True).start()
+
+    def _answer(self, peer: socket.socket) -> None:
+        with peer:
+            try:
                 peer.settimeout(REACH_SECONDS)
-                try:
-                    line = peer.recv(64).strip().decode(errors="replace")
-                    if hmac.compare_digest(line, self.token):
-                        peer.sendall(b"ok\n")
-                except OSError:
-                    pass
+                if hmac.compare_digest(peer.recv(64).strip(), self.token.encode()):
+                    peer.sendall(b"ok\n")
+            except OSError:
+                pass  # a peer that went away, or a stranger: nothing to answer
 
     def close(self) -> None:
         self._stop.set()
@@ -93,36 +95,43 @@ def session_checks(session: Any) -> list[Check]:
     return checks
 
 
+def _tagging(session: Any) -> bool:
+    """Job tags (to cancel the check's job alone): Connect sessions, and classic ones from Spark 4."""
+    return sessions.is_connect(session) or int(str(session.version).split(".")[0]) >= 4
+
+
 def _run_job(session: Any, tasks: int, listener: ReachListener) -> list[dict[str, Any]]:
     from pyspark import cloudpickle
     from pyspark.sql.functions import udf
 
     report = functools.partial(probe.executor_report, listener.token, listener.address, REACH_SECONDS)
-    cloudpickle.register_pickle_by_value(probe)  # type: ignore[no-untyped-call]  # runs without hvd_magic
-    tag = f"hvd_magic-doctor-{secrets.token_hex(4)}"
+    tag = f"hvd_magic-doctor-{secrets.token_hex(4)}" if _tagging(session) else ""
     rows: list[Any] = []
     failure: list[BaseException] = []
 
     def collect() -> None:
-        session.addTag(tag)
         try:
-            rows.extend(
-                session.range(0, tasks, 1, tasks)
-                .select(udf(report, "string", useArrow=False)("id"))
-                .collect()
-            )
+            if tag:
+                session.addTag(tag)
+            job = session.range(0, tasks, 1, tasks).select(udf(report, "string", useArrow=False)("id"))
+            rows.extend(job.collect())
         except Exception as err:  # noqa: BLE001 - reported as the check's finding
             failure.append(err)
         finally:
-            session.removeTag(tag)
+            if tag:
+                session.removeTag(tag)
 
+    cloudpickle.register_pickle_by_value(probe)  # type: ignore[no-untyped-call]  # runs without hvd_magic
     worker = threading.Thread(target=collect, name="hvd_magic-doctor-job", daemon=True)
-    worker.start()
-    worker.join(JOB_SECONDS)
-    cloudpickle.unregister_pickle_by_value(probe)  # type: ignore[no-untyped-call]
+    try:
+        worker.start()
+        worker.join(JOB_SECONDS)
+    finally:
+        if worker.is_alive() and tag:
+            session.interruptTag(tag)  # timed out, or the user interrupted the doctor
+        cloudpickle.unregister_pickle_by_value(probe)  # type: ignore[no-untyped-call]
     if worker.is_alive():
-        session.interruptTag(tag)
-        raise TimeoutError(f"the check job did not finish in {JOB_SECONDS:.0f} s (no free executor?)")
+        raise TimeoutError(f"the check job did not finish in {JOB_SECONDS:.0f} s")
     if failure:
         raise failure[0]
     return [json.loads(row[0]) for row in rows]
@@ -130,7 +139,7 @@ def _run_job(session: Any, tasks: int, listener: ReachListener) -> list[dict[str
 
 def _versions_check(reports: list[dict[str, Any]]) -> Check:
     mine = {
-        "python": sys.version.split()[0],
+        "python": f"{sys.version_info.major}.{sys.version_info.minor}",  # what PySpark requires equal
         "hvd_magic": distribution_version("hvd_magic"),
         "horovod": distribution_version("horovod"),
     }
@@ -151,36 +160,48 @@ def _versions_check(reports: list[dict[str, Any]]) -> Check:
     return Check("executors' Python", True, f"{len(reports)} task(s) with {have}")
 
 
+def _last_line(err: BaseException) -> str:
+    lines = [line for line in str(err).strip().splitlines() if line.strip()]
+    return f"{type(err).__name__}: {lines[-1] if lines else ''}"[:400]
+
+
 def executor_checks(session: Any, tasks: int) -> list[Check]:
     try:
         host = sessions.driver_address(session)
         listener = ReachListener(host)
-    except (HorovodMagicError, OSError) as err:
-        return [Check("notebook address", False, str(err), ADDRESS_FIX)]
+    except Exception as err:  # noqa: BLE001 - an address this machine cannot listen on is the finding
+        return [Check("notebook address", False, _last_line(err), ADDRESS_FIX)]
     try:
         reports = _run_job(session, tasks, listener)
+    except TimeoutError as err:
+        fix = "check that the cluster has free executors (a run needs them too), then run the doctor again"
+        return [Check("executors", False, str(err), fix)]
     except Exception as err:  # noqa: BLE001 - a job that fails is the finding
-        lines = [line for line in str(err).strip().splitlines() if line.strip()]
-        detail = f"the check job failed: {type(err).__name__}: {lines[-1] if lines else ''}"
         fix = "see the executors' Python: spark.pyspark.python / PYSPARK_PYTHON must name a working Python"
-        return [Check("executors", False, detail[:400], fix)]
+        return [Check("executors", False, f"the check job failed: {_last_line(err)}", fix)]
     finally:
         listener.close()
+    if not reports:
+        return [Check("executors", False, "the check job returned nothing", "run the doctor again")]
     unreached = sorted({f"{r['host']}: {r['reach']}" for r in reports if r["reach"]})
+    name = "executors reach the notebook"
     reach = (
-        Check(
-            "executors reach the notebook",
-            False,
-            f"not at {listener.address}: " + "; ".join(unreached),
-            ADDRESS_FIX,
-        )
+        Check(name, False, f"not at {listener.address}: " + "; ".join(unreached), ADDRESS_FIX)
         if unreached
-        else Check("executors reach the notebook", True, f"at {listener.address}")
+        else Check(name, True, f"at {listener.address}")
     )
     return [_versions_check(reports), reach]
 
 
 def spark_checks(session: Any) -> list[Check]:
-    checks = session_checks(session)
-    slots = sessions.slots_available(session)
+    """Never raises: a session that cannot be asked (a stale Connect server, a restricted
+    cluster) is itself the finding."""
+    try:
+        checks = session_checks(session)
+        slots = sessions.slots_available(session)
+    except Exception as err:  # noqa: BLE001
+        fix = "check that the session still works (e.g. spark.range(1).collect()), or start a new one"
+        return [Check("Spark session", False, f"cannot be asked: {_last_line(err)}", fix)]
+    if slots == 0:
+        return checks  # "task slots" says so; a job would only wait for a slot
     return checks + executor_checks(session, max(1, min(slots or 2, 8)))

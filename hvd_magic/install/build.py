@@ -141,7 +141,10 @@ def install(plan: BuildPlan, say: Say, rebuild: bool = False, sdist: Path | None
         wheel = build_wheel(plan, say, sdist)
     else:
         say(f"using the cached wheel {wheel}")
-    _pip("install", "-q", "--no-deps", "--force-reinstall", str(wheel))
+    try:
+        _pip("install", "-q", "--no-deps", "--force-reinstall", str(wheel))
+    except InstallError as err:
+        raise InstallError(f"{err}\nIf the cached wheel is damaged, run again with --rebuild.") from None
     # Horovod's own run-time requirements; pip resolves only what is missing.
     _pip("install", "-q", "cloudpickle", "psutil", "pyyaml", "packaging")
     _check_import(plan)

@@ -19,6 +19,8 @@ __all__ = ["Found", "Toolchain", "detect", "distribution_version", "mpirun_versi
 
 TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel")
 NCCL_HEADER_DIRS = ("/usr/include", "/usr/local/cuda/include", "/usr/local/include")
+PIP_NCCL = Path(sys.prefix, "lib", f"python{sys.version_info.major}.{sys.version_info.minor}",
+                "site-packages", "nvidia", "nccl", "include")  # fmt: skip  # pip's nvidia-nccl
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,7 @@ class Toolchain:
     python: str  # "3.11"
     torch: str | None  # "2.13.0+cpu"
     torch_cuda: str | None  # "12.4" for a CUDA build of torch, else None
+    torch_problem: str  # why an installed torch does not import ("" when it does)
     tensorflow: str | None
     mpirun: str | None  # Open MPI's version, e.g. "4.1.4"
     mpi_headers: bool
@@ -84,21 +87,29 @@ def mpirun_version() -> str | None:
     return _version_in(_first_line(["mpirun", "--version"])) or "unknown"
 
 
-def _torch_cuda() -> str | None:
+def _torch_cuda() -> tuple[str | None, str]:
+    """torch's CUDA version (None for a CPU build), and why torch does not import, if it does not."""
     if distribution_version("torch") is None:
-        return None
+        return None, ""
     try:
         import torch
-    except Exception:  # noqa: BLE001 - a torch that does not import is reported as not usable later
-        return None
-    return getattr(torch.version, "cuda", None)
+    except Exception as err:  # noqa: BLE001 - reported by the plan, with what to do
+        return None, f"{type(err).__name__}: {err}"
+    return getattr(torch.version, "cuda", None), ""
 
 
 def _mpi_headers() -> bool:
     wrapper = shutil.which("mpicxx") or shutil.which("mpic++")
     if wrapper is None:
         return False
-    return bool(_first_line([wrapper, "--showme:compile"]) or _first_line([wrapper, "-show"]))
+    for flag in ("--showme:compile", "-show"):  # Open MPI's wrapper, MPICH's
+        try:
+            done = subprocess.run([wrapper, flag], capture_output=True, timeout=60, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        if done.returncode == 0:
+            return True
+    return False
 
 
 def _compiler() -> Found:
@@ -119,16 +130,17 @@ def _cmake() -> Found:
 
 def _nccl() -> bool:
     home = os.environ.get("HOROVOD_NCCL_HOME") or os.environ.get("NCCL_HOME")
-    dirs = [f"{home}/include"] if home else list(NCCL_HEADER_DIRS)
+    dirs = [f"{home}/include"] if home else [*NCCL_HEADER_DIRS, str(PIP_NCCL)]
     return any(Path(d, "nccl.h").exists() for d in dirs)
 
 
 def detect() -> Toolchain:
-    torch_cuda = _torch_cuda()
+    torch_cuda, torch_problem = _torch_cuda()
     return Toolchain(
         python=f"{sys.version_info.major}.{sys.version_info.minor}",
         torch=distribution_version("torch"),
         torch_cuda=torch_cuda,
+        torch_problem=torch_problem,
         tensorflow=distribution_version(*TENSORFLOW_DISTRIBUTIONS),
         mpirun=mpirun_version(),
         mpi_headers=_mpi_headers(),

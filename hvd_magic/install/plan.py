@@ -4,6 +4,7 @@ what is missing first. Pure: it works from a detected ``Toolchain``, so it can b
 from __future__ import annotations
 
 import re
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,6 +124,12 @@ def make_plan(toolchain: Toolchain, cache: Path, with_mpi: bool = True) -> Build
             "operations against the framework it finds. Install yours first (e.g. `pip install torch`), "
             "then run `python -m hvd_magic install-horovod` again."
         )
+    if toolchain.torch_problem:
+        raise InstallError(
+            f"torch {toolchain.torch} is installed but does not import ({toolchain.torch_problem}); "
+            "Horovod would be built against it. Repair torch first (e.g. `pip install --force-reinstall "
+            f"torch=={toolchain.torch}`), then run `python -m hvd_magic install-horovod` again."
+        )
     missing: dict[str, str] = {}
     if not toolchain.compiler.present:
         missing["g++"] = "a C++17 compiler"
@@ -151,12 +158,14 @@ def _serves(key: str, plan: BuildPlan) -> bool:
 
 
 def cached_wheel(plan: BuildPlan) -> Path | None:
-    """A wheel in the cache that serves ``plan``: its own entry first, then any compatible one."""
+    """A wheel in the cache that serves ``plan``: its own entry first, then any compatible one;
+    only wheels for this machine's platform (a cache may be shared between machines)."""
     prefix = f"horovod-{HOROVOD_VERSION}-"
+    platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")  # e.g. linux_x86_64
     entries = [plan.directory] + sorted(p for p in plan.cache.glob(prefix + "*") if p != plan.directory)
     for entry in entries:
         if entry.is_dir() and _serves(entry.name.removeprefix(prefix), plan):
-            wheels = sorted(entry.glob("horovod-*.whl"))
+            wheels = sorted(entry.glob(f"horovod-*-{platform}.whl"))
             if wheels:
                 return wheels[0]
     return None
