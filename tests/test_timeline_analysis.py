@@ -25,7 +25,8 @@ def test_real_timeline_parses_and_analyses(real_timelines: dict[str, Path], laun
     assert any(name.endswith("ALLREDUCE") for name in inner)  # MPI_ALLREDUCE or GLOO_ALLREDUCE
     analysis = analyze(timeline)
     assert analysis.per_activity.loc["ALLREDUCE", "count"] == frame["name"].eq("ALLREDUCE").sum()
-    assert set(analysis.last_ready.index) <= {"0", "1"} and analysis.last_ready["times last"].sum() > 0
+    assert set(analysis.stragglers.index) <= {"0", "1"} and analysis.stragglers["times last"].sum() > 0
+    assert analysis.stragglers["times last"].sum() == analysis.negotiations
     assert "time per activity" in analysis.to_html()
     assert set(analysis.per_activity.index) == set(frame["name"])
     assert analysis.per_activity["total"].sum() == frame["duration"].sum()

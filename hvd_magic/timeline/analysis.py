@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 import pyarrow.compute as pc
@@ -28,7 +29,9 @@ def spans(timeline: Timeline) -> pd.DataFrame:
 class Analysis:
     per_activity: pd.DataFrame  # activity -> total, count, mean (us)
     per_tensor: pd.DataFrame  # tensor -> total us of its top-level spans, negotiation wait, bytes
-    last_ready: pd.DataFrame  # rank -> how often it was the last one ready in a negotiation
+    stragglers: pd.DataFrame  # rank -> times last ready in a negotiation, share, the others' wait
+    worst: pd.DataFrame  # the negotiations the others waited longest in: tensor, at, last rank, wait
+    negotiations: int
     negotiation_us: int
     communication_us: int
     fusion_us: int
@@ -39,23 +42,16 @@ class Analysis:
     def communication_share(self) -> float:
         return self.communication_us / self.wall_us if self.wall_us else 0.0
 
-    def to_html(self) -> str:
-        def table(frame: pd.DataFrame) -> str:
-            return str(frame.head(20).to_html(float_format=lambda v: f"{v:,.0f}"))
+    @property
+    def hints(self) -> list[str]:
+        from .hints import hints
 
-        lines = [
-            f"<b>Horovod Timeline</b>: {self.wall_us / 1e6:.2f} s, {self.cycles} cycles; "
-            f"negotiation {self.negotiation_us / 1e6:.3f} s, communication "
-            f"{self.communication_us / 1e6:.3f} s ({self.communication_share:.0%} of the wall time), "
-            f"fusion-buffer copies {self.fusion_us / 1e6:.3f} s",
-            "<br><b>time per activity</b> (microseconds)",
-            table(self.per_activity),
-            "<b>time per tensor</b> (microseconds, top 20)",
-            table(self.per_tensor),
-            "<b>last rank ready in a negotiation</b> (stragglers)",
-            self.last_ready.to_html(),
-        ]
-        return "".join(lines)
+        return hints(self)
+
+    def to_html(self) -> str:
+        from .hints import render
+
+        return render(self)
 
 
 def analyze(timeline: Timeline) -> Analysis:
@@ -84,7 +80,7 @@ def analyze(timeline: Timeline) -> Analysis:
     return Analysis(
         per_activity=per_activity,
         per_tensor=per_tensor,
-        last_ready=_last_ready(timeline, negotiation),
+        **_readiness(timeline, negotiation),
         negotiation_us=int(negotiation["duration"].sum()),
         communication_us=int(communication["duration"].sum()),
         fusion_us=int(fusion["duration"].sum()),
@@ -93,21 +89,35 @@ def analyze(timeline: Timeline) -> Analysis:
     )
 
 
-def _last_ready(timeline: Timeline, negotiation: pd.DataFrame) -> pd.DataFrame:
-    """Inside each NEGOTIATE_* span, the ``X`` marks name the ranks as they become ready."""
+def _readiness(timeline: Timeline, negotiation: pd.DataFrame) -> dict[str, Any]:
+    """Inside each NEGOTIATE_* span, the ``X`` marks name the ranks as they become ready: the
+    last one kept the others waiting, for the time since the mark before it."""
     events = timeline.events
     marks = (
         events.filter(pc.equal(events["ph"].cast("string"), "X")).select(["name", "ts", "pid"]).to_pandas()
     )
+    empty = pd.DataFrame({"times last": [], "share": [], "mean wait": [], "max wait": []})
     if marks.empty or negotiation.empty:
-        return pd.DataFrame({"times last": []})
+        return {"stragglers": empty, "worst": pd.DataFrame(), "negotiations": len(negotiation)}
     marks["name"] = marks["name"].astype(str)
-    spans_by_pid = negotiation[["pid", "start", "end"]].sort_values(["pid", "start"])
-    merged = pd.merge_asof(
-        marks.sort_values("ts"), spans_by_pid.sort_values("start"), left_on="ts", right_on="start", by="pid"
+    spans_by_pid = negotiation[["pid", "tensor", "start", "end"]].sort_values("start")
+    merged = pd.merge_asof(marks.sort_values("ts"), spans_by_pid, left_on="ts", right_on="start", by="pid")
+    merged = merged[merged["ts"] <= merged["end"]].sort_values("ts")
+    groups = merged.groupby(["pid", "start"])
+    last = groups.tail(1).set_index(["pid", "start"])
+    before = groups.nth(-2).set_index(["pid", "start"])["ts"]  # negotiations with a single mark: no wait
+    last["wait"] = (last["ts"] - before.reindex(last.index)).fillna(0)
+    by_rank = last.groupby("name")["wait"]
+    stragglers = pd.DataFrame(
+        {"times last": by_rank.size(), "mean wait": by_rank.mean(), "max wait": by_rank.max()}
     )
-    merged = merged[merged["ts"] <= merged["end"]]
-    last = merged.sort_values("ts").groupby(["pid", "start"]).tail(1)
-    counts = last.groupby("name").size().rename("times last").sort_values(ascending=False)
-    counts.index = counts.index.rename("rank")
-    return counts.to_frame()
+    stragglers.insert(1, "share", stragglers["times last"] / len(last))
+    stragglers.index = stragglers.index.rename("rank")
+    worst = last.nlargest(5, "wait").reset_index()[["tensor", "start", "name", "wait"]]
+    worst.columns = ["tensor", "at", "last rank", "wait"]
+    worst["at"] -= negotiation["start"].min()
+    return {
+        "stragglers": stragglers.sort_values("times last", ascending=False),
+        "worst": worst,
+        "negotiations": len(last),
+    }

@@ -1,0 +1,100 @@
+"""What to change, read off an ``Analysis``, and the analysis as people read it: milliseconds,
+seconds and shares rather than raw microsecond totals, and each hint with its evidence."""
+
+from __future__ import annotations
+
+import html
+from typing import TYPE_CHECKING
+
+import pandas as pd
+
+if TYPE_CHECKING:
+    from .analysis import Analysis
+
+__all__ = ["duration", "hints", "render"]
+
+MIN_NEGOTIATIONS = 10  # fewer is not a pattern
+MIN_WAIT_US = 1_000  # a rank later by less than a millisecond keeps no one waiting
+NEGOTIATION_HEAVY = 0.5  # negotiation's share of the time in collectives
+
+
+def duration(microseconds: float) -> str:
+    """``1234567`` -> ``1.23 s``; ``12345`` -> ``12.3 ms``; ``12`` -> ``12 µs``."""
+    if microseconds >= 1e6:
+        return f"{microseconds / 1e6:.2f} s"
+    if microseconds >= 1e3:
+        return f"{microseconds / 1e3:.1f} ms"
+    return f"{microseconds:.0f} µs"
+
+
+def _straggler(analysis: Analysis) -> list[str]:
+    frame = analysis.stragglers
+    ranks = len(frame)
+    if analysis.negotiations < MIN_NEGOTIATIONS or ranks < 2:
+        return []
+    # with n ranks equally often last, each is last 1/n of the time; well above that is a pattern
+    bar = max(0.6, 1.5 / ranks)
+    found = []
+    for rank, row in frame.iterrows():
+        if row["share"] >= bar and row["mean wait"] >= MIN_WAIT_US:
+            found.append(
+                f"rank {rank} was the last to be ready in {row['share']:.0%} of {analysis.negotiations} "
+                f"negotiations; the others waited {duration(row['mean wait'])} for it each time on "
+                f"average ({duration(row['max wait'])} at most): check its input pipeline, its data "
+                "shard's size and what else runs on its host"
+            )
+    return found
+
+
+def _negotiation_heavy(analysis: Analysis) -> list[str]:
+    collective = analysis.negotiation_us + analysis.communication_us
+    if analysis.negotiations < MIN_NEGOTIATIONS or not collective:
+        return []
+    share = analysis.negotiation_us / collective
+    if share < NEGOTIATION_HEAVY:
+        return []
+    return [
+        f"negotiation took {share:.0%} of the time in collectives ({duration(analysis.negotiation_us)} "
+        f"against {duration(analysis.communication_us)} moving data): the ranks reach each step at "
+        "different times, so the time goes into waiting, not the network; even out their work "
+        "(see the stragglers), or overlap it with HOROVOD_CYCLE_TIME and fusion"
+    ]
+
+
+def hints(analysis: Analysis) -> list[str]:
+    """Tuning hints, each with the evidence that fired it; none on a balanced timeline."""
+    return _straggler(analysis) + _negotiation_heavy(analysis)
+
+
+def _table(frame: pd.DataFrame, durations: tuple[str, ...], shares: tuple[str, ...] = ()) -> str:
+    shown = frame.head(20).copy()
+    for column in durations:
+        shown[column] = shown[column].map(duration)
+    for column in shares:
+        shown[column] = shown[column].map(lambda v: f"{v:.0%}")
+    return str(shown.to_html())
+
+
+def render(analysis: Analysis) -> str:
+    wall = analysis.wall_us or 1
+    per_activity = analysis.per_activity.assign(share=analysis.per_activity["total"] / wall)
+    advice = "".join(f"<li>{html.escape(hint)}</li>" for hint in analysis.hints)
+    parts = [
+        f"<b>Horovod Timeline</b>: {duration(analysis.wall_us)}, {analysis.cycles} cycles; negotiation "
+        f"{duration(analysis.negotiation_us)}, communication {duration(analysis.communication_us)} "
+        f"({analysis.communication_share:.0%} of the wall time), fusion-buffer copies "
+        f"{duration(analysis.fusion_us)}",
+        f"<br><b>what to change</b><ul>{advice}</ul>" if advice else "<br>no tuning hint: nothing stands out",
+        "<b>time per activity</b> (share: of the wall time, summed over tensors)",
+        _table(per_activity, ("total", "mean"), ("share",)),
+        "<b>time per tensor</b> (top 20)",
+        _table(analysis.per_tensor, ("total", "negotiation")),
+        f"<b>last rank ready in a negotiation</b> (stragglers; {analysis.negotiations} negotiations)",
+        _table(analysis.stragglers, ("mean wait", "max wait"), ("share",)),
+    ]
+    if not analysis.worst.empty:
+        parts += [
+            "<b>longest waits</b> (at: since the first negotiation)",
+            _table(analysis.worst, ("at", "wait")),
+        ]
+    return "".join(parts)
