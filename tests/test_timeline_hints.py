@@ -4,6 +4,7 @@ Horovod 0.28's shape), silent on a balanced one, and naming the rank a real run 
 from __future__ import annotations
 
 import random
+import statistics
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,16 @@ def test_a_real_run_names_the_rank_slowed_on_purpose(ip, tmp_path):
     assert analysis.stragglers.loc["1", "share"] >= 0.8
     hints = [h for h in analysis.hints if h.startswith("rank 1 was the last to be ready")]
     assert hints, analysis.hints
+
+
+def test_phases_match_a_brute_force_sum(tmp_path):
+    rng = random.Random(11)
+    lateness = {rank: [rng.randrange(0, 20_000) for _ in range(25)] for rank in range(2)}
+    phases = analyze(read(built_timeline(tmp_path / "t.json", lateness))).per_phase
+    negotiation = [max(late[s] for late in lateness.values()) + 1 for s in range(25) for _ in (1, 2)]
+    assert phases.loc["negotiation", "total"] == sum(negotiation)
+    assert phases.loc["negotiation", "count"] == 50
+    assert phases.loc["negotiation", "p50"] == statistics.median(negotiation)
+    assert phases.loc["collective", "total"] == 399 * 50  # MPI_ALLREDUCE, inside each ALLREDUCE
+    fifths = phases.loc["collective", ["0-20%", "20-40%", "40-60%", "60-80%", "80-100%"]]
+    assert fifths.sum() == pytest.approx(1.0) and all(f == pytest.approx(0.2) for f in fifths)  # steady

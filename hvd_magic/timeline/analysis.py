@@ -8,6 +8,7 @@ from typing import Any
 import pandas as pd
 import pyarrow.compute as pc
 
+from .hints import FIFTHS, hints, render
 from .reader import Timeline
 
 __all__ = ["Analysis", "analyze", "spans"]
@@ -29,6 +30,7 @@ def spans(timeline: Timeline) -> pd.DataFrame:
 class Analysis:
     per_activity: pd.DataFrame  # activity -> total, count, mean (us)
     per_tensor: pd.DataFrame  # tensor -> total us of its top-level spans, negotiation wait, bytes
+    per_phase: pd.DataFrame  # phase -> total, count, p50, p95, and its share in each fifth of the run
     stragglers: pd.DataFrame  # rank -> times last ready in a negotiation, share, the others' wait
     worst: pd.DataFrame  # the negotiations the others waited longest in: tensor, at, last rank, wait
     negotiations: int
@@ -44,13 +46,10 @@ class Analysis:
 
     @property
     def hints(self) -> list[str]:
-        from .hints import hints
-
+        """What to change, each with its evidence (``timeline.hints``)."""
         return hints(self)
 
     def to_html(self) -> str:
-        from .hints import render
-
         return render(self)
 
 
@@ -80,6 +79,7 @@ def analyze(timeline: Timeline) -> Analysis:
     return Analysis(
         per_activity=per_activity,
         per_tensor=per_tensor,
+        per_phase=_phases(frame),
         **_readiness(timeline, negotiation),
         negotiation_us=int(negotiation["duration"].sum()),
         communication_us=int(communication["duration"].sum()),
@@ -87,6 +87,38 @@ def analyze(timeline: Timeline) -> Analysis:
         wall_us=wall,
         cycles=int(pc.sum(pc.equal(timeline.events["name"].cast("string"), "CYCLE_START")).as_py() or 0),
     )
+
+
+PHASES = {  # Horovod's activity names, by the phase of a tensor's trip they belong to
+    "negotiation": ("NEGOTIATE_",),
+    "queue": ("QUEUE",),
+    "wait for data": ("WAIT_FOR_DATA", "WAIT_FOR_OTHER_TENSOR_DATA"),
+    "fusion-buffer copies": ("MEMCPY_IN_FUSION_BUFFER", "MEMCPY_OUT_FUSION_BUFFER", "INIT_FUSION_BUFFER"),
+    "collective": ("MPI_", "GLOO_", "NCCL_", "CCL_", "DDL_"),
+}
+
+
+def _phases(frame: pd.DataFrame) -> pd.DataFrame:
+    """Time per phase, its spread (median and 95th percentile of one occurrence), and when in the
+    run it was spent (its share in each fifth of the wall time, by start)."""
+    columns = ["total", "count", "p50", "p95", *FIFTHS]
+    if frame.empty:
+        return pd.DataFrame(columns=columns)
+    names = frame["name"].astype(str)
+    phase = pd.Series(None, index=frame.index, dtype=object)
+    for label, prefixes in PHASES.items():
+        phase[names.str.startswith(prefixes) & phase.isna()] = label
+    known = frame.assign(phase=phase).dropna(subset=["phase"])
+    start, wall = frame["start"].min(), max(int(frame["end"].max() - frame["start"].min()), 1)
+    fifth = ((known["start"] - start) * 5 // wall).clip(0, 4).astype(int)
+    by_phase = known.groupby("phase")["duration"]
+    table = by_phase.agg(total="sum", count="size", p50="median", p95=lambda d: d.quantile(0.95))
+    spread = known.assign(fifth=fifth).pivot_table("duration", "phase", "fifth", aggfunc="sum", fill_value=0)
+    spread = spread.reindex(columns=range(5), fill_value=0).div(
+        table["total"].where(table["total"] > 0, 1), axis=0
+    )
+    spread.columns = FIFTHS
+    return table.join(spread).sort_values("total", ascending=False)[columns]
 
 
 def _readiness(timeline: Timeline, negotiation: pd.DataFrame) -> dict[str, Any]:

@@ -4,14 +4,33 @@ seconds and shares rather than raw microsecond totals, and each hint with its ev
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import pandas as pd
 
-if TYPE_CHECKING:
-    from .analysis import Analysis
+__all__ = ["FIFTHS", "duration", "hints", "render"]
 
-__all__ = ["duration", "hints", "render"]
+FIFTHS = ["0-20%", "20-40%", "40-60%", "60-80%", "80-100%"]  # per_phase's columns of the run's fifths
+
+
+class Analysis(Protocol):
+    """What the hints read (``analysis.Analysis`` has it; this module does not import it)."""
+
+    per_activity: pd.DataFrame
+    per_tensor: pd.DataFrame
+    per_phase: pd.DataFrame
+    stragglers: pd.DataFrame
+    worst: pd.DataFrame
+    negotiations: int
+    negotiation_us: int
+    communication_us: int
+    fusion_us: int
+    wall_us: int
+    cycles: int
+
+    @property
+    def communication_share(self) -> float: ...
+
 
 MIN_NEGOTIATIONS = 10  # fewer is not a pattern
 MIN_WAIT_US = 1_000  # a rank later by less than a millisecond keeps no one waiting
@@ -78,7 +97,7 @@ def _table(frame: pd.DataFrame, durations: tuple[str, ...], shares: tuple[str, .
 def render(analysis: Analysis) -> str:
     wall = analysis.wall_us or 1
     per_activity = analysis.per_activity.assign(share=analysis.per_activity["total"] / wall)
-    advice = "".join(f"<li>{html.escape(hint)}</li>" for hint in analysis.hints)
+    advice = "".join(f"<li>{html.escape(hint)}</li>" for hint in hints(analysis))
     parts = [
         f"<b>Horovod Timeline</b>: {duration(analysis.wall_us)}, {analysis.cycles} cycles; negotiation "
         f"{duration(analysis.negotiation_us)}, communication {duration(analysis.communication_us)} "
@@ -87,6 +106,8 @@ def render(analysis: Analysis) -> str:
         f"<br><b>what to change</b><ul>{advice}</ul>" if advice else "<br>no tuning hint: nothing stands out",
         "<b>time per activity</b> (share: of the wall time, summed over tensors)",
         _table(per_activity, ("total", "mean"), ("share",)),
+        "<b>time per phase</b> (p50, p95: one occurrence; 0-20% ...: its share in each fifth of the run)",
+        _table(analysis.per_phase, ("total", "p50", "p95"), tuple(FIFTHS)),
         "<b>time per tensor</b> (top 20)",
         _table(analysis.per_tensor, ("total", "negotiation")),
         f"<b>last rank ready in a negotiation</b> (stragglers; {analysis.negotiations} negotiations)",
