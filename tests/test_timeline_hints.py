@@ -3,6 +3,7 @@ Horovod 0.28's shape), silent on a balanced one, and naming the rank a real run 
 
 from __future__ import annotations
 
+import json
 import random
 import statistics
 from pathlib import Path
@@ -141,3 +142,21 @@ def test_phases_match_a_brute_force_sum(tmp_path):
     assert phases.loc["collective", "total"] == 399 * 50  # MPI_ALLREDUCE, inside each ALLREDUCE
     fifths = phases.loc["collective", ["0-20%", "20-40%", "40-60%", "60-80%", "80-100%"]]
     assert fifths.sum() == pytest.approx(1.0) and all(f == pytest.approx(0.2) for f in fifths)  # steady
+
+
+def with_cycles(path: Path, every_us: int, count: int) -> Path:
+    """The timeline at ``path`` with Horovod's cycle marks (timeline=cycles) added."""
+    events = json.loads(path.read_text())
+    events += [{"name": "CYCLE_START", "ph": "i", "ts": n * every_us, "s": "g"} for n in range(count)]
+    return write_events(path, events)
+
+
+def test_mostly_idle_cycles_are_told_and_busy_ones_are_not(tmp_path):
+    steps = 20  # a step every 100 ms: 2 tensors each, negotiated and reduced in the step's first ms
+    lateness = {0: [0] * steps, 1: [100] * steps}
+    idle = analyze(read(with_cycles(built_timeline(tmp_path / "idle.json", lateness), 1_000, 2_000)))
+    assert idle.cycles == 2_000 and idle.idle_cycles == 2_000 - steps  # one cycle per step starts the two
+    (hint,) = idle.hints
+    assert hint.startswith("99% of 2000 cycles started no operation (a cycle every 1.0 ms)")
+    busy = analyze(read(with_cycles(built_timeline(tmp_path / "busy.json", lateness), 100_000, steps)))
+    assert busy.cycles == steps and busy.idle_cycles == 0 and busy.hints == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow.compute as pc
 
@@ -39,6 +40,8 @@ class Analysis:
     fusion_us: int
     wall_us: int
     cycles: int
+    idle_cycles: int  # cycles in which no operation started (timeline=cycles)
+    cycle_us: float  # the median time between two cycles' starts
 
     @property
     def communication_share(self) -> float:
@@ -85,8 +88,25 @@ def analyze(timeline: Timeline) -> Analysis:
         communication_us=int(communication["duration"].sum()),
         fusion_us=int(fusion["duration"].sum()),
         wall_us=wall,
-        cycles=int(pc.sum(pc.equal(timeline.events["name"].cast("string"), "CYCLE_START")).as_py() or 0),
+        **_cycles(timeline, top[~top["name"].str.startswith("NEGOTIATE")]),
     )
+
+
+def _cycles(timeline: Timeline, operations: pd.DataFrame) -> dict[str, Any]:
+    """With ``timeline=cycles``: how many of Horovod's background cycles started no operation."""
+    events = timeline.events
+    marks = events.filter(pc.equal(events["name"].cast("string"), "CYCLE_START"))["ts"].to_numpy()
+    marks = np.sort(marks)
+    if len(marks) < 2:
+        return {"cycles": len(marks), "idle_cycles": 0, "cycle_us": 0.0}
+    # the cycle an operation starts in: the last mark at or before it
+    busy = np.unique(np.searchsorted(marks, operations["start"].to_numpy(), side="right") - 1)
+    busy = busy[busy >= 0]
+    return {
+        "cycles": len(marks),
+        "idle_cycles": len(marks) - len(busy),
+        "cycle_us": float(np.median(np.diff(marks))),
+    }
 
 
 PHASES = {  # Horovod's activity names, by the phase of a tensor's trip they belong to

@@ -27,6 +27,8 @@ class Analysis(Protocol):
     fusion_us: int
     wall_us: int
     cycles: int
+    idle_cycles: int
+    cycle_us: float
 
     @property
     def communication_share(self) -> float: ...
@@ -35,6 +37,8 @@ class Analysis(Protocol):
 MIN_NEGOTIATIONS = 10  # fewer is not a pattern
 MIN_WAIT_US = 1_000  # a rank later by less than a millisecond keeps no one waiting
 NEGOTIATION_HEAVY = 0.5  # negotiation's share of the time in collectives
+MIN_CYCLES = 20
+IDLE_CYCLES = 0.8  # share of cycles that start nothing
 
 
 def duration(microseconds: float) -> str:
@@ -80,9 +84,19 @@ def _negotiation_heavy(analysis: Analysis) -> list[str]:
     ]
 
 
+def _idle_cycles(analysis: Analysis) -> list[str]:
+    if analysis.cycles < MIN_CYCLES or analysis.idle_cycles / analysis.cycles < IDLE_CYCLES:
+        return []
+    return [
+        f"{analysis.idle_cycles / analysis.cycles:.0%} of {analysis.cycles} cycles started no operation "
+        f"(a cycle every {duration(analysis.cycle_us)}): raise HOROVOD_CYCLE_TIME (milliseconds) so that "
+        "each cycle finds more tensors ready to fuse into one collective"
+    ]
+
+
 def hints(analysis: Analysis) -> list[str]:
     """Tuning hints, each with the evidence that fired it; none on a balanced timeline."""
-    return _straggler(analysis) + _negotiation_heavy(analysis)
+    return _straggler(analysis) + _negotiation_heavy(analysis) + _idle_cycles(analysis)
 
 
 def _table(frame: pd.DataFrame, durations: tuple[str, ...], shares: tuple[str, ...] = ()) -> str:
@@ -99,7 +113,9 @@ def render(analysis: Analysis) -> str:
     per_activity = analysis.per_activity.assign(share=analysis.per_activity["total"] / wall)
     advice = "".join(f"<li>{html.escape(hint)}</li>" for hint in hints(analysis))
     parts = [
-        f"<b>Horovod Timeline</b>: {duration(analysis.wall_us)}, {analysis.cycles} cycles; negotiation "
+        f"<b>Horovod Timeline</b>: {duration(analysis.wall_us)}, {analysis.cycles} cycles"
+        + (f" ({analysis.idle_cycles} idle)" if analysis.cycles else "")
+        + f"; negotiation "
         f"{duration(analysis.negotiation_us)}, communication {duration(analysis.communication_us)} "
         f"({analysis.communication_share:.0%} of the wall time), fusion-buffer copies "
         f"{duration(analysis.fusion_us)}",
