@@ -38,6 +38,7 @@ ERRORS = [
     "CaptureError",
     "DataError",
     "HorovodMagicError",
+    "InstallError",
     "LaunchError",
     "RankFailedError",
     "RunError",
@@ -103,7 +104,7 @@ def test_errors_tree_shape() -> None:
     errors = hvd_magic.errors
     for name in ("RankFailedError", "RunInterrupted", "RunTimeout"):
         assert issubclass(getattr(errors, name), errors.RunError), name
-    for name in ("CaptureError", "DataError", "LaunchError", "TimelineError", "RunError"):
+    for name in ("CaptureError", "DataError", "InstallError", "LaunchError", "TimelineError", "RunError"):
         assert getattr(errors, name).__bases__[0] is errors.HorovodMagicError, name
     assert issubclass(errors.TimelineError, ValueError)
 
