@@ -21,6 +21,7 @@ from .checks import Check
 __all__ = ["ReachListener", "executor_checks", "session_checks", "spark_checks"]
 
 JOB_SECONDS = 60.0
+EXECUTOR_WAIT_SECONDS = 30.0  # for a first executor of a session that has just started
 REACH_SECONDS = 5.0
 ADDRESS_FIX = (
     f"in the notebook, set os.environ['{sessions.ENV_DRIVER_HOST}'] to an address of its machine that "
@@ -64,17 +65,18 @@ class ReachListener:
         self._socket.close()
 
 
-def session_checks(session: Any) -> list[Check]:
+def session_checks(session: Any, slots: int | None) -> list[Check]:
     kind = "Spark Connect" if sessions.is_connect(session) else "classic"
     master = sessions.conf(session, "spark.master") or "?"
     checks = [Check("Spark session", True, f"{kind}, Spark {session.version}, master {master}")]
-    slots = sessions.slots_available(session)
     per_task = f"spark.task.cpus={sessions.task_cpus(session)}"
     checks.append(
         Check("task slots", None, f"not told by this session ({per_task})")
         if slots is None
-        else Check("task slots", slots > 0, f"{slots} at once: np={slots} or fewer ({per_task})",
-                   "" if slots else "add executors or cores (spark.executor.instances, spark.executor.cores)")
+        else Check("task slots", True, f"{slots} at once: np={slots} or fewer ({per_task})")
+        if slots
+        else Check("task slots", False, f"none after {EXECUTOR_WAIT_SECONDS:.0f} s ({per_task})",
+                   "add executors or cores (spark.executor.instances, spark.executor.cores)")
     )  # fmt: skip
     task_gpus = sessions.conf(session, "spark.task.resource.gpu.amount")
     executor_gpus = sessions.conf(session, "spark.executor.resource.gpu.amount")
@@ -197,11 +199,11 @@ def spark_checks(session: Any) -> list[Check]:
     """Never raises: a session that cannot be asked (a stale Connect server, a restricted
     cluster) is itself the finding."""
     try:
-        checks = session_checks(session)
-        slots = sessions.slots_available(session)
+        slots = sessions.wait_for_slots(session, 1, EXECUTOR_WAIT_SECONDS)
+        checks = session_checks(session, slots)
     except Exception as err:  # noqa: BLE001
         fix = "check that the session still works (e.g. spark.range(1).collect()), or start a new one"
         return [Check("Spark session", False, f"cannot be asked: {_last_line(err)}", fix)]
     if slots == 0:
-        return checks  # "task slots" says so; a job would only wait for a slot
+        return checks  # "task slots" says so (after a wait); a job would only wait for a slot
     return checks + executor_checks(session, max(1, min(slots or 2, 8)))

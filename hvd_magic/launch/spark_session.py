@@ -29,6 +29,7 @@ __all__ = [
     "dynamic_allocation_on",
     "is_connect",
     "slots_available",
+    "wait_for_slots",
     "task_cpus",
 ]
 
@@ -179,11 +180,18 @@ def _slots_from_conf(session: Any) -> int | None:
     return None if cores is None else cores // task_cpus(session)
 
 
-def check_slots(session: Any, np: int, wait: float = SLOT_WAIT_SECONDS) -> None:
-    """Raise LaunchError unless ``np`` barrier tasks can run at once (executors may still join)."""
+def wait_for_slots(session: Any, np: int, wait: float = SLOT_WAIT_SECONDS) -> int | None:
+    """The slots, once there are ``np`` or after ``wait`` seconds: executors of a session that
+    has just started are still registering."""
     deadline = time.monotonic() + wait
     while (slots := slots_available(session)) is not None and slots < np and time.monotonic() < deadline:
         time.sleep(0.25)
+    return slots
+
+
+def check_slots(session: Any, np: int, wait: float = SLOT_WAIT_SECONDS) -> None:
+    """Raise LaunchError unless ``np`` barrier tasks can run at once (executors may still join)."""
+    slots = wait_for_slots(session, np, wait)
     if slots is None or slots >= np:
         return
     gpus = conf(session, "spark.task.resource.gpu.amount")

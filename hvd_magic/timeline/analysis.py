@@ -34,7 +34,8 @@ class Analysis:
     per_phase: pd.DataFrame  # phase -> total, count, p50, p95, and its share in each fifth of the run
     stragglers: pd.DataFrame  # rank -> times last ready in a negotiation, share, the others' wait
     worst: pd.DataFrame  # the negotiations the others waited longest in: tensor, at, last rank, wait
-    negotiations: int
+    negotiations: int  # NEGOTIATE_* spans
+    ranked: int  # of them, those whose ``X`` marks name the ranks (not answered from the cache)
     negotiation_us: int
     communication_us: int
     fusion_us: int
@@ -143,14 +144,16 @@ def _phases(frame: pd.DataFrame) -> pd.DataFrame:
 
 def _readiness(timeline: Timeline, negotiation: pd.DataFrame) -> dict[str, Any]:
     """Inside each NEGOTIATE_* span, the ``X`` marks name the ranks as they become ready: the
-    last one kept the others waiting, for the time since the mark before it."""
+    last one kept the others waiting, for the time since the mark before it. Negotiations that
+    Horovod answers from its response cache (every step after the first, by default) carry no
+    marks: they count in ``negotiations``, not in ``ranked``."""
     events = timeline.events
     marks = (
         events.filter(pc.equal(events["ph"].cast("string"), "X")).select(["name", "ts", "pid"]).to_pandas()
     )
     empty = pd.DataFrame({"times last": [], "share": [], "mean wait": [], "max wait": []})
     if marks.empty or negotiation.empty:
-        return {"stragglers": empty, "worst": pd.DataFrame(), "negotiations": len(negotiation)}
+        return {"stragglers": empty, "worst": pd.DataFrame(), "negotiations": len(negotiation), "ranked": 0}
     marks["name"] = marks["name"].astype(str)
     spans_by_pid = negotiation[["pid", "tensor", "start", "end"]].sort_values("start")
     merged = pd.merge_asof(marks.sort_values("ts"), spans_by_pid, left_on="ts", right_on="start", by="pid")
@@ -163,6 +166,10 @@ def _readiness(timeline: Timeline, negotiation: pd.DataFrame) -> dict[str, Any]:
     stragglers = pd.DataFrame(
         {"times last": by_rank.size(), "mean wait": by_rank.mean(), "max wait": by_rank.max()}
     )
+    # every rank that marked readiness has a row, also one that was never last
+    ranks = sorted(merged["name"].unique(), key=lambda name: (len(name), name))
+    stragglers = stragglers.reindex(ranks).fillna({"times last": 0, "mean wait": 0.0, "max wait": 0})
+    stragglers["times last"] = stragglers["times last"].astype(int)
     stragglers.insert(1, "share", stragglers["times last"] / len(last))
     stragglers.index = stragglers.index.rename("rank")
     worst = last.nlargest(5, "wait").reset_index()[["tensor", "start", "name", "wait"]]
@@ -171,5 +178,6 @@ def _readiness(timeline: Timeline, negotiation: pd.DataFrame) -> dict[str, Any]:
     return {
         "stragglers": stragglers.sort_values("times last", ascending=False),
         "worst": worst,
-        "negotiations": len(last),
+        "negotiations": len(negotiation),
+        "ranked": len(last),
     }
