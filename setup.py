@@ -1,7 +1,8 @@
 """The package build's two compiled parts; everything else is in pyproject.toml.
 
 - the timeline viewer's ES module: js/ -> hvd_magic/static/viewer.js (esbuild, via npm);
-- the timeline scanner: hvd_magic/timeline/_scan.c, a small C extension (the fast reader).
+- the timeline scanner and span matcher: hvd_magic/timeline/_scan.c and _match.c, two small C
+  extensions (the fast reader).
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ SCANNER_SKIPPED = (
 setup(
     cmdclass={"build_py": BuildWithViewer, "build_ext": BuildScannerIfPossible},
     ext_modules=[
-        Extension("hvd_magic.timeline._scan", ["hvd_magic/timeline/_scan.c"], extra_compile_args=["-O3"])
+        Extension(f"hvd_magic.timeline.{name}", [f"hvd_magic/timeline/{name}.c"], extra_compile_args=["-O3"])
+        for name in ("_scan", "_match")
     ],
 )

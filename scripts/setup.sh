@@ -33,7 +33,7 @@ system_packages() {
 stamp_value() {
     # Whatever the install builds: dependencies, the package metadata, the C scanner.
     cat "$ROOT/requirements-dev.txt" "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT/scripts/setup.sh" \
-        "$ROOT/hvd_magic/timeline/_scan.c" "$ROOT"/hvd_magic/install/*.py | sha256sum | cut -d' ' -f1
+        "$ROOT/hvd_magic/timeline/_scan.c" "$ROOT/hvd_magic/timeline/_match.c" "$ROOT"/hvd_magic/install/*.py | sha256sum | cut -d' ' -f1
 }
 
 python_packages() {

@@ -161,6 +161,10 @@ def test_timeline_viewer_with_2m_events(big_timeline_lab):
             }"""
         )
         assert coloured > 1000
+        # 2M events are ~590k spans, more than go over whole: the kernel serves each window's
+        # detail; the first request goes out on render
+        replies = "() => +document.querySelector('.hvd-timeline-viewer').dataset.detailReplies >= {}"
+        page.wait_for_function(replies.format(1), timeout=120_000)
         frames = []
         page.mouse.move(box["x"] + 600, box["y"] + 30)
         for _ in range(12):  # zoom in around the cursor
@@ -168,6 +172,10 @@ def test_timeline_viewer_with_2m_events(big_timeline_lab):
             frames.append(float(viewer.get_attribute("data-last-frame-ms")))
         info = page.inner_text(".hvd-timeline-viewer span")
         assert "window" in info and "6.46 s" not in info  # the window shrank
+        answered = int(viewer.get_attribute("data-detail-replies"))
+        page.mouse.wheel(0, -200)  # one more zoom: its window is asked for and answered
+        page.wait_for_function(replies.format(answered + 1), timeout=120_000)
+        round_trip = float(viewer.get_attribute("data-last-round-trip-ms"))
         page.mouse.move(box["x"] + 700, box["y"] + 10)
         page.mouse.move(box["x"] + 701, box["y"] + 11)
         page.fill(".hvd-timeline-viewer input[placeholder='filter tensors']", "layer19")
@@ -176,7 +184,8 @@ def test_timeline_viewer_with_2m_events(big_timeline_lab):
     zoom_frame = sorted(frames)[len(frames) // 2]
     report = (
         f"timeline viewer, 2M events: first paint {first_paint:.0f} ms (target <= 2000), "
-        f"zoom frame median {zoom_frame:.1f} ms (target <= 50)"
+        f"zoom frame median {zoom_frame:.1f} ms (target <= 50), a window's detail from the kernel "
+        f"in {round_trip:.0f} ms (target <= 100)"
     )
     print(report)
     (ARTIFACTS / "timeline_viewer.txt").write_text(report + "\n")

@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from ..errors import TimelineError
+from .matching import ABSENT
 from .schema import SCHEMA
+from .store import SpanStore, StoreBuilder
 
-__all__ = ["metadata_rows", "parse"]
+__all__ = ["metadata_rows", "parse", "store"]
 
 
 def parse(path: str, chunks: Iterable[tuple[int, memoryview, bool, bool]]) -> tuple[pa.Table, bool]:
@@ -40,6 +43,31 @@ def metadata_rows(events: pa.Table) -> list[tuple[str | None, int | None, dict[s
     return [
         (row["name"], row["pid"], row["args"]) for row in meta.select(["name", "pid", "args"]).to_pylist()
     ]
+
+
+def store(events: pa.Table, tensors: Mapping[int, str]) -> SpanStore:
+    """The spans of a table's events (a general-backend read, or any ``Timeline`` built from one)."""
+    names = _encoded(events["name"])
+    phases = _encoded(events["ph"])
+    first = [ord(p[0]) if p and ord(p[0]) < 128 else 32 for p in phases.dictionary.to_pylist()]
+    codes = np.array(first or [32], np.uint8)[_ids(phases).clip(0)]
+    vocabulary = names.dictionary.to_pylist()
+    ts, pid = (pc.fill_null(events[c], ABSENT).to_numpy().astype(np.int64) for c in ("ts", "pid"))
+    builder = StoreBuilder()
+    builder.add(
+        codes, _ids(names), ts, pid, vocabulary.index("CYCLE_START") if "CYCLE_START" in vocabulary else None
+    )
+    return builder.finish(vocabulary, tensors)
+
+
+def _encoded(column: pa.ChunkedArray) -> pa.DictionaryArray:
+    """One dictionary for the whole column (each chunk came with its own)."""
+    return pc.dictionary_encode(column.cast(pa.string()).combine_chunks())
+
+
+def _ids(encoded: pa.DictionaryArray) -> np.ndarray:
+    ids: np.ndarray = pc.fill_null(encoded.indices, -1).to_numpy().astype(np.int32)
+    return ids
 
 
 def _parse_chunk(path: str, offset: int, raw: bytes, may_be_cut: bool) -> tuple[pa.Table, bool]:

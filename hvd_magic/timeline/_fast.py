@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import collections
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .store import StoreBuilder
+
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["Columns", "scan"]
+__all__ = ["Columns", "Digest", "columns", "scan"]
 
 ABSENT = np.iinfo(np.int64).min
 START = "start_time_since_epoch_in_micros"
@@ -92,13 +94,16 @@ class Columns:
         )
 
 
-def scan(chunks: Iterable[tuple[int, memoryview, bool, bool]], workers: int) -> Columns | None:
-    """Scans the chunks a few at a time, side by side (the scanner releases the GIL)."""
+def scan(
+    chunks: Iterable[tuple[int, memoryview, bool, bool]], workers: int, consume: Callable[[Part], None]
+) -> bool | None:
+    """Scans the chunks a few at a time, side by side (the scanner releases the GIL), and hands
+    each chunk's columns to ``consume`` in file order. Returns whether the last event was cut
+    off, or None when the scanner is not built or the file is not plain Horovod output."""
     try:
         from . import _scan
     except ImportError:
         return None
-    parts: list[Part] = []
     truncated = False
     with ThreadPoolExecutor(workers) as pool:
         pending: collections.deque[tuple[memoryview, bool, Future[Any]]] = collections.deque()
@@ -112,8 +117,52 @@ def scan(chunks: Iterable[tuple[int, memoryview, bool, bool]], workers: int) -> 
                     return None  # not plain Horovod output: the Arrow backend says where
                 if was_last:
                     truncated = bool(bytes(view_done[consumed:]).strip(b" \n\r\t,"))
-                parts.append(result[2:])
-    return _assemble(parts, truncated)
+                consume(result[2:])
+    return truncated
+
+
+def columns(chunks: Iterable[tuple[int, memoryview, bool, bool]], workers: int) -> Columns | None:
+    """Every event, as columns (``Timeline.events`` asks for them)."""
+    parts: list[Part] = []
+    truncated = scan(chunks, workers, parts.append)
+    return None if truncated is None else _assemble(parts, truncated)
+
+
+class Digest:
+    """What ``read`` keeps of each chunk: its spans (fed to a matcher), cycle marks, metadata
+    rows and the count of events; the chunk's columns are dropped once fed."""
+
+    def __init__(self) -> None:
+        self.vocabulary: dict[str, int] = {}
+        self.builder = StoreBuilder()
+        self.meta: list[tuple[str | None, int | None, dict[str, Any]]] = []
+        self.events = 0
+
+    def __call__(self, part: Part) -> None:
+        ph, ids, ts, pid, _dur, names, chunk_meta = part
+        local = np.array(
+            [self.vocabulary.setdefault(n, len(self.vocabulary)) for n in names] + [-1], np.int32
+        )
+        name = local[np.frombuffer(ids, np.int32)]
+        ts_column, pid_column = np.frombuffer(ts, np.int64), np.frombuffer(pid, np.int64)
+        self.builder.add(
+            np.frombuffer(ph, np.uint8), name, ts_column, pid_column, self.vocabulary.get("CYCLE_START")
+        )
+        known = self.names if chunk_meta else []
+        for index, args in chunk_meta:
+            label, tensor = int(name[index]), int(pid_column[index])
+            row = (
+                known[label] if label >= 0 else None,
+                None if tensor == ABSENT else tensor,
+                json.loads(args),
+            )
+            self.meta.append(row)
+        self.events += len(ph)
+
+    @property
+    def names(self) -> list[str]:
+        """Names by id."""
+        return list(self.vocabulary)
 
 
 def _assemble(parts: list[Part], truncated: bool) -> Columns:

@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow.compute as pc
 
 from .hints import FIFTHS, hints, render
 from .reader import Timeline
+from .store import SpanStore
 
 __all__ = ["Analysis", "analyze", "spans"]
 
@@ -59,49 +59,59 @@ class Analysis:
 
 def analyze(timeline: Timeline) -> Analysis:
     """Time per activity and per tensor, negotiation waits, stragglers, fusion, communication."""
-    frame = spans(timeline)
-    per_activity = (
-        frame.groupby("name")["duration"]
-        .agg(total="sum", count="size", mean="mean")
-        .sort_values("total", ascending=False)
+    store = timeline.store
+    kind, depth, duration = store.kind, store.depth, store.duration
+    top = depth == 0
+    negotiate = store.kinds_where("NEGOTIATE")
+    negotiation = top & negotiate[kind]
+    kinds, rows = len(store.kind_names), len(store.row_names)
+    per_activity = pd.DataFrame(
+        {
+            "total": np.bincount(kind, weights=duration, minlength=kinds).astype(np.int64),
+            "count": np.bincount(kind, minlength=kinds),
+        },
+        index=pd.Index(store.kind_names, name="name"),
     )
-    top = frame[frame["depth"] == 0]
-    negotiation = top[top["name"].str.startswith("NEGOTIATE")]
+    per_activity["mean"] = per_activity["total"] / per_activity["count"].where(per_activity["count"] > 0, 1)
+    per_activity = per_activity[per_activity["count"] > 0].sort_values("total", ascending=False)
+    named = [i for i, tensor in enumerate(store.row_tensors) if tensor is not None]
     per_tensor = (
         pd.DataFrame(
             {
-                "total": top.groupby("tensor")["duration"].sum(),
-                "negotiation": negotiation.groupby("tensor")["duration"].sum(),
-            }
+                "total": np.bincount(store.row[top], weights=duration[top], minlength=rows)[named],
+                "negotiation": np.bincount(
+                    store.row[negotiation], weights=duration[negotiation], minlength=rows
+                )[named],
+            },
+            index=pd.Index([store.row_tensors[i] for i in named], name="tensor"),
         )
-        .fillna(0)
+        .astype(np.int64)
+        .groupby(level=0)
+        .sum()
         .sort_values("total", ascending=False)
     )
-    communication = frame[frame["name"].str.contains("|".join(COMMUNICATION)) & (frame["depth"] > 0)]
-    fusion = frame[frame["name"].str.contains("FUSION_BUFFER")]
-    wall = int(frame["end"].max() - frame["start"].min()) if len(frame) else 0
+    communication = (depth > 0) & store.kinds_where(COMMUNICATION, contains=True)[kind]
+    fusion = store.kinds_where("FUSION_BUFFER", contains=True)[kind]
+    wall = int(store.end.max() - store.start.min()) if len(store) else 0
     return Analysis(
         per_activity=per_activity,
         per_tensor=per_tensor,
-        per_phase=_phases(frame),
-        **_readiness(timeline, negotiation),
-        negotiation_us=int(negotiation["duration"].sum()),
-        communication_us=int(communication["duration"].sum()),
-        fusion_us=int(fusion["duration"].sum()),
+        per_phase=_phases(store),
+        **_readiness(store, int(negotiation.sum()), store.start[negotiation]),
+        negotiation_us=int(duration[negotiation].sum()),
+        communication_us=int(duration[communication].sum()),
+        fusion_us=int(duration[fusion].sum()),
         wall_us=wall,
-        **_cycles(timeline, top[~top["name"].str.startswith("NEGOTIATE")]),
+        **_cycles(store.cycles, store.start[top & ~negotiate[kind]]),
     )
 
 
-def _cycles(timeline: Timeline, operations: pd.DataFrame) -> dict[str, Any]:
+def _cycles(marks: np.ndarray, operations: np.ndarray) -> dict[str, Any]:
     """With ``timeline=cycles``: how many of Horovod's background cycles started no operation."""
-    events = timeline.events
-    marks = events.filter(pc.equal(events["name"].cast("string"), "CYCLE_START"))["ts"].to_numpy()
-    marks = np.sort(marks)
     if len(marks) < 2:
         return {"cycles": len(marks), "idle_cycles": 0, "cycle_us": 0.0}
     # the cycle an operation starts in: the last mark at or before it
-    busy = np.unique(np.searchsorted(marks, operations["start"].to_numpy(), side="right") - 1)
+    busy = np.unique(np.searchsorted(marks, operations, side="right") - 1)
     busy = busy[busy >= 0]
     return {
         "cycles": len(marks),
@@ -119,65 +129,72 @@ PHASES = {  # Horovod's activity names, by the phase of a tensor's trip they bel
 }
 
 
-def _phases(frame: pd.DataFrame) -> pd.DataFrame:
+def _phases(store: SpanStore) -> pd.DataFrame:
     """Time per phase, its spread (median and 95th percentile of one occurrence), and when in the
     run it was spent (its share in each fifth of the wall time, by start)."""
     columns = ["total", "count", "p50", "p95", *FIFTHS]
-    if frame.empty:
+    phase_of_kind = np.full(len(store.kind_names), -1)
+    for number, prefixes in enumerate(PHASES.values()):
+        phase_of_kind[store.kinds_where(prefixes) & (phase_of_kind < 0)] = number
+    phase = phase_of_kind[store.kind] if len(store) else np.empty(0, np.int64)
+    if not (phase >= 0).any():
         return pd.DataFrame(columns=columns)
-    names = frame["name"].astype(str)
-    phase = pd.Series(None, index=frame.index, dtype=object)
-    for label, prefixes in PHASES.items():
-        phase[names.str.startswith(prefixes) & phase.isna()] = label
-    known = frame.assign(phase=phase).dropna(subset=["phase"])
-    start, wall = frame["start"].min(), max(int(frame["end"].max() - frame["start"].min()), 1)
-    fifth = ((known["start"] - start) * 5 // wall).clip(0, 4).astype(int)
-    by_phase = known.groupby("phase")["duration"]
-    table = by_phase.agg(total="sum", count="size", p50="median", p95=lambda d: d.quantile(0.95))
-    spread = known.assign(fifth=fifth).pivot_table("duration", "phase", "fifth", aggfunc="sum", fill_value=0)
-    spread = spread.reindex(columns=range(5), fill_value=0).div(
-        table["total"].where(table["total"] > 0, 1), axis=0
-    )
-    spread.columns = FIFTHS
-    return table.join(spread).sort_values("total", ascending=False)[columns]
+    begin, wall = int(store.start.min()), max(int(store.end.max() - store.start.min()), 1)
+    rows = {}
+    for number, label in enumerate(PHASES):
+        mine = phase == number
+        if not mine.any():
+            continue
+        duration = store.duration[mine]
+        fifth = ((store.start[mine] - begin) * 5 // wall).clip(0, 4)
+        total = int(duration.sum())
+        spread = np.bincount(fifth, weights=duration, minlength=5) / (total or 1)
+        p50, p95 = np.percentile(duration, [50, 95])
+        rows[label] = [total, len(duration), float(p50), float(p95), *spread]
+    table = pd.DataFrame.from_dict(rows, orient="index", columns=columns)
+    table.index.name = "phase"
+    return table.sort_values("total", ascending=False)
 
 
-def _readiness(timeline: Timeline, negotiation: pd.DataFrame) -> dict[str, Any]:
-    """Inside each NEGOTIATE_* span, the ``X`` marks name the ranks as they become ready: the
-    last one kept the others waiting, for the time since the mark before it. Negotiations that
-    Horovod answers from its response cache (every step after the first, by default) carry no
-    marks: they count in ``negotiations``, not in ``ranked``."""
-    events = timeline.events
-    marks = (
-        events.filter(pc.equal(events["ph"].cast("string"), "X")).select(["name", "ts", "pid"]).to_pandas()
-    )
+def _readiness(store: SpanStore, negotiations: int, negotiation_starts: np.ndarray) -> dict[str, Any]:
+    """In each top-level NEGOTIATE_* span, the last rank-ready mark names the rank the others
+    waited for, for the time since the mark before it. Negotiations that Horovod answers from
+    its response cache (every step after the first, by default) carry no marks: they count in
+    ``negotiations``, not in ``ranked``."""
     empty = pd.DataFrame({"times last": [], "share": [], "mean wait": [], "max wait": []})
-    if marks.empty or negotiation.empty:
-        return {"stragglers": empty, "worst": pd.DataFrame(), "negotiations": len(negotiation), "ranked": 0}
-    marks["name"] = marks["name"].astype(str)
-    spans_by_pid = negotiation[["pid", "tensor", "start", "end"]].sort_values("start")
-    merged = pd.merge_asof(marks.sort_values("ts"), spans_by_pid, left_on="ts", right_on="start", by="pid")
-    merged = merged[merged["ts"] <= merged["end"]].sort_values("ts")
-    groups = merged.groupby(["pid", "start"])
-    last = groups.tail(1).set_index(["pid", "start"])
-    before = groups.nth(-2).set_index(["pid", "start"])["ts"]  # negotiations with a single mark: no wait
-    last["wait"] = (last["ts"] - before.reindex(last.index)).fillna(0)
+    mine = (store.ready_depth == 0) & store.kinds_where("NEGOTIATE")[store.ready_kind]
+    if not mine.any():
+        return {"stragglers": empty, "worst": pd.DataFrame(), "negotiations": negotiations, "ranked": 0}
+    last = pd.DataFrame(
+        {
+            "row": store.ready_row[mine],
+            "start": store.ready_start[mine],
+            "name": np.asarray(store.ready_rank, dtype=object)[mine],
+            "wait": store.ready_wait[mine],
+        }
+    )
     by_rank = last.groupby("name")["wait"]
     stragglers = pd.DataFrame(
         {"times last": by_rank.size(), "mean wait": by_rank.mean(), "max wait": by_rank.max()}
     )
     # every rank that marked readiness has a row, also one that was never last
-    ranks = sorted(merged["name"].unique(), key=lambda name: (len(name), name))
+    ranks = sorted(set(store.ranks) | set(stragglers.index), key=lambda name: (len(name), name))
     stragglers = stragglers.reindex(ranks).fillna({"times last": 0, "mean wait": 0.0, "max wait": 0})
     stragglers["times last"] = stragglers["times last"].astype(int)
     stragglers.insert(1, "share", stragglers["times last"] / len(last))
     stragglers.index = stragglers.index.rename("rank")
-    worst = last.nlargest(5, "wait").reset_index()[["tensor", "start", "name", "wait"]]
-    worst.columns = ["tensor", "at", "last rank", "wait"]
-    worst["at"] -= negotiation["start"].min()
+    worst = last.nlargest(5, "wait")
+    worst = pd.DataFrame(
+        {
+            "tensor": [store.row_names[r] for r in worst["row"]],
+            "at": worst["start"].to_numpy() - negotiation_starts.min(),
+            "last rank": worst["name"].to_numpy(),
+            "wait": worst["wait"].to_numpy(),
+        }
+    )
     return {
-        "stragglers": stragglers.sort_values("times last", ascending=False),
+        "stragglers": stragglers.sort_values("times last", ascending=False, kind="stable"),
         "worst": worst,
-        "negotiations": len(negotiation),
+        "negotiations": negotiations,
         "ranked": len(last),
     }

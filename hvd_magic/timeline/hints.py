@@ -143,7 +143,9 @@ def render(analysis: Analysis) -> str:
         f"{duration(analysis.negotiation_us)}, communication {duration(analysis.communication_us)} "
         f"({analysis.communication_share:.0%} of the wall time), fusion-buffer copies "
         f"{duration(analysis.fusion_us)}",
-        f"<br><b>what to change</b><ul>{advice}</ul>" if advice else "<br>no tuning hint: nothing stands out",
+        f"<br><b>what to change</b><ul>{advice}</ul>"
+        if advice
+        else "<br>no tuning hint: nothing stands out<br>",
         "<b>time per activity</b> (share: of the wall time, summed over tensors)",
         _table(per_activity, ("total", "mean"), ("share",)),
         "<b>time per phase</b> (p50, p95: one occurrence; 0-20% ...: its share in each fifth of the run)",

@@ -1,78 +1,86 @@
-"""Spans from ``B``/``E`` pairs, matched without a Python loop.
+"""Spans from ``B``/``E`` events, and the rank-ready ``X`` marks inside them.
 
-Within one tensor (``pid``) spans nest properly, so a ``B`` at nesting level L is closed by the
-next ``E`` back at level L; sorting by (tensor, level, order) lines each ``B`` up with its ``E``.
-A truncated file leaves some ``B`` unmatched, and an ``E`` with nothing open is stray: both are
-dropped. ``Timeline.spans()`` calls this once and keeps the frame.
+Within one tensor (``pid``) spans nest, so an ``E`` closes the innermost open ``B`` of its
+tensor: a stack per tensor, fed the events in file order. An ``E`` with nothing open is stray
+and dropped; a ``B`` never closed (a cut-off file) keeps ``end`` ``ABSENT`` and the store drops
+it. An ``X`` inside an open span marks a rank as ready (Horovod writes one per rank inside each
+``NEGOTIATE_*`` span it does not answer from its response cache): the last one names the rank
+the others waited for.
+
+The C matcher (``_match.c``) does this without the GIL at memory speed; :class:`PyMatcher` is
+the same in Python, for an install without a C compiler and as the reference in the tests.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from typing import Protocol
 
 import numpy as np
-import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
 
-__all__ = ["match_spans"]
+__all__ = ["ABSENT", "Matched", "Matcher", "PyMatcher", "matched", "new_matcher"]
 
-COLUMNS = ["pid", "name", "start", "end", "duration", "depth"]
+ABSENT = np.iinfo(np.int64).min
 
-
-def match_spans(events: pa.Table, tensors: Mapping[int, str]) -> pd.DataFrame:
-    """One row per activity: pid, name, start, end, duration (microseconds), depth, tensor."""
-    phase = events["ph"].cast("string")
-    marks = events.filter(pc.or_(pc.equal(phase, "B"), pc.equal(phase, "E")))
-    is_begin = pc.equal(marks["ph"].cast("string"), "B").to_numpy(zero_copy_only=False)
-    pid = marks["pid"].to_numpy(zero_copy_only=False).astype(np.int64)
-    ts = marks["ts"].to_numpy(zero_copy_only=False).astype(np.int64)
-    names = marks["name"].cast("string").to_numpy(zero_copy_only=False)
-    if len(pid) == 0:
-        return pd.DataFrame(columns=COLUMNS)
-    order = np.argsort(pid, kind="stable")
-    pid, ts, names, is_begin = pid[order], ts[order], names[order], is_begin[order]
-    level = _levels(pid, is_begin)
-    b, e = _pairs(pid, is_begin, level)
-    frame = pd.DataFrame({"pid": pid[b], "name": names[b], "start": ts[b], "end": ts[e], "depth": level[b]})
-    frame["duration"] = frame["end"] - frame["start"]
-    frame["tensor"] = frame["pid"].map(tensors)
-    return frame.sort_values(["start", "pid"]).reset_index(drop=True)
+# start, end, pid, name, depth (one per B, file order); ready_span, ready_name, ready_wait
+Matched = tuple[
+    np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray
+]
+DTYPES = (np.int64, np.int64, np.int64, np.int32, np.uint8, np.int64, np.int32, np.int64)
 
 
-def _levels(pid: np.ndarray, is_begin: np.ndarray) -> np.ndarray:
-    """The nesting level of each event (grouped by tensor, in order); -1 for a stray ``E``.
+class Matcher(Protocol):
+    def feed(self, ph: memoryview, name: memoryview, ts: memoryview, pid: memoryview) -> None: ...
 
-    The nesting depth after each event, per tensor, ignoring an ``E`` with nothing open, is the
-    running sum S restarted at each tensor, less its running minimum below 0. Shifting each
-    tensor's sums below all earlier ones keeps one minimum.accumulate for all tensors.
-    """
-    running = np.cumsum(np.where(is_begin, 1, -1))
-    starts = np.r_[0, np.flatnonzero(np.diff(pid)) + 1]
-    sizes = np.diff(np.r_[starts, len(pid)])
-    running -= np.repeat(np.r_[0, running[starts[1:] - 1]], sizes)
-    shift = np.repeat(np.arange(len(starts), dtype=np.int64) * (2 * len(pid) + 2), sizes)
-    floor = np.minimum(np.minimum.accumulate(running - shift) + shift, 0)
-    depth_after = running - floor
-    depth_before = np.r_[0, depth_after[:-1]]
-    depth_before[starts] = 0
-    stray = ~is_begin & (depth_before == 0)
-    return np.where(is_begin, depth_after - 1, np.where(stray, -1, depth_after))
+    def finish(self) -> tuple[bytes, ...]: ...
 
 
-def _pairs(pid: np.ndarray, is_begin: np.ndarray, level: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Indexes of the ``B`` and the ``E`` of each span: within each (tensor, level) group, in
-    order, the k-th ``B`` pairs with the k-th ``E``; a ``B`` without its ``E`` is dropped."""
-    index = np.flatnonzero(level >= 0)
-    ordered = index[np.lexsort((index, level[index], pid[index]))]
-    begin = is_begin[ordered]
-    new_group = np.r_[True, (np.diff(pid[ordered]) != 0) | (np.diff(level[ordered]) != 0)]
-    group = np.cumsum(new_group) - 1
-    group_start = np.flatnonzero(new_group)
-    nth = np.empty(len(ordered), dtype=np.int64)
-    for mask in (begin, ~begin):
-        running = np.cumsum(mask)
-        nth[mask] = (running - np.r_[0, running[:-1]][group_start][group])[mask] - 1
-    pairs = np.minimum(np.bincount(group, weights=begin), np.bincount(group, weights=~begin))
-    kept = nth < pairs[group]
-    return ordered[kept & begin], ordered[kept & ~begin]
+def new_matcher() -> Matcher:
+    try:
+        from ._match import Matcher as CMatcher
+    except ImportError:
+        return PyMatcher()
+    matcher: Matcher = CMatcher()
+    return matcher
+
+
+def matched(matcher: Matcher) -> Matched:
+    """The matcher's columns as numpy arrays."""
+    columns = [np.frombuffer(raw, dtype) for raw, dtype in zip(matcher.finish(), DTYPES, strict=True)]
+    return tuple(columns)  # type: ignore[return-value]
+
+
+class PyMatcher:
+    """``_match.Matcher`` in Python: one event at a time."""
+
+    def __init__(self) -> None:
+        self.stacks: dict[int, list[list[int]]] = {}  # pid -> [span, last ts, previous ts, last name, marks]
+        self.columns: list[list[int]] = [[] for _ in DTYPES]
+
+    def feed(self, ph: memoryview, name: memoryview, ts: memoryview, pid: memoryview) -> None:
+        phases = np.frombuffer(ph, np.uint8).tolist()
+        names = np.frombuffer(name, np.int32).tolist()
+        times = np.frombuffer(ts, np.int64).tolist()
+        pids = np.frombuffer(pid, np.int64).tolist()
+        start, end, pid_, name_, depth, ready_span, ready_name, ready_wait = self.columns
+        for code, label, at, tensor in zip(phases, names, times, pids, strict=True):
+            stack = self.stacks.setdefault(tensor, [])
+            if code == ord("B"):
+                stack.append([len(start), ABSENT, ABSENT, -1, 0])
+                for column, value in ((start, at), (end, ABSENT), (pid_, tensor), (name_, label)):
+                    column.append(value)
+                depth.append(min(len(stack) - 1, 255))
+            elif code == ord("E") and stack:
+                span, last, previous, last_name, marks = stack.pop()
+                end[span] = at
+                if marks:
+                    ready_span.append(span)
+                    ready_name.append(last_name)
+                    ready_wait.append(last - previous if marks > 1 else 0)
+            elif code == ord("X") and stack:
+                top = stack[-1]
+                top[1:] = [at, top[1], label, top[4] + 1]
+
+    def finish(self) -> tuple[bytes, ...]:
+        out = tuple(np.array(c, dtype).tobytes() for c, dtype in zip(self.columns, DTYPES, strict=True))
+        self.columns = [[] for _ in DTYPES]
+        return out

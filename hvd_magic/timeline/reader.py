@@ -16,6 +16,7 @@ offset. Arrow is imported only when a table is asked for.
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     import pandas as pd
     import pyarrow as pa
 
+    from .store import SpanStore
+
 __all__ = ["CHUNK_BYTES", "Timeline", "TimelineError", "metadata", "read", "read_fast", "read_general"]
 
 CHUNK_BYTES = 16 * 1024 * 1024
@@ -40,7 +43,9 @@ MetadataRow = tuple[object, object, Mapping[str, Any] | None]  # an M event's (n
 
 @dataclass
 class Timeline:
-    """Parsed events as Arrow columns, plus tensor names by ``pid``.
+    """A timeline's spans (compact columns, see ``store``), tensor names by ``pid``, and its
+    events as Arrow columns on demand (read again from the file: ``read`` keeps no per-event
+    column, so a 3 GB file costs its spans).
 
     >>> timeline = hvd_magic.timeline.read("timeline.json")      # doctest: +SKIP
     >>> timeline.events.to_pandas().groupby("name").size()
@@ -54,7 +59,7 @@ class Timeline:
     closed: bool = True  # the closing "]" is there (killed runs and Horovod < 0.20 lack it)
     _load: Callable[[], pa.Table] | None = field(default=None, repr=False, compare=False)
     _table: pa.Table | None = field(default=None, repr=False, compare=False)
-    _spans: pd.DataFrame | None = field(default=None, repr=False, compare=False)
+    _store: SpanStore | None = field(default=None, repr=False, compare=False)
 
     @property
     def events(self) -> pa.Table:
@@ -64,16 +69,20 @@ class Timeline:
             self._table, self._load = self._load(), None
         return self._table
 
+    @property
+    def store(self) -> SpanStore:
+        """The spans in compact columns, by tensor row then start (what the viewer and the
+        analysis read)."""
+        if self._store is None:
+            from . import _arrow
+
+            self._store = _arrow.store(self.events, self.tensors)
+        return self._store
+
     def spans(self) -> pd.DataFrame:
-        """One row per activity: tensor pid, name, start, end, duration (microseconds), depth.
-
-        Computed once (the viewer and the analysis both need it); treat the frame as read-only.
-        """
-        if self._spans is None:
-            from .matching import match_spans
-
-            self._spans = match_spans(self.events, self.tensors)
-        return self._spans
+        """One row per activity, by start: tensor pid, name, start, end, duration (microseconds),
+        depth, tensor. Computed once; treat the frame as read-only."""
+        return self.store.frame()
 
     def __len__(self) -> int:
         return self.length
@@ -93,19 +102,38 @@ def read(path: str | Path) -> Timeline:
     return timeline if timeline is not None else read_general(name)
 
 
+def _workers() -> int:
+    return max(1, min(4, len(os.sched_getaffinity(0))))
+
+
 def read_fast(name: str) -> Timeline | None:
     """The C scanner's reading, or None when it is not built or the file is not plain Horovod
     output (then :func:`read_general` reads it and says what is wrong)."""
     from . import _fast
 
-    workers = max(1, min(4, len(os.sched_getaffinity(0))))
+    digest = _fast.Digest()
     with open(name, "rb") as file:
         chunks = _Chunks(name, file)
-        columns = _fast.scan(chunks, workers)
-    if columns is None:
+        truncated = _fast.scan(chunks, _workers(), digest)
+    if truncated is None:
         return None
-    tensors, start = metadata(columns.metadata_rows())
-    return Timeline(name, len(columns), tensors, start, columns.truncated, chunks.closed, _load=columns.table)
+    tensors, start = metadata(digest.meta)
+    return Timeline(
+        name, digest.events, tensors, start, truncated, chunks.closed,
+        _load=functools.partial(_events_again, name),
+        _store=digest.builder.finish(digest.names, tensors),
+    )  # fmt: skip
+
+
+def _events_again(name: str) -> pa.Table:
+    """The events as a table, scanned again (``read`` kept only the spans)."""
+    from . import _fast
+
+    with open(name, "rb") as file:
+        columns = _fast.columns(_Chunks(name, file), _workers())
+    if columns is None:
+        raise TimelineError(f"{name}: the file changed since it was read; read it again")
+    return columns.table()
 
 
 def read_general(name: str) -> Timeline:

@@ -1,25 +1,35 @@
 """The interactive timeline viewer: a Python widget (anywidget) over the bundled ES module.
 
-Spans travel to the browser as binary columns (about 20 bytes a span), sorted by tensor row
-and start, so the front end can binary-search the visible window and merge sub-pixel spans.
+Marks travel to the browser as binary columns (about 22 bytes a mark), sorted by tensor row and
+start, so the front end can binary-search the visible window. A timeline of up to
+``DIRECT_SPANS`` spans goes over whole, once. A larger one goes over as an overview (narrow spans
+merged per pixel, ``detail.window``), and the front end asks the kernel for the detail of each
+window it shows (``{"type": "window", ...}`` messages): what crosses to the browser, and what the
+saved notebook holds, is bounded by the screen, not by the file.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import anywidget
 import numpy as np
-import pyarrow.compute as pc
 import traitlets
 
 from ..errors import HorovodMagicError
-from .analysis import spans as make_spans
+from .detail import Marks, no_marks, window
 from .reader import Timeline
+from .store import SpanStore
 
 __all__ = ["TimelineViewer"]
 
 BUNDLE = Path(__file__).parent.parent / "static" / "viewer.js"
+DIRECT_SPANS = 200_000  # up to this many spans, all of them go to the browser at once
+OVERVIEW_MARKS = 300_000  # about what the overview may hold (6.6 MB)
+DETAIL_SPANS = 150_000  # a window with more spans than this is merged per pixel
+MAX_WIDTH = 8_000  # pixels a request may ask for
+_NONE = no_marks()
 
 
 class TimelineViewer(anywidget.AnyWidget):
@@ -40,37 +50,77 @@ class TimelineViewer(anywidget.AnyWidget):
     rows = traitlets.Bytes().tag(sync=True)
     kinds = traitlets.Bytes().tag(sync=True)
     depths = traitlets.Bytes().tag(sync=True)
+    counts = traitlets.Bytes().tag(sync=True)  # empty: every mark is one span
     cycles = traitlets.Bytes().tag(sync=True)
     end_us = traitlets.Float().tag(sync=True)
+    lod = traitlets.Bool(False).tag(sync=True)  # the kernel answers requests for a window's detail
 
     @classmethod
-    def from_timeline(cls, timeline: Timeline) -> TimelineViewer:
+    def from_timeline(cls, timeline: Timeline, width: int = 1600) -> TimelineViewer:
         if not BUNDLE.exists():
             raise HorovodMagicError(
                 f"the timeline viewer's front end is not built ({BUNDLE} is missing): run "
                 "`npm ci && npm run build` in js/ (scripts/setup.sh does it)"
             )
-        frame = make_spans(timeline)
-        origin = float(frame["start"].min()) if len(frame) else 0.0
-        tensor_names = sorted({timeline.tensors.get(int(p), f"pid {p}") for p in frame["pid"].unique()})
-        row_of = {name: i for i, name in enumerate(tensor_names)}
-        activities = sorted(frame["name"].unique())
-        kind_of = {name: i for i, name in enumerate(activities)}
-        frame = frame.assign(
-            row=frame["pid"].map(lambda p: row_of[timeline.tensors.get(int(p), f"pid {p}")]),
-            kind=frame["name"].map(kind_of),
-        ).sort_values(["row", "start"], kind="stable")
-        events = timeline.events
-        cycle_mask = pc.equal(events["name"].cast("string"), "CYCLE_START")
-        cycle_ts = events.filter(pc.fill_null(cycle_mask, False))["ts"].to_numpy(zero_copy_only=False)
-        return cls(
-            row_names=tensor_names,
-            activity_names=[str(a) for a in activities],
-            starts=(frame["start"].to_numpy(np.float64) - origin).tobytes(),
-            durations=frame["duration"].to_numpy(np.float32).tobytes(),
-            rows=frame["row"].to_numpy(np.int32).tobytes(),
-            kinds=np.minimum(frame["kind"].to_numpy(), 255).astype(np.uint8).tobytes(),
-            depths=np.minimum(frame["depth"].to_numpy(), 2).astype(np.uint8).tobytes(),
-            cycles=(cycle_ts.astype(np.float64) - origin).tobytes(),
-            end_us=float(frame["end"].max() - origin) if len(frame) else 1.0,
+        viewer = cls()
+        viewer.show(timeline.store, width)
+        viewer.on_msg(viewer._answer)
+        return viewer
+
+    def show(self, store: SpanStore, width: int = 1600) -> None:
+        """Show ``store`` (also a newer one of a file still being written)."""
+        self._store = store
+        self._origin = int(store.start.min()) if len(store) else 0
+        end = int(store.end.max()) if len(store) else self._origin + 1
+        rows = list(range(len(store.row_names)))
+        lod = len(store) > DIRECT_SPANS
+        pixels = int(np.clip(OVERVIEW_MARKS // max(3 * len(rows), 1), 200, width))
+        marks = window(store, self._origin, end, pixels, rows, 0 if lod else len(store), self._origin)
+        with self.hold_sync():
+            self.row_names = store.row_names
+            self.activity_names = store.kind_names
+            self._set_marks(marks, counted=lod)
+            self.cycles = (store.cycles.astype(np.float64) - self._origin).tobytes()
+            self.end_us = float(end - self._origin)
+            self.lod = lod
+
+    def _set_marks(self, marks: Marks, counted: bool) -> None:
+        starts, durations, rows, kinds, depths, counts = marks.buffers()
+        self.rows, self.durations, self.kinds, self.depths = rows, durations, kinds, depths
+        self.counts = counts if counted else b""
+        self.starts = starts  # last: the front end reloads on this change
+
+    def detail(self, t0: float, t1: float, width: int, rows: list[int]) -> tuple[dict[str, Any], Marks]:
+        """The reply to a window request (times relative to the timeline's start): the marks of
+        ``rows`` for the window widened by its own length on each side, so that panning by up
+        to a window needs no new request."""
+        span = max(t1 - t0, 1.0)
+        low, high = t0 - span, t1 + span
+        marks = window(
+            self._store, int(self._origin + low), int(self._origin + high) + 1, 3 * width, rows,
+            DETAIL_SPANS, self._origin,
+        )  # fmt: skip
+        return {"type": "spans", "t0": low, "t1": high, "rows": rows}, marks
+
+    def _answer(self, _widget: Any, content: Any, _buffers: Any) -> None:
+        if not isinstance(content, dict) or content.get("type") != "window":
+            return  # not ours
+        request = _window_request(content, len(self._store.row_names))
+        # a malformed request (rows of an overview replaced meanwhile) gets an empty reply: the
+        # front end keeps one request in flight and waits for it
+        reply, marks = (
+            self.detail(*request) if request else ({"type": "spans", "t0": 0, "t1": 0, "rows": []}, _NONE)
         )
+        self.send({**reply, "id": content.get("id")}, buffers=marks.buffers())
+
+
+def _window_request(content: dict[str, Any], row_count: int) -> tuple[float, float, int, list[int]] | None:
+    """(t0, t1, width, rows) of a well-formed ``window`` message, else None."""
+    try:
+        t0, t1, width = float(content["t0"]), float(content["t1"]), int(content["width"])
+        rows = sorted({int(r) for r in content["rows"]})
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not t0 < t1 or not 0 < width <= MAX_WIDTH or any(not 0 <= r < row_count for r in rows):
+        return None
+    return t0, t1, width, rows

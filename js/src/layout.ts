@@ -8,6 +8,9 @@ export interface Spans {
   depths: Uint8Array; // nesting level inside the row (0 = top-level activity)
   rowOffsets: Int32Array; // spans of row r are [rowOffsets[r], rowOffsets[r + 1])
   maxDuration: Float32Array; // longest span of each row: how far back a visible span can start
+  // Spans the kernel merged into each mark (its level of detail for big timelines); absent when
+  // every mark is one real span.
+  counts?: Uint32Array;
 }
 
 export interface View {
@@ -56,10 +59,16 @@ export function lowerBound(values: Float64Array, lo: number, hi: number, x: numb
   return lo;
 }
 
+/** How many real spans mark ``i`` stands for (> 1 when the kernel aggregated them). */
+export function spanCount(spans: Spans, i: number): number {
+  return Math.max(1, spans.counts?.[i] ?? 1);
+}
+
 /**
  * The marks to draw for one row. Spans at least a pixel wide are drawn as they are; narrower
  * ones that fall on the same pixel and depth merge into one 1-pixel mark, so the work per frame
- * is bounded by the pixels, not by the events (millions of spans stay smooth).
+ * is bounded by the pixels, not by the events (millions of spans stay smooth). A mark the kernel
+ * already aggregated counts as the spans it stands for, so it is drawn as a merged mark too.
  */
 export function layoutRow(spans: Spans, row: number, view: View, visibleKinds?: Set<number>): Mark[] {
   const scale = view.width / (view.t1 - view.t0);
@@ -74,16 +83,17 @@ export function layoutRow(spans: Spans, row: number, view: View, visibleKinds?: 
     const x = (spans.starts[i] - view.t0) * scale;
     const w = spans.durations[i] * scale;
     const depth = spans.depths[i];
+    const count = spanCount(spans, i);
     if (w >= 1) {
-      marks.push({ x, w, depth, kind: spans.kinds[i], count: 1, index: i });
+      marks.push({ x, w, depth, kind: spans.kinds[i], count, index: i });
       continue;
     }
     const pixel = Math.floor(x);
     const open = lastTiny.get(depth);
     if (open && open.x === pixel) {
-      open.count++;
+      open.count += count;
     } else {
-      const mark = { x: pixel, w: 1, depth, kind: spans.kinds[i], count: 1, index: i };
+      const mark = { x: pixel, w: 1, depth, kind: spans.kinds[i], count, index: i };
       lastTiny.set(depth, mark);
       marks.push(mark);
     }
@@ -123,4 +133,23 @@ export function hitTest(spans: Spans, row: number, view: View, x: number, depth:
     if (spans.depths[i] === depth && spans.starts[i] - slack <= t && t <= spans.starts[i] + spans.durations[i] + slack) return i;
   }
   return -1;
+}
+
+// --- kernel-served detail -------------------------------------------------------------------
+
+/** The kernel's reply for a window: finer marks of some rows, valid while the view is inside. */
+export interface Detail {
+  spans: Spans; // row offsets span every row of the timeline; rows not in ``rows`` are empty
+  rows: Set<number>;
+  t0: number;
+  t1: number;
+}
+
+/**
+ * Which layer to draw (and hit-test) a row from: the detail if it has that row and covers the
+ * whole view, else the overview. A partly covered view would show holes, so it falls back.
+ */
+export function layerFor(overview: Spans, detail: Detail | null, row: number, view: View): Spans {
+  if (detail && detail.rows.has(row) && detail.t0 <= view.t0 && view.t1 <= detail.t1) return detail.spans;
+  return overview;
 }

@@ -7,10 +7,13 @@ export interface EventTargetLike {
   removeEventListener(type: string, listener: (event: any) => void): void;
 }
 
+/** A model callback: change events pass nothing we use, "msg:custom" passes (content, buffers). */
+export type ModelCallback = (...args: any[]) => void;
+
 /** What the anywidget model's on/off need. */
 export interface EmitterLike {
-  on(event: string, callback: () => void): void;
-  off(event: string, callback: () => void): void;
+  on(event: string, callback: ModelCallback): void;
+  off(event: string, callback: ModelCallback): void;
 }
 
 export class Listeners {
@@ -23,7 +26,7 @@ export class Listeners {
   }
 
   /** Subscribe to a model event, unsubscribed with `.off` by dispose(). */
-  onModel(model: EmitterLike, event: string, callback: () => void): void {
+  onModel(model: EmitterLike, event: string, callback: ModelCallback): void {
     model.on(event, callback);
     this.removers.push(() => model.off(event, callback));
   }

@@ -39,6 +39,7 @@ export interface Drawn {
   op: string;
   args: unknown[];
   fillStyle: string;
+  alpha: number;
 }
 
 /** A 2D context recording the calls of the last frame (cleared by clearRect). */
@@ -46,11 +47,11 @@ export function fakeContext() {
   const frame: Drawn[] = [];
   const context: Record<string, any> = { frame, fillStyle: "", strokeStyle: "", globalAlpha: 1, font: "" };
   for (const op of ["fillRect", "fillText", "beginPath", "moveTo", "lineTo", "stroke"]) {
-    context[op] = (...args: unknown[]) => frame.push({ op, args, fillStyle: context.fillStyle });
+    context[op] = (...args: unknown[]) => frame.push({ op, args, fillStyle: context.fillStyle, alpha: context.globalAlpha });
   }
   context.clearRect = () => frame.splice(0);
   context.measureText = (text: string) => ({ width: text.length * 6 });
-  return context;
+  return context as Record<string, any> & { frame: Drawn[] };
 }
 
 export class FakeElement extends FakeTarget {
@@ -125,9 +126,11 @@ export function bytes(array: ArrayBufferView): DataView {
 /**
  * A model like the Python TimelineViewer's: `rowCount` tensors "layer0"…, each with a long
  * ALLREDUCE span [0, 400) at depth 0 and a QUEUE span [100, 150) at depth 1; cycles at 0 and
- * 500 µs; the run ends at 1000 µs. Counts its live on() subscriptions.
+ * 500 µs; the run ends at 1000 µs. `traits` overrides or adds traits (e.g. `lod`, `counts`).
+ * Counts its live on() subscriptions, records what the front end send()s, and lets a test
+ * play the kernel: `emit("msg:custom", content, buffers)` or `set(name, value)`.
  */
-export function fakeModel(rowCount = 40) {
+export function fakeModel(rowCount = 40, traits: Record<string, unknown> = {}) {
   const rows: number[] = [];
   const starts: number[] = [];
   for (let r = 0; r < rowCount; r++) rows.push(r, r), starts.push(0, 100);
@@ -139,14 +142,53 @@ export function fakeModel(rowCount = 40) {
     durations: bytes(Float32Array.from(rows.map((_, i) => (i % 2 ? 50 : 400)))),
     kinds: bytes(Uint8Array.from(rows.map((_, i) => i % 2))),
     depths: bytes(Uint8Array.from(rows.map((_, i) => i % 2))),
+    counts: bytes(new Uint32Array(0)),
     cycles: bytes(Float64Array.from([0, 500])),
     end_us: 1000,
+    lod: false,
+    ...traits,
   };
   const subscriptions = new FakeTarget();
+  const sent: any[] = [];
+  /** Call the model's subscribers of `event` with these arguments, as Backbone's trigger does. */
+  const emit = (event: string, ...args: unknown[]) => {
+    for (const callback of [...(subscriptions.listeners.get(event) ?? [])]) (callback as (...a: unknown[]) => void)(...args);
+  };
   return {
     get: (name: string) => values[name],
-    on: (event: string, callback: () => void) => subscriptions.addEventListener(event, callback),
-    off: (event: string, callback: () => void) => subscriptions.removeEventListener(event, callback),
+    on: (event: string, callback: (...args: any[]) => void) => subscriptions.addEventListener(event, callback),
+    off: (event: string, callback: (...args: any[]) => void) => subscriptions.removeEventListener(event, callback),
+    send: (content: object) => sent.push(content),
     subscriptions,
+    sent,
+    emit,
+    /** Set traits at once, then fire their change events (as a kernel update does). */
+    set(changes: Record<string, unknown>) {
+      Object.assign(values, changes);
+      for (const name of Object.keys(changes)) emit(`change:${name}`);
+    },
   };
+}
+
+/** A mark of a kernel reply or overview. */
+export interface FakeMark {
+  row: number;
+  start: number;
+  duration: number;
+  kind?: number;
+  depth?: number;
+  count?: number;
+}
+
+/** The six buffers of a "spans" reply (DataViews, as anywidget delivers them). */
+export function spanBuffers(marks: FakeMark[]): DataView[] {
+  const sorted = [...marks].sort((a, b) => a.row - b.row || a.start - b.start);
+  return [
+    bytes(Float64Array.from(sorted.map((m) => m.start))),
+    bytes(Float32Array.from(sorted.map((m) => m.duration))),
+    bytes(Int32Array.from(sorted.map((m) => m.row))),
+    bytes(Uint8Array.from(sorted.map((m) => m.kind ?? 0))),
+    bytes(Uint8Array.from(sorted.map((m) => m.depth ?? 0))),
+    bytes(Uint32Array.from(sorted.map((m) => m.count ?? 1))),
+  ];
 }

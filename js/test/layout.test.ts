@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { hitTest, layoutRow, lowerBound, maxDurations, pan, rowOffsets, zoom, type Spans } from "../src/layout";
+import { hitTest, layerFor, layoutRow, lowerBound, maxDurations, pan, rowOffsets, zoom, type Spans } from "../src/layout";
 
 function spans(rows: number[], starts: number[], durations: number[], depths?: number[]): Spans {
   const rowArray = Int32Array.from(rows);
@@ -47,6 +47,15 @@ describe("layoutRow", () => {
     expect(marks.length).toBe(1000);
     expect(marks.reduce((sum, m) => sum + m.count, 0)).toBe(n);
   });
+  it("counts a kernel-aggregated mark as the spans it stands for, wide or merged again", () => {
+    const s = { ...spans([0, 0, 0, 0], [0, 100, 100.2, 100.4], [50, 0.1, 0.1, 0.1]), counts: Uint32Array.from([5, 3, 1, 2]) };
+    const marks = layoutRow(s, 0, { t0: 0, t1: 200, width: 200 });
+    expect(marks.map((m) => [m.x, m.w, m.count, m.index])).toEqual([[0, 50, 5, 0], [100, 1, 6, 1]]);
+  });
+  it("takes every mark as one span without counts", () => {
+    const s = spans([0, 0], [0, 100], [50, 0.1]);
+    expect(layoutRow(s, 0, { t0: 0, t1: 200, width: 200 }).map((m) => m.count)).toEqual([1, 1]);
+  });
   it("filters by activity", () => {
     const s = spans([0, 0, 0], [0, 10, 20], [5, 5, 5]);
     const marks = layoutRow(s, 0, { t0: 0, t1: 30, width: 300 }, new Set([1]));
@@ -69,6 +78,21 @@ describe("navigation", () => {
   it("pans and stops at the edges", () => {
     expect(pan({ t0: 100, t1: 200, width: 100 }, 50, bounds)).toEqual({ t0: 50, t1: 150, width: 100 });
     expect(pan({ t0: 100, t1: 200, width: 100 }, 500, bounds)).toEqual({ t0: 0, t1: 100, width: 100 });
+  });
+});
+
+describe("layerFor", () => {
+  const overview = spans([0, 1], [0, 0], [10, 10]);
+  const detail = { spans: spans([0], [5], [1]), rows: new Set([0]), t0: 100, t1: 500 };
+  it("uses the detail for its rows while the view is inside its window", () => {
+    expect(layerFor(overview, detail, 0, { t0: 100, t1: 500, width: 10 })).toBe(detail.spans);
+    expect(layerFor(overview, detail, 0, { t0: 200, t1: 300, width: 10 })).toBe(detail.spans);
+  });
+  it("uses the overview for other rows, a view reaching outside, or no detail", () => {
+    expect(layerFor(overview, detail, 1, { t0: 200, t1: 300, width: 10 })).toBe(overview);
+    expect(layerFor(overview, detail, 0, { t0: 50, t1: 300, width: 10 })).toBe(overview);
+    expect(layerFor(overview, detail, 0, { t0: 200, t1: 501, width: 10 })).toBe(overview);
+    expect(layerFor(overview, null, 0, { t0: 200, t1: 300, width: 10 })).toBe(overview);
   });
 });
 

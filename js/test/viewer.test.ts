@@ -3,7 +3,7 @@ import { Listeners } from "../src/listeners";
 import viewer from "../src/viewer"; // the default export, as anywidget loads it
 
 const { render } = viewer;
-import { FakeDocument, FakeElement, FakeTarget, fakeModel } from "./fake-dom";
+import { FakeDocument, FakeElement, FakeTarget, bytes, fakeModel, spanBuffers, type FakeMark } from "./fake-dom";
 
 let fakeWindow: FakeTarget;
 let fakeDocument: FakeDocument;
@@ -157,5 +157,186 @@ describe("viewer behaviour", () => {
     boxes[0].dispatch("change");
     expect(frame.filter((d) => d.op === "fillRect" && d.fillStyle === "#1e88e5")).toHaveLength(0);
     expect(frame.filter((d) => d.op === "fillRect" && d.fillStyle === "#43a047")).toHaveLength(11);
+  });
+});
+
+describe("detail served by the kernel (lod)", () => {
+  const LABEL_WIDTH = 180;
+  const VIEW_WIDTH = 718;
+  const firstRows = (n: number, from = 0) => Array.from({ length: n }, (_, i) => from + i);
+
+  function parts(el: FakeElement) {
+    const [canvas] = el.all("canvas");
+    const [, tooltip] = el.all("div");
+    return { canvas, tooltip, filter: el.all("input")[0], info: el.all("span")[0], reset: el.all("button")[0], frame: canvas.getContext("2d").frame };
+  }
+
+  /** The marks drawn in a row slot as [x, y, width, colour] (not the row's background). */
+  function marksIn(el: FakeElement, slot: number) {
+    return parts(el)
+      .frame.filter((d) => d.op === "fillRect" && (d.args[0] as number) >= LABEL_WIDTH)
+      .filter((d) => (d.args[1] as number) >= slot * 18 && (d.args[1] as number) < (slot + 1) * 18)
+      .map((d) => [...(d.args.slice(0, 3) as number[]).map((n) => Math.round(n * 10) / 10), d.fillStyle]);
+  }
+
+  /** Play the kernel: answer request `request` with these marks for `rows` over [t0, t1]. */
+  function answer(model: ReturnType<typeof fakeModel>, request: any, marks: FakeMark[], window?: { t0: number; t1: number; rows?: number[] }) {
+    const content = { type: "spans", id: request.id, t0: window?.t0 ?? request.t0, t1: window?.t1 ?? request.t1, rows: window?.rows ?? request.rows };
+    model.emit("msg:custom", content, spanBuffers(marks));
+  }
+
+  const showLod = (traits: Record<string, unknown> = {}) => show(fakeModel(40, { lod: true, ...traits }));
+
+  it("sends nothing when lod is off, whatever the view does", () => {
+    const { el, model } = show(fakeModel(40, { lod: false }));
+    const { canvas, filter, reset } = parts(el);
+    canvas.dispatch("wheel", { deltaY: -100, offsetX: LABEL_WIDTH + 100 });
+    canvas.dispatch("wheel", { shiftKey: true, deltaY: 100 });
+    canvas.dispatch("mousedown", { clientX: 300 });
+    canvas.dispatch("mousemove", { clientX: 350, offsetX: 0, offsetY: 0 });
+    filter.value = "layer1";
+    filter.dispatch("input");
+    reset.dispatch("click");
+    expect(model.sent).toEqual([]);
+    expect(el.dataset.detailReplies).toBe("0");
+  });
+
+  it("asks for the visible rows and the view's window right after the first render", () => {
+    const { model } = showLod();
+    expect(model.sent).toHaveLength(1);
+    expect(model.sent[0]).toEqual({ type: "window", id: expect.any(Number), t0: 0, t1: 1000, width: VIEW_WIDTH, rows: firstRows(30) });
+  });
+
+  it("keeps one request in flight and sends only the latest view on its reply", () => {
+    const { el, model } = showLod();
+    const { canvas } = parts(el);
+    for (let i = 0; i < 3; i++) canvas.dispatch("wheel", { deltaY: -100, offsetX: LABEL_WIDTH + VIEW_WIDTH / 2 });
+    canvas.dispatch("mousedown", { clientX: 300 });
+    for (let x = 301; x < 310; x++) canvas.dispatch("mousemove", { clientX: x, offsetX: 0, offsetY: 0 }); // a drag
+    fakeWindow.dispatch("mouseup");
+    expect(model.sent).toHaveLength(1);
+    answer(model, model.sent[0], []);
+    expect(model.sent).toHaveLength(2);
+    const [first, latest] = model.sent;
+    expect(latest.id).toBeGreaterThan(first.id);
+    expect(latest.t1 - latest.t0).toBeCloseTo(512); // 1000 µs × 0.8³, dragged 9 px to the left
+    expect(latest.t0).toBeCloseTo(244 - (9 * 512) / VIEW_WIDTH);
+    expect([latest.width, latest.rows]).toEqual([VIEW_WIDTH, firstRows(30)]);
+    answer(model, latest, []);
+    expect(model.sent).toHaveLength(2); // the view did not move since: nothing more to ask
+  });
+
+  it("asks again after shift+wheel, the tensor filter and the whole-run button", () => {
+    const { el, model } = showLod();
+    const { canvas, filter, reset } = parts(el);
+    const next = () => model.sent.at(-1);
+    canvas.dispatch("wheel", { shiftKey: true, deltaY: 100 });
+    answer(model, model.sent[0], []);
+    expect(next().rows).toEqual(firstRows(30, 1));
+    filter.value = "layer3";
+    filter.dispatch("input");
+    answer(model, next(), []);
+    expect(next().rows).toEqual([3, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39]);
+    canvas.dispatch("wheel", { deltaY: -100, offsetX: LABEL_WIDTH });
+    answer(model, next(), []);
+    reset.dispatch("click");
+    answer(model, next(), []);
+    expect(model.sent.map((m) => [m.t0, m.t1])).toEqual([[0, 1000], [0, 1000], [0, 1000], [0, 800], [0, 1000]]);
+  });
+
+  it("draws a reply's marks for the rows it covers, and the overview elsewhere", () => {
+    const { el, model } = showLod();
+    answer(model, model.sent[0], [{ row: 0, start: 600, duration: 100, kind: 1 }], { t0: 0, t1: 1000, rows: [0, 2] });
+    expect(marksIn(el, 0)).toEqual([[LABEL_WIDTH + 430.8, 1, 71.8, "#43a047"]]); // the detail
+    expect(marksIn(el, 1)).toEqual([[LABEL_WIDTH, 19, 287.2, "#1e88e5"], [LABEL_WIDTH + 71.8, 25, 35.9, "#43a047"]]); // not in the reply
+    expect(marksIn(el, 2)).toEqual([]); // in the reply, with nothing in the window
+  });
+
+  it("takes a reply's buffers as ArrayBuffers too", () => {
+    const { el, model } = showLod();
+    const buffers = spanBuffers([{ row: 0, start: 600, duration: 100, kind: 1 }]).map((b) => b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength));
+    model.emit("msg:custom", { type: "spans", id: model.sent[0].id, t0: 0, t1: 1000, rows: [0] }, buffers);
+    expect(marksIn(el, 0)).toEqual([[LABEL_WIDTH + 430.8, 1, 71.8, "#43a047"]]);
+  });
+
+  it("uses the overview while the view is not inside the reply's window", () => {
+    const { el, model } = showLod();
+    const { canvas } = parts(el);
+    answer(model, model.sent[0], [{ row: 0, start: 300, duration: 50, kind: 1 }], { t0: 0, t1: 500, rows: [0] });
+    expect(marksIn(el, 0).map((m) => m[3])).toEqual(["#1e88e5", "#43a047"]); // [0, 1000] is wider: overview
+    for (let i = 0; i < 4; i++) canvas.dispatch("wheel", { deltaY: -100, offsetX: LABEL_WIDTH }); // [0, 409.6]
+    expect(marksIn(el, 0)).toEqual([[LABEL_WIDTH + 525.9, 1, 87.6, "#43a047"]]); // 300 and 50 µs at 718 px / 409.6 µs
+  });
+
+  it("hit-tests the layer a row was drawn from; an aggregated mark says how many spans it stands for", () => {
+    const { el, model } = showLod();
+    const { canvas, tooltip } = parts(el);
+    const at = (us: number) => LABEL_WIDTH + (us * VIEW_WIDTH) / 1000;
+    answer(model, model.sent[0], [{ row: 0, start: 600, duration: 100, kind: 1, count: 5 }, { row: 1, start: 800, duration: 20 }], { t0: 0, t1: 1000, rows: [0, 1] });
+    canvas.dispatch("mousemove", { offsetX: at(650), offsetY: 8, clientX: 0, clientY: 0 });
+    expect(tooltip.textContent).toBe("5 spans · QUEUE (longest) · layer0 · at 600 µs · 100 µs");
+    canvas.dispatch("mousemove", { offsetX: at(810), offsetY: 18 + 8, clientX: 0, clientY: 0 });
+    expect(tooltip.textContent).toBe("ALLREDUCE · layer1 · at 800 µs · 20 µs");
+    canvas.dispatch("mousemove", { offsetX: at(300), offsetY: 8, clientX: 0, clientY: 0 }); // only in the overview
+    expect(tooltip.style.display).toBe("none");
+    canvas.dispatch("mousemove", { offsetX: at(300), offsetY: 18 * 2 + 8, clientX: 0, clientY: 0 });
+    expect(tooltip.textContent).toBe("ALLREDUCE · layer2 · at 0 µs · 400 µs");
+  });
+
+  it("shows the count of an aggregated mark of the overview, drawn as a merged mark", () => {
+    const counts = Uint32Array.from({ length: 80 }, (_, i) => (i === 0 ? 7 : 1));
+    const { el } = showLod({ counts: bytes(counts) });
+    const { canvas, tooltip, frame } = parts(el);
+    const blue = frame.filter((d) => d.op === "fillRect" && d.fillStyle === "#1e88e5");
+    expect(blue.map((d) => d.alpha)).toEqual([0.6, ...new Array(29).fill(1)]); // merged marks are fainter
+    canvas.dispatch("mousemove", { offsetX: LABEL_WIDTH + 10, offsetY: 8, clientX: 0, clientY: 0 });
+    expect(tooltip.textContent).toBe("7 spans · ALLREDUCE (longest) · layer0 · at 0 µs · 400 µs");
+  });
+
+  it("records the round trip, counts replies, ignores other messages and other views' replies", () => {
+    const model = fakeModel(40, { lod: true });
+    const { el } = show(model);
+    const other = show(model); // a second view of the same model receives every reply too
+    expect([el.dataset.detailReplies, el.dataset.lastRoundTripMs]).toEqual(["0", undefined]);
+    model.emit("msg:custom", { type: "progress", id: model.sent[0].id }, []);
+    model.emit("msg:custom", { type: "spans", id: -1, t0: 0, t1: 1000, rows: [0] }, spanBuffers([]));
+    expect(el.dataset.detailReplies).toBe("0");
+    answer(model, model.sent[0], [{ row: 0, start: 600, duration: 100, kind: 1 }]);
+    expect(el.dataset.detailReplies).toBe("1");
+    expect(Number(el.dataset.lastRoundTripMs)).toBeGreaterThanOrEqual(0);
+    expect(el.dataset.lastRoundTripMs).toMatch(/^\d+\.\d$/);
+    expect(other.el.dataset.detailReplies).toBe("0");
+    expect(marksIn(other.el, 0).map((m) => m[3])).toEqual(["#1e88e5", "#43a047"]);
+    answer(model, model.sent[1], []);
+    expect([el.dataset.detailReplies, other.el.dataset.detailReplies]).toEqual(["1", "1"]);
+  });
+
+  it("reloads a replaced overview, keeps showing the whole run, and asks for the detail again", () => {
+    const { el, model } = showLod();
+    const { info } = parts(el);
+    answer(model, model.sent[0], [{ row: 0, start: 600, duration: 100, kind: 1 }]);
+    model.set({
+      row_names: [...(model.get("row_names") as string[]), "layer40"],
+      rows: bytes(Int32Array.from([0, 40])),
+      starts: bytes(Float64Array.from([0, 1500])),
+      durations: bytes(Float32Array.from([10, 400])),
+      kinds: bytes(Uint8Array.from([0, 2])),
+      depths: bytes(Uint8Array.from([0, 0])),
+      activity_names: ["ALLREDUCE", "QUEUE", "MEMCPY_IN_FUSION_BUFFER"],
+      end_us: 2000,
+    });
+    expect(info.textContent).toBe("41 tensors, rows 1–30, window 2.00 ms");
+    expect(el.all("input")).toHaveLength(4); // the filter and a checkbox per activity, one new
+    expect(marksIn(el, 0)).toEqual([[LABEL_WIDTH, 1, 3.6, "#1e88e5"]]); // the rows changed: the old detail is gone
+    expect(model.sent).toHaveLength(2); // one request for both change events
+    expect(model.sent[1]).toMatchObject({ t0: 0, t1: 2000, rows: firstRows(30) });
+  });
+
+  it("cleanup takes back the msg:custom and change listeners", () => {
+    const { model, cleanup } = showLod();
+    expect(["msg:custom", "change:starts", "change:end_us"].map((e) => model.subscriptions.count(e))).toEqual([1, 1, 1]);
+    cleanup();
+    expect(model.subscriptions.count()).toBe(0);
+    model.emit("msg:custom", { type: "spans", id: model.sent[0].id, t0: 0, t1: 1000, rows: [] }, spanBuffers([])); // no error, no listener
   });
 });

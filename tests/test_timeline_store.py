@@ -1,0 +1,175 @@
+"""The span store and the viewer's level of detail: the C matcher against the Python one on
+random event streams fed in pieces, the per-pixel marks against a brute-force merge, and the
+viewer's window requests answered from the kernel."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hvd_magic.timeline import read
+from hvd_magic.timeline import viewer as viewer_module
+from hvd_magic.timeline.detail import window
+from hvd_magic.timeline.matching import PyMatcher, matched, new_matcher
+
+from .timeline_fixtures import write_events
+
+
+def random_stream(rng: random.Random, n: int) -> tuple[np.ndarray, ...]:
+    """Events as a matcher takes them: B, E (some stray), X marks, other phases, 5 tensors."""
+    phases = rng.choices(b"BBBEEEXXi", k=n)
+    return (
+        np.array(phases, np.uint8),
+        np.array([rng.randrange(-1, 12) for _ in range(n)], np.int32),
+        np.cumsum([rng.randrange(0, 50) for _ in range(n)]).astype(np.int64),
+        np.array([rng.randrange(0, 5) for _ in range(n)], np.int64),
+    )
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_c_matcher_matches_the_python_one_fed_in_pieces(seed):
+    rng = random.Random(seed)
+    ph, name, ts, pid = random_stream(rng, 5_000)
+    fast, slow = new_matcher(), PyMatcher()
+    assert type(fast).__module__ == "hvd_magic.timeline._match"  # the C one is built and used
+    cuts = sorted(rng.sample(range(1, len(ph)), 7))
+    for lo, hi in zip([0, *cuts], [*cuts, len(ph)], strict=True):
+        fast.feed(ph[lo:hi].data, name[lo:hi].data, ts[lo:hi].data, pid[lo:hi].data)
+    slow.feed(ph.data, name.data, ts.data, pid.data)
+    got, expected = matched(fast), matched(slow)
+    for column, (a, b) in enumerate(zip(got, expected, strict=True)):
+        assert np.array_equal(a, b), column
+    start, end, _pid, _name, _depth, ready_span, _ready_name, _ready_wait = got
+    assert (end == np.iinfo(np.int64).min).any() and len(ready_span) > 0  # unclosed spans, marks: exercised
+
+
+def test_readiness_names_the_last_mark_of_each_span(tmp_path):
+    events = [
+        {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "w"}},
+        {"name": "NEGOTIATE_ALLREDUCE", "ph": "B", "pid": 1, "ts": 0},
+        {"name": "1", "ph": "X", "pid": 1, "ts": 3, "dur": 0},
+        {"name": "0", "ph": "X", "pid": 1, "ts": 10, "dur": 0},
+        {"ph": "E", "pid": 1, "ts": 11},
+        {"name": "NEGOTIATE_ALLREDUCE", "ph": "B", "pid": 1, "ts": 20},
+        {"name": "2", "ph": "X", "pid": 1, "ts": 21, "dur": 0},
+        {"ph": "E", "pid": 1, "ts": 22},
+        {"name": "NEGOTIATE_ALLREDUCE", "ph": "B", "pid": 1, "ts": 30},  # cached: no marks
+        {"ph": "E", "pid": 1, "ts": 31},
+    ]
+    store = read(write_events(tmp_path / "t.json", events)).store
+    assert store.ready_rank == ["0", "2"] and store.ready_wait.tolist() == [7, 0]
+    assert store.ready_start.tolist() == [0, 20] and store.ranks == ["0", "1", "2"]
+
+
+def spans_timeline(path: Path, rng: random.Random, rows: int = 4, per_row: int = 3_000) -> Path:
+    """Top-level spans with children, of unique random durations, on a few tensors."""
+    events: list[dict] = []
+    durations = iter(rng.sample(range(1, 2_000_000), rows * per_row * 2))
+    for pid in range(1, rows + 1):
+        events.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": f"t{pid}"}})
+        at = rng.randrange(0, 1000)
+        for _ in range(per_row):
+            outer = next(durations) % 3_000 + 10
+            inner = next(durations) % outer
+            kind = rng.choice(["ALLREDUCE", "BROADCAST", "ALLGATHER"])
+            events += [
+                {"name": kind, "ph": "B", "pid": pid, "ts": at},
+                {"name": "MPI_" + kind, "ph": "B", "pid": pid, "ts": at + 1},
+                {"ph": "E", "pid": pid, "ts": at + 1 + inner},
+                {"ph": "E", "pid": pid, "ts": at + outer},
+            ]
+            at += outer + rng.randrange(0, 200)
+    return write_events(path, events)
+
+
+def brute_force_marks(store, t0: int, t1: int, width: int, rows: list[int]) -> list[tuple]:
+    """(row, depth, start, end, kind name, count) of each mark, span by span in Python."""
+    scale = width / (t1 - t0)
+    marks = []
+    for row in rows:
+        merged: dict[tuple[int, int], list] = {}
+        for i in range(store.offsets[row], store.offsets[row + 1]):
+            start, duration = int(store.start[i]), int(store.duration[i])
+            kind, depth = store.kind_names[store.kind[i]], int(store.depth[i])
+            if start + duration < t0 or start > t1:
+                continue
+            if duration * scale >= 1:
+                marks.append((row, depth, start, start + duration, kind, 1))
+                continue
+            pixel = min(max(int((start - t0) * scale), 0), width - 1)
+            group = merged.setdefault((depth, pixel), [start, start + duration, kind, duration, 0])
+            group[0], group[1] = min(group[0], start), max(group[1], start + duration)
+            if duration > group[3]:
+                group[2], group[3] = kind, duration
+            group[4] += 1
+        marks += [(row, d, g[0], g[1], g[2], g[4]) for (d, _), g in merged.items()]
+    return sorted(marks)
+
+
+def test_pixel_marks_match_a_brute_force_merge(tmp_path):
+    store = read(spans_timeline(tmp_path / "t.json", random.Random(5))).store
+    origin, end = int(store.start.min()), int(store.end.max())
+    for t0, t1, width in (
+        (origin, end, 300),
+        (origin + (end - origin) // 3, origin + (end - origin) // 2, 500),
+    ):
+        rows = [0, 2, 3]
+        marks = window(store, t0, t1, width, rows, limit=0, origin=origin)
+        assert 0 < len(marks) < store.offsets[-1]  # merged: fewer marks than spans
+        got = sorted(
+            (int(r), int(d), int(s) + origin, round(s + dur) + origin, store.kind_names[k], int(c))
+            for r, d, s, dur, k, c in zip(
+                marks.row, marks.depth, marks.start, marks.duration, marks.kind, marks.count, strict=True
+            )
+        )
+        assert got == brute_force_marks(store, t0, t1, width, rows)
+        assert all((np.diff(marks.start[marks.row == r]) >= 0).all() for r in rows)
+
+
+def test_a_window_with_few_spans_gets_them_all(tmp_path):
+    store = read(spans_timeline(tmp_path / "t.json", random.Random(6), rows=2, per_row=200)).store
+    origin, end = int(store.start.min()), int(store.end.max())
+    marks = window(store, origin, end, 100, [0, 1], limit=len(store), origin=origin)
+    assert len(marks) == len(store) and set(marks.count.tolist()) == {1}
+    assert sorted(marks.start + origin) == sorted(store.start.tolist())
+
+
+class Sent(list):
+    def __call__(self, content, buffers=None):
+        self.append((content, buffers))
+
+
+def test_a_large_timeline_is_sent_as_an_overview_and_windows_on_request(tmp_path, monkeypatch):
+    timeline = read(spans_timeline(tmp_path / "t.json", random.Random(7), rows=6, per_row=2_000))
+    monkeypatch.setattr(viewer_module, "DIRECT_SPANS", 1_000)
+    viewer = viewer_module.TimelineViewer.from_timeline(timeline, width=400)
+    assert viewer.lod and len(viewer.counts) == 4 * (len(viewer.starts) // 8)
+    overview = int(np.frombuffer(viewer.counts, np.uint32).sum())
+    assert overview == len(timeline.store) > len(viewer.starts) // 8  # every span, in fewer marks
+    sent = Sent()
+    monkeypatch.setattr(viewer, "send", sent)
+    third = viewer.end_us / 3
+    viewer._answer(
+        viewer, {"type": "window", "id": 4, "t0": third, "t1": 2 * third, "width": 300, "rows": [1, 4]}, []
+    )
+    ((content, buffers),) = sent
+    assert content == {"type": "spans", "id": 4, "t0": 0.0, "t1": viewer.end_us, "rows": [1, 4]}
+    rows = np.frombuffer(buffers[2], np.int32)
+    assert set(rows.tolist()) == {1, 4} and len(buffers) == 6
+    for bad in ({"type": "window", "id": 5, "t0": 2, "t1": 1, "width": 10, "rows": [0]},
+                {"type": "window", "id": 6, "t0": 0, "t1": 1, "width": 10, "rows": [99]},
+                {"type": "window", "id": 7, "rows": "all"}):  # fmt: skip
+        viewer._answer(viewer, bad, [])
+        content, buffers = sent[-1]
+        assert content["id"] == bad["id"] and content["rows"] == [] and not any(buffers)
+    viewer._answer(viewer, {"type": "other"}, [])
+    assert len(sent) == 4
+
+
+def test_a_small_timeline_goes_over_whole(tmp_path):
+    timeline = read(spans_timeline(tmp_path / "t.json", random.Random(8), rows=2, per_row=100))
+    viewer = viewer_module.TimelineViewer.from_timeline(timeline)
+    assert not viewer.lod and viewer.counts == b"" and len(viewer.starts) // 8 == len(timeline.store)
