@@ -59,7 +59,7 @@ def generate(path: str, events: int, tensors: int = 200, ranks: int = 8) -> int:
                     ts += rng.randint(0, 3)
                     buffer.append(f'{{"ph": "X", "name": "{rank}", "ts": {ts}, "pid": {pid}, "dur": 0}},')
                 buffer.append(f'{{"ph": "E", "ts": {ts + 1}, "pid": {pid}}},')
-                buffer.append(f'{{"ph": "B", "name": "ALLREDUCE", "ts": {ts + 2}, "pid": {pid}}},')
+                buffer.append(f'{{"ph": "B", "name": "ALLREDUCE", "ts": {ts + 1}, "pid": {pid}}},')
                 for activity in ACTIVITIES:
                     ts += rng.randint(1, 20)
                     buffer.append(f'{{"ph": "B", "name": "{activity}", "ts": {ts}, "pid": {pid}}},')

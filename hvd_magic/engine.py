@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
@@ -30,6 +30,9 @@ from .options import RunOptions
 from .protocol import ENV_HUB, ENV_TOKEN, FileChunk, Message
 from .run_record import RunRecord
 from .views import RunView, make_view
+
+if TYPE_CHECKING:
+    from .timeline.live import LiveTimeline
 
 __all__ = ["Run", "execute", "rank_env"]
 
@@ -78,6 +81,18 @@ def execute(captured: Captured, options: RunOptions, view: RunView | None = None
         view.notice(text)
     hub = Hub(launcher.bind_host, captured.blob)
     return Run(hub, launcher, view, options).execute()
+
+
+def _live_timeline(path: str | None, view: RunView) -> LiveTimeline | None:
+    """The timeline shown while it grows, in a notebook (where the view is live widgets)."""
+    if not path or type(view).__name__ != "LiveView":
+        return None
+    try:
+        from .timeline.live import LiveTimeline
+
+        return LiveTimeline(path)
+    except ImportError:  # no anywidget: the timeline is shown after the run
+        return None
 
 
 class _FileSink:
@@ -130,6 +145,7 @@ class Run:
         self.record = RunRecord(options.ranks, began=now, last_message=now)
         self.files = _FileSink(options.timeline, options.files_dir)
         self.stall_seconds = stall_seconds(options)
+        self.live_timeline = _live_timeline(options.timeline, view)
 
     def execute(self) -> Any:
         """Start and supervise; then stop whatever is left and return (or raise) only once the
@@ -161,6 +177,8 @@ class Run:
                 else:
                     error.add_note(note)
             self.view.close()
+            if self.live_timeline is not None:
+                self.live_timeline.close()
             self.hub.close()
 
     def _interrupted(self) -> RunInterrupted:
@@ -173,6 +191,8 @@ class Run:
         while True:
             self._pump(wait=self.wait)
             self.view.tick()
+            if self.live_timeline is not None:
+                self.live_timeline.tick()
             self._watch_waits()
             if self.record.errors:
                 raise diagnosis.rank_failed(self.record, self._find_cause())  # decided before the stop

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -189,3 +190,51 @@ def test_timeline_viewer_with_2m_events(big_timeline_lab):
     )
     print(report)
     (ARTIFACTS / "timeline_viewer.txt").write_text(report + "\n")
+
+
+LIVE_TIMELINE_CELL = """%%horovod np=-2 timeline=run_timeline.json
+import os, time, torch, horovod.torch as hvd
+hvd.init()
+model = torch.nn.Linear(8, 1)
+optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                     named_parameters=model.named_parameters())
+deadline = time.monotonic() + 600
+while time.monotonic() < deadline:  # trains until the test opens the gate
+    optimizer.zero_grad()
+    model(torch.randn(16, 8)).sum().backward()
+    optimizer.step()
+    gate = torch.tensor([float(os.path.exists("go"))])
+    if hvd.allreduce(gate, name="gate", op=hvd.Max).item():  # both ranks stop at the same step
+        break
+    time.sleep(0.02)
+"""
+
+
+@pytest.fixture
+def live_timeline_lab(tmp_path):
+    yield from _jupyterlab(tmp_path, LIVE_TIMELINE_CELL)
+
+
+@needs_chromium
+def test_the_timeline_grows_under_the_cell_during_the_run(live_timeline_lab, tmp_path):
+    """timeline=PATH in JupyterLab: the viewer appears while the ranks still train, and grows
+    as rank 0 streams its timeline; at the end one viewer and the analysis stay."""
+    outputs = "[...document.querySelectorAll('.jp-OutputArea')].map(o => o.innerText).join('\\n')"
+    grown = "() => +(document.querySelector('.hvd-timeline-viewer') || {dataset: {}}).dataset.endUs > %d"
+    with notebook_page(live_timeline_lab, height=1200) as page:
+        page.wait_for_function(grown % 0, timeout=180_000)
+        first = int(page.get_attribute(".hvd-timeline-viewer", "data-end-us"))
+        assert "events so far" in page.evaluate(f"() => {outputs}")
+        page.wait_for_function(grown % first, timeout=120_000)  # refreshed while the run goes on
+        assert not (tmp_path / "go").exists()
+        page.screenshot(path=str(ARTIFACTS / "timeline_live.png"))
+        (tmp_path / "go").touch()
+        page.wait_for_function(
+            f"() => {{ const text = {outputs}; "
+            "return text.includes('time per activity') && !text.includes('events so far') }",
+            timeout=180_000,
+        )
+        assert len(page.query_selector_all(".hvd-timeline-viewer")) == 1
+    # streamed in pieces while Horovod wrote it (and rewrote its closing "]"): still one JSON array
+    events = json.loads((tmp_path / "run_timeline.json").read_text())
+    assert sum(e.get("ph") == "E" for e in events) > 100

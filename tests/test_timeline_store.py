@@ -4,6 +4,7 @@ viewer's window requests answered from the kernel."""
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -13,9 +14,10 @@ import pytest
 from hvd_magic.timeline import read
 from hvd_magic.timeline import viewer as viewer_module
 from hvd_magic.timeline.detail import window
+from hvd_magic.timeline.live import Growing
 from hvd_magic.timeline.matching import PyMatcher, matched, new_matcher
 
-from .timeline_fixtures import write_events
+from .timeline_fixtures import reference_spans, write_events
 
 
 def random_stream(rng: random.Random, n: int) -> tuple[np.ndarray, ...]:
@@ -173,3 +175,35 @@ def test_a_small_timeline_goes_over_whole(tmp_path):
     timeline = read(spans_timeline(tmp_path / "t.json", random.Random(8), rows=2, per_row=100))
     viewer = viewer_module.TimelineViewer.from_timeline(timeline)
     assert not viewer.lod and viewer.counts == b"" and len(viewer.starts) // 8 == len(timeline.store)
+
+
+def test_a_growing_file_is_read_incrementally(tmp_path):
+    """Rank 0's timeline arrives in pieces that may end inside an event: each update reads the
+    new bytes only and gives the spans of the whole events so far; the last equals read()."""
+    rng = random.Random(9)
+    path = spans_timeline(tmp_path / "whole.json", rng, rows=3, per_row=400)
+    raw = path.read_bytes()
+    events = json.loads(raw)
+    growing_path = tmp_path / "growing.json"
+    growing_path.write_bytes(b"")
+    growing = Growing(str(growing_path))
+    assert growing.update() is None  # nothing written yet
+    cuts = sorted(rng.sample(range(1, len(raw)), 12)) + [len(raw)]
+    written, seen = 0, []
+    for cut in cuts:
+        with open(growing_path, "ab") as out:
+            out.write(raw[written:cut])
+        written = cut
+        timeline = growing.update()
+        if timeline is None:
+            continue
+        whole_events = json.loads(raw[: raw.rfind(b"},", 0, cut) + 1] + b"]") if cut < len(raw) else events
+        got = sorted(
+            timeline.spans()[["pid", "name", "start", "end", "depth"]].itertuples(index=False, name=None)
+        )
+        assert got == reference_spans(whole_events)
+        seen.append(len(got))
+    assert len(seen) >= 5 and seen == sorted(seen) and seen[0] < seen[-1]
+    final = read(path)
+    assert timeline.store.start.tolist() == final.store.start.tolist()
+    assert timeline.store.row_names == final.store.row_names == ["t1", "t2", "t3"]

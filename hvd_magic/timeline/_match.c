@@ -4,6 +4,7 @@
  * Matcher().feed(ph, name, ts, pid)   the events in file order, any number of times
  *   ph: uint8 phase characters; name: int32 name ids (the caller's global vocabulary);
  *   ts, pid: int64 (INT64_MIN: absent). Runs without the GIL.
+ * Matcher().snapshot() -> the same as finish(), and the matcher goes on (a file still growing)
  * Matcher().finish() -> (start, end, pid, name, depth, ready_span, ready_name, ready_wait)
  *   one entry per B in file order: start, end (INT64_MIN: never closed), pid (int64), name
  *   (int32), depth (uint8, the nesting level inside its tensor, capped at 255);
@@ -201,6 +202,19 @@ static PyObject *finish(Matcher *m, PyObject *Py_UNUSED(ignored)) {
     return result;
 }
 
+static PyObject *snapshot(Matcher *m, PyObject *Py_UNUSED(ignored)) {
+    Column *columns[] = {&m->start, &m->end, &m->pid, &m->name, &m->depth, &m->ready_span, &m->ready_name,
+                         &m->ready_wait};
+    PyObject *result = PyTuple_New(8);
+    if (!result) return NULL;
+    for (int k = 0; k < 8; k++) {
+        PyObject *bytes = PyBytes_FromStringAndSize(columns[k]->data ? columns[k]->data : "", columns[k]->size);
+        if (!bytes) { Py_DECREF(result); return NULL; }
+        PyTuple_SET_ITEM(result, k, bytes);
+    }
+    return result;
+}
+
 static void dealloc(Matcher *m) {
     for (Py_ssize_t i = 0; i < m->slots; i++) PyMem_RawFree(m->stacks[i].items);
     PyMem_RawFree(m->keys); PyMem_RawFree(m->used); PyMem_RawFree(m->stacks);
@@ -213,6 +227,7 @@ static void dealloc(Matcher *m) {
 static PyMethodDef matcher_methods[] = {
     {"feed", (PyCFunction)feed, METH_VARARGS, "Match the next events (file order)."},
     {"finish", (PyCFunction)finish, METH_NOARGS, "The spans and their readiness marks, as bytes."},
+    {"snapshot", (PyCFunction)snapshot, METH_NOARGS, "The spans so far, as bytes; matching goes on."},
     {NULL, NULL, 0, NULL},
 };
 

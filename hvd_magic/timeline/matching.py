@@ -33,6 +33,8 @@ class Matcher(Protocol):
 
     def finish(self) -> tuple[bytes, ...]: ...
 
+    def snapshot(self) -> tuple[bytes, ...]: ...
+
 
 def new_matcher() -> Matcher:
     try:
@@ -43,9 +45,10 @@ def new_matcher() -> Matcher:
     return matcher
 
 
-def matched(matcher: Matcher) -> Matched:
-    """The matcher's columns as numpy arrays."""
-    columns = [np.frombuffer(raw, dtype) for raw, dtype in zip(matcher.finish(), DTYPES, strict=True)]
+def matched(matcher: Matcher, more: bool = False) -> Matched:
+    """The matcher's columns as numpy arrays; with ``more``, the matcher goes on afterwards."""
+    raw = matcher.snapshot() if more else matcher.finish()
+    columns = [np.frombuffer(column, dtype) for column, dtype in zip(raw, DTYPES, strict=True)]
     return tuple(columns)  # type: ignore[return-value]
 
 
@@ -79,6 +82,9 @@ class PyMatcher:
             elif code == ord("X") and stack:
                 top = stack[-1]
                 top[1:] = [at, top[1], label, top[4] + 1]
+
+    def snapshot(self) -> tuple[bytes, ...]:
+        return tuple(np.array(c, dtype).tobytes() for c, dtype in zip(self.columns, DTYPES, strict=True))
 
     def finish(self) -> tuple[bytes, ...]:
         out = tuple(np.array(c, dtype).tobytes() for c, dtype in zip(self.columns, DTYPES, strict=True))

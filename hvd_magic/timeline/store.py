@@ -130,8 +130,10 @@ class StoreBuilder:
                 self.marked = np.r_[self.marked, np.zeros(len(counts) - len(self.marked), np.int64)]
             self.marked[: len(counts)] += counts
 
-    def finish(self, names: list[str], tensors: Mapping[int, str]) -> SpanStore:
-        start, end, pid, name, depth, ready_span, ready_name, ready_wait = matched(self.matcher)
+    def finish(self, names: list[str], tensors: Mapping[int, str], more: bool = False) -> SpanStore:
+        """The store of the events so far; with ``more``, more may be added afterwards (spans
+        still open are left out until they close)."""
+        start, end, pid, name, depth, ready_span, ready_name, ready_wait = matched(self.matcher, more)
         cycles = np.sort(np.concatenate(self.cycles)) if self.cycles else np.empty(0, np.int64)
         # the spans with readiness marks, read before the unclosed ones are dropped
         r_pid, r_span_name, r_depth, r_start = (c[ready_span] for c in (pid, name, depth, start))

@@ -280,6 +280,7 @@ function drawFrame(v: Viewer): void {
   const span = format(v.view.t1 - v.view.t0);
   v.info.textContent = `${v.shownRows.length} tensors, rows ${v.firstRow + 1}–${v.firstRow + count}, window ${span}`;
   v.el.dataset.lastFrameMs = (performance.now() - frameStart).toFixed(2);
+  v.el.dataset.endUs = v.data.bounds[1].toFixed(0); // grows while a run still writes the timeline
 }
 
 /** The row in visible slot `slot`: striped background, tensor name, its marks. */

@@ -1,0 +1,109 @@
+"""Timeline scale benchmark: a timeline of real size (3 GB, ~50M events, Horovod 0.28's shape)
+through read, the viewer and the analysis, against json.load on a file it can still hold.
+
+Each side runs in a fresh process, which reports its peak memory (VmHWM). Prints: time to the
+viewer's first state (read + overview: what the browser paints), time for the full analysis,
+peak kernel memory as a share of the file, bytes sent to the browser (overview, and one
+window's detail), and the kernel's side of a zoom (answering a window request). The browser's
+side of the round trip is measured in a real JupyterLab by tests/test_browser.py.
+Targets (issue 15): first viewer <= 15 s, analysis <= 15 s, peak <= 0.6x the file, <= 20 MB
+to the browser, zoom round trip <= 100 ms.
+
+Usage: python bench/timeline_scale.py [--gb 3] [--keep PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from timeline_parse import generate
+
+BYTES_PER_EVENT = 60  # what the generator writes, about
+
+OURS = """
+import json, sys, time
+started = time.perf_counter()
+from hvd_magic.timeline import analyze, read
+from hvd_magic.timeline.viewer import TimelineViewer
+timeline = read(sys.argv[1])
+viewer = TimelineViewer.from_timeline(timeline, width=1600)
+first_view = time.perf_counter() - started
+overview = sum(len(getattr(viewer, k)) for k in ("starts", "durations", "rows", "kinds", "depths", "counts", "cycles"))
+zooms = []
+for i in range(10):  # windows of 1 % of the run, 30 rows, as a zoomed-in screen asks
+    t0 = viewer.end_us * i / 10
+    began = time.perf_counter()
+    reply, marks = viewer.detail(t0, t0 + viewer.end_us / 100, 1400, list(range(min(30, len(viewer.row_names)))))
+    detail_bytes = sum(len(b) for b in marks.buffers())
+    zooms.append(time.perf_counter() - began)
+began = time.perf_counter()
+analysis = analyze(timeline)
+analysis.to_html()
+analysis_s = time.perf_counter() - began
+peak = [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")][0]
+print(json.dumps({"events": len(timeline), "spans": len(timeline.store), "first_view": first_view,
+                  "analysis": analysis_s, "peak_kb": peak, "overview": overview, "detail": detail_bytes,
+                  "zoom": sorted(zooms)[len(zooms) // 2], "lod": viewer.lod}))
+"""
+
+JSON_LOAD = """
+import json, sys, time
+started = time.perf_counter()
+events = json.load(open(sys.argv[1]))
+seconds = time.perf_counter() - started
+peak = [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")][0]
+print(json.dumps({"seconds": seconds, "peak_kb": peak, "events": len(events)}))
+"""
+
+
+def run(code: str, path: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gb", type=float, default=3.0)
+    parser.add_argument("--keep", help="write the generated file here and keep it (reused if there)")
+    args = parser.parse_args()
+    path = args.keep or tempfile.mktemp(suffix=".json")
+    if not (args.keep and os.path.exists(path)):
+        generate(path, int(args.gb * 1e9 / BYTES_PER_EVENT))
+    small = tempfile.mktemp(suffix=".json")
+    generate(small, 2_500_000)  # ~150 MB: json.load holds it (about 10x its size in memory)
+    try:
+        size, small_size = os.path.getsize(path), os.path.getsize(small)
+        ours, baseline = run(OURS, path), run(JSON_LOAD, small)
+    finally:
+        os.unlink(small)
+        if not args.keep:
+            os.unlink(path)
+    gb = size / 1e9
+    scale = size / small_size
+    print(f"timeline scale benchmark: {gb:.2f} GB, {ours['events']:,} events, {ours['spans']:,} spans, "
+          f"{os.cpu_count()} cores")  # fmt: skip
+    print(
+        f"  json.load on {small_size / 1e6:.0f} MB: {baseline['seconds']:.1f} s, peak "
+        f"{baseline['peak_kb'] / 1024:.0f} MB; scaled to this file: {baseline['seconds'] * scale:.0f} s, "
+        f"{baseline['peak_kb'] * scale / 1024**2:.1f} GB (it would not fit in most kernels)"
+    )
+    peak_share = ours["peak_kb"] * 1024 / size
+    print(f"  first viewer (read + overview)  {ours['first_view']:6.1f} s   (target <= 15)")
+    print(f"  full analysis                   {ours['analysis']:6.1f} s   (target <= 15)")
+    print(f"  kernel peak memory              {ours['peak_kb'] / 1024**2:6.2f} GB = {peak_share:.2f}x the file "
+          "(target <= 0.6)")  # fmt: skip
+    print(f"  sent to the browser: overview {ours['overview'] / 1e6:.1f} MB, a window's detail "
+          f"{ours['detail'] / 1e6:.2f} MB (target <= 20)")  # fmt: skip
+    print(f"  a window's detail in the kernel {ours['zoom'] * 1000:6.0f} ms  (target <= 100 for the round trip)")
+    speed = baseline["seconds"] * scale / (ours["first_view"] + ours["analysis"])
+    print(f"ratios: viewer and analysis {speed:.1f}x faster than json.load alone (scaled); "
+          f"peak memory {ours['peak_kb'] / (baseline['peak_kb'] * scale):.2f}x json.load's (scaled)")
+
+
+if __name__ == "__main__":
+    main()

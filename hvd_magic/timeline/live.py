@@ -1,0 +1,135 @@
+"""A timeline while the run still writes it: read incrementally, shown and refreshed under the
+cell every few seconds (``timeline=on`` in a notebook).
+
+:class:`Growing` reads what was appended since its last call, whole events only (rank 0 streams
+the file in pieces that may end inside one), and feeds them to the same matcher as ``read``:
+each refresh costs the new bytes, plus a snapshot of the spans so far.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from ..errors import TimelineError
+from . import _fast
+from .reader import Timeline, metadata
+
+__all__ = ["Growing", "LiveTimeline"]
+
+REFRESH_SECONDS = 3.0
+
+
+class Growing:
+    """A timeline file being written: ``update()`` returns a ``Timeline`` of the whole events
+    so far when some were added since the last call, else None."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.offset: int | None = None  # past the opening "[", once seen
+        self.carry = b""
+        self.digest = _fast.Digest()
+        self.broken = False  # not plain Horovod output: left to the reader after the run
+
+    def update(self) -> Timeline | None:
+        if self.broken or not os.path.exists(self.path):
+            return None
+        with open(self.path, "rb") as file:
+            if self.offset is None:
+                head = file.read(4096).lstrip()
+                if not head:
+                    return None
+                if not head.startswith(b"["):
+                    self.broken = True
+                    return None
+                self.offset = _after_bracket(self.path)
+            file.seek(self.offset)
+            new = file.read()
+        self.offset += len(new)
+        data = self.carry + new
+        tail = data.rstrip()
+        if tail.endswith(b"]") and tail[:-1].rstrip().endswith(b"}"):
+            cut = len(tail[:-1].rstrip()) - 1  # the closing "]": the run ended, the last event is whole
+        else:
+            cut = data.rfind(b"},")
+        if cut < 0:
+            self.carry = data
+            return None
+        whole, self.carry = data[: cut + 1], data[cut + 1 :]
+        if not self._scan(memoryview(whole)):
+            self.broken = True
+            return None
+        tensors, start = metadata(self.digest.meta)
+        store = self.digest.builder.finish(self.digest.names, tensors, more=True)
+        return Timeline(self.path, self.digest.events, tensors, start, closed=False, _store=store)
+
+    def _scan(self, view: memoryview) -> bool:
+        try:
+            from . import _scan
+        except ImportError:
+            return False
+        consumed, error_at, *part = _scan.scan(view, False)
+        if error_at >= 0 or consumed < len(view):
+            return False
+        self.digest(tuple(part))  # type: ignore[arg-type]
+        return True
+
+
+def _after_bracket(path: str) -> int:
+    with open(path, "rb") as file:
+        head = file.read(4096)
+    return len(head) - len(head.lstrip()) + 1
+
+
+class LiveTimeline:
+    """Shows the run's timeline under the cell while it grows: the viewer (updated in place)
+    and the analysis, refreshed at most every ``REFRESH_SECONDS`` (longer when a refresh itself
+    takes long: never more than a fifth of the time)."""
+
+    def __init__(self, path: str, clock: Any = time.monotonic) -> None:
+        self.growing = Growing(path)
+        self.clock = clock
+        self.next_refresh = clock() + REFRESH_SECONDS
+        self.viewer: Any = None
+        self.analysis: Any = None
+
+    def tick(self) -> None:
+        now = self.clock()
+        if now < self.next_refresh:
+            return
+        began = time.perf_counter()
+        try:
+            timeline = self.growing.update()
+            if timeline is not None and len(timeline.store):
+                self._show(timeline)
+        except (TimelineError, ValueError, OSError):
+            self.growing.broken = True  # the final reading after the run will say what is wrong
+        cost = time.perf_counter() - began
+        self.next_refresh = self.clock() + max(REFRESH_SECONDS, 5 * cost)
+
+    def _show(self, timeline: Timeline) -> None:
+        from IPython.display import HTML, display
+
+        from .analysis import analyze
+        from .viewer import TimelineViewer
+
+        html = HTML(
+            f"<small>{self.growing.path}: {len(timeline):,} events so far (the run is still writing it)"
+            f"</small><div class='hvd-timeline'>{analyze(timeline).to_html()}</div>"
+        )
+        if self.viewer is None:
+            self.viewer = TimelineViewer.from_timeline(timeline)
+            display(self.viewer)
+            self.analysis = display(html, display_id=True)
+        else:
+            self.viewer.show(timeline.store)
+            self.analysis.update(html)
+
+    def close(self) -> None:
+        """The run ended: the final viewer and analysis take the live ones' place."""
+        if self.viewer is not None:
+            from IPython.display import HTML
+
+            self.viewer.close()
+            self.analysis.update(HTML(""))
