@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import cloudpickle
 
@@ -29,10 +29,8 @@ from .launch import Launcher
 from .options import RunOptions
 from .protocol import ENV_HUB, ENV_TOKEN, FileChunk, Message
 from .run_record import RunRecord
+from .timeline.live import live_timeline
 from .views import RunView, make_view
-
-if TYPE_CHECKING:
-    from .timeline.live import LiveTimeline
 
 __all__ = ["Run", "execute", "rank_env"]
 
@@ -83,18 +81,6 @@ def execute(captured: Captured, options: RunOptions, view: RunView | None = None
     return Run(hub, launcher, view, options).execute()
 
 
-def _live_timeline(path: str | None, view: RunView) -> LiveTimeline | None:
-    """The timeline shown while it grows, in a notebook (where the view is live widgets)."""
-    if not path or type(view).__name__ != "LiveView":
-        return None
-    try:
-        from .timeline.live import LiveTimeline
-
-        return LiveTimeline(path)
-    except ImportError:  # no anywidget: the timeline is shown after the run
-        return None
-
-
 class _FileSink:
     """Writes the files rank 0 streams back: its Horovod Timeline to the path the user asked
     for, other files (``reporting.send_file``: checkpoints) into ``files_dir``, each under a
@@ -118,6 +104,11 @@ class _FileSink:
         if record.last and partial != path:
             os.replace(partial, path)
             self.started.discard(record.name)
+
+    def writing_timeline(self) -> bool:
+        """Whether this run's timeline has begun arriving (until then the path may hold an
+        earlier run's)."""
+        return "timeline" in self.started
 
     def _path(self, name: str) -> str | None:
         if name == "timeline":
@@ -145,7 +136,7 @@ class Run:
         self.record = RunRecord(options.ranks, began=now, last_message=now)
         self.files = _FileSink(options.timeline, options.files_dir)
         self.stall_seconds = stall_seconds(options)
-        self.live_timeline = _live_timeline(options.timeline, view)
+        self.live_timeline = live_timeline(options.timeline, view, self.files.writing_timeline)
 
     def execute(self) -> Any:
         """Start and supervise; then stop whatever is left and return (or raise) only once the
@@ -191,8 +182,8 @@ class Run:
         while True:
             self._pump(wait=self.wait)
             self.view.tick()
-            if self.live_timeline is not None:
-                self.live_timeline.tick()
+            if self.live_timeline is not None and self.live_timeline.tick():
+                self._pump(wait=0)  # what came in while it refreshed, before the time checks
             self._watch_waits()
             if self.record.errors:
                 raise diagnosis.rank_failed(self.record, self._find_cause())  # decided before the stop

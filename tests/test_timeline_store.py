@@ -14,19 +14,23 @@ import pytest
 from hvd_magic.timeline import read
 from hvd_magic.timeline import viewer as viewer_module
 from hvd_magic.timeline.detail import window
-from hvd_magic.timeline.live import Growing
+from hvd_magic.timeline.live import Growing, LiveTimeline
 from hvd_magic.timeline.matching import PyMatcher, matched, new_matcher
+from hvd_magic.timeline.reader import read_general
 
 from .timeline_fixtures import reference_spans, write_events
 
 
 def random_stream(rng: random.Random, n: int) -> tuple[np.ndarray, ...]:
-    """Events as a matcher takes them: B, E (some stray), X marks, other phases, 5 tensors."""
+    """Events as a matcher takes them: B, E (some stray), X marks, other phases, 5 tensors, a
+    few without a time."""
     phases = rng.choices(b"BBBEEEXXi", k=n)
+    ts = np.cumsum([rng.randrange(0, 50) for _ in range(n)]).astype(np.int64)
+    ts[rng.sample(range(n), n // 100)] = np.iinfo(np.int64).min  # events without a time
     return (
         np.array(phases, np.uint8),
         np.array([rng.randrange(-1, 12) for _ in range(n)], np.int32),
-        np.cumsum([rng.randrange(0, 50) for _ in range(n)]).astype(np.int64),
+        ts,
         np.array([rng.randrange(0, 5) for _ in range(n)], np.int64),
     )
 
@@ -207,3 +211,71 @@ def test_a_growing_file_is_read_incrementally(tmp_path):
     final = read(path)
     assert timeline.store.start.tolist() == final.store.start.tolist()
     assert timeline.store.row_names == final.store.row_names == ["t1", "t2", "t3"]
+
+
+def test_events_without_a_phase_or_a_time_make_no_span(tmp_path):
+    events = [
+        {"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "w"}},
+        {"ph": "B", "name": "A", "ts": 1, "pid": 0},
+        {"name": "junk", "ts": 2, "pid": 0},  # no phase
+        {"ph": "B", "name": "no time", "pid": 0},
+        {"ph": "E", "ts": 3, "pid": 0},
+        {"ph": "E", "pid": 0},
+    ]
+    path = write_events(tmp_path / "odd.json", events)
+    for timeline in (read(path), read_general(str(path))):
+        assert timeline.spans()[["name", "start", "end"]].values.tolist() == [["A", 1, 3]]
+
+
+def test_a_newer_store_keeps_the_viewers_activity_indices(tmp_path):
+    """A growing file's later snapshot may bring activities that sort first: the front end's
+    checkboxes and colours are by index, so the old ones keep theirs."""
+    first = [{"ph": "B", "name": "QUEUE", "ts": 1, "pid": 1}, {"ph": "E", "ts": 5, "pid": 1}]
+    later = [*first, {"ph": "B", "name": "ALLREDUCE", "ts": 6, "pid": 1}, {"ph": "E", "ts": 9, "pid": 1}]
+    viewer = viewer_module.TimelineViewer.from_timeline(read(write_events(tmp_path / "a.json", first)))
+    assert viewer.activity_names == ["QUEUE"]
+    viewer.show(read(write_events(tmp_path / "b.json", later)).store)
+    assert viewer.activity_names == ["QUEUE", "ALLREDUCE"]
+    assert np.frombuffer(viewer.kinds, np.uint8).tolist() == [0, 1]  # by start: QUEUE, then ALLREDUCE
+
+
+def test_window_requests_far_outside_the_run_are_answered(tmp_path, monkeypatch):
+    timeline = read(spans_timeline(tmp_path / "t.json", random.Random(3), rows=2, per_row=50))
+    viewer = viewer_module.TimelineViewer.from_timeline(timeline)
+    sent = Sent()
+    monkeypatch.setattr(viewer, "send", sent)
+    viewer._answer(
+        viewer, {"type": "window", "id": 1, "t0": -1e300, "t1": 1e300, "width": 100, "rows": [0]}, []
+    )
+    ((content, buffers),) = sent
+    assert content["rows"] == [0] and len(np.frombuffer(buffers[0], np.float64)) == timeline.store.offsets[1]
+
+
+def test_the_live_view_waits_for_this_runs_file_and_never_stops_the_run(tmp_path, monkeypatch):
+    path = spans_timeline(tmp_path / "earlier_run.json", random.Random(4), rows=1, per_row=20)
+    path.write_bytes(path.read_bytes().rstrip(b"]") + b",")  # still being written: no closing "]"
+    clock = iter(range(0, 10_000, 10)).__next__  # 10 s per call: every tick is due
+    written: list[bool] = []
+    live = LiveTimeline(str(path), lambda: bool(written), clock=clock)
+    assert not live.tick() and live.viewer is None  # the file there may be an earlier run's
+    written.append(True)
+    shown = []
+    monkeypatch.setattr(LiveTimeline, "_show", lambda self, timeline: shown.append(len(timeline.store)))
+    assert live.tick() and shown == [40]
+
+    def broken_show(self, timeline):
+        raise ModuleNotFoundError("No module named 'anywidget'")
+
+    monkeypatch.setattr(LiveTimeline, "_show", broken_show)
+    with open(path, "ab") as out:  # more events arrive, and showing them fails
+        out.write(b'{"ph": "B", "name": "A", "ts": 1, "pid": 7}, {"ph": "E", "ts": 2, "pid": 7},')
+    assert live.tick() and live.growing.broken  # told, not raised: the run goes on
+    assert not live.tick()
+
+
+def test_a_file_rewritten_from_the_start_is_not_read_as_growing(tmp_path):
+    path = spans_timeline(tmp_path / "t.json", random.Random(5), rows=1, per_row=20)
+    growing = Growing(str(path))
+    assert growing.update() is not None
+    path.write_bytes(b'[{"ph": "B", "name": "A", "ts": 1, "pid": 1},')
+    assert growing.update() is None and growing.broken

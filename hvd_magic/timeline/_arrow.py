@@ -50,7 +50,7 @@ def store(events: pa.Table, tensors: Mapping[int, str]) -> SpanStore:
     names = _encoded(events["name"])
     phases = _encoded(events["ph"])
     first = [ord(p[0]) if p and ord(p[0]) < 128 else 32 for p in phases.dictionary.to_pylist()]
-    codes = np.array(first or [32], np.uint8)[_ids(phases).clip(0)]
+    codes = np.array([*first, 32], np.uint8)[_ids(phases)]  # no phase (-1): the trailing blank
     vocabulary = names.dictionary.to_pylist()
     ts, pid = (pc.fill_null(events[c], ABSENT).to_numpy().astype(np.int64) for c in ("ts", "pid"))
     builder = StoreBuilder()

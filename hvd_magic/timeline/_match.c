@@ -12,7 +12,8 @@
  *   ready_span (int64 index of the span), ready_name (int32, the last mark's name: the rank
  *   ready last), ready_wait (int64: the time since the mark before it, 0 with a single mark).
  * Within a tensor spans nest, so an E closes the innermost open B; an E with nothing open is
- * dropped, and a B still open at the end keeps end INT64_MIN (a cut-off file).
+ * dropped, and a B still open at the end keeps end INT64_MIN (a cut-off file). Events without
+ * a time are skipped. One thread at a time: the object is not locked.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -144,7 +145,7 @@ static void mark(Stack *s, int64_t ts, int32_t name) {
 static int feed_events(Matcher *m, const uint8_t *ph, const int32_t *name, const int64_t *ts,
                        const int64_t *pid, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (ph[i] != 'B' && ph[i] != 'E' && ph[i] != 'X') continue;
+        if ((ph[i] != 'B' && ph[i] != 'E' && ph[i] != 'X') || ts[i] == ABSENT) continue; /* no time: no span */
         Stack *s = stack_of(m, pid[i]);
         if (!s) return -1;
         if (ph[i] == 'B') {
@@ -199,6 +200,7 @@ static PyObject *finish(Matcher *m, PyObject *Py_UNUSED(ignored)) {
         PyTuple_SET_ITEM(result, k, bytes);
     }
     m->spans = 0;
+    for (Py_ssize_t i = 0; i < m->slots; i++) m->stacks[i].size = 0; /* spans open now never close */
     return result;
 }
 

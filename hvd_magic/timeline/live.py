@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
-from ..errors import TimelineError
 from . import _fast
 from .reader import Timeline, metadata
 
-__all__ = ["Growing", "LiveTimeline"]
+__all__ = ["Growing", "LiveTimeline", "live_timeline"]
 
 REFRESH_SECONDS = 3.0
 
@@ -44,6 +44,9 @@ class Growing:
                     self.broken = True
                     return None
                 self.offset = _after_bracket(self.path)
+            if os.fstat(file.fileno()).st_size < self.offset:
+                self.broken = True  # rewritten from the start: not a file growing
+                return None
             file.seek(self.offset)
             new = file.read()
         self.offset += len(new)
@@ -87,26 +90,31 @@ class LiveTimeline:
     and the analysis, refreshed at most every ``REFRESH_SECONDS`` (longer when a refresh itself
     takes long: never more than a fifth of the time)."""
 
-    def __init__(self, path: str, clock: Any = time.monotonic) -> None:
+    def __init__(
+        self, path: str, written: Callable[[], bool], clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.growing = Growing(path)
+        self.written = written  # this run's timeline has begun arriving at ``path``
         self.clock = clock
         self.next_refresh = clock() + REFRESH_SECONDS
         self.viewer: Any = None
         self.analysis: Any = None
 
-    def tick(self) -> None:
-        now = self.clock()
-        if now < self.next_refresh:
-            return
+    def tick(self) -> bool:
+        """Refresh when it is time; returns whether it tried (it may have taken a while)."""
+        if self.growing.broken or self.clock() < self.next_refresh or not self.written():
+            return False
         began = time.perf_counter()
         try:
             timeline = self.growing.update()
             if timeline is not None and len(timeline.store):
                 self._show(timeline)
-        except (TimelineError, ValueError, OSError):
-            self.growing.broken = True  # the final reading after the run will say what is wrong
+        except Exception:  # noqa: BLE001 - a view of the timeline must never stop the run
+            # the reading after the run shows the file, or says what is wrong with it
+            self.growing.broken = True
         cost = time.perf_counter() - began
         self.next_refresh = self.clock() + max(REFRESH_SECONDS, 5 * cost)
+        return True
 
     def _show(self, timeline: Timeline) -> None:
         from IPython.display import HTML, display
@@ -133,3 +141,14 @@ class LiveTimeline:
 
             self.viewer.close()
             self.analysis.update(HTML(""))
+
+
+def live_timeline(path: str | None, view: object, written: Callable[[], bool]) -> LiveTimeline | None:
+    """The timeline shown while it grows, in a notebook (where the run's view is live widgets)."""
+    if not path or type(view).__name__ != "LiveView":
+        return None
+    try:
+        from . import viewer  # noqa: F401 - anywidget and the bundle: the viewer can be shown
+    except ImportError:  # no anywidget: the timeline is shown after the run
+        return None
+    return LiveTimeline(path, written)

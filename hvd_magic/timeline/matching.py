@@ -66,6 +66,8 @@ class PyMatcher:
         pids = np.frombuffer(pid, np.int64).tolist()
         start, end, pid_, name_, depth, ready_span, ready_name, ready_wait = self.columns
         for code, label, at, tensor in zip(phases, names, times, pids, strict=True):
+            if at == ABSENT:
+                continue  # no time: no span, no mark
             stack = self.stacks.setdefault(tensor, [])
             if code == ord("B"):
                 stack.append([len(start), ABSENT, ABSENT, -1, 0])
@@ -89,4 +91,5 @@ class PyMatcher:
     def finish(self) -> tuple[bytes, ...]:
         out = tuple(np.array(c, dtype).tobytes() for c, dtype in zip(self.columns, DTYPES, strict=True))
         self.columns = [[] for _ in DTYPES]
+        self.stacks = {}
         return out

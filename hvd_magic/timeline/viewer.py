@@ -74,15 +74,24 @@ class TimelineViewer(anywidget.AnyWidget):
         end = int(store.end.max()) if len(store) else self._origin + 1
         rows = list(range(len(store.row_names)))
         lod = len(store) > DIRECT_SPANS
-        pixels = int(np.clip(OVERVIEW_MARKS // max(3 * len(rows), 1), 200, width))
+        pixels = int(np.clip(OVERVIEW_MARKS // max(3 * len(rows), 1), 50, width))
+        # a newer store of a growing file: activities keep their index (the front end's
+        # checkboxes and colours), new ones come after them
+        names = list(self.activity_names) + sorted(set(store.kind_names) - set(self.activity_names))
+        position = {name: i for i, name in enumerate(names)}
+        self._kind_map = np.array([position[n] for n in store.kind_names] or [0], np.uint8)
         marks = window(store, self._origin, end, pixels, rows, 0 if lod else len(store), self._origin)
         with self.hold_sync():
             self.row_names = store.row_names
-            self.activity_names = store.kind_names
-            self._set_marks(marks, counted=lod)
+            self.activity_names = names
+            self._set_marks(self._mapped(marks), counted=lod)
             self.cycles = (store.cycles.astype(np.float64) - self._origin).tobytes()
             self.end_us = float(end - self._origin)
             self.lod = lod
+
+    def _mapped(self, marks: Marks) -> Marks:
+        marks.kind = self._kind_map[marks.kind]
+        return marks
 
     def _set_marks(self, marks: Marks, counted: bool) -> None:
         starts, durations, rows, kinds, depths, counts = marks.buffers()
@@ -100,27 +109,31 @@ class TimelineViewer(anywidget.AnyWidget):
             self._store, int(self._origin + low), int(self._origin + high) + 1, 3 * width, rows,
             DETAIL_SPANS, self._origin,
         )  # fmt: skip
-        return {"type": "spans", "t0": low, "t1": high, "rows": rows}, marks
+        return {"type": "spans", "t0": low, "t1": high, "rows": rows}, self._mapped(marks)
 
     def _answer(self, _widget: Any, content: Any, _buffers: Any) -> None:
         if not isinstance(content, dict) or content.get("type") != "window":
             return  # not ours
-        request = _window_request(content, len(self._store.row_names))
+        request = _window_request(content, len(self._store.row_names), self.end_us)
         # a malformed request (rows of an overview replaced meanwhile) gets an empty reply: the
         # front end keeps one request in flight and waits for it
-        reply, marks = (
-            self.detail(*request) if request else ({"type": "spans", "t0": 0, "t1": 0, "rows": []}, _NONE)
-        )
+        reply, marks = {"type": "spans", "t0": 0, "t1": 0, "rows": []}, _NONE
+        if request is not None:
+            reply, marks = self.detail(*request)
         self.send({**reply, "id": content.get("id")}, buffers=marks.buffers())
 
 
-def _window_request(content: dict[str, Any], row_count: int) -> tuple[float, float, int, list[int]] | None:
-    """(t0, t1, width, rows) of a well-formed ``window`` message, else None."""
+def _window_request(
+    content: dict[str, Any], row_count: int, end_us: float
+) -> tuple[float, float, int, list[int]] | None:
+    """(t0, t1, width, rows) of a well-formed ``window`` message (times clipped to the run
+    give or take its length), else None."""
     try:
         t0, t1, width = float(content["t0"]), float(content["t1"]), int(content["width"])
         rows = sorted({int(r) for r in content["rows"]})
     except (KeyError, TypeError, ValueError):
         return None
+    t0, t1 = (min(max(t, -end_us), 2 * end_us) for t in (t0, t1))
     if not t0 < t1 or not 0 < width <= MAX_WIDTH or any(not 0 <= r < row_count for r in rows):
         return None
     return t0, t1, width, rows
