@@ -23,7 +23,7 @@ from .matching import ABSENT
 from .schema import SCHEMA
 from .store import SpanStore, StoreBuilder
 
-__all__ = ["metadata_rows", "parse", "store"]
+__all__ = ["metadata_rows", "parse", "span_store"]
 
 
 def parse(path: str, chunks: Iterable[tuple[int, memoryview, bool, bool]]) -> tuple[pa.Table, bool]:
@@ -45,7 +45,7 @@ def metadata_rows(events: pa.Table) -> list[tuple[str | None, int | None, dict[s
     ]
 
 
-def store(events: pa.Table, tensors: Mapping[int, str]) -> SpanStore:
+def span_store(events: pa.Table, tensors: Mapping[int, str]) -> SpanStore:
     """The spans of a table's events (a general-backend read, or any ``Timeline`` built from one)."""
     names = _encoded(events["name"])
     phases = _encoded(events["ph"])

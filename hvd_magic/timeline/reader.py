@@ -76,7 +76,7 @@ class Timeline:
         if self._store is None:
             from . import _arrow
 
-            self._store = _arrow.store(self.events, self.tensors)
+            self._store = _arrow.span_store(self.events, self.tensors)
         return self._store
 
     def spans(self) -> pd.DataFrame:
