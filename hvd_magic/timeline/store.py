@@ -155,8 +155,9 @@ class StoreBuilder:
         counts = np.bincount(row, minlength=len(by_name))
         offsets = np.r_[0, np.cumsum(counts)].astype(np.int64)
         longest = np.zeros(len(by_name), np.int64)
-        if len(duration):
-            np.maximum.at(longest, row, duration)
+        filled = np.flatnonzero(counts)  # spans are by row: one reduction per row's run
+        if len(filled):
+            longest[filled] = np.maximum.reduceat(duration, offsets[filled])
         return SpanStore(
             row_pids=row_pids[by_name],
             row_names=[labels[i] for i in by_name],
