@@ -107,17 +107,27 @@ def scan(
     truncated = False
     with ThreadPoolExecutor(workers) as pool:
         pending: collections.deque[tuple[memoryview, bool, Future[Any]]] = collections.deque()
+
+        def take_one() -> bool:
+            nonlocal truncated
+            view, last, future = pending.popleft()
+            result = future.result()
+            consumed, error_at = result[0], result[1]
+            if error_at >= 0 or (consumed < len(view) and not last):
+                return False  # not plain Horovod output: the Arrow backend says where
+            if last:
+                truncated = bool(bytes(view[consumed:]).strip(b" \n\r\t,"))
+            consume(result[2:])
+            return True
+
         for _, view, last, _closed in chunks:
             pending.append((view, last, pool.submit(_scan.scan, view, last)))
-            while len(pending) > workers or (last and pending):
-                view_done, was_last, future = pending.popleft()
-                result = future.result()
-                consumed, error_at = result[0], result[1]
-                if error_at >= 0 or (consumed < len(view_done) and not was_last):
-                    return None  # not plain Horovod output: the Arrow backend says where
-                if was_last:
-                    truncated = bool(bytes(view_done[consumed:]).strip(b" \n\r\t,"))
-                consume(result[2:])
+            while len(pending) > workers:
+                if not take_one():
+                    return None
+        while pending:  # the last few (all of them when no chunk is the file's last)
+            if not take_one():
+                return None
     return truncated
 
 
@@ -140,10 +150,7 @@ class Digest:
 
     def __call__(self, part: Part) -> None:
         ph, ids, ts, pid, _dur, names, chunk_meta = part
-        local = np.array(
-            [self.vocabulary.setdefault(n, len(self.vocabulary)) for n in names] + [-1], np.int32
-        )
-        name = local[np.frombuffer(ids, np.int32)]
+        name = global_ids(self.vocabulary, names, ids)
         ts_column, pid_column = np.frombuffer(ts, np.int64), np.frombuffer(pid, np.int64)
         self.builder.add(
             np.frombuffer(ph, np.uint8), name, ts_column, pid_column, self.vocabulary.get("CYCLE_START")
@@ -165,6 +172,14 @@ class Digest:
         return list(self.vocabulary)
 
 
+def global_ids(vocabulary: dict[str, int], names: list[str], ids: bytes) -> np.ndarray:
+    """A chunk's name ids (into its own ``names``) as ids into ``vocabulary``, which grows by
+    the names it has not seen; -1 (no name) stays -1."""
+    local = np.array([vocabulary.setdefault(n, len(vocabulary)) for n in names] + [-1], np.int32)
+    named: np.ndarray = local[np.frombuffer(ids, np.int32)]  # id -1 picks the trailing -1
+    return named
+
+
 def _assemble(parts: list[Part], truncated: bool) -> Columns:
     """One set of columns from the chunks' own: one vocabulary of names, rows counted across."""
     vocabulary: dict[str, int] = {}
@@ -172,9 +187,8 @@ def _assemble(parts: list[Part], truncated: bool) -> Columns:
     meta: list[tuple[int, dict[str, Any]]] = []
     rows = 0
     for ph, ids, ts, pid, dur, names, chunk_meta in parts:
-        local = np.array([vocabulary.setdefault(n, len(vocabulary)) for n in names] + [-1], dtype=np.int32)
         columns["ph"].append(np.frombuffer(ph, np.uint8))
-        columns["name"].append(local[np.frombuffer(ids, np.int32)])  # id -1 picks the trailing -1
+        columns["name"].append(global_ids(vocabulary, names, ids))
         for key, raw in (("ts", ts), ("pid", pid), ("dur", dur)):
             columns[key].append(np.frombuffer(raw, np.int64))
         meta.extend((rows + index, json.loads(args)) for index, args in chunk_meta)

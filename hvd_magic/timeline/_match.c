@@ -181,47 +181,39 @@ done:
     return result;
 }
 
-/* Hands a column over as bytes and frees it, so that only one column is ever held twice. */
-static PyObject *take(Column *c) {
-    PyObject *bytes = PyBytes_FromStringAndSize(c->data ? c->data : "", c->size);
-    PyMem_RawFree(c->data);
-    memset(c, 0, sizeof(Column));
-    return bytes;
-}
+#define COLUMNS(m) {&(m)->start, &(m)->end, &(m)->pid, &(m)->name, &(m)->depth, &(m)->ready_span, \
+                     &(m)->ready_name, &(m)->ready_wait}
 
-static PyObject *finish(Matcher *m, PyObject *Py_UNUSED(ignored)) {
-    Column *columns[] = {&m->start, &m->end, &m->pid, &m->name, &m->depth, &m->ready_span, &m->ready_name,
-                         &m->ready_wait};
-    PyObject *result = PyTuple_New(8);
-    if (!result) return NULL;
-    for (int k = 0; k < 8; k++) {
-        PyObject *bytes = take(columns[k]);
-        if (!bytes) { Py_DECREF(result); return NULL; }
-        PyTuple_SET_ITEM(result, k, bytes);
-    }
-    m->spans = 0;
-    for (Py_ssize_t i = 0; i < m->slots; i++) m->stacks[i].size = 0; /* spans open now never close */
-    return result;
-}
-
-static PyObject *snapshot(Matcher *m, PyObject *Py_UNUSED(ignored)) {
-    Column *columns[] = {&m->start, &m->end, &m->pid, &m->name, &m->depth, &m->ready_span, &m->ready_name,
-                         &m->ready_wait};
+/* The columns as a tuple of bytes; with take, each column is freed once copied (only one is
+ * ever held twice) and the matcher starts over. */
+static PyObject *columns_as_bytes(Matcher *m, int take) {
+    Column *columns[] = COLUMNS(m);
     PyObject *result = PyTuple_New(8);
     if (!result) return NULL;
     for (int k = 0; k < 8; k++) {
         PyObject *bytes = PyBytes_FromStringAndSize(columns[k]->data ? columns[k]->data : "", columns[k]->size);
         if (!bytes) { Py_DECREF(result); return NULL; }
         PyTuple_SET_ITEM(result, k, bytes);
+        if (take) {
+            PyMem_RawFree(columns[k]->data);
+            memset(columns[k], 0, sizeof(Column));
+        }
+    }
+    if (take) {
+        m->spans = 0;
+        for (Py_ssize_t i = 0; i < m->slots; i++) m->stacks[i].size = 0; /* spans open now never close */
     }
     return result;
 }
 
+static PyObject *finish(Matcher *m, PyObject *Py_UNUSED(ignored)) { return columns_as_bytes(m, 1); }
+
+static PyObject *snapshot(Matcher *m, PyObject *Py_UNUSED(ignored)) { return columns_as_bytes(m, 0); }
+
 static void dealloc(Matcher *m) {
     for (Py_ssize_t i = 0; i < m->slots; i++) PyMem_RawFree(m->stacks[i].items);
     PyMem_RawFree(m->keys); PyMem_RawFree(m->used); PyMem_RawFree(m->stacks);
-    Column *columns[] = {&m->start, &m->end, &m->pid, &m->name, &m->depth, &m->ready_span, &m->ready_name,
-                         &m->ready_wait};
+    Column *columns[] = COLUMNS(m);
     for (int k = 0; k < 8; k++) PyMem_RawFree(columns[k]->data);
     Py_TYPE(m)->tp_free((PyObject *)m);
 }

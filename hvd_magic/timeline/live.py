@@ -13,8 +13,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import TimelineError
 from . import _fast
-from .reader import Timeline, metadata
+from .reader import Timeline, metadata, skip_opening
 
 __all__ = ["Growing", "LiveTimeline", "live_timeline"]
 
@@ -37,13 +38,14 @@ class Growing:
             return None
         with open(self.path, "rb") as file:
             if self.offset is None:
-                head = file.read(4096).lstrip()
-                if not head:
-                    return None
-                if not head.startswith(b"["):
+                if not file.read(4096).strip():
+                    return None  # nothing written yet
+                file.seek(0)
+                try:
+                    self.offset = skip_opening(self.path, file)
+                except TimelineError:
                     self.broken = True
                     return None
-                self.offset = _after_bracket(self.path)
             if os.fstat(file.fileno()).st_size < self.offset:
                 self.broken = True  # rewritten from the start: not a file growing
                 return None
@@ -60,29 +62,13 @@ class Growing:
             self.carry = data
             return None
         whole, self.carry = data[: cut + 1], data[cut + 1 :]
-        if not self._scan(memoryview(whole)):
+        # one non-final chunk: None when the scanner is not built or the events are not plain
+        if _fast.scan([(0, memoryview(whole), False, False)], 1, self.digest) is None:
             self.broken = True
             return None
         tensors, start = metadata(self.digest.meta)
         store = self.digest.builder.finish(self.digest.names, tensors, more=True)
         return Timeline(self.path, self.digest.events, tensors, start, closed=False, _store=store)
-
-    def _scan(self, view: memoryview) -> bool:
-        try:
-            from . import _scan
-        except ImportError:
-            return False
-        consumed, error_at, *part = _scan.scan(view, False)
-        if error_at >= 0 or consumed < len(view):
-            return False
-        self.digest(tuple(part))  # type: ignore[arg-type]
-        return True
-
-
-def _after_bracket(path: str) -> int:
-    with open(path, "rb") as file:
-        head = file.read(4096)
-    return len(head) - len(head.lstrip()) + 1
 
 
 class LiveTimeline:

@@ -32,7 +32,16 @@ if TYPE_CHECKING:
 
     from .store import SpanStore
 
-__all__ = ["CHUNK_BYTES", "Timeline", "TimelineError", "metadata", "read", "read_fast", "read_general"]
+__all__ = [
+    "CHUNK_BYTES",
+    "Timeline",
+    "TimelineError",
+    "metadata",
+    "read",
+    "read_fast",
+    "read_general",
+    "skip_opening",
+]
 
 CHUNK_BYTES = 16 * 1024 * 1024
 
@@ -178,7 +187,7 @@ class _Chunks:
         self.closed = False
 
     def __iter__(self) -> Iterator[Chunk]:
-        offset = _skip_opening(self.path, self.file)
+        offset = skip_opening(self.path, self.file)
         carry = b""
         while True:
             buffer = bytearray(len(carry) + CHUNK_BYTES)
@@ -205,7 +214,7 @@ class _Chunks:
         return view[: end - 1] if self.closed else view
 
 
-def _skip_opening(path: str, file: io.BufferedReader) -> int:
+def skip_opening(path: str, file: io.BufferedReader) -> int:
     """Reads past the opening ``[``; returns the offset after it."""
     head = file.read(4096)
     start = len(head) - len(head.lstrip())
