@@ -70,14 +70,14 @@ def session_checks(session: Any, slots: int | None) -> list[Check]:
     master = sessions.conf(session, "spark.master") or "?"
     checks = [Check("Spark session", True, f"{kind}, Spark {session.version}, master {master}")]
     per_task = f"spark.task.cpus={sessions.task_cpus(session)}"
-    checks.append(
-        Check("task slots", None, f"not told by this session ({per_task})")
-        if slots is None
-        else Check("task slots", True, f"{slots} at once: np={slots} or fewer ({per_task})")
-        if slots
-        else Check("task slots", False, f"none after {EXECUTOR_WAIT_SECONDS:.0f} s ({per_task})",
-                   "add executors or cores (spark.executor.instances, spark.executor.cores)")
-    )  # fmt: skip
+    if slots is None:
+        checks.append(Check("task slots", None, f"not told by this session ({per_task})"))
+    elif slots:
+        checks.append(Check("task slots", True, f"{slots} at once: np={slots} or fewer ({per_task})"))
+    else:
+        fix = "add executors or cores (spark.executor.instances, spark.executor.cores)"
+        none = f"none after {EXECUTOR_WAIT_SECONDS:.0f} s ({per_task})"
+        checks.append(Check("task slots", False, none, fix))
     task_gpus = sessions.conf(session, "spark.task.resource.gpu.amount")
     executor_gpus = sessions.conf(session, "spark.executor.resource.gpu.amount")
     if executor_gpus and not task_gpus:
