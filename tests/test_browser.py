@@ -222,9 +222,11 @@ def test_the_timeline_grows_under_the_cell_during_the_run(live_timeline_lab, tmp
     outputs = "[...document.querySelectorAll('.jp-OutputArea')].map(o => o.innerText).join('\\n')"
     grown = "() => +(document.querySelector('.hvd-timeline-viewer') || {dataset: {}}).dataset.endUs > %d"
     with notebook_page(live_timeline_lab, height=1200) as page:
+        # the viewer and, in its own output under it, the analysis so far (the two may render
+        # a moment apart)
         page.wait_for_function(grown % 0, timeout=180_000)
+        page.wait_for_function(f"() => ({outputs}).includes('events so far')", timeout=60_000)
         first = int(page.get_attribute(".hvd-timeline-viewer", "data-end-us"))
-        assert "events so far" in page.evaluate(f"() => {outputs}")
         page.wait_for_function(grown % first, timeout=120_000)  # refreshed while the run goes on
         assert not (tmp_path / "go").exists()
         page.screenshot(path=str(ARTIFACTS / "timeline_live.png"))

@@ -116,7 +116,8 @@ def test_interrupt_stops_every_process_on_a_connect_session(connect, tmp_path):
     assert reply["parent_header"]["msg_id"] == msg_id
     assert reply["content"]["ename"] == "RunInterrupted", reply["content"]
     assert run_processes_anywhere() == []  # at once: the stop is complete when the cell returns
-    assert connect.run(f"%%horovod np=2\n{ALLREDUCE}").value == "(0, 2, 3.0)"  # and the next run works
+    again = connect.run(f"%%horovod np=2\n{ALLREDUCE}")
+    assert again.value == "(0, 2, 3.0)", again  # and the next run works
 
 
 def test_more_ranks_than_slots_fails_fast_on_a_connect_session(connect):
