@@ -136,7 +136,7 @@ class Run:
         self.record = RunRecord(options.ranks, began=now, last_message=now)
         self.files = _FileSink(options.timeline, options.files_dir)
         self.stall_seconds = stall_seconds(options)
-        self.live_timeline = live_timeline(options.timeline, view, self.files.writing_timeline)
+        self.live_timeline = live_timeline(options.timeline, view, self.files.writing_timeline, options.env)
 
     def execute(self) -> Any:
         """Start and supervise; then stop whatever is left and return (or raise) only once the

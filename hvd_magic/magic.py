@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -104,7 +105,7 @@ class HorovodMagics(Magics):
             value, returned = execute(captured, options)
         finally:
             if options.timeline and os.path.exists(options.timeline):
-                _show_run_timeline(options.timeline)
+                _show_run_timeline(options.timeline, options.env)
         self.shell.user_ns.update(returned)  # type: ignore[union-attr]
         return value
 
@@ -144,16 +145,19 @@ class HorovodMagics(Magics):
         show_timeline(path)
 
 
-def _show_run_timeline(path: str) -> None:
+def _show_run_timeline(path: str, env: Mapping[str, str]) -> None:
     """The run's own timeline, after the run, whatever its outcome: a timeline that cannot be
-    read is reported on stderr, never in place of the run's own error."""
+    read is reported on stderr, never in place of the run's own error. ``env``: the run's (its
+    fusion threshold is what the analysis measures the collectives against)."""
+    from .timeline.analysis import fusion_threshold
+
     try:
-        show_timeline(path)
+        show_timeline(path, fusion_threshold(env))
     except (UsageError, HorovodMagicError) as err:
         print(f"hvd_magic: the run's timeline could not be shown: {err}", file=sys.stderr)
 
 
-def show_timeline(path: str) -> None:
+def show_timeline(path: str, threshold: int | None = None) -> None:
     from IPython.display import HTML, display
 
     from .timeline import TimelineError, analyze, read
@@ -174,4 +178,4 @@ def show_timeline(path: str) -> None:
         pass
     else:
         display(TimelineViewer.from_timeline(timeline))
-    display(HTML(f"<div class='hvd-timeline'>{analyze(timeline).to_html()}</div>"))
+    display(HTML(f"<div class='hvd-timeline'>{analyze(timeline, threshold).to_html()}</div>"))

@@ -4,6 +4,7 @@ Horovod 0.28's shape), silent on a balanced one, and naming the rank a real run 
 from __future__ import annotations
 
 import json
+import math
 import random
 import statistics
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 from hvd_magic.timeline import analyze, read
 from hvd_magic.timeline.hints import duration
+from hvd_magic.timeline.reader import read_fast, read_general
 
 from .timeline_fixtures import write_events
 
@@ -154,6 +156,14 @@ def test_a_real_run_names_the_rank_slowed_on_purpose(ip, tmp_path):
     assert analysis.stragglers.loc["1", "share"] >= 0.8
     hints = [h for h in analysis.hints if h.startswith("rank 1 was the last to be ready")]
     assert hints, analysis.hints
+    # the sizes Horovod wrote (weight 10x10, bias 10, float32) and its collectives of one or both
+    store = read(uncached).store
+    sizes = dict(zip(store.row_tensors, store.row_bytes.tolist(), strict=True))
+    assert sizes == {"allreduce.weight": 400, "allreduce.bias": 40}
+    fusion = analysis.fusion.loc["ALLREDUCE"]
+    assert 15 <= fusion["collectives"] <= 30 and fusion["distinct"] == 2
+    assert fusion["collectives"] * fusion["tensors"] == pytest.approx(30)  # 15 steps, 2 tensors each
+    assert fusion["bytes max"] <= 440
 
 
 def test_phases_match_a_brute_force_sum(tmp_path):
@@ -185,3 +195,95 @@ def test_mostly_idle_cycles_are_told_and_busy_ones_are_not(tmp_path):
     assert hint.startswith("99% of 2000 cycles started no operation (a cycle every 1.0 ms)")
     busy = analyze(read(with_cycles(built_timeline(tmp_path / "busy.json", lateness), 100_000, steps)))
     assert busy.cycles == steps and busy.idle_cycles == 0 and busy.hints == []
+
+
+DTYPES = {"float32": 4, "HOROVOD_FLOAT64": 8, "float16": 2, "bool": 1, "HOROVOD_UINT8": 1, "int64": 8}
+
+
+def fused_timeline(
+    path: Path, steps: int, sizes: dict[int, tuple[str, str]], rng: random.Random, fused: range = range(1, 4)
+) -> list[list[int]]:
+    """Each step, the tensors in a random order split into collectives of ``fused`` tensors,
+    one after the other (Horovod's shape: every tensor of a collective starts its ALLREDUCE before any ends;
+    the end carries the tensor's dtype and shape). Returns the collectives as lists of pids."""
+    events: list[dict] = [
+        {"name": "process_name", "ph": "M", "pid": pid, "args": {"name": f"allreduce.t{pid}"}}
+        for pid in sizes
+    ]
+    collectives, ts = [], 0
+    for _ in range(steps):
+        pending = rng.sample(list(sizes), len(sizes))
+        while pending:
+            take = min(rng.choice(fused), len(pending))
+            group, pending = pending[:take], pending[take:]
+            collectives.append(group)
+            for pid in group:
+                ts += rng.randint(0, 2)
+                events.append({"ph": "B", "name": "ALLREDUCE", "ts": ts, "pid": pid})
+            for pid in group:
+                events.append({"ph": "B", "name": "MPI_ALLREDUCE", "ts": ts + 1, "pid": pid})
+            ts += rng.randint(20, 200)
+            for pid in group:
+                events.append({"ph": "E", "ts": ts, "pid": pid})
+            for pid in group:
+                ts += rng.randint(0, 2)
+                dtype, shape = sizes[pid]
+                events.append({"ph": "E", "ts": ts, "pid": pid, "args": {"dtype": dtype, "shape": shape}})
+            ts += rng.randint(1, 50)
+    write_events(path, events)
+    return collectives
+
+
+def element_bytes(dtype: str, shape: str) -> int:
+    return DTYPES[dtype] * math.prod(int(d) for d in shape.strip("[]").split(",") if d.strip())
+
+
+def test_tensor_sizes_are_read_from_the_operations_ends_by_both_readers(tmp_path):
+    sizes = {1: ("float32", "[3, 10]"), 2: ("HOROVOD_FLOAT64", "[]"), 3: ("bool", "[7]"),
+             4: ("HOROVOD_UINT8", "[2,2, 2]"), 5: ("complex", "[4]"), 6: ("float32", "[3, ]")}  # fmt: skip
+    path = tmp_path / "t.json"
+    fused_timeline(path, 2, sizes, random.Random(1))
+    expected = {pid: element_bytes(*sizes[pid]) for pid in (1, 2, 3, 4)}  # 5, 6: no size to read
+    assert expected == {1: 120, 2: 8, 3: 7, 4: 8}
+    assert read_fast(str(path)).tensor_bytes == read_general(str(path)).tensor_bytes == expected
+    store = read(path).store
+    assert dict(zip(store.row_pids.tolist(), store.row_bytes.tolist(), strict=True)) == {
+        **expected,
+        5: 0,
+        6: 0,
+    }
+
+
+def test_fusion_matches_the_collectives_the_timeline_was_built_with(tmp_path):
+    rng = random.Random(5)
+    shapes = {
+        pid: (rng.choice(list(DTYPES)), f"[{rng.randint(1, 64)}, {rng.randint(1, 64)}]")
+        for pid in range(1, 9)
+    }
+    collectives = fused_timeline(tmp_path / "t.json", 30, shapes, rng)
+    threshold = 20_000
+    fusion = analyze(read(tmp_path / "t.json"), threshold).fusion.loc["ALLREDUCE"]
+    payloads = [sum(element_bytes(*shapes[pid]) for pid in group) for group in collectives]
+    assert fusion["collectives"] == len(collectives)
+    assert fusion["tensors"] == pytest.approx(statistics.mean(len(g) for g in collectives))
+    assert fusion["most tensors"] == 3 and fusion["distinct"] == 8
+    assert fusion["alone"] == pytest.approx(sum(len(g) == 1 for g in collectives) / len(collectives))
+    assert fusion["bytes p50"] == statistics.median(payloads) and fusion["bytes max"] == max(payloads)
+    assert fusion["full"] == pytest.approx(sum(p >= 0.8 * threshold for p in payloads) / len(payloads))
+
+
+def test_a_full_fusion_buffer_and_tensors_that_go_alone_are_told(tmp_path):
+    shapes = {pid: ("float32", "[100]") for pid in range(1, 5)}  # 400 bytes each
+    fused = tmp_path / "fused.json"
+    fused_timeline(fused, 20, shapes, random.Random(2), fused=range(2, 3))
+    full = [h for h in analyze(read(fused), 1_000).hints if "HOROVOD_FUSION_THRESHOLD" in h]
+    assert full and "filled the fusion buffer to 80% or more" in full[0], full
+    assert "env=HOROVOD_FUSION_THRESHOLD=2000" in full[0]
+    assert analyze(read(fused), 64 << 20).hints == []  # the default buffer has room to spare
+    alone = tmp_path / "alone.json"
+    fused_timeline(alone, 10, shapes, random.Random(2), fused=range(1, 2))
+    (hint,) = analyze(read(alone), 64 << 20).hints
+    assert hint.startswith("100% of 40 ALLREDUCE collectives carried a single tensor (median 400 B)")
+    assert "HOROVOD_CYCLE_TIME" in hint
+    assert analyze(read(alone), 0).hints == []  # HOROVOD_FUSION_THRESHOLD=0: fusion off on purpose
+    assert "tensors per collective" in analyze(read(alone), 0).to_html()

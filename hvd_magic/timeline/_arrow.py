@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterable, Mapping
+import math
+import re
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -23,18 +25,61 @@ from .matching import ABSENT
 from .schema import SCHEMA
 from .store import SpanStore, StoreBuilder
 
-__all__ = ["metadata_rows", "parse", "span_store"]
+__all__ = ["metadata_rows", "parse", "span_store", "tensor_bytes"]
 
 
-def parse(path: str, chunks: Iterable[tuple[int, memoryview, bool, bool]]) -> tuple[pa.Table, bool]:
-    """(events, truncated): every complete event of the chunks; truncated when the file has no
-    closing ``]`` and its last chunk ends inside an event (that event is dropped)."""
-    pieces, truncated = [], False
+TENSOR = [("dtype", pa.string()), ("shape", pa.string())]
+# What is parsed: SCHEMA, and the dtype and shape Horovod writes where an operation on a tensor
+# ends (turned into the tensor's bytes, then dropped from the events)
+PARSED = pa.schema(
+    [
+        *(field for field in SCHEMA if field.name != "args"),
+        pa.field("args", pa.struct([*SCHEMA.field("args").type, *TENSOR])),
+    ]
+)
+SHAPE = re.compile(r"\[\s*(\d+(?:\s*,\s*\d+)*)?\s*\]")
+
+
+def parse(
+    path: str, chunks: Iterable[tuple[int, memoryview, bool, bool]]
+) -> tuple[pa.Table, bool, dict[int, int]]:
+    """(events, truncated, tensor bytes by pid): every complete event of the chunks; truncated
+    when the file has no closing ``]`` and its last chunk ends inside an event (that event is
+    dropped)."""
+    pieces, truncated, sizes = [], False, dict[int, int]()
     for offset, view, last, closed in chunks:
         table, cut = _parse_chunk(path, offset, bytes(view), last and not closed)
         truncated |= cut
+        for pid, size in _sizes(table):
+            sizes[pid] = max(size, sizes.get(pid, -1))
+        table = table.set_column(
+            table.schema.get_field_index("args"), "args", table["args"].cast(SCHEMA.field("args").type)
+        )
         pieces.append(_compact(table))
-    return (pa.concat_tables(pieces) if pieces else SCHEMA.empty_table()), truncated
+    return (pa.concat_tables(pieces) if pieces else SCHEMA.empty_table()), truncated, sizes
+
+
+def tensor_bytes(dtype: str, shape: str) -> int | None:
+    """The bytes of a tensor Horovod describes as e.g. ``float32`` and ``[3, 10]``."""
+    width = 1 if dtype.lower().endswith("bool") else None
+    if width is None and (bits := re.search(r"(\d{1,3})$", dtype)) and int(bits[1]) % 8 == 0:
+        width = int(bits[1]) // 8
+    dims = SHAPE.fullmatch(shape)
+    if not width or dims is None:
+        return None
+    return width * math.prod(int(d) for d in (dims[1] or "").split(",") if d.strip())
+
+
+def _sizes(table: pa.Table) -> Iterator[tuple[int, int]]:
+    """(pid, bytes) of each event that ends an operation on a tensor."""
+    args = table["args"]
+    ends = table.filter(
+        pc.and_(pc.equal(table["ph"], "E"), pc.is_valid(pc.struct_field(args, "dtype")))
+    ).select(["pid", "args"])
+    for pid, given in zip(ends["pid"].to_pylist(), ends["args"].to_pylist(), strict=True):
+        size = tensor_bytes(given["dtype"], given.get("shape") or "")
+        if isinstance(pid, int) and size is not None:
+            yield pid, size
 
 
 def metadata_rows(events: pa.Table) -> list[tuple[str | None, int | None, dict[str, Any] | None]]:
@@ -45,7 +90,7 @@ def metadata_rows(events: pa.Table) -> list[tuple[str | None, int | None, dict[s
     ]
 
 
-def span_store(events: pa.Table, tensors: Mapping[int, str]) -> SpanStore:
+def span_store(events: pa.Table, tensors: Mapping[int, str], sizes: Mapping[int, int]) -> SpanStore:
     """The spans of a table's events (a general-backend read, or any ``Timeline`` built from one)."""
     names = _encoded(events["name"])
     phases = _encoded(events["ph"])
@@ -57,7 +102,7 @@ def span_store(events: pa.Table, tensors: Mapping[int, str]) -> SpanStore:
     builder.add(
         codes, _ids(names), ts, pid, vocabulary.index("CYCLE_START") if "CYCLE_START" in vocabulary else None
     )
-    return builder.finish(vocabulary, tensors)
+    return builder.finish(vocabulary, tensors, sizes)
 
 
 def _encoded(column: pa.ChunkedArray) -> pa.DictionaryArray:
@@ -78,7 +123,7 @@ def _parse_chunk(path: str, offset: int, raw: bytes, may_be_cut: bool) -> tuple[
         body, truncated = _drop_cut_event(body)
     body = body.rstrip().rstrip(b",")
     if not body.strip():
-        return SCHEMA.empty_table(), truncated
+        return PARSED.empty_table(), truncated
     return _parse_events(path, offset + skipped, _normalize(body)), truncated
 
 
@@ -101,7 +146,7 @@ def _normalize(raw: bytes) -> bytes:
 
 
 def _parse_events(path: str, offset: int, body: bytes) -> pa.Table:
-    options = pj.ParseOptions(explicit_schema=SCHEMA, unexpected_field_behavior="ignore")
+    options = pj.ParseOptions(explicit_schema=PARSED, unexpected_field_behavior="ignore")
     try:
         return pj.read_json(io.BytesIO(body), parse_options=options)
     except pa.ArrowInvalid as err:

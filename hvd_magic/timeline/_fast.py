@@ -26,8 +26,9 @@ ABSENT = np.iinfo(np.int64).min
 START = "start_time_since_epoch_in_micros"
 
 # What _scan.scan returns for one chunk, after (consumed, error_at): ph, name ids, ts, pid, dur
-# as bytes, the chunk's distinct names, and (event index, raw args) of its metadata events.
-Part = tuple[bytes, bytes, bytes, bytes, bytes, list[str], list[tuple[int, bytes]]]
+# as bytes, the chunk's distinct names, (event index, raw args) of its metadata events, and
+# (event index, tensor bytes) int64 pairs of the events that end an operation on a tensor.
+Part = tuple[bytes, bytes, bytes, bytes, bytes, list[str], list[tuple[int, bytes]], bytes]
 
 
 @dataclass
@@ -146,10 +147,12 @@ class Digest:
         self.vocabulary: dict[str, int] = {}
         self.builder = StoreBuilder()
         self.meta: list[tuple[str | None, int | None, dict[str, Any]]] = []
+        self._sizes = np.zeros(0, np.int64)  # by pid (-1: not reported)
+        self._other_sizes: dict[int, int] = {}  # pids outside the table's range
         self.events = 0
 
     def __call__(self, part: Part) -> None:
-        ph, ids, ts, pid, _dur, names, chunk_meta = part
+        ph, ids, ts, pid, _dur, names, chunk_meta, sizes = part
         name = global_ids(self.vocabulary, names, ids)
         ts_column, pid_column = np.frombuffer(ts, np.int64), np.frombuffer(pid, np.int64)
         self.builder.add(
@@ -164,7 +167,27 @@ class Digest:
                 json.loads(args),
             )
             self.meta.append(row)
+        if sizes:
+            pairs = np.frombuffer(sizes, np.int64).reshape(-1, 2)
+            self._add_sizes(pid_column[pairs[:, 0]], pairs[:, 1])
         self.events += len(ph)
+
+    def _add_sizes(self, pids: np.ndarray, sizes: np.ndarray) -> None:
+        """Each tensor's largest reported size (the same at every step, but for allgathers)."""
+        small = (pids >= 0) & (pids < 1 << 24)  # tensor pids count from 1: a table, not a dict
+        if len(pids) and small.any():
+            top = int(pids[small].max()) + 1
+            if top > len(self._sizes):
+                self._sizes = np.r_[self._sizes, np.full(top - len(self._sizes), -1, np.int64)]
+            np.maximum.at(self._sizes, pids[small], sizes[small])
+        for pid, size in zip(pids[~small].tolist(), sizes[~small].tolist(), strict=True):
+            self._other_sizes[pid] = max(size, self._other_sizes.get(pid, -1))
+
+    @property
+    def tensor_bytes(self) -> dict[int, int]:
+        """Bytes by tensor pid, where Horovod wrote the tensor's dtype and shape."""
+        known = np.flatnonzero(self._sizes >= 0)
+        return dict(zip(known.tolist(), self._sizes[known].tolist(), strict=True)) | self._other_sizes
 
     @property
     def names(self) -> list[str]:
@@ -186,7 +209,7 @@ def _assemble(parts: list[Part], truncated: bool) -> Columns:
     columns: dict[str, list[np.ndarray]] = {"ph": [], "name": [], "ts": [], "pid": [], "dur": []}
     meta: list[tuple[int, dict[str, Any]]] = []
     rows = 0
-    for ph, ids, ts, pid, dur, names, chunk_meta in parts:
+    for ph, ids, ts, pid, dur, names, chunk_meta, _sizes in parts:
         columns["ph"].append(np.frombuffer(ph, np.uint8))
         columns["name"].append(global_ids(vocabulary, names, ids))
         for key, raw in (("ts", ts), ("pid", pid), ("dur", dur)):

@@ -1,11 +1,13 @@
 /* One pass over Horovod Timeline bytes into columns: the fast path of hvd_magic.timeline.read.
  * The scan runs without the GIL, so the reader scans chunks on several threads.
  *
- * scan(buffer, final) -> (consumed, error_at, ph, name, ts, pid, dur, names, meta)
+ * scan(buffer, final) -> (consumed, error_at, ph, name, ts, pid, dur, names, meta, sizes)
  *   ph:   bytes, one phase character per event
  *   name: bytes of int32 name ids (-1: no name), names: list of the distinct names
  *   ts, pid, dur: bytes of int64 (INT64_MIN: absent)
  *   meta: list of (event index, raw bytes of the "args" object) for metadata ("M") events
+ *   sizes: bytes of int64 pairs (event index, tensor bytes) for the "E" events whose args give
+ *          the tensor's dtype and shape (Horovod writes them where an operation on a tensor ends)
  *   consumed: bytes used; an event cut off at the end of a non-final buffer is left unconsumed
  *   error_at: -1, or the offset of the first byte that is not part of a JSON event
  * Strings with escapes, fractional numbers or anything unexpected give error_at >= 0 with
@@ -119,12 +121,71 @@ static int64_t integer(const char *s, Py_ssize_t i, Py_ssize_t end, int *ok) {
 
 #define KEY(text) (key_length == (Py_ssize_t)sizeof(text) - 1 && memcmp(s + key, text, key_length) == 0)
 
+/* Bytes per element of a dtype name ("float32", "HOROVOD_FLOAT32", "bool"...): its trailing bit
+ * count over 8; -1 when it has none. */
+static int64_t element_width(const char *s, Py_ssize_t n) {
+    if ((n >= 4 && (memcmp(s + n - 4, "bool", 4) == 0 || memcmp(s + n - 4, "BOOL", 4) == 0))) return 1;
+    Py_ssize_t i = n;
+    while (i > 0 && s[i - 1] >= '0' && s[i - 1] <= '9') i--;
+    if (i == n || n - i > 3) return -1;
+    int64_t bits = 0;
+    for (; i < n; i++) bits = bits * 10 + (s[i] - '0');
+    return bits % 8 ? -1 : bits / 8;
+}
+
+/* Elements of a shape written "[3, 10]" ("[]": a scalar); -1 when it is not such a list. */
+static int64_t element_count(const char *s, Py_ssize_t n) {
+    if (n < 2 || s[0] != '[' || s[n - 1] != ']') return -1;
+    int64_t count = 1, dim = -1;
+    int dims = 0;
+    for (Py_ssize_t i = 1; i < n; i++) {
+        if (s[i] >= '0' && s[i] <= '9') {
+            if (dim > (int64_t)1 << 40) return -1;
+            dim = (dim < 0 ? 0 : dim) * 10 + (s[i] - '0');
+        } else if (s[i] == ',' || s[i] == ']') {
+            if (dim < 0) return s[i] == ']' && !dims ? 1 : -1; /* "[]", or an empty dimension */
+            if (count > ((int64_t)1 << 50) / (dim ? dim : 1)) return -1;
+            count *= dim;
+            dim = -1;
+            dims++;
+        } else if (s[i] != ' ') return -1;
+    }
+    return count;
+}
+
+/* The bytes of the tensor an "args" object {"dtype": ..., "shape": ...} describes; -1 if none. */
+static int64_t tensor_bytes(const char *s, Py_ssize_t at, Py_ssize_t end) {
+    int64_t width = -1, count = -1;
+    if (s[at] != '{') return -1;
+    Py_ssize_t j = skip_space(s, at + 1, end);
+    while (j < end - 1) {
+        if (s[j] != '"') return -1;
+        Py_ssize_t key = j + 1, key_close = string_end(s, j, end);
+        if (key_close < 0) return -1;
+        Py_ssize_t key_length = key_close - key;
+        j = skip_space(s, key_close + 1, end);
+        if (j >= end || s[j] != ':') return -1;
+        j = skip_space(s, j + 1, end);
+        Py_ssize_t value_close = value_end(s, j, end);
+        if (value_close < 0) return -1;
+        if (s[j] == '"' && KEY("dtype")) width = element_width(s + j + 1, value_close - j - 2);
+        else if (s[j] == '"' && KEY("shape")) count = element_count(s + j + 1, value_close - j - 2);
+        j = skip_space(s, value_close, end);
+        if (j < end - 1) {
+            if (s[j] != ',') return -1;
+            j = skip_space(s, j + 1, end);
+        }
+    }
+    return width > 0 && count >= 0 ? width * count : -1;
+}
+
 typedef struct {
     const char *s;
     Py_ssize_t n;
     int final;
     Py_ssize_t consumed, error_at, events;
     Column ph, name, ts, pid, dur, meta; /* meta: (event index, args offset, args length) int64 triples */
+    Column sizes;                        /* (event index, tensor bytes) int64 pairs */
     Names *names;
     int out_of_memory;
 } Scan;
@@ -180,6 +241,10 @@ static void scan_events(Scan *r) {
             int64_t triple[3] = {r->events, args_at, args_end - args_at};
             if (push(&r->meta, triple, sizeof triple)) { r->out_of_memory = 1; return; }
         }
+        if (phase == 'E' && args_at >= 0) {
+            int64_t pair[2] = {r->events, tensor_bytes(s, args_at, args_end)};
+            if (pair[1] >= 0 && push(&r->sizes, pair, sizeof pair)) { r->out_of_memory = 1; return; }
+        }
         r->events++;
         i = event_end;
     }
@@ -217,13 +282,16 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         Py_DECREF(entry);
     }
     PyObject *ph = column(&r.ph), *name = column(&r.name), *ts = column(&r.ts), *pid = column(&r.pid),
-             *dur = column(&r.dur);
-    if (ph && name && ts && pid && dur)
-        result = Py_BuildValue("(nnOOOOOOO)", r.consumed, r.error_at, ph, name, ts, pid, dur, names, meta);
+             *dur = column(&r.dur), *sizes = column(&r.sizes);
+    if (ph && name && ts && pid && dur && sizes)
+        result = Py_BuildValue(
+            "(nnOOOOOOOO)", r.consumed, r.error_at, ph, name, ts, pid, dur, names, meta, sizes);
     Py_XDECREF(ph); Py_XDECREF(name); Py_XDECREF(ts); Py_XDECREF(pid); Py_XDECREF(dur);
+    Py_XDECREF(sizes);
 done:
     PyMem_RawFree(r.ph.data); PyMem_RawFree(r.name.data); PyMem_RawFree(r.ts.data);
     PyMem_RawFree(r.pid.data); PyMem_RawFree(r.dur.data); PyMem_RawFree(r.meta.data);
+    PyMem_RawFree(r.sizes.data);
     PyMem_RawFree(r.names);
     Py_XDECREF(names);
     Py_XDECREF(meta);

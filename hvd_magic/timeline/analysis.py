@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from .hints import FIFTHS, hints, render
+from .hints import FIFTHS, FULL, hints, render
 from .reader import Timeline
 from .store import SpanStore
 
-__all__ = ["Analysis", "analyze", "spans"]
+__all__ = ["Analysis", "analyze", "fusion_threshold", "spans"]
 
 COMMUNICATION = ("ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL", "REDUCESCATTER")
+DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024  # Horovod 0.28's HOROVOD_FUSION_THRESHOLD
 
 
 def spans(timeline: Timeline) -> pd.DataFrame:
@@ -43,6 +46,8 @@ class Analysis:
     cycles: int
     idle_cycles: int  # cycles in which no operation started (timeline=cycles)
     cycle_us: float  # the median time between two cycles' starts
+    fusion: pd.DataFrame  # operation -> collectives, tensors per collective, bytes, buffer use
+    fusion_threshold: int  # the fusion buffer's size the run had (bytes)
 
     @property
     def communication_share(self) -> float:
@@ -57,8 +62,23 @@ class Analysis:
         return render(self)
 
 
-def analyze(timeline: Timeline) -> Analysis:
-    """Time per activity and per tensor, negotiation waits, stragglers, fusion, communication."""
+def fusion_threshold(env: Mapping[str, str] | None = None) -> int:
+    """The fusion buffer's size in bytes: HOROVOD_FUSION_THRESHOLD in ``env`` (the run's), else
+    in this process's environment, else Horovod's default."""
+    for source in (env or {}, os.environ):
+        value = source.get("HOROVOD_FUSION_THRESHOLD", "").strip()
+        if value.isdigit():
+            return int(value)
+    return DEFAULT_FUSION_THRESHOLD
+
+
+def analyze(timeline: Timeline, threshold: int | None = None) -> Analysis:
+    """Time per activity and per tensor, negotiation waits, stragglers, fusion, communication.
+
+    ``threshold``: the run's HOROVOD_FUSION_THRESHOLD (bytes), if it set one (see
+    :func:`fusion_threshold`).
+    """
+    threshold = fusion_threshold() if threshold is None else threshold
     store = timeline.store
     kind, depth, duration = store.kind, store.depth, store.duration
     top = depth == 0
@@ -103,7 +123,49 @@ def analyze(timeline: Timeline) -> Analysis:
         fusion_us=int(duration[fusion].sum()),
         wall_us=wall,
         **_cycles(store.cycles, store.start[top & ~negotiate[kind]]),
+        fusion=_fusion(store, top & ~negotiate[kind], threshold),
+        fusion_threshold=threshold,
     )
+
+
+def _fusion(store: SpanStore, top_level: np.ndarray, threshold: int) -> pd.DataFrame:
+    """Per operation (ALLREDUCE, ...): its collectives and how many tensors each fused.
+
+    Horovod starts the operation of every tensor in a fused collective before it ends any, and
+    runs one collective after the other: a tensor's operation that starts before the previous
+    one (by start) ended is in the same collective.
+    """
+    columns = ["collectives", "tensors", "most tensors", "alone", "distinct"]
+    columns += ["bytes p50", "bytes max", "full"]
+    operation = top_level & store.kinds_where(COMMUNICATION, contains=True)[store.kind]
+    chosen = np.flatnonzero(operation)
+    if not len(chosen):
+        return pd.DataFrame(columns=columns)
+    chosen = chosen[np.lexsort((store.start[chosen], store.kind[chosen]))]
+    kind, start = store.kind[chosen], store.start[chosen]
+    end = start + store.duration[chosen]
+    first = np.flatnonzero(np.r_[True, (kind[1:] != kind[:-1]) | (start[1:] >= end[:-1])])
+    tensors = np.diff(np.r_[first, len(chosen)])
+    sizes = store.row_bytes[store.row[chosen]]
+    payload = np.add.reduceat(sizes, first)
+    known = np.add.reduceat((sizes == 0).astype(np.int64), first) == 0
+    rows = {}
+    for k in np.unique(kind[first]).tolist():
+        mine = kind[first] == k
+        measured = payload[mine & known]
+        rows[store.kind_names[k]] = [
+            int(mine.sum()),
+            float(tensors[mine].mean()),
+            int(tensors[mine].max()),
+            float((tensors[mine] == 1).mean()),
+            len(np.unique(store.row[chosen][kind == k])),
+            float(np.median(measured)) if len(measured) else np.nan,
+            float(measured.max()) if len(measured) else np.nan,
+            float((measured >= FULL * threshold).mean()) if len(measured) and threshold else np.nan,
+        ]
+    table = pd.DataFrame.from_dict(rows, orient="index", columns=columns)
+    table.index.name = "operation"
+    return table.sort_values("collectives", ascending=False)
 
 
 def _cycles(marks: np.ndarray, operations: np.ndarray) -> dict[str, Any]:

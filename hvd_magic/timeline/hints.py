@@ -8,7 +8,7 @@ from typing import Protocol
 
 import pandas as pd
 
-__all__ = ["FIFTHS", "duration", "hints", "render"]
+__all__ = ["FIFTHS", "FULL", "duration", "hints", "render", "size"]
 
 FIFTHS = ["0-20%", "20-40%", "40-60%", "60-80%", "80-100%"]  # per_phase's columns of the run's fifths
 
@@ -30,6 +30,8 @@ class Analysis(Protocol):
     cycles: int
     idle_cycles: int
     cycle_us: float
+    fusion: pd.DataFrame
+    fusion_threshold: int
 
     @property
     def communication_share(self) -> float: ...
@@ -40,6 +42,10 @@ MIN_WAIT_US = 1_000  # a rank later by less than a millisecond keeps no one wait
 NEGOTIATION_HEAVY = 0.5  # negotiation's share of the time in collectives
 MIN_CYCLES = 20
 IDLE_CYCLES = 0.8  # share of cycles that start nothing
+MIN_COLLECTIVES = 20
+FULL_SHARE = 0.5  # share of collectives that (nearly) filled the fusion buffer
+ALONE = 0.8  # share of collectives that carried one tensor
+FULL = 0.8  # a collective that filled this share of the fusion buffer left no room for more
 
 
 def duration(microseconds: float) -> str:
@@ -49,6 +55,14 @@ def duration(microseconds: float) -> str:
     if microseconds >= 1e3:
         return f"{microseconds / 1e3:.1f} ms"
     return f"{microseconds:.0f} µs"
+
+
+def size(count: float) -> str:
+    """``572`` -> ``572 B``; ``134217728`` -> ``128 MiB`` (Horovod counts its buffer in MiB)."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= scale:
+            return f"{count / scale:.3g} {unit}"
+    return f"{count:.0f} B"
 
 
 def _straggler(analysis: Analysis) -> list[str]:
@@ -109,9 +123,45 @@ def _idle_cycles(analysis: Analysis) -> list[str]:
     ]
 
 
+def _buffer_full(analysis: Analysis) -> list[str]:
+    threshold, found = analysis.fusion_threshold, []
+    for operation, row in analysis.fusion.iterrows() if threshold else ():
+        if row["collectives"] >= MIN_COLLECTIVES and row["full"] >= FULL_SHARE:
+            found.append(
+                f"{row['full']:.0%} of {int(row['collectives'])} {operation} collectives filled the fusion "
+                f"buffer to {FULL:.0%} or more (median {size(row['bytes p50'])} of {size(threshold)}): "
+                "tensors ready together waited for the next collective; raise HOROVOD_FUSION_THRESHOLD "
+                f"(bytes), e.g. env=HOROVOD_FUSION_THRESHOLD={2 * threshold}"
+            )
+    return found
+
+
+def _unfused(analysis: Analysis) -> list[str]:
+    """Many tensors, each in a collective of its own (HOROVOD_FUSION_THRESHOLD=0 means that)."""
+    threshold, found = analysis.fusion_threshold, []
+    for operation, row in analysis.fusion.iterrows() if threshold else ():
+        small = not row["bytes p50"] >= threshold / 2  # unknown sizes count as small
+        if row["collectives"] >= MIN_COLLECTIVES and row["distinct"] >= 2 and row["alone"] >= ALONE and small:
+            median = "" if pd.isna(row["bytes p50"]) else f" (median {size(row['bytes p50'])})"
+            found.append(
+                f"{row['alone']:.0%} of {int(row['collectives'])} {operation} collectives carried a single "
+                f"tensor{median}, though {int(row['distinct'])} tensors take part: each collective pays its "
+                "own latency; raise HOROVOD_CYCLE_TIME (milliseconds) so that a cycle finds several "
+                "tensors ready and fuses them"
+            )
+    return found
+
+
 def hints(analysis: Analysis) -> list[str]:
     """Tuning hints, each with the evidence that fired it; none on a balanced timeline."""
-    return _straggler(analysis) + _negotiation_heavy(analysis) + _cached(analysis) + _idle_cycles(analysis)
+    return (
+        _straggler(analysis)
+        + _negotiation_heavy(analysis)
+        + _cached(analysis)
+        + _idle_cycles(analysis)
+        + _buffer_full(analysis)
+        + _unfused(analysis)
+    )
 
 
 def _table(frame: pd.DataFrame, durations: tuple[str, ...], shares: tuple[str, ...] = ()) -> str:
@@ -120,6 +170,16 @@ def _table(frame: pd.DataFrame, durations: tuple[str, ...], shares: tuple[str, .
         shown[column] = shown[column].map(duration)
     for column in shares:
         shown[column] = shown[column].map(lambda v: f"{v:.0%}")
+    return str(shown.to_html())
+
+
+def _fusion_table(frame: pd.DataFrame) -> str:
+    shown = frame.drop(columns=["distinct"]).copy()
+    shown["tensors"] = shown["tensors"].map(lambda v: f"{v:.1f}")
+    for column in ("bytes p50", "bytes max"):
+        shown[column] = shown[column].map(lambda v: "?" if pd.isna(v) else size(v))
+    for column in ("alone", "full"):
+        shown[column] = shown[column].map(lambda v: "?" if pd.isna(v) else f"{v:.0%}")
     return str(shown.to_html())
 
 
@@ -155,6 +215,12 @@ def render(analysis: Analysis) -> str:
         f"<b>last rank ready in a negotiation</b> (stragglers; {_ranked(analysis)})",
         _table(analysis.stragglers, ("mean wait", "max wait"), ("share",)),
     ]
+    if not analysis.fusion.empty:
+        parts += [
+            f"<b>fusion</b> (tensors per collective; alone: collectives of one tensor; full: those that "
+            f"filled {FULL:.0%} or more of the {size(analysis.fusion_threshold)} fusion buffer)",
+            _fusion_table(analysis.fusion),
+        ]
     if not analysis.worst.empty:
         parts += [
             "<b>longest waits</b> (at: since the first negotiation)",

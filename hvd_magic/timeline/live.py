@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..errors import TimelineError
@@ -67,8 +67,11 @@ class Growing:
             self.broken = True
             return None
         tensors, start = metadata(self.digest.meta)
-        store = self.digest.builder.finish(self.digest.names, tensors, more=True)
-        return Timeline(self.path, self.digest.events, tensors, start, closed=False, _store=store)
+        sizes = self.digest.tensor_bytes
+        store = self.digest.builder.finish(self.digest.names, tensors, sizes, more=True)
+        return Timeline(
+            self.path, self.digest.events, tensors, start, closed=False, tensor_bytes=sizes, _store=store
+        )
 
 
 class LiveTimeline:
@@ -77,9 +80,14 @@ class LiveTimeline:
     takes long: never more than a fifth of the time)."""
 
     def __init__(
-        self, path: str, written: Callable[[], bool], clock: Callable[[], float] = time.monotonic
+        self,
+        path: str,
+        written: Callable[[], bool],
+        clock: Callable[[], float] = time.monotonic,
+        threshold: int | None = None,
     ) -> None:
         self.growing = Growing(path)
+        self.threshold = threshold  # the run's fusion buffer (bytes), None: as analyze decides
         self.written = written  # this run's timeline has begun arriving at ``path``
         self.clock = clock
         self.next_refresh = clock() + REFRESH_SECONDS
@@ -110,7 +118,7 @@ class LiveTimeline:
 
         html = HTML(
             f"<small>{self.growing.path}: {len(timeline):,} events so far (the run is still writing it)"
-            f"</small><div class='hvd-timeline'>{analyze(timeline).to_html()}</div>"
+            f"</small><div class='hvd-timeline'>{analyze(timeline, self.threshold).to_html()}</div>"
         )
         if self.viewer is None:
             self.viewer = TimelineViewer.from_timeline(timeline)
@@ -129,12 +137,17 @@ class LiveTimeline:
             self.analysis.update(HTML(""))
 
 
-def live_timeline(path: str | None, view: object, written: Callable[[], bool]) -> LiveTimeline | None:
-    """The timeline shown while it grows, in a notebook (where the run's view is live widgets)."""
+def live_timeline(
+    path: str | None, view: object, written: Callable[[], bool], env: Mapping[str, str]
+) -> LiveTimeline | None:
+    """The timeline shown while it grows, in a notebook (where the run's view is live widgets);
+    ``env``: the run's."""
     if not path or type(view).__name__ != "LiveView":
         return None
     try:
         from . import viewer  # noqa: F401 - anywidget and the bundle: the viewer can be shown
     except ImportError:  # no anywidget: the timeline is shown after the run
         return None
-    return LiveTimeline(path, written)
+    from .analysis import fusion_threshold
+
+    return LiveTimeline(path, written, threshold=fusion_threshold(env))

@@ -66,6 +66,7 @@ class Timeline:
     start_epoch_us: int | None = None
     truncated: bool = False  # a partial last event was dropped (the writer was cut off)
     closed: bool = True  # the closing "]" is there (killed runs and Horovod < 0.20 lack it)
+    tensor_bytes: dict[int, int] = field(default_factory=dict)  # by pid, where Horovod wrote it
     _load: Callable[[], pa.Table] | None = field(default=None, repr=False, compare=False)
     _table: pa.Table | None = field(default=None, repr=False, compare=False)
     _store: SpanStore | None = field(default=None, repr=False, compare=False)
@@ -85,7 +86,7 @@ class Timeline:
         if self._store is None:
             from . import _arrow
 
-            self._store = _arrow.span_store(self.events, self.tensors)
+            self._store = _arrow.span_store(self.events, self.tensors, self.tensor_bytes)
         return self._store
 
     def spans(self) -> pd.DataFrame:
@@ -128,9 +129,9 @@ def read_fast(name: str) -> Timeline | None:
         return None
     tensors, start = metadata(digest.meta)
     return Timeline(
-        name, digest.events, tensors, start, truncated, chunks.closed,
+        name, digest.events, tensors, start, truncated, chunks.closed, digest.tensor_bytes,
         _load=functools.partial(_events_again, name),
-        _store=digest.builder.finish(digest.names, tensors),
+        _store=digest.builder.finish(digest.names, tensors, digest.tensor_bytes),
     )  # fmt: skip
 
 
@@ -151,9 +152,9 @@ def read_general(name: str) -> Timeline:
 
     with open(name, "rb") as file:
         chunks = _Chunks(name, file)
-        events, truncated = _arrow.parse(name, chunks)
+        events, truncated, sizes = _arrow.parse(name, chunks)
     tensors, start = metadata(_arrow.metadata_rows(events))
-    return Timeline(name, events.num_rows, tensors, start, truncated, chunks.closed, _table=events)
+    return Timeline(name, events.num_rows, tensors, start, truncated, chunks.closed, sizes, _table=events)
 
 
 def metadata(rows: Iterable[MetadataRow]) -> tuple[dict[int, str], int | None]:

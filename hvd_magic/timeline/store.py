@@ -36,6 +36,7 @@ class SpanStore:
     row_pids: np.ndarray
     row_names: list[str]
     row_tensors: list[str | None]  # the tensor named in the metadata, None for an unnamed pid
+    row_bytes: np.ndarray  # the tensor's size where Horovod wrote its dtype and shape, else 0
     kind_names: list[str]
     row: np.ndarray
     start: np.ndarray
@@ -130,9 +131,12 @@ class StoreBuilder:
                 self.marked = np.r_[self.marked, np.zeros(len(counts) - len(self.marked), np.int64)]
             self.marked[: len(counts)] += counts
 
-    def finish(self, names: list[str], tensors: Mapping[int, str], more: bool = False) -> SpanStore:
-        """The store of the events so far; with ``more``, more may be added afterwards (spans
-        still open are left out until they close)."""
+    def finish(
+        self, names: list[str], tensors: Mapping[int, str], sizes: Mapping[int, int], more: bool = False
+    ) -> SpanStore:
+        """The store of the events so far (``tensors``: names by pid, ``sizes``: bytes by pid);
+        with ``more``, more may be added afterwards (spans still open are left out until they
+        close)."""
         start, end, pid, name, depth, ready_span, ready_name, ready_wait = matched(self.matcher, more)
         cycles = np.sort(np.concatenate(self.cycles)) if self.cycles else np.empty(0, np.int64)
         # the spans with readiness marks, read before the unclosed ones are dropped
@@ -162,6 +166,7 @@ class StoreBuilder:
             row_pids=row_pids[by_name],
             row_names=[labels[i] for i in by_name],
             row_tensors=[row_tensors[i] for i in by_name],
+            row_bytes=np.array([sizes.get(int(p), 0) for p in row_pids[by_name]], np.int64),
             kind_names=kind_names,
             row=row,
             start=start[order],
