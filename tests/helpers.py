@@ -3,6 +3,7 @@ marked themselves started, cells that wait, and forged keys."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -16,6 +17,12 @@ from hvd_magic.protocol import Message
 RUN_MARKERS = ("hvd_magic.worker", "mpirun", "orted", "hvd_magic.launch.agent")
 SLEEP_FOREVER = "while True:\n    time.sleep(0.1)\n"
 ALLREDUCE_FOREVER = "for _ in range(3000):\n    hvd.allreduce(torch.tensor([1.0]))\n    time.sleep(0.1)\n"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 def wait_for_files(paths: list[Path], timeout: float) -> bool:

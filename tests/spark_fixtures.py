@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,13 +14,9 @@ from pathlib import Path
 
 import pyspark
 
+from .helpers import free_port
+
 SPARK_HOME = Path(pyspark.__file__).parent
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def fake_gpu_script(directory: Path, addresses: list[str]) -> Path:

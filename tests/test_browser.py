@@ -2,30 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import secrets
-import shutil
-import subprocess
 import sys
-import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import nbformat
 import pytest
 
-from .spark_fixtures import free_port
-
-ARTIFACTS = Path(__file__).parent.parent / "test-artifacts"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_FLAGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-    "--disable-sync", "--no-first-run", "--disable-quic",
-]  # fmt: skip
+from .lab import ARTIFACTS, CHROMIUM, jupyterlab, notebook_page
 
 TRAIN_CELL = """%%horovod np=-2
 import os, time, torch, hvd_magic, horovod.torch as hvd
@@ -52,62 +36,19 @@ needs_chromium = pytest.mark.skipif(
 )
 
 
-@contextlib.contextmanager
-def notebook_page(url: str, height: int) -> Iterator[Any]:
-    """Headless Chromium on the notebook at ``url``, after "Run All Cells" was clicked."""
-    from playwright.sync_api import sync_playwright
-
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
-        page = browser.new_page(viewport={"width": 1280, "height": height})
-        page.goto(url)
-        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-        page.wait_for_selector("#jp-main-statusbar >> text=Idle", timeout=90_000)
-        page.click("text=Run", timeout=30_000)
-        page.click("text=Run All Cells", timeout=30_000)
-        yield page
-        browser.close()
-
-
 @pytest.fixture
-def jupyterlab(tmp_path):
+def training_lab(tmp_path):
     yield from _jupyterlab(tmp_path, TRAIN_CELL)
 
 
 def _jupyterlab(tmp_path, cell: str):
-    token = secrets.token_hex(16)
-    port = free_port()
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.cells = [nbformat.v4.new_code_cell("%load_ext hvd_magic"), nbformat.v4.new_code_cell(cell)]
-    nbformat.write(nb, tmp_path / "live.ipynb")
-    log = open(tmp_path / "jupyterlab.log", "w")  # noqa: SIM115 - closed below
-    server = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}", "--allow-root"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        env=dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "config")),
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
-            break
-        except OSError:
-            assert time.monotonic() < deadline, (tmp_path / "jupyterlab.log").read_text()[-3000:]
-            assert server.poll() is None, (tmp_path / "jupyterlab.log").read_text()[-3000:]
-            time.sleep(0.2)
-    yield f"{base}/lab/tree/live.ipynb?token={token}"
-    server.terminate()
-    server.wait(timeout=30)
-    log.close()
+    with jupyterlab(tmp_path, ["%load_ext hvd_magic", cell]) as url:
+        yield url
 
 
 @needs_chromium
-def test_live_view_in_jupyterlab(jupyterlab, tmp_path):
-    with notebook_page(jupyterlab, height=1400) as page:
+def test_live_view_in_jupyterlab(training_lab, tmp_path):
+    with notebook_page(training_lab, height=1400) as page:
         # The ranks wait halfway (step 30 of 60) until the test opens the gate: the live grid
         # must show both bars at 50 % and the curve its points while they train.
         page.wait_for_function(

@@ -15,7 +15,8 @@ from hvd_magic.doctor import doctor
 from hvd_magic.doctor import spark as doctor_spark
 from hvd_magic.doctor.spark import ReachListener
 
-from .spark_fixtures import fake_gpu_script, free_port, spark_session
+from .helpers import free_port
+from .spark_fixtures import fake_gpu_script, spark_session
 
 
 def run_doctor(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

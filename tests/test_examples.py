@@ -105,7 +105,7 @@ def test_example_notebooks_run_headless(notebook, bound, tmp_path):
 
 def test_the_main_job_writes_an_html_report_that_shows_the_curves(tmp_path):
     """`make demo`: mnist_pytorch.ipynb on the embedded Spark, exported to HTML and opened in Chromium."""
-    from .test_browser import CHROMIUM, CHROMIUM_FLAGS
+    from .lab import CHROMIUM, CHROMIUM_FLAGS
 
     report = tmp_path / "mnist_pytorch.html"
     printed, saved = run_notebook("mnist_pytorch.ipynb", tmp_path, "--html", str(report))

@@ -303,7 +303,7 @@ def test_a_failed_jobs_java_error_is_cut_to_the_line_that_says_why():
 def test_executors_that_cannot_reach_the_notebook_fail_fast_naming_the_address(cluster, monkeypatch):
     from hvd_magic.launch.spark import SparkLauncher
 
-    from .spark_fixtures import free_port
+    from .helpers import free_port
 
     closed = free_port()
     real_start = SparkLauncher.start
