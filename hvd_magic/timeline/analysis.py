@@ -73,12 +73,8 @@ def fusion_threshold(env: Mapping[str, str] | None = None) -> int:
 
 
 def analyze(timeline: Timeline, threshold: int | None = None) -> Analysis:
-    """Time per activity and per tensor, negotiation waits, stragglers, fusion, communication.
-
-    ``threshold``: the run's HOROVOD_FUSION_THRESHOLD (bytes), if it set one (see
-    :func:`fusion_threshold`).
-    """
-    threshold = fusion_threshold() if threshold is None else threshold
+    """Time per activity and per tensor, negotiation waits, stragglers, fusion (against the
+    run's fusion buffer, ``threshold`` bytes: see :func:`fusion_threshold`), communication."""
     store = timeline.store
     kind, depth, duration = store.kind, store.depth, store.duration
     top = depth == 0
@@ -123,12 +119,11 @@ def analyze(timeline: Timeline, threshold: int | None = None) -> Analysis:
         fusion_us=int(duration[fusion].sum()),
         wall_us=wall,
         **_cycles(store.cycles, store.start[top & ~negotiate[kind]]),
-        fusion=_fusion(store, top & ~negotiate[kind], threshold),
-        fusion_threshold=threshold,
+        **_fusion(store, top & ~negotiate[kind], fusion_threshold() if threshold is None else threshold),
     )
 
 
-def _fusion(store: SpanStore, top_level: np.ndarray, threshold: int) -> pd.DataFrame:
+def _fusion(store: SpanStore, top_level: np.ndarray, threshold: int) -> dict[str, Any]:
     """Per operation (ALLREDUCE, ...): its collectives and how many tensors each fused.
 
     Horovod starts the operation of every tensor in a fused collective before it ends any, and
@@ -140,7 +135,7 @@ def _fusion(store: SpanStore, top_level: np.ndarray, threshold: int) -> pd.DataF
     operation = top_level & store.kinds_where(COMMUNICATION, contains=True)[store.kind]
     chosen = np.flatnonzero(operation)
     if not len(chosen):
-        return pd.DataFrame(columns=columns)
+        return {"fusion": pd.DataFrame(columns=columns), "fusion_threshold": threshold}
     chosen = chosen[np.lexsort((store.start[chosen], store.kind[chosen]))]
     kind, start = store.kind[chosen], store.start[chosen]
     end = start + store.duration[chosen]
@@ -165,7 +160,7 @@ def _fusion(store: SpanStore, top_level: np.ndarray, threshold: int) -> pd.DataF
         ]
     table = pd.DataFrame.from_dict(rows, orient="index", columns=columns)
     table.index.name = "operation"
-    return table.sort_values("collectives", ascending=False)
+    return {"fusion": table.sort_values("collectives", ascending=False), "fusion_threshold": threshold}
 
 
 def _cycles(marks: np.ndarray, operations: np.ndarray) -> dict[str, Any]:

@@ -134,11 +134,8 @@ class StoreBuilder:
     def finish(
         self, names: list[str], tensors: Mapping[int, str], sizes: Mapping[int, int], more: bool = False
     ) -> SpanStore:
-        """The store of the events so far (``tensors``: names by pid, ``sizes``: bytes by pid);
-        with ``more``, more may be added afterwards (spans still open are left out until they
-        close)."""
+        """The store of the events so far (names, bytes by pid); ``more``: open spans wait."""
         start, end, pid, name, depth, ready_span, ready_name, ready_wait = matched(self.matcher, more)
-        cycles = np.sort(np.concatenate(self.cycles)) if self.cycles else np.empty(0, np.int64)
         # the spans with readiness marks, read before the unclosed ones are dropped
         r_pid, r_span_name, r_depth, r_start = (c[ready_span] for c in (pid, name, depth, start))
         closed = end != ABSENT
@@ -181,7 +178,7 @@ class StoreBuilder:
             ready_start=r_start,
             ready_rank=[names[i] if i >= 0 else "?" for i in ready_name.tolist()],
             ready_wait=ready_wait,
-            cycles=cycles,
+            cycles=np.sort(np.concatenate(self.cycles)) if self.cycles else np.empty(0, np.int64),
             ranks=sorted((names[i] for i in np.flatnonzero(self.marked)), key=lambda r: (len(r), r)),
         )
 
