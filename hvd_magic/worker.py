@@ -46,7 +46,6 @@ from .timeline.stream import TimelineStream
 
 PAYLOAD_TIMEOUT = 120.0
 _CHUNK = 65536
-_FILE_CHUNK = 4 * 1024 * 1024
 
 
 def rank_from_env() -> tuple[int, int, int]:

@@ -12,7 +12,7 @@ import io
 import json
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -23,7 +23,7 @@ import pyarrow.json as pj
 from ..errors import TimelineError
 from .matching import ABSENT
 from .schema import SCHEMA
-from .store import SpanStore, StoreBuilder
+from .store import SpanStore, StoreBuilder, keep_largest
 
 __all__ = ["metadata_rows", "parse", "span_store", "tensor_bytes"]
 
@@ -50,8 +50,7 @@ def parse(
     for offset, view, last, closed in chunks:
         table, cut = _parse_chunk(path, offset, bytes(view), last and not closed)
         truncated |= cut
-        for pid, size in _sizes(table):
-            sizes[pid] = max(size, sizes.get(pid, -1))
+        keep_largest(sizes, *_sizes(table))
         table = table.set_column(
             table.schema.get_field_index("args"), "args", table["args"].cast(SCHEMA.field("args").type)
         )
@@ -70,16 +69,18 @@ def tensor_bytes(dtype: str, shape: str) -> int | None:
     return width * math.prod(int(d) for d in (dims[1] or "").split(",") if d.strip())
 
 
-def _sizes(table: pa.Table) -> Iterator[tuple[int, int]]:
-    """(pid, bytes) of each event that ends an operation on a tensor."""
-    args = table["args"]
+def _sizes(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """(pids, bytes) of the events that end an operation on a tensor and give its size."""
     ends = table.filter(
-        pc.and_(pc.equal(table["ph"], "E"), pc.is_valid(pc.struct_field(args, "dtype")))
-    ).select(["pid", "args"])
+        pc.and_(pc.equal(table["ph"], "E"), pc.is_valid(pc.struct_field(table["args"], "dtype")))
+    )
+    pids, sizes = [], []
     for pid, given in zip(ends["pid"].to_pylist(), ends["args"].to_pylist(), strict=True):
         size = tensor_bytes(given["dtype"], given.get("shape") or "")
         if isinstance(pid, int) and size is not None:
-            yield pid, size
+            pids.append(pid)
+            sizes.append(size)
+    return np.array(pids, np.int64), np.array(sizes, np.int64)
 
 
 def metadata_rows(events: pa.Table) -> list[tuple[str | None, int | None, dict[str, Any] | None]]:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .store import StoreBuilder
+from .store import StoreBuilder, keep_largest
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -147,8 +147,7 @@ class Digest:
         self.vocabulary: dict[str, int] = {}
         self.builder = StoreBuilder()
         self.meta: list[tuple[str | None, int | None, dict[str, Any]]] = []
-        self._sizes = np.zeros(0, np.int64)  # by pid (-1: not reported)
-        self._other_sizes: dict[int, int] = {}  # pids outside the table's range
+        self.tensor_bytes: dict[int, int] = {}  # by pid, where Horovod wrote dtype and shape
         self.events = 0
 
     def __call__(self, part: Part) -> None:
@@ -169,25 +168,8 @@ class Digest:
             self.meta.append(row)
         if sizes:
             pairs = np.frombuffer(sizes, np.int64).reshape(-1, 2)
-            self._add_sizes(pid_column[pairs[:, 0]], pairs[:, 1])
+            keep_largest(self.tensor_bytes, pid_column[pairs[:, 0]], pairs[:, 1])
         self.events += len(ph)
-
-    def _add_sizes(self, pids: np.ndarray, sizes: np.ndarray) -> None:
-        """Each tensor's largest reported size (the same at every step, but for allgathers)."""
-        small = (pids >= 0) & (pids < 1 << 24)  # tensor pids count from 1: a table, not a dict
-        if len(pids) and small.any():
-            top = int(pids[small].max()) + 1
-            if top > len(self._sizes):
-                self._sizes = np.r_[self._sizes, np.full(top - len(self._sizes), -1, np.int64)]
-            np.maximum.at(self._sizes, pids[small], sizes[small])
-        for pid, size in zip(pids[~small].tolist(), sizes[~small].tolist(), strict=True):
-            self._other_sizes[pid] = max(size, self._other_sizes.get(pid, -1))
-
-    @property
-    def tensor_bytes(self) -> dict[int, int]:
-        """Bytes by tensor pid, where Horovod wrote the tensor's dtype and shape."""
-        known = np.flatnonzero(self._sizes >= 0)
-        return dict(zip(known.tolist(), self._sizes[known].tolist(), strict=True)) | self._other_sizes
 
     @property
     def names(self) -> list[str]:

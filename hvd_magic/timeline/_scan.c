@@ -121,6 +121,31 @@ static int64_t integer(const char *s, Py_ssize_t i, Py_ssize_t end, int *ok) {
 
 #define KEY(text) (key_length == (Py_ssize_t)sizeof(text) - 1 && memcmp(s + key, text, key_length) == 0)
 
+/* The next member of a JSON object, from *j (its first byte, or the closing brace at end - 1):
+ * 1 with the key's and the value's bounds, *j moved past it and its comma; 0 after the last;
+ * -1 when it is not a plain "key": value. */
+static int next_member(const char *s, Py_ssize_t *j, Py_ssize_t end, Py_ssize_t *key,
+                       Py_ssize_t *key_length, Py_ssize_t *value, Py_ssize_t *value_close) {
+    if (*j >= end - 1) return 0;
+    if (s[*j] != '"') return -1;
+    Py_ssize_t key_close = string_end(s, *j, end);
+    if (key_close < 0) return -1;
+    *key = *j + 1;
+    *key_length = key_close - *key;
+    Py_ssize_t i = skip_space(s, key_close + 1, end);
+    if (i >= end || s[i] != ':') return -1;
+    *value = skip_space(s, i + 1, end);
+    *value_close = value_end(s, *value, end);
+    if (*value_close < 0) return -1;
+    i = skip_space(s, *value_close, end);
+    if (i < end - 1) {
+        if (s[i] != ',') return -1;
+        i = skip_space(s, i + 1, end);
+    }
+    *j = i;
+    return 1;
+}
+
 /* Bytes per element of a dtype name ("float32", "HOROVOD_FLOAT32", "bool"...): its trailing bit
  * count over 8; -1 when it has none. */
 static int64_t element_width(const char *s, Py_ssize_t n) {
@@ -155,28 +180,15 @@ static int64_t element_count(const char *s, Py_ssize_t n) {
 
 /* The bytes of the tensor an "args" object {"dtype": ..., "shape": ...} describes; -1 if none. */
 static int64_t tensor_bytes(const char *s, Py_ssize_t at, Py_ssize_t end) {
-    int64_t width = -1, count = -1;
     if (s[at] != '{') return -1;
-    Py_ssize_t j = skip_space(s, at + 1, end);
-    while (j < end - 1) {
-        if (s[j] != '"') return -1;
-        Py_ssize_t key = j + 1, key_close = string_end(s, j, end);
-        if (key_close < 0) return -1;
-        Py_ssize_t key_length = key_close - key;
-        j = skip_space(s, key_close + 1, end);
-        if (j >= end || s[j] != ':') return -1;
-        j = skip_space(s, j + 1, end);
-        Py_ssize_t value_close = value_end(s, j, end);
-        if (value_close < 0) return -1;
-        if (s[j] == '"' && KEY("dtype")) width = element_width(s + j + 1, value_close - j - 2);
-        else if (s[j] == '"' && KEY("shape")) count = element_count(s + j + 1, value_close - j - 2);
-        j = skip_space(s, value_close, end);
-        if (j < end - 1) {
-            if (s[j] != ',') return -1;
-            j = skip_space(s, j + 1, end);
-        }
+    int64_t width = -1, count = -1;
+    Py_ssize_t j = skip_space(s, at + 1, end), key, key_length, value, value_close;
+    int found;
+    while ((found = next_member(s, &j, end, &key, &key_length, &value, &value_close)) > 0) {
+        if (s[value] == '"' && KEY("dtype")) width = element_width(s + value + 1, value_close - value - 2);
+        else if (s[value] == '"' && KEY("shape")) count = element_count(s + value + 1, value_close - value - 2);
     }
-    return width > 0 && count >= 0 ? width * count : -1;
+    return found == 0 && width > 0 && count >= 0 ? width * count : -1;
 }
 
 typedef struct {
@@ -207,32 +219,20 @@ static void scan_events(Scan *r) {
         int32_t name_id = -1;
         int64_t ts_value = ABSENT, pid_value = ABSENT, dur_value = ABSENT;
         Py_ssize_t args_at = -1, args_end = -1, j = skip_space(s, i + 1, event_end);
-        int bad = 0;
-        while (j < event_end - 1 && !bad) {
-            if (s[j] != '"') { bad = 1; break; }
-            Py_ssize_t key = j + 1, key_close = string_end(s, j, event_end);
-            if (key_close < 0) { bad = 1; break; }
-            Py_ssize_t key_length = key_close - key;
-            j = skip_space(s, key_close + 1, event_end);
-            if (j >= event_end || s[j] != ':') { bad = 1; break; }
-            j = skip_space(s, j + 1, event_end);
-            Py_ssize_t end = value_end(s, j, event_end);
-            if (end < 0) { bad = 1; break; }
+        Py_ssize_t key, key_length, at, end; /* a member's key and value */
+        int bad = 0, found;
+        while (!bad && (found = next_member(s, &j, event_end, &key, &key_length, &at, &end)) != 0) {
             int ok = 1;
-            if (KEY("ph")) {
-                if (s[j] != '"' || end - j != 3) bad = 1; else phase = s[j + 1];
+            if (found < 0) ok = 0;
+            else if (KEY("ph")) {
+                if (s[at] != '"' || end - at != 3) ok = 0; else phase = s[at + 1];
             } else if (KEY("name")) {
-                if (s[j] != '"' || (name_id = intern(r->names, s + j + 1, end - j - 2)) < 0) bad = 1;
-            } else if (KEY("ts")) ts_value = integer(s, j, end, &ok);
-            else if (KEY("pid")) pid_value = integer(s, j, end, &ok);
-            else if (KEY("dur")) dur_value = integer(s, j, end, &ok);
-            else if (KEY("args")) { args_at = j; args_end = end; }
-            if (!ok) bad = 1;
-            j = skip_space(s, end, event_end);
-            if (j < event_end - 1) {
-                if (s[j] != ',') bad = 1;
-                j = skip_space(s, j + 1, event_end);
-            }
+                if (s[at] != '"' || (name_id = intern(r->names, s + at + 1, end - at - 2)) < 0) ok = 0;
+            } else if (KEY("ts")) ts_value = integer(s, at, end, &ok);
+            else if (KEY("pid")) pid_value = integer(s, at, end, &ok);
+            else if (KEY("dur")) dur_value = integer(s, at, end, &ok);
+            else if (KEY("args")) { args_at = at; args_end = end; }
+            bad = !ok;
         }
         if (bad || !phase) { r->error_at = i; return; }
         if (push(&r->ph, &phase, 1) || push(&r->name, &name_id, 4) || push(&r->ts, &ts_value, 8) ||

@@ -67,7 +67,7 @@ class Growing:
             self.broken = True
             return None
         tensors, start = metadata(self.digest.meta)
-        sizes = self.digest.tensor_bytes
+        sizes = dict(self.digest.tensor_bytes)  # the digest goes on growing
         store = self.digest.builder.finish(self.digest.names, tensors, sizes, more=True)
         return Timeline(
             self.path, self.digest.events, tensors, start, closed=False, tensor_bytes=sizes, _store=store

@@ -89,7 +89,7 @@ class PyMatcher:
         return tuple(np.array(c, dtype).tobytes() for c, dtype in zip(self.columns, DTYPES, strict=True))
 
     def finish(self) -> tuple[bytes, ...]:
-        out = tuple(np.array(c, dtype).tobytes() for c, dtype in zip(self.columns, DTYPES, strict=True))
+        out = self.snapshot()
         self.columns = [[] for _ in DTYPES]
         self.stacks = {}
         return out

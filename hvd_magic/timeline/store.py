@@ -19,7 +19,7 @@ from .matching import ABSENT, Matcher, matched, new_matcher
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["SpanStore", "StoreBuilder"]
+__all__ = ["SpanStore", "StoreBuilder", "keep_largest"]
 
 UNNAMED = "(unnamed)"
 
@@ -181,6 +181,18 @@ class StoreBuilder:
             cycles=np.sort(np.concatenate(self.cycles)) if self.cycles else np.empty(0, np.int64),
             ranks=sorted((names[i] for i in np.flatnonzero(self.marked)), key=lambda r: (len(r), r)),
         )
+
+
+def keep_largest(sizes: dict[int, int], pids: np.ndarray, reported: np.ndarray) -> None:
+    """Adds reported tensor sizes to ``sizes`` (bytes by pid), keeping each pid's largest (the
+    same at every step, but for allgathers)."""
+    if not len(pids):
+        return
+    distinct, index = _dense(pids)
+    largest = np.full(len(distinct), -1, np.int64)
+    np.maximum.at(largest, index, reported)
+    for pid, size in zip(distinct.tolist(), largest.tolist(), strict=True):
+        sizes[pid] = max(size, sizes.get(pid, -1))
 
 
 def _dense(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
