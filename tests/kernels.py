@@ -39,6 +39,8 @@ class Kernel:
         reply = self.client.execute_interactive(code, timeout=timeout, output_hook=collect)["content"]
         outcome.status, outcome.ename = reply["status"], reply.get("ename", "")
         outcome.evalue = reply.get("evalue", "")
+        if outcome.status != "ok":  # in full under "Captured stdout" if the test fails
+            print(f"the cell failed: {outcome.ename}: {outcome.evalue}")
         return outcome
 
     def processes(self) -> list[psutil.Process]:
