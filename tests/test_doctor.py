@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from hvd_magic.doctor import doctor
+from hvd_magic.doctor import checks, doctor
 from hvd_magic.doctor import spark as doctor_spark
 from hvd_magic.doctor.spark import ReachListener
 
@@ -39,6 +39,15 @@ def test_no_mpirun_on_path_is_named_with_its_fix(tmp_path):
     line = next(line for line in done.stdout.splitlines() if "mpirun" in line)
     assert line.startswith("✗") and "not found on PATH" in line
     assert "openmpi-bin" in done.stdout and "launcher=gloo" in done.stdout
+
+
+@pytest.mark.parametrize("module", ["_scan", "_match"])
+def test_a_missing_compiled_timeline_part_is_told_not_failed(module, monkeypatch):
+    monkeypatch.setitem(sys.modules, f"hvd_magic.timeline.{module}", None)  # its import now fails
+    check = checks.hvd_magic_check()
+    assert check.ok is None  # optional: runs work without it
+    assert "missing the compiled timeline scanner (the pure-Arrow reader is used" in check.detail
+    assert "C compiler" in check.fix
 
 
 def test_executors_with_another_python_are_named_with_their_fix(tmp_path):

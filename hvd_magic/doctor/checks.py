@@ -3,6 +3,7 @@ hvd_magic's own compiled parts. Each check says what it found and, when it fails
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -92,8 +93,9 @@ def hvd_magic_check() -> Check:
     package = Path(__file__).parent.parent
     version = distribution_version("hvd_magic") or "source tree"
     missing = []
-    try:
-        from ..timeline import _scan  # noqa: F401 - the compiled timeline scanner
+    try:  # the compiled timeline scanner and span matcher
+        for part in ("_scan", "_match"):
+            importlib.import_module(f"{__name__.rsplit('.', 2)[0]}.timeline.{part}")
     except ImportError:
         missing.append("the compiled timeline scanner (the pure-Arrow reader is used: slower)")
     if not (package / "static" / "viewer.js").exists():

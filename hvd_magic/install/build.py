@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import InstallError
+from .detect import find_cmake
 from .plan import HOROVOD_VERSION, BuildPlan, cached_wheel
 
 __all__ = ["install", "patch_source"]
@@ -82,9 +83,28 @@ def _source(work: Path, sdist: Path | None) -> Path:
             str(work),
         )
         sdist = work / f"horovod-{HOROVOD_VERSION}.tar.gz"
-    with tarfile.open(sdist) as archive:
+    try:
+        with tarfile.open(sdist) as archive:
+            _unpack(archive, work)
+    except (tarfile.TarError, OSError) as err:
+        raise InstallError(f"Horovod's source archive {sdist} does not unpack: {err}") from None
+    source = work / f"horovod-{HOROVOD_VERSION}"
+    if not source.is_dir():
+        raise InstallError(f"{sdist} holds no horovod-{HOROVOD_VERSION}/ folder: not Horovod's sdist")
+    return source
+
+
+def _unpack(archive: tarfile.TarFile, work: Path) -> None:
+    """Unpacks with tarfile's data filter, or, on Python versions older than it (3.11.3 and
+    before), refuses members that are links or would land outside ``work``."""
+    if hasattr(tarfile, "data_filter"):
         archive.extractall(work, filter="data")
-    return work / f"horovod-{HOROVOD_VERSION}"
+        return
+    root = work.resolve()
+    for member in archive.getmembers():
+        if member.issym() or member.islnk() or not (root / member.name).resolve().is_relative_to(root):
+            raise tarfile.TarError(f"unsafe member {member.name!r}")
+    archive.extractall(work)
 
 
 def build_wheel(plan: BuildPlan, say: Say, sdist: Path | None = None) -> Path:
@@ -100,6 +120,9 @@ def build_wheel(plan: BuildPlan, say: Say, sdist: Path | None = None) -> Path:
         patch_source(source, plan.toolchain.tensorflow is not None)
         say(f"building Horovod {HOROVOD_VERSION} (about 5 minutes on 2 cores; log: {log})")
         env = {**os.environ, **plan.build_env(), "MAKEFLAGS": f"-j{os.cpu_count() or 1}"}
+        cmake = find_cmake()  # after pip_first: the cmake it installed, beside this Python
+        if cmake.present:
+            env["HOROVOD_CMAKE"] = cmake.name  # Horovod's setup.py runs this one, not the PATH's
         _pip(
             "wheel",
             "--no-build-isolation",
@@ -110,9 +133,13 @@ def build_wheel(plan: BuildPlan, say: Say, sdist: Path | None = None) -> Path:
             log=log,
             env=env,
         )
-        built = next((work / "out").glob("horovod-*.whl"))
+        built = next((work / "out").glob("horovod-*.whl"), None)
+        if built is None:
+            raise InstallError(f"the build ended without a Horovod wheel; see its log: {log}")
         wheel = plan.directory / built.name
-        shutil.move(str(built), wheel)
+        partial = wheel.with_name(wheel.name + ".partial")  # the cache sees only whole wheels
+        shutil.move(str(built), partial)
+        os.replace(partial, wheel)
     return wheel
 
 

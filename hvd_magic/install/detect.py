@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Found", "Toolchain", "detect", "distribution_version", "mpirun_version"]
+__all__ = ["Found", "Toolchain", "detect", "distribution_version", "find_cmake", "mpirun_version"]
 
 TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel")
 NCCL_HEADER_DIRS = ("/usr/include", "/usr/local/cuda/include", "/usr/local/include")
@@ -119,7 +119,7 @@ def _compiler() -> Found:
     return Found("g++", None)
 
 
-def _cmake() -> Found:
+def find_cmake() -> Found:
     """The cmake the build would run: the environment's own (pip's cmake) first, then the PATH's."""
     beside = Path(sys.executable).parent / "cmake"
     for path in (str(beside) if beside.exists() else None, shutil.which("cmake")):
@@ -145,6 +145,6 @@ def detect() -> Toolchain:
         mpirun=mpirun_version(),
         mpi_headers=_mpi_headers(),
         compiler=_compiler(),
-        cmake=_cmake(),
+        cmake=find_cmake(),
         nccl=torch_cuda is not None and _nccl(),
     )
