@@ -14,10 +14,11 @@ from jupyter_client.manager import start_new_kernel
 from hvd_magic import LaunchError, RunError, RunInterrupted, RunTimeout
 
 from .helpers import leftover_processes, run_processes_anywhere, wait_for_ranks, waiting_cell
+from .kernels import NO_ABORT
 
 
 def _execute(client, code: str, timeout: float = 120) -> dict:
-    msg_id = client.execute(code)
+    msg_id = client.execute(code, stop_on_error=NO_ABORT)
     return client.get_shell_msg(timeout=timeout) if msg_id else {}
 
 
@@ -41,7 +42,7 @@ def kernel(tmp_path):
 
 
 def test_interrupt_stops_every_rank_within_5s_and_the_next_cell_works(kernel, tmp_path):
-    msg_id = kernel.client.execute("%%horovod np=-2\n" + waiting_cell(tmp_path))
+    msg_id = kernel.client.execute("%%horovod np=-2\n" + waiting_cell(tmp_path), stop_on_error=NO_ABORT)
     assert wait_for_ranks(tmp_path, 2)
     assert len(leftover_processes(kernel.process)) >= 3  # mpirun and two ranks
     interrupted = time.monotonic()
@@ -81,7 +82,8 @@ def test_pressing_interrupt_again_does_not_cut_the_clean_up_short(kernel, tmp_pa
     """Impatient users press stop several times; Gloo ranks that ignore SIGINT/SIGTERM make
     the clean-up take seconds (SIGKILL comes last), so the later presses land inside it."""
     msg_id = kernel.client.execute(
-        "%%horovod np=-2 launcher=gloo\n" + waiting_cell(tmp_path, ignore_signals=True)
+        "%%horovod np=-2 launcher=gloo\n" + waiting_cell(tmp_path, ignore_signals=True),
+        stop_on_error=NO_ABORT,
     )
     assert wait_for_ranks(tmp_path, 2)
     for _ in range(4):
@@ -96,7 +98,7 @@ def test_pressing_interrupt_again_does_not_cut_the_clean_up_short(kernel, tmp_pa
 
 def test_interrupt_while_spark_starts_is_a_clean_interrupt(kernel):
     """The first Spark cell starts the embedded session (seconds); stopping it then is normal."""
-    msg_id = kernel.client.execute("%%horovod np=2\n6 * 7")
+    msg_id = kernel.client.execute("%%horovod np=2\n6 * 7", stop_on_error=NO_ABORT)
     deadline = time.monotonic() + 60
     while not any(p.name() == "java" for p in kernel.process.children(recursive=True)):
         assert time.monotonic() < deadline, "the Spark JVM never started"
@@ -124,7 +126,9 @@ def test_a_dead_kernel_leaves_nothing_running(kernel, tmp_path, options):
     """The kernel is SIGKILLed mid-run (a crash, the OOM killer, a forced restart): mpirun and
     every rank are in sessions of their own, so only the parent-death signal can stop them.
     With np=2 the run is on the embedded Spark: its JVM, Python workers, tasks, agents, orted."""
-    kernel.client.execute(f"%%horovod {options}\n" + waiting_cell(tmp_path, wait="time.sleep(300)\n"))
+    kernel.client.execute(
+        f"%%horovod {options}\n" + waiting_cell(tmp_path, wait="time.sleep(300)\n"), stop_on_error=NO_ABORT
+    )
     assert wait_for_ranks(tmp_path, 2)
     run = kernel.process.children(recursive=True)
     assert len(run) >= 2

@@ -14,7 +14,7 @@ import pytest
 from jupyter_client.manager import start_new_kernel
 
 from .helpers import run_processes_anywhere, wait_for_ranks, waiting_cell
-from .kernels import Kernel
+from .kernels import NO_ABORT, Kernel
 
 MASTERS = ["local[2]", "local-cluster[2,1,1024]"]
 
@@ -109,7 +109,7 @@ def test_a_failing_rank_is_named_on_a_connect_session(connect):
 
 
 def test_interrupt_stops_every_process_on_a_connect_session(connect, tmp_path):
-    msg_id = connect.client.execute("%%horovod np=2\n" + waiting_cell(tmp_path))
+    msg_id = connect.client.execute("%%horovod np=2\n" + waiting_cell(tmp_path), stop_on_error=NO_ABORT)
     assert wait_for_ranks(tmp_path, 2)
     connect.manager.interrupt_kernel()
     reply = connect.client.get_shell_msg(timeout=120)
