@@ -39,14 +39,15 @@ viewer = TimelineViewer.from_timeline(timeline, width=1600)
 first_view = time.perf_counter() - started
 traits = ("starts", "durations", "rows", "kinds", "depths", "counts", "cycles")
 overview = sum(len(getattr(viewer, k)) for k in traits)
-zooms = []
-for i in range(10):  # windows of 1 % of the run, 30 rows, as a zoomed-in screen asks
-    t0 = viewer.end_us * i / 10
+zooms, detail_bytes = [], 0
+t0, t1, rows = 0.0, viewer.end_us, list(range(min(30, len(viewer.row_names))))
+for i in range(10):  # what the browser asks: the whole run, then nine wheel steps in (0.8 each)
     began = time.perf_counter()
-    rows = list(range(min(30, len(viewer.row_names))))
-    reply, marks = viewer.detail(t0, t0 + viewer.end_us / 100, 1400, rows)
-    detail_bytes = sum(len(b) for b in marks.buffers())
+    reply, marks = viewer.detail(t0, t1, 1100, rows)
     zooms.append(time.perf_counter() - began)
+    detail_bytes = max(detail_bytes, sum(len(b) for b in marks.buffers()))
+    anchor = t0 + 0.4 * (t1 - t0)
+    t0, t1 = anchor - 0.8 * (anchor - t0), anchor + 0.8 * (t1 - anchor)
 began = time.perf_counter()
 analysis = analyze(timeline)
 analysis.to_html()
@@ -125,10 +126,10 @@ def main() -> None:
     print(f"  full analysis                   {ours['analysis']:6.1f} s   (target <= 15)")
     peak_gb = ours["peak_kb"] / 1024**2
     print(f"  kernel peak memory              {peak_gb:6.2f} GB = {peak_share:.2f}x the file (target <= 0.6)")
-    print(f"  sent to the browser: overview {ours['overview'] / 1e6:.1f} MB, a window's detail "
+    print(f"  sent to the browser: overview {ours['overview'] / 1e6:.1f} MB, the largest window's detail "
           f"{ours['detail'] / 1e6:.2f} MB (target <= 20)")  # fmt: skip
     print(
-        f"  a window's detail in the kernel {ours['zoom'] * 1000:6.0f} ms  (target <= 100 for the round trip)"
+        f"  a zoom step's detail in the kernel {ours['zoom'] * 1000:6.0f} ms (median; target <= 100 round trip)"
     )
     if browser is not None:
         print(f"  in JupyterLab: Run All to the painted viewer {browser['painted']:6.1f} s (target <= 15)")

@@ -14,6 +14,7 @@ import pytest
 from hvd_magic.timeline import read
 from hvd_magic.timeline import viewer as viewer_module
 from hvd_magic.timeline.detail import window
+from hvd_magic.timeline.levels import MERGE, build_levels
 from hvd_magic.timeline.live import Growing, LiveTimeline
 from hvd_magic.timeline.matching import PyMatcher, matched, new_matcher
 from hvd_magic.timeline.reader import read_general
@@ -92,27 +93,51 @@ def spans_timeline(path: Path, rng: random.Random, rows: int = 4, per_row: int =
 
 
 def brute_force_marks(store, t0: int, t1: int, width: int, rows: list[int]) -> list[tuple]:
-    """(row, depth, start, end, kind name, count) of each mark, span by span in Python."""
-    scale = width / (t1 - t0)
+    """(row, depth, start, end, kind name, count) of each mark, span by span in Python: spans
+    narrower than a pixel merged per depth and pixel, then neighbours of one kind less than a
+    pixel apart joined (spans a pixel wide or more stay themselves)."""
+    pixel_us = (t1 - t0) / width
     marks = []
     for row in rows:
-        merged: dict[tuple[int, int], list] = {}
+        by_depth: dict[int, list] = {}
         for i in range(store.offsets[row], store.offsets[row + 1]):
             start, duration = int(store.start[i]), int(store.duration[i])
             kind, depth = store.kind_names[store.kind[i]], int(store.depth[i])
             if start + duration < t0 or start > t1:
                 continue
-            if duration * scale >= 1:
-                marks.append((row, depth, start, start + duration, kind, 1))
-                continue
-            pixel = min(max(int((start - t0) * scale), 0), width - 1)
-            group = merged.setdefault((depth, pixel), [start, start + duration, kind, duration, 0])
-            group[0], group[1] = min(group[0], start), max(group[1], start + duration)
-            if duration > group[3]:
-                group[2], group[3] = kind, duration
-            group[4] += 1
-        marks += [(row, d, g[0], g[1], g[2], g[4]) for (d, _), g in merged.items()]
+            pixel = None if duration >= pixel_us else min(max(int((start - t0) / pixel_us), 0), width - 1)
+            groups = by_depth.setdefault(depth, [])
+            last = groups[-1] if groups else None
+            if pixel is not None and last is not None and last["pixel"] == pixel:
+                last["end"], last["count"] = max(last["end"], start + duration), last["count"] + 1
+                if (duration, kind) > (last["longest"], last["kind"]):  # ties: the later kind
+                    last["kind"], last["longest"] = kind, duration
+            else:
+                groups.append({"pixel": pixel, "start": start, "end": start + duration, "kind": kind,
+                               "longest": duration, "count": 1})  # fmt: skip
+        for depth, groups in by_depth.items():
+            joined: list[dict] = []
+            for before, group in zip([None, *groups], groups, strict=False):  # each and the one before
+                group["alone"] = group["count"] == 1 and group["end"] - group["start"] >= pixel_us
+                if (
+                    before is not None and not group["alone"] and not before["alone"]
+                    and before["kind"] == group["kind"] and group["start"] - before["end"] < pixel_us
+                ):  # fmt: skip
+                    joined[-1]["end"] = max(joined[-1]["end"], group["end"])
+                    joined[-1]["count"] += group["count"]
+                else:
+                    joined.append(dict(group))
+            marks += [(row, depth, g["start"], g["end"], g["kind"], g["count"]) for g in joined]
     return sorted(marks)
+
+
+def mark_tuples(store, marks, origin: int) -> list[tuple]:
+    return sorted(
+        (int(r), int(d), int(s) + origin, round(s + dur) + origin, store.kind_names[k], int(c))
+        for r, d, s, dur, k, c in zip(
+            marks.row, marks.depth, marks.start, marks.duration, marks.kind, marks.count, strict=True
+        )
+    )
 
 
 def test_pixel_marks_match_a_brute_force_merge(tmp_path):
@@ -125,14 +150,35 @@ def test_pixel_marks_match_a_brute_force_merge(tmp_path):
         rows = [0, 2, 3]
         marks = window(store, t0, t1, width, rows, limit=0, origin=origin)
         assert 0 < len(marks) < store.offsets[-1]  # merged: fewer marks than spans
-        got = sorted(
-            (int(r), int(d), int(s) + origin, round(s + dur) + origin, store.kind_names[k], int(c))
-            for r, d, s, dur, k, c in zip(
-                marks.row, marks.depth, marks.start, marks.duration, marks.kind, marks.count, strict=True
-            )
-        )
-        assert got == brute_force_marks(store, t0, t1, width, rows)
+        assert mark_tuples(store, marks, origin) == brute_force_marks(store, t0, t1, width, rows)
         assert all((np.diff(marks.start[marks.row == r]) >= 0).all() for r in rows)
+
+
+def test_levels_of_detail_answer_wide_windows_as_the_spans_would(tmp_path):
+    store = read(spans_timeline(tmp_path / "t.json", random.Random(8), rows=5, per_row=4_000)).store
+    levels = build_levels(store, len(store.kind_names), smallest=500)
+    assert len(levels) >= 3 and [lv.bucket for lv in levels] == [
+        levels[0].bucket * 2**k for k in range(len(levels))
+    ]
+    assert len(levels[0].items) * MERGE <= 2 * len(store)  # the finest level merges spans about MERGE to one
+    for level in levels:  # every span is in exactly one item of each level, no item crosses a run
+        assert level.items.count.sum() == len(store)
+        assert (np.diff(level.offsets) >= 0).all() and level.offsets[-1] == len(level.items)
+    origin, rows = int(store.start.min()), [0, 1, 3, 4]
+    for level in levels[1:]:
+        # a window from the start whose pixel holds whole buckets: the level's answer is the spans'
+        for pixel in (2 * level.bucket, 8 * level.bucket):
+            t1 = origin + 300 * pixel
+            from_spans = window(store, origin, t1, 300, rows, limit=0, origin=origin)
+            from_level = window(store, origin, t1, 300, rows, limit=0, origin=origin, levels=levels)
+            assert mark_tuples(store, from_level, origin) == mark_tuples(store, from_spans, origin)
+            assert mark_tuples(store, from_spans, origin) == brute_force_marks(store, origin, t1, 300, rows)
+    # and the level is what answers: a window's items come from the coarsest level that fits
+    coarse = levels[-1]
+    assert (
+        len(coarse.select(list(range(len(coarse.offsets) - 1)), origin, int(store.end.max())))
+        < len(store) / 8
+    )
 
 
 def test_a_window_with_few_spans_gets_them_all(tmp_path):

@@ -3,16 +3,21 @@
 For a time window, some rows and a width in pixels, the marks to draw: the spans themselves
 when few enough reach into the window, otherwise each span at least a pixel wide as itself and
 the narrower ones merged, per row, depth and pixel, into one mark (how many, from the first
-start to the last end, the kind of the longest). The marks are then bounded by the pixels, not
-by the events: a 3 GB timeline crosses to the browser a screen at a time.
+start to the last end, the kind of the longest), and neighbouring merged marks of one kind less
+than a pixel apart joined into one block. A wide window is merged from the coarsest level of
+detail (``levels``) whose bucket fits in a pixel rather than from the spans. The marks, and the
+work, are then bounded by the pixels, not by the events: a 3 GB timeline crosses to the browser
+a screen at a time.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from .levels import Items, Level, bucket_edges, merge_edges
 from .store import SpanStore
 
 __all__ = ["Marks", "no_marks", "window"]
@@ -54,66 +59,92 @@ def _reaching(store: SpanStore, row: int, t0: int, t1: int) -> tuple[int, int]:
     return first, last
 
 
-def window(store: SpanStore, t0: int, t1: int, width: int, rows: list[int], limit: int, origin: int) -> Marks:
-    """The marks of ``rows`` for [t0, t1] (absolute microseconds) on ``width`` pixels: every
-    span when at most ``limit`` reach into the window, else per-pixel merges of narrow spans."""
-    ranges = [(row, *_reaching(store, row, t0, t1)) for row in rows]
-    total = sum(hi - lo for _, lo, hi in ranges)
-    scale = width / max(t1 - t0, 1)
-    pieces = [_row_marks(store, row, lo, hi, t0, scale, width, merge=total > limit) for row, lo, hi in ranges]
-    pieces = [p for p in pieces if p is not None]
-    if not pieces:
-        return no_marks()
-    start, duration, row, kind, depth, count = (np.concatenate(c) for c in zip(*pieces, strict=True))
+def window(
+    store: SpanStore,
+    t0: int,
+    t1: int,
+    width: int,
+    rows: list[int],
+    limit: int,
+    origin: int,
+    levels: Sequence[Level] = (),
+) -> Marks:
+    """The marks of ``rows`` (ascending) for [t0, t1] (absolute µs) on ``width`` pixels: every
+    span when at most ``limit`` reach into the window, else per-pixel merges of narrow spans,
+    taken from the coarsest of ``levels`` whose bucket fits in a pixel, or from the spans."""
+    ranges = [_reaching(store, row, t0, t1) for row in rows]
+    if sum(hi - lo for lo, hi in ranges) <= limit:
+        index = np.concatenate([np.arange(lo, hi) for lo, hi in ranges] or [np.empty(0, np.int64)])
+        index = index[store.start[index] + store.duration[index] >= t0]
+        columns = (store.start, store.duration, store.row, store.kind, store.depth)
+        start, duration, row, kind, depth = (c[index] for c in columns)
+        return _marks(start, duration, row, kind, depth, np.ones(len(index), np.int64), origin)
+    kinds, row_count = max(len(store.kind_names), 1), len(store.row_names)
+    pixel = (t1 - t0) / width
+    level = next((level for level in reversed(levels) if level.bucket <= pixel), None)
+    if level is not None:
+        depths = (len(level.offsets) - 1) // max(row_count, 1)
+        items = level.select([d * row_count + r for d in range(depths) for r in rows], t0, t1)
+    else:
+        items = _span_items(store, ranges, kinds)
+    merged = _per_pixel(items, t0, pixel, width, kinds)
+    depth, row = np.divmod(merged.run, max(row_count, 1))
+    kind = merged.lead % kinds
+    return _marks(merged.start, merged.duration, row, kind, depth, merged.count, origin)
+
+
+def _marks(
+    start: np.ndarray,
+    duration: np.ndarray,
+    row: np.ndarray,
+    kind: np.ndarray,
+    depth: np.ndarray,
+    count: np.ndarray,
+    origin: int,
+) -> Marks:
+    order = np.lexsort((start, row))
     return Marks(
-        start=(start - origin).astype(np.float64),
-        duration=duration.astype(np.float32),
-        row=row.astype(np.int32),
-        kind=np.minimum(kind, 255).astype(np.uint8),
-        depth=np.minimum(depth, 2).astype(np.uint8),
-        count=count.astype(np.uint32),
+        start=(start[order] - origin).astype(np.float64),
+        duration=duration[order].astype(np.float32),
+        row=row[order].astype(np.int32),
+        kind=np.minimum(kind[order], 255).astype(np.uint8),
+        depth=np.minimum(depth[order], 2).astype(np.uint8),
+        count=count[order].astype(np.uint32),
     )
 
 
-Piece = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-
-
-def _row_marks(
-    store: SpanStore, row: int, lo: int, hi: int, t0: int, scale: float, width: int, merge: bool
-) -> Piece | None:
-    start, duration = store.start[lo:hi], store.duration[lo:hi]
-    inside = start + duration >= t0
-    start, duration = start[inside], duration[inside]
-    kind, depth = store.kind[lo:hi][inside], store.depth[lo:hi][inside]
-    if not len(start):
-        return None
-    ones = np.ones(len(start), np.int64)
-    if not merge:
-        return start, duration, np.full(len(start), row), kind, depth, ones
-    wide = duration * scale >= 1
-    narrow = ~wide
-    pixel = np.clip(((start[narrow] - t0) * scale).astype(np.int64), 0, width - 1)
-    key = depth[narrow].astype(np.int64) * width + pixel
-    groups, group = np.unique(key, return_inverse=True)
-    n = len(groups)
-    first = np.full(n, np.iinfo(np.int64).max)
-    np.minimum.at(first, group, start[narrow])
-    last = np.zeros(n, np.int64)
-    np.maximum.at(last, group, start[narrow] + duration[narrow])
-    longest = np.full(n, -1, np.int64)
-    np.maximum.at(longest, group, duration[narrow])
-    dominant = np.zeros(n, kind.dtype)
-    is_longest = duration[narrow] == longest[group]
-    dominant[group[is_longest]] = kind[narrow][is_longest]
-    merged = (
-        first,
-        last - first,
-        np.full(n, row),
-        dominant,
-        groups // width,
-        np.bincount(group, minlength=n),
+def _span_items(store: SpanStore, ranges: list[tuple[int, int]], kinds: int) -> Items:
+    """The spans of ``ranges`` as items in run order (depth, then row, then start)."""
+    index = np.concatenate([np.arange(lo, hi) for lo, hi in ranges] or [np.empty(0, np.int64)])
+    index = index[np.argsort(store.depth[index], kind="stable")]
+    duration = store.duration[index]
+    return Items(
+        start=store.start[index],
+        duration=duration,
+        lead=duration * kinds + store.kind[index],
+        count=np.ones(len(index), np.int64),
+        run=store.depth[index].astype(np.int64) * len(store.row_names) + store.row[index],
     )
-    kept = (start[wide], duration[wide], np.full(int(wide.sum()), row), kind[wide], depth[wide], ones[wide])
-    columns = [np.concatenate([a, b]) for a, b in zip(kept, merged, strict=True)]
-    order = np.argsort(columns[0], kind="stable")
-    return tuple(c[order] for c in columns)  # type: ignore[return-value]
+
+
+def _per_pixel(items: Items, t0: int, pixel: float, width: int, kinds: int) -> Items:
+    """Items narrower than a pixel merged per run and pixel (wide ones kept), then neighbours of
+    one kind less than a pixel apart joined, as the screen would show them: one block. Spans a
+    pixel wide or more stay themselves, so hovering one still tells its own times."""
+    items = items.take(np.flatnonzero(items.start + items.duration >= t0))
+    cell = np.clip(((items.start - t0) / pixel).astype(np.int64), 0, width - 1)
+    merged = merge_edges(items, bucket_edges(items, cell, items.duration >= pixel))
+    if len(merged) < 2:
+        return merged
+    kind = merged.lead % kinds
+    alone = (merged.count == 1) & (merged.duration >= pixel)
+    end = merged.start + merged.duration
+    join = np.zeros(len(merged), bool)
+    join[1:] = (
+        (merged.run[1:] == merged.run[:-1])
+        & (kind[1:] == kind[:-1])
+        & (merged.start[1:] - end[:-1] < pixel)
+        & ~alone[1:]
+        & ~alone[:-1]
+    )
+    return merge_edges(merged, ~join)

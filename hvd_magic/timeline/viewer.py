@@ -19,6 +19,7 @@ import traitlets
 
 from ..errors import HorovodMagicError
 from .detail import Marks, no_marks, window
+from .levels import build_levels
 from .reader import Timeline
 from .store import SpanStore
 
@@ -29,6 +30,7 @@ DIRECT_SPANS = 200_000  # up to this many spans, all of them go to the browser a
 OVERVIEW_MARKS = 300_000  # about what the overview may hold (6.6 MB)
 DETAIL_SPANS = 150_000  # a window with more spans than this is merged per pixel
 MAX_WIDTH = 8_000  # pixels a request may ask for
+LEVEL_ITEMS = 100_000  # the coarsest level of detail holds about this many items
 _NONE = no_marks()
 
 
@@ -75,12 +77,15 @@ class TimelineViewer(anywidget.AnyWidget):
         rows = list(range(len(store.row_names)))
         lod = len(store) > DIRECT_SPANS
         pixels = int(np.clip(OVERVIEW_MARKS // max(3 * len(rows), 1), 50, width))
+        # coarser copies answer wide windows with a few items per pixel (the overview is one)
+        self._levels = build_levels(store, len(store.kind_names), LEVEL_ITEMS) if lod else []
         # a newer store of a growing file: activities keep their index (the front end's
         # checkboxes and colours), new ones come after them
         names = list(self.activity_names) + sorted(set(store.kind_names) - set(self.activity_names))
         position = {name: i for i, name in enumerate(names)}
         self._kind_map = np.array([position[n] for n in store.kind_names] or [0], np.uint8)
-        marks = window(store, self._origin, end, pixels, rows, 0 if lod else len(store), self._origin)
+        limit = 0 if lod else len(store)
+        marks = window(store, self._origin, end, pixels, rows, limit, self._origin, self._levels)
         with self.hold_sync():
             self.row_names = store.row_names
             self.activity_names = names
@@ -107,7 +112,7 @@ class TimelineViewer(anywidget.AnyWidget):
         low, high = t0 - span, t1 + span
         marks = window(
             self._store, int(self._origin + low), int(self._origin + high) + 1, 3 * width, rows,
-            DETAIL_SPANS, self._origin,
+            DETAIL_SPANS, self._origin, self._levels,
         )  # fmt: skip
         return {"type": "spans", "t0": low, "t1": high, "rows": rows}, self._mapped(marks)
 

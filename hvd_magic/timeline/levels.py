@@ -1,0 +1,164 @@
+"""Coarser copies of a span store, so that a wide window costs its pixels, not its spans.
+
+A level keeps, per row and depth, every span at least ``bucket`` µs long as itself and merges the
+narrower ones that start in the same bucket (buckets of ``bucket`` µs from the timeline's start)
+into one item: first start to last end, how many spans, and the longest span's length and kind
+(which gives a mark its kind). Buckets double from level to level, each level merged from the
+one below it. The finest level has the narrowest bucket that still merges about eight spans into
+one: a window finer than that is answered from the spans themselves, a few per pixel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .store import SpanStore
+
+__all__ = ["Items", "Level", "bucket_edges", "build_levels", "merge_edges"]
+
+MERGE = 8  # the finest level holds at most 1/MERGE as many items as there are spans
+CHUNK = 1 << 21  # spans merged at a time when the finest level is built (bounds the scratch memory)
+
+
+@dataclass
+class Items:
+    """Spans or merged items in runs (a run is a depth and a row: ``depth * rows + row``), each
+    run's items by start. ``lead`` is the longest member span's duration * kinds + its kind:
+    the largest ``lead`` of a merge names the merged item's kind."""
+
+    start: np.ndarray  # int64, absolute µs
+    duration: np.ndarray  # int64: first start to last end
+    lead: np.ndarray  # int64
+    count: np.ndarray  # int64: spans in the item
+    run: np.ndarray  # int64
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def take(self, index: np.ndarray) -> Items:
+        return Items(*(c[index] for c in (self.start, self.duration, self.lead, self.count, self.run)))
+
+
+@dataclass
+class Level:
+    """One resolution: items sorted by run then start; run ``k``'s are ``offsets[k]:offsets[k + 1]``."""
+
+    bucket: int
+    items: Items
+    offsets: np.ndarray
+    reach: np.ndarray  # per run: its longest item (how far before a window one that reaches it starts)
+
+    def select(self, runs: list[int], t0: int, t1: int) -> Items:
+        """The items of ``runs`` (ascending) that may reach into [t0, t1], in run order."""
+        pieces = []
+        for run in runs:
+            lo, hi = int(self.offsets[run]), int(self.offsets[run + 1])
+            starts = self.items.start[lo:hi]
+            first = lo + int(np.searchsorted(starts, t0 - self.reach[run], side="left"))
+            last = lo + int(np.searchsorted(starts, t1, side="right"))
+            if last > first:
+                pieces.append(np.arange(first, last))
+        index = np.concatenate(pieces) if pieces else np.empty(0, np.int64)
+        return self.items.take(index)
+
+
+def merge_edges(items: Items, edge: np.ndarray) -> Items:
+    """Merges each group of consecutive items that starts where ``edge`` is True (items sorted by
+    run then start; a group never crosses runs)."""
+    if not len(items):
+        return items
+    firsts = np.flatnonzero(edge)
+    start = items.start[firsts]
+    end = np.maximum.reduceat(items.start + items.duration, firsts)
+    return Items(
+        start=start,
+        duration=end - start,
+        lead=np.maximum.reduceat(items.lead, firsts),
+        count=np.add.reduceat(items.count, firsts),
+        run=items.run[firsts],
+    )
+
+
+def bucket_edges(items: Items, cell: np.ndarray, wide: np.ndarray) -> np.ndarray:
+    """Where a group starts: a new run or cell, or a wide item (which stays on its own)."""
+    edge = np.ones(len(items), bool)
+    edge[1:] = (items.run[1:] != items.run[:-1]) | (cell[1:] != cell[:-1]) | wide[1:] | wide[:-1]
+    return edge
+
+
+def _level(items: Items, bucket: int, origin: int, runs: int) -> Level:
+    cell = (items.start - origin) // bucket
+    merged = merge_edges(items, bucket_edges(items, cell, items.duration >= bucket))
+    offsets = np.searchsorted(merged.run, np.arange(runs + 1)).astype(np.int64)
+    reach = np.zeros(runs, np.int64)
+    filled = np.flatnonzero(np.diff(offsets))
+    if len(filled):
+        reach[filled] = np.maximum.reduceat(merged.duration, offsets[filled])
+    return Level(bucket, merged, offsets, reach)
+
+
+def _spans(store: SpanStore, lo: int, hi: int, depth: int, kinds: int) -> Items:
+    """The store's spans ``lo:hi`` at ``depth`` as items (count 1)."""
+    at = lo + np.flatnonzero(store.depth[lo:hi] == depth)
+    duration = store.duration[at]
+    rows = len(store.row_names)
+    return Items(
+        start=store.start[at],
+        duration=duration,
+        lead=duration * kinds + store.kind[at],
+        count=np.ones(len(at), np.int64),
+        run=depth * rows + store.row[at].astype(np.int64),
+    )
+
+
+def _cells(store: SpanStore, bucket: int, origin: int) -> int:
+    """About how many items a level of ``bucket`` would hold (its (row, bucket) pairs)."""
+    total = 0
+    for lo in range(0, len(store), CHUNK):
+        hi = min(lo + CHUNK + 1, len(store))
+        cell = (store.start[lo:hi] - origin) // bucket
+        row = store.row[lo:hi]
+        total += int(np.count_nonzero((cell[1:] != cell[:-1]) | (row[1:] != row[:-1])))
+    return total + 1
+
+
+def _finest_bucket(store: SpanStore, origin: int, length: int) -> int | None:
+    """The narrowest power-of-two bucket (µs) that merges spans about MERGE to one, or None."""
+    exponents = list(range(max(length, 1).bit_length() + 1))
+    if _cells(store, 1 << exponents[-1], origin) * MERGE > len(store):
+        return None
+    lo, hi = 0, len(exponents) - 1  # the answer is in exponents[lo..hi]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _cells(store, 1 << exponents[mid], origin) * MERGE <= len(store):
+            hi = mid
+        else:
+            lo = mid + 1
+    return 1 << exponents[lo]
+
+
+def build_levels(store: SpanStore, kinds: int, smallest: int) -> list[Level]:
+    """Levels from finest to coarsest, until one holds about ``smallest`` items; [] when no level
+    would merge enough to be worth its memory."""
+    if not len(store):
+        return []
+    origin = int(store.start.min())
+    length = int(store.end.max()) - origin
+    bucket = _finest_bucket(store, origin, length)
+    if bucket is None:
+        return []
+    depths, rows = int(store.depth.max()) + 1, len(store.row_names)
+    runs = depths * rows
+    pieces = []
+    for depth in range(depths):  # runs are depth-major: one depth after another
+        for lo in range(0, len(store), CHUNK):
+            chunk = _spans(store, lo, min(lo + CHUNK, len(store)), depth, kinds)
+            pieces.append(merge_edges(chunk, bucket_edges(chunk, (chunk.start - origin) // bucket,
+                                                          chunk.duration >= bucket)))  # fmt: skip
+    joined = Items(*(np.concatenate(c) for c in zip(*(vars(p).values() for p in pieces), strict=True)))
+    levels = [_level(joined, bucket, origin, runs)]  # merges what the chunk borders cut apart
+    while len(levels[-1].items) > smallest and levels[-1].bucket < length:
+        levels.append(_level(levels[-1].items, 2 * levels[-1].bucket, origin, runs))
+    return levels
