@@ -129,7 +129,7 @@ def main() -> None:
     print(f"  sent to the browser: overview {ours['overview'] / 1e6:.1f} MB, the largest window's detail "
           f"{ours['detail'] / 1e6:.2f} MB (target <= 20)")  # fmt: skip
     print(
-        f"  a zoom step's detail in the kernel {ours['zoom'] * 1000:6.0f} ms (median; target <= 100 round trip)"
+        f"  a zoom step's detail in the kernel {ours['zoom'] * 1000:6.0f} ms (median; round trip target 100)"
     )
     if browser is not None:
         print(f"  in JupyterLab: Run All to the painted viewer {browser['painted']:6.1f} s (target <= 15)")

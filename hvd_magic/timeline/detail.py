@@ -122,8 +122,8 @@ def _span_items(store: SpanStore, ranges: list[tuple[int, int]], kinds: int) -> 
         start=store.start[index],
         duration=duration,
         lead=duration * kinds + store.kind[index],
-        count=np.ones(len(index), np.int64),
-        run=store.depth[index].astype(np.int64) * len(store.row_names) + store.row[index],
+        count=np.ones(len(index), np.uint32),
+        run=store.depth[index].astype(np.int32) * len(store.row_names) + store.row[index],
     )
 
 
