@@ -156,7 +156,7 @@ def test_pixel_marks_match_a_brute_force_merge(tmp_path):
 
 def test_levels_of_detail_answer_wide_windows_as_the_spans_would(tmp_path):
     store = read(spans_timeline(tmp_path / "t.json", random.Random(8), rows=5, per_row=4_000)).store
-    levels = build_levels(store, len(store.kind_names), smallest=500)
+    levels = build_levels(store, smallest=500)
     assert len(levels) >= 3 and [lv.bucket for lv in levels] == [
         levels[0].bucket * 2**k for k in range(len(levels))
     ]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .levels import Items, Level, bucket_edges, merge_edges
+from .levels import Items, Level, bucket_edges, kind_count, merge_edges
 from .store import SpanStore
 
 __all__ = ["Marks", "no_marks", "window"]
@@ -79,7 +79,7 @@ def window(
         columns = (store.start, store.duration, store.row, store.kind, store.depth)
         start, duration, row, kind, depth = (c[index] for c in columns)
         return _marks(start, duration, row, kind, depth, np.ones(len(index), np.int64), origin)
-    kinds, row_count = max(len(store.kind_names), 1), len(store.row_names)
+    kinds, row_count = kind_count(store), len(store.row_names)
     pixel = (t1 - t0) / width
     level = next((level for level in reversed(levels) if level.bucket <= pixel), None)
     if level is not None:

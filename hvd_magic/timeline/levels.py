@@ -17,7 +17,7 @@ import numpy as np
 
 from .store import SpanStore
 
-__all__ = ["Items", "Level", "bucket_edges", "build_levels", "merge_edges"]
+__all__ = ["Items", "Level", "bucket_edges", "build_levels", "kind_count", "merge_edges"]
 
 MERGE = 8  # the finest level holds at most 1/MERGE as many items as there are spans
 CHUNK = 1 << 21  # spans merged at a time when the finest level is built (bounds the scratch memory)
@@ -140,7 +140,12 @@ def _finest_bucket(store: SpanStore, origin: int, length: int) -> int | None:
     return 1 << exponents[lo]
 
 
-def build_levels(store: SpanStore, kinds: int, smallest: int) -> list[Level]:
+def kind_count(store: SpanStore) -> int:
+    """The ``kinds`` of an item's ``lead`` (longest * kinds + kind)."""
+    return max(len(store.kind_names), 1)
+
+
+def build_levels(store: SpanStore, smallest: int) -> list[Level]:
     """Levels from finest to coarsest, until one holds about ``smallest`` items; [] when no level
     would merge enough to be worth its memory."""
     if not len(store):
@@ -150,7 +155,7 @@ def build_levels(store: SpanStore, kinds: int, smallest: int) -> list[Level]:
     bucket = _finest_bucket(store, origin, length)
     if bucket is None:
         return []
-    depths, rows = int(store.depth.max()) + 1, len(store.row_names)
+    depths, rows, kinds = int(store.depth.max()) + 1, len(store.row_names), kind_count(store)
     runs = depths * rows
     pieces = []
     for depth in range(depths):  # runs are depth-major: one depth after another

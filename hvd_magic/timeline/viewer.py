@@ -78,7 +78,7 @@ class TimelineViewer(anywidget.AnyWidget):
         lod = len(store) > DIRECT_SPANS
         pixels = int(np.clip(OVERVIEW_MARKS // max(3 * len(rows), 1), 50, width))
         # coarser copies answer wide windows with a few items per pixel (the overview is one)
-        self._levels = build_levels(store, len(store.kind_names), LEVEL_ITEMS) if lod else []
+        self._levels = build_levels(store, LEVEL_ITEMS) if lod else []
         # a newer store of a growing file: activities keep their index (the front end's
         # checkboxes and colours), new ones come after them
         names = list(self.activity_names) + sorted(set(store.kind_names) - set(self.activity_names))
