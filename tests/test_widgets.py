@@ -48,6 +48,13 @@ def test_log_keeps_the_newest_lines():
     assert terminal.lines == ["7", "8", "9"] and terminal.committed == 10
 
 
+def test_a_rank_runs_once_it_has_started_even_before_it_reports():
+    model = RunModel(2)
+    model.apply(Message(Started("h1", 2, 1, 2), 1))
+    assert [p.state for p in model.progress] == ["starting", "running"]
+    assert model.counts()["running"] == 1 and model.progress[1].fraction is None  # no progress yet
+
+
 def test_model_follows_progress_metrics_and_states():
     model = RunModel(2)
     model.apply(Message(Started("h0", 1, 0, 2), 0))

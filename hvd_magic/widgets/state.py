@@ -139,8 +139,10 @@ class RunModel:
         if not 0 <= rank < self.ranks:
             return
         progress = self.progress[rank]
-        if isinstance(record, Started):
+        if isinstance(record, Started):  # the rank's process runs the cell: no longer "starting"
             progress.host = record.host
+            if progress.state == "starting":
+                progress.state = "running"
         elif isinstance(record, Reports):
             self._dropped[rank] = record.dropped  # cumulative per rank
             for report in json.loads(message.blob):
