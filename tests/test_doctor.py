@@ -50,6 +50,32 @@ def test_a_missing_compiled_timeline_part_is_told_not_failed(module, monkeypatch
     assert "C compiler" in check.fix
 
 
+class ClassicSession:
+    """What doctor's session checks read of a classic session: its version and its conf."""
+
+    version = "4.1.0"
+
+    def __init__(self, **conf: str) -> None:
+        self.sparkContext = self
+        self._conf = {key.replace("_", "."): value for key, value in conf.items()}
+
+    def getConf(self) -> ClassicSession:  # noqa: N802 - SparkContext's name
+        return self
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self._conf.get(key, default)
+
+
+def test_dynamic_allocation_is_named_with_its_fix_where_spark_applies_it():
+    on = {"spark_dynamicAllocation_enabled": "true"}
+    rows = doctor_spark.session_checks(ClassicSession(spark_master="local-cluster[2,1,1024]", **on), 2)
+    row = next(check for check in rows if check.name == "dynamic allocation")
+    assert row.ok is False and row.detail == "on"
+    assert "spark.dynamicAllocation.enabled=false" in row.fix and "barrier mode refuses it" in row.fix
+    rows = doctor_spark.session_checks(ClassicSession(spark_master="local[2]", **on), 2)
+    assert next(check for check in rows if check.name == "dynamic allocation").ok  # local mode ignores it
+
+
 def test_executors_with_another_python_are_named_with_their_fix(tmp_path):
     bare = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
