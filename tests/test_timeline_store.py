@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hvd_magic.timeline import levels as levels_module
 from hvd_magic.timeline import read
 from hvd_magic.timeline import viewer as viewer_module
 from hvd_magic.timeline.detail import window
@@ -71,15 +72,20 @@ def test_readiness_names_the_last_mark_of_each_span(tmp_path):
     assert store.ready_start.tolist() == [0, 20] and store.ranks == ["0", "1", "2"]
 
 
-def spans_timeline(path: Path, rng: random.Random, rows: int = 4, per_row: int = 3_000) -> Path:
-    """Top-level spans with children, of unique random durations, on a few tensors."""
+def spans_timeline(
+    path: Path, rng: random.Random, rows: int = 4, per_row: int = 3_000, long_every: int = 0
+) -> Path:
+    """Top-level spans with children, of random durations, on a few tensors; every
+    ``long_every``-th top-level span lasts 20-200 ms (a stall)."""
     events: list[dict] = []
     durations = iter(rng.sample(range(1, 2_000_000), rows * per_row * 2))
     for pid in range(1, rows + 1):
         events.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": f"t{pid}"}})
         at = rng.randrange(0, 1000)
-        for _ in range(per_row):
+        for index in range(per_row):
             outer = next(durations) % 3_000 + 10
+            if long_every and index % long_every == long_every - 1:
+                outer = 20_000 + 60 * outer
             inner = next(durations) % outer
             kind = rng.choice(["ALLREDUCE", "BROADCAST", "ALLGATHER"])
             events += [
@@ -154,25 +160,41 @@ def test_pixel_marks_match_a_brute_force_merge(tmp_path):
         assert all((np.diff(marks.start[marks.row == r]) >= 0).all() for r in rows)
 
 
-def test_levels_of_detail_answer_wide_windows_as_the_spans_would(tmp_path):
-    store = read(spans_timeline(tmp_path / "t.json", random.Random(8), rows=5, per_row=4_000)).store
+def test_levels_of_detail_answer_wide_windows_as_the_spans_would(tmp_path, monkeypatch):
+    path = spans_timeline(tmp_path / "t.json", random.Random(8), rows=5, per_row=4_000, long_every=97)
+    store = read(path).store
     levels = build_levels(store, smallest=500)
     assert len(levels) >= 3 and [lv.bucket for lv in levels] == [
         levels[0].bucket * 2**k for k in range(len(levels))
     ]
     assert len(levels[0].items) * MERGE <= 2 * len(store)  # the finest level merges spans about MERGE to one
+    assert (store.duration >= 4 * levels[0].bucket).sum() > 20  # spans that stay themselves in a level
     for level in levels:  # every span is in exactly one item of each level, no item crosses a run
-        assert level.items.count.sum() == len(store)
+        assert level.items.count.sum() == len(store) and level.items.count.dtype == np.uint32
         assert (np.diff(level.offsets) >= 0).all() and level.offsets[-1] == len(level.items)
     origin, rows = int(store.start.min()), [0, 1, 3, 4]
-    for level in levels[1:]:
-        # a window from the start whose pixel holds whole buckets: the level's answer is the spans'
-        for pixel in (2 * level.bucket, 8 * level.bucket):
+    for level in levels:
+        # a window from the start whose pixels hold whole buckets: the level's answer is the spans'
+        for pixel in (level.bucket, 2 * level.bucket):
             t1 = origin + 300 * pixel
             from_spans = window(store, origin, t1, 300, rows, limit=0, origin=origin)
             from_level = window(store, origin, t1, 300, rows, limit=0, origin=origin, levels=levels)
             assert mark_tuples(store, from_level, origin) == mark_tuples(store, from_spans, origin)
             assert mark_tuples(store, from_spans, origin) == brute_force_marks(store, origin, t1, 300, rows)
+    # a long span that starts before a window reaches into it, from a level as from the spans
+    finest = levels[0].bucket
+    long = next(i for i in np.flatnonzero(store.duration > 8 * finest) if store.row[i] in rows)
+    t0 = origin + ((int(store.start[long]) - origin) // finest + 2) * finest  # inside the span
+    for levels_used in ((), levels):
+        marks = window(store, t0, t0 + 300 * finest, 300, rows, 0, origin, levels_used)
+        starts = (marks.start + origin).astype(np.int64)
+        assert ((starts == store.start[long]) & (marks.count == 1) & (marks.row == store.row[long])).any()
+    # levels built in small chunks are the same levels (a merge cut by a chunk's end is made whole)
+    monkeypatch.setattr(levels_module, "CHUNK", 1_000)
+    for small, whole in zip(build_levels(store, smallest=500), levels, strict=True):
+        assert small.bucket == whole.bucket and np.array_equal(small.offsets, whole.offsets)
+        columns = zip(vars(small.items).values(), vars(whole.items).values(), strict=True)
+        assert all(np.array_equal(a, b) for a, b in columns)
     # and the level is what answers: a window's items come from the coarsest level that fits
     coarse = levels[-1]
     assert (

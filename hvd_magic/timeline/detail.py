@@ -80,7 +80,7 @@ def window(
         start, duration, row, kind, depth = (c[index] for c in columns)
         return _marks(start, duration, row, kind, depth, np.ones(len(index), np.int64), origin)
     kinds, row_count = kind_count(store), len(store.row_names)
-    pixel = (t1 - t0) / width
+    pixel = max(t1 - t0, 1) / width
     level = next((level for level in reversed(levels) if level.bucket <= pixel), None)
     if level is not None:
         depths = (len(level.offsets) - 1) // max(row_count, 1)
@@ -133,7 +133,7 @@ def _per_pixel(items: Items, t0: int, pixel: float, width: int, kinds: int) -> I
     pixel wide or more stay themselves, so hovering one still tells its own times."""
     items = items.take(np.flatnonzero(items.start + items.duration >= t0))
     cell = np.clip(((items.start - t0) / pixel).astype(np.int64), 0, width - 1)
-    merged = merge_edges(items, bucket_edges(items, cell, items.duration >= pixel))
+    merged = merge_edges(items, bucket_edges(items, cell, pixel))
     if len(merged) < 2:
         return merged
     kind = merged.lead % kinds

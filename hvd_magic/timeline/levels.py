@@ -77,13 +77,15 @@ def merge_edges(items: Items, edge: np.ndarray) -> Items:
         start=start,
         duration=end - start,
         lead=np.maximum.reduceat(items.lead, firsts),
-        count=np.add.reduceat(items.count, firsts),
+        count=np.add.reduceat(items.count, firsts, dtype=np.uint32),
         run=items.run[firsts],
     )
 
 
-def bucket_edges(items: Items, cell: np.ndarray, wide: np.ndarray) -> np.ndarray:
-    """Where a group starts: a new run or cell, or a wide item (which stays on its own)."""
+def bucket_edges(items: Items, cell: np.ndarray, width: float) -> np.ndarray:
+    """Where a group starts: a new run or cell, or a span at least ``width`` long (which stays
+    on its own). Merged items merge on, however far they reach: their spans are all narrower."""
+    wide = (items.count == 1) & (items.duration >= width)
     edge = np.ones(len(items), bool)
     edge[1:] = (items.run[1:] != items.run[:-1]) | (cell[1:] != cell[:-1]) | wide[1:] | wide[:-1]
     return edge
@@ -91,7 +93,7 @@ def bucket_edges(items: Items, cell: np.ndarray, wide: np.ndarray) -> np.ndarray
 
 def _level(items: Items, bucket: int, origin: int, runs: int) -> Level:
     cell = (items.start - origin) // bucket
-    merged = merge_edges(items, bucket_edges(items, cell, items.duration >= bucket))
+    merged = merge_edges(items, bucket_edges(items, cell, bucket))
     offsets = np.searchsorted(merged.run, np.arange(runs + 1)).astype(np.int64)
     reach = np.zeros(runs, np.int64)
     filled = np.flatnonzero(np.diff(offsets))
@@ -161,8 +163,7 @@ def build_levels(store: SpanStore, smallest: int) -> list[Level]:
     for depth in range(depths):  # runs are depth-major: one depth after another
         for lo in range(0, len(store), CHUNK):
             chunk = _spans(store, lo, min(lo + CHUNK, len(store)), depth, kinds)
-            pieces.append(merge_edges(chunk, bucket_edges(chunk, (chunk.start - origin) // bucket,
-                                                          chunk.duration >= bucket)))  # fmt: skip
+            pieces.append(merge_edges(chunk, bucket_edges(chunk, (chunk.start - origin) // bucket, bucket)))
     joined = Items(*(np.concatenate(c) for c in zip(*(vars(p).values() for p in pieces), strict=True)))
     levels = [_level(joined, bucket, origin, runs)]  # merges what the chunk borders cut apart
     while len(levels[-1].items) > smallest and levels[-1].bucket < length:
