@@ -72,8 +72,11 @@ class ExecAgent(CurveServer):
             self._shm_dir = tempfile.mkdtemp(prefix="hvd_magic-shm-")
         env = dict(os.environ) | self.host_env | {ENV_VIA_AGENT: self.host_token}
         # Executors sharing a machine get one "host" each; Open MPI names its shared-memory
-        # files by the real hostname and local rank, so give each its own directory.
+        # files and its session directories by the real hostname, so give each its own
+        # directory. Two orteds creating the same session directory at once race, and the
+        # loser fails orte_init ("mkdir ... File exists"; mpirun exits 213).
         env["OMPI_MCA_btl_vader_backing_directory"] = self._shm_dir
+        env["OMPI_MCA_orte_tmpdir_base"] = self._shm_dir
         child = spawn(["/bin/sh", "-c", command], env, stderr=subprocess.PIPE)
         with self._lock:
             self.launches += 1
