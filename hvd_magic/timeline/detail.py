@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .levels import Items, Level, bucket_edges, kind_count, merge_edges
+from .levels import Items, Level, bucket_edges, kind_count, merge_edges, ranges_index, span_items
 from .store import SpanStore
 
 __all__ = ["Marks", "no_marks", "window"]
@@ -74,7 +74,7 @@ def window(
     taken from the coarsest of ``levels`` whose bucket fits in a pixel, or from the spans."""
     ranges = [_reaching(store, row, t0, t1) for row in rows]
     if sum(hi - lo for lo, hi in ranges) <= limit:
-        index = np.concatenate([np.arange(lo, hi) for lo, hi in ranges] or [np.empty(0, np.int64)])
+        index = ranges_index(ranges)
         index = index[store.start[index] + store.duration[index] >= t0]
         columns = (store.start, store.duration, store.row, store.kind, store.depth)
         start, duration, row, kind, depth = (c[index] for c in columns)
@@ -86,7 +86,8 @@ def window(
         depths = (len(level.offsets) - 1) // max(row_count, 1)
         items = level.select([d * row_count + r for d in range(depths) for r in rows], t0, t1)
     else:
-        items = _span_items(store, ranges, kinds)
+        index = ranges_index(ranges)
+        items = span_items(store, index[np.argsort(store.depth[index], kind="stable")])  # run order
     merged = _per_pixel(items, t0, pixel, width, kinds)
     depth, row = np.divmod(merged.run, max(row_count, 1))
     kind = merged.lead % kinds
@@ -110,20 +111,6 @@ def _marks(
         kind=np.minimum(kind[order], 255).astype(np.uint8),
         depth=np.minimum(depth[order], 2).astype(np.uint8),
         count=count[order].astype(np.uint32),
-    )
-
-
-def _span_items(store: SpanStore, ranges: list[tuple[int, int]], kinds: int) -> Items:
-    """The spans of ``ranges`` as items in run order (depth, then row, then start)."""
-    index = np.concatenate([np.arange(lo, hi) for lo, hi in ranges] or [np.empty(0, np.int64)])
-    index = index[np.argsort(store.depth[index], kind="stable")]
-    duration = store.duration[index]
-    return Items(
-        start=store.start[index],
-        duration=duration,
-        lead=duration * kinds + store.kind[index],
-        count=np.ones(len(index), np.uint32),
-        run=store.depth[index].astype(np.int32) * len(store.row_names) + store.row[index],
     )
 
 

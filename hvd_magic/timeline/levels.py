@@ -17,7 +17,16 @@ import numpy as np
 
 from .store import SpanStore
 
-__all__ = ["Items", "Level", "bucket_edges", "build_levels", "kind_count", "merge_edges"]
+__all__ = [
+    "Items",
+    "Level",
+    "bucket_edges",
+    "build_levels",
+    "kind_count",
+    "merge_edges",
+    "ranges_index",
+    "span_items",
+]
 
 MERGE = 8  # the finest level holds at most 1/MERGE as many items as there are spans
 CHUNK = 1 << 21  # spans merged at a time when the finest level is built (bounds the scratch memory)
@@ -53,16 +62,18 @@ class Level:
 
     def select(self, runs: list[int], t0: int, t1: int) -> Items:
         """The items of ``runs`` (ascending) that may reach into [t0, t1], in run order."""
-        pieces = []
+        ranges = []
         for run in runs:
             lo, hi = int(self.offsets[run]), int(self.offsets[run + 1])
             starts = self.items.start[lo:hi]
             first = lo + int(np.searchsorted(starts, t0 - self.reach[run], side="left"))
-            last = lo + int(np.searchsorted(starts, t1, side="right"))
-            if last > first:
-                pieces.append(np.arange(first, last))
-        index = np.concatenate(pieces) if pieces else np.empty(0, np.int64)
-        return self.items.take(index)
+            ranges.append((first, lo + int(np.searchsorted(starts, t1, side="right"))))
+        return self.items.take(ranges_index(ranges))
+
+
+def ranges_index(ranges: list[tuple[int, int]]) -> np.ndarray:
+    """The indices of the ranges ``[lo, hi)``, one after another."""
+    return np.concatenate([np.arange(lo, hi) for lo, hi in ranges] or [np.empty(0, np.int64)])
 
 
 def merge_edges(items: Items, edge: np.ndarray) -> Items:
@@ -102,17 +113,15 @@ def _level(items: Items, bucket: int, origin: int, runs: int) -> Level:
     return Level(bucket, merged, offsets, reach)
 
 
-def _spans(store: SpanStore, lo: int, hi: int, depth: int, kinds: int) -> Items:
-    """The store's spans ``lo:hi`` at ``depth`` as items (count 1)."""
-    at = lo + np.flatnonzero(store.depth[lo:hi] == depth)
-    duration = store.duration[at]
-    rows = len(store.row_names)
+def span_items(store: SpanStore, index: np.ndarray) -> Items:
+    """The store's spans at ``index`` (in run order: depth, row, start) as items of one span."""
+    duration = store.duration[index]
     return Items(
-        start=store.start[at],
+        start=store.start[index],
         duration=duration,
-        lead=duration * kinds + store.kind[at],
-        count=np.ones(len(at), np.uint32),
-        run=(depth * rows + store.row[at]).astype(np.int32),
+        lead=duration * kind_count(store) + store.kind[index],
+        count=np.ones(len(index), np.uint32),
+        run=store.depth[index].astype(np.int32) * len(store.row_names) + store.row[index],
     )
 
 
@@ -157,12 +166,12 @@ def build_levels(store: SpanStore, smallest: int) -> list[Level]:
     bucket = _finest_bucket(store, origin, length)
     if bucket is None:
         return []
-    depths, rows, kinds = int(store.depth.max()) + 1, len(store.row_names), kind_count(store)
-    runs = depths * rows
+    depths = int(store.depth.max()) + 1
+    runs = depths * len(store.row_names)
     pieces = []
     for depth in range(depths):  # runs are depth-major: one depth after another
         for lo in range(0, len(store), CHUNK):
-            chunk = _spans(store, lo, min(lo + CHUNK, len(store)), depth, kinds)
+            chunk = span_items(store, lo + np.flatnonzero(store.depth[lo : lo + CHUNK] == depth))
             pieces.append(merge_edges(chunk, bucket_edges(chunk, (chunk.start - origin) // bucket, bucket)))
     joined = Items(*(np.concatenate(c) for c in zip(*(vars(p).values() for p in pieces), strict=True)))
     levels = [_level(joined, bucket, origin, runs)]  # merges what the chunk borders cut apart

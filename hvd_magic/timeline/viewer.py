@@ -73,12 +73,12 @@ class TimelineViewer(anywidget.AnyWidget):
         """Show ``store`` (also a newer one of a file still being written)."""
         # coarser copies answer wide windows with a few items per pixel (the overview is one);
         # built first, so that a failure leaves the shown store and its levels together
-        levels = build_levels(store, LEVEL_ITEMS) if len(store) > DIRECT_SPANS else []
+        lod = len(store) > DIRECT_SPANS
+        levels = build_levels(store, LEVEL_ITEMS) if lod else []
         self._store, self._levels = store, levels
         self._origin = int(store.start.min()) if len(store) else 0
         end = int(store.end.max()) if len(store) else self._origin + 1
         rows = list(range(len(store.row_names)))
-        lod = len(store) > DIRECT_SPANS
         pixels = int(np.clip(OVERVIEW_MARKS // max(3 * len(rows), 1), 50, width))
         # a newer store of a growing file: activities keep their index (the front end's
         # checkboxes and colours), new ones come after them
