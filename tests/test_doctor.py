@@ -56,11 +56,8 @@ class ClassicSession:
     version = "4.1.0"
 
     def __init__(self, **conf: str) -> None:
-        self.sparkContext = self
+        self.conf = self
         self._conf = {key.replace("_", "."): value for key, value in conf.items()}
-
-    def getConf(self) -> ClassicSession:  # noqa: N802 - SparkContext's name
-        return self
 
     def get(self, key: str, default: str | None = None) -> str | None:
         return self._conf.get(key, default)

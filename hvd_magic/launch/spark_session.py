@@ -104,9 +104,10 @@ def is_connect(session: Any) -> bool:
 
 
 def conf(session: Any, key: str, default: str | None = None) -> str | None:
-    if is_connect(session):
-        return session.conf.get(key, default)  # type: ignore[no-any-return]
-    return session.sparkContext.getConf().get(key, default)  # type: ignore[no-any-return]
+    """A setting of the session's Spark configuration. The session's own conf holds the
+    context's settings too, on classic and Connect sessions alike; it is one call per key
+    (``sparkContext.getConf()`` copies the whole configuration, a py4j call per entry)."""
+    return session.conf.get(key, default)  # type: ignore[no-any-return]
 
 
 def driver_address(session: Any) -> str:
