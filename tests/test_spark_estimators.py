@@ -178,6 +178,7 @@ def test_cross_validator_runs_each_fit_as_one_job(spark):
             "label column 'image' is array<float>; a label must be a number",
         ),
         ({"store": object()}, ValueError, "store= is horovod.spark's intermediate storage"),
+        ({"callbacks": [object()]}, ValueError, "TorchEstimator takes no callbacks"),
         ({"frobnicate": 1}, TypeError, "has no parameter frobnicate"),
     ],
 )
@@ -239,4 +240,130 @@ def test_keras_estimator_fits_mnist_transforms_saves_and_loads(mnist, tmp_path):
         "checkpoint-0001.pkl",
         "checkpoint-0002.pkl",
     ]
+    assert run_processes_anywhere() == []
+
+
+def test_keras_callbacks_get_keras_lifecycle_and_one_rank_stopping_stops_all(mnist, tmp_path):
+    """LearningRateScheduler reaches the optimizer that trains (a rate of 0 leaves the weights
+    as the first epoch's checkpoint has them); a callback sees every batch; a stop asked on
+    rank 0 alone ends the fit after that epoch on both ranks (else rank 1 would wait forever)."""
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    import cloudpickle
+    import keras
+    import numpy
+
+    from hvd_magic.spark import KerasEstimator
+
+    class Lifecycle(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.began, self.batches = 1.0, 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.batches += 1 if logs and "loss" in logs else 0
+
+        def on_epoch_end(self, epoch, logs=None):
+            import horovod.tensorflow as hvd
+
+            logs.update(batches=self.batches, began=self.began)
+            self.batches = 0
+            if epoch == 1 and hvd.rank() == 0:
+                self.model.stop_training = True
+
+    train_df, _ = mnist
+    keras.utils.set_random_seed(0)
+    net = keras.Sequential([keras.Input((784,)), keras.layers.Dense(10)])
+    schedule = keras.callbacks.LearningRateScheduler(lambda epoch, rate: 0.01 if epoch == 0 else 0.0)
+    estimator = KerasEstimator(
+        num_proc=2,
+        model=net,
+        optimizer=keras.optimizers.Adam(0.5),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        feature_cols=["image"],
+        label_cols=["label"],
+        batch_size=50,
+        epochs=5,
+        verbose=0,
+        callbacks=[schedule, Lifecycle()],
+        model_dir=str(tmp_path),
+    )
+    model = estimator.fit(train_df.limit(2000))
+    assert [epoch["batches"] for epoch in model.history] == [20, 20]  # 1,000 rows a rank, 50 a batch
+    assert [epoch["began"] for epoch in model.history] == [1.0, 1.0]
+    assert [epoch["learning_rate"] for epoch in model.history] == pytest.approx([0.01, 0.0])
+    checkpoints = sorted(os.listdir(tmp_path / "checkpoints"))
+    assert checkpoints == ["checkpoint-0001.pkl", "checkpoint-0002.pkl"]
+    first = cloudpickle.loads((tmp_path / "checkpoints" / checkpoints[0]).read_bytes())["weights"]
+    for after, before in zip(model.getModel().get_weights(), first, strict=True):
+        numpy.testing.assert_array_equal(after, before)  # epoch 2 trained at rate 0
+    assert run_processes_anywhere() == []
+
+
+def test_a_users_own_estimator_subclass_fits_transforms_saves_and_loads(spark, tmp_path):
+    """The generic base with a training loop of the user's own: least squares, solved from
+    the ranks' summed normal equations, equals numpy's solution on all the rows."""
+    import functools
+
+    import numpy
+    import pandas as pd
+    from sklearn.datasets import load_digits
+
+    from hvd_magic.spark import HorovodEstimator, HorovodModel
+
+    def solve(spec):
+        import horovod.torch as hvd
+        import torch
+
+        from hvd_magic.spark.training import load_rows
+
+        hvd.init()
+        rows = load_rows(spec)
+        x = numpy.hstack([rows.x, numpy.ones((len(rows.x), 1))])
+        y = numpy.eye(10)[rows.y]
+        gram = hvd.allreduce(torch.from_numpy(x.T @ x), op=hvd.Sum, name="gram").numpy()
+        moment = hvd.allreduce(torch.from_numpy(x.T @ y), op=hvd.Sum, name="moment").numpy()
+        coef = numpy.linalg.solve(gram + 1e-3 * numpy.eye(len(gram)), moment)
+        return {"coef": coef, "width": rows.x.shape[1]}
+
+    def predictor(coef):
+        return lambda inputs: numpy.hstack([inputs, numpy.ones((len(inputs), 1))]) @ coef
+
+    class LeastSquaresModel(HorovodModel):
+        coef = None
+
+        def make_predict_fn(self):
+            return functools.partial(predictor, self.coef)
+
+        def save_artifacts(self, folder):
+            numpy.save(os.path.join(folder, "coef.npy"), self.coef)
+
+        def load_artifacts(self, folder):
+            self.coef = numpy.load(os.path.join(folder, "coef.npy"))
+
+    class LeastSquares(HorovodEstimator):
+        def train_function(self):
+            return solve
+
+        def train_spec(self, checkpoint):
+            return self.common_spec(None, None, None, checkpoint)
+
+        def make_model(self, result, feature_width):
+            model = LeastSquaresModel(feature_width=feature_width)
+            model.coef = result["coef"]
+            return model
+
+    digits = load_digits()
+    images, labels = digits.data[:1796] / 16.0, digits.target[:1796]  # 898 rows a rank, none dropped
+    df = spark.createDataFrame(pd.DataFrame({"features": list(images), "label": labels}))
+    model = LeastSquares(num_proc=2, feature_cols=["features"], label_cols=["label"]).fit(df)
+    x = numpy.hstack([images, numpy.ones((len(images), 1))])
+    expected = numpy.linalg.solve(x.T @ x + 1e-3 * numpy.eye(65), x.T @ numpy.eye(10)[labels])
+    numpy.testing.assert_allclose(model.coef, expected, rtol=1e-6, atol=1e-8)
+    assert model.feature_width == 64
+    scored = model.transform(df).toPandas()
+    raw = numpy.stack(scored["rawPrediction"].to_numpy())
+    numpy.testing.assert_allclose(raw, (x @ expected).astype(numpy.float32), rtol=1e-4, atol=1e-4)
+    assert (scored["prediction"].to_numpy() == raw.argmax(axis=1)).all()
+    model.save(str(tmp_path / "saved"))
+    loaded = LeastSquaresModel.load(str(tmp_path / "saved"))
+    numpy.testing.assert_array_equal(loaded.coef, model.coef)
     assert run_processes_anywhere() == []

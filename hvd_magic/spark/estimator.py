@@ -59,7 +59,7 @@ class HorovodModel(Model, ModelParams, MLWritable, MLReadable["HorovodModel"]):
             self.make_predict_fn(),
             return_type=ArrayType(FloatType()),
             batch_size=self.getOrDefault("batch_size"),
-            input_tensor_shapes=[[self.feature_width]],
+            input_tensor_shapes=[[self.feature_width]] if self.feature_width else None,
         )
         output = self.getOrDefault("output_cols")[0]
         with_output = dataset.withColumn(
@@ -117,14 +117,20 @@ class HorovodEstimator(Estimator[HorovodModel], EstimatorParams):
             raise TypeError(f"{type(self).__name__} has no parameter {', '.join(unknown)}; it has: {known}")
         self._set(**{name: value for name, value in params.items() if value is not None})
 
-    # --- framework hooks ---------------------------------------------------------------------
+    # --- framework hooks (a subclass with its own training loop gives these) ------------------
     def train_function(self) -> Callable[[TrainSpec], Any]:
+        """The function every rank runs with the ``TrainSpec``: ``hvd.init()``, then its rows
+        from ``training.load_rows(spec)``. Rank 0's return value goes to ``make_model``; a dict
+        with ``"width"`` (the rows' feature width) lets ``transform`` check its input's shape."""
         raise NotImplementedError
 
     def train_spec(self, checkpoint: bytes | None) -> TrainSpec:
+        """What the ranks get (``common_spec`` fills it from the Params); ``checkpoint``: the
+        latest one in ``model_dir``, to resume from."""
         raise NotImplementedError
 
     def make_model(self, result: Any, feature_width: int) -> HorovodModel:
+        """The fitted model, from rank 0's return value."""
         raise NotImplementedError
 
     # --- Spark ML ----------------------------------------------------------------------------
@@ -149,7 +155,8 @@ class HorovodEstimator(Estimator[HorovodModel], EstimatorParams):
             spec = self.train_spec(persistence.latest_checkpoint(checkpoints))
             spec.save_checkpoints = checkpoints is not None
             value, _ = execute(capture_function(self.train_function(), {"spec": spec}), options)
-            model = self.make_model(value, int(value["width"]))  # the feature width the ranks saw
+            width = value.get("width", 0) if isinstance(value, dict) else 0  # as the ranks saw it
+            model = self.make_model(value, int(width))
             model._set(**{p.name: self.getOrDefault(p.name) for p in model.params if self.isDefined(p.name)})
             if folder:
                 model.write().overwrite().save(os.path.join(folder, EXPORT))

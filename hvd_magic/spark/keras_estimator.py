@@ -49,7 +49,11 @@ class KerasModel(HorovodModel):
 class KerasEstimator(HorovodEstimator):
     """Trains a Keras 3 model with Horovod on ``num_proc`` ranks: ``fit(df)`` gives a
     ``KerasModel``. ``optimizer`` is a Keras optimizer (its config travels), ``loss`` a name or
-    a Keras loss; ``callbacks`` get ``on_epoch_end`` with the epoch's averaged metrics."""
+    a Keras loss. ``callbacks`` are called on every rank as Keras' ``fit`` calls them (train,
+    epoch and batch hooks; ``model.optimizer`` is the optimizer that trains), with the epoch's
+    metrics averaged over the ranks; what they add to the epoch's logs (e.g. the learning rate)
+    goes into ``history``. A stop asked on any rank (``model.stop_training``, as EarlyStopping
+    does) ends training after that epoch on all of them."""
 
     def train_function(self) -> Callable[[TrainSpec], Any]:
         from .keras_training import train

@@ -5,6 +5,7 @@ executors) the predict function ``transform`` uses."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from collections.abc import Callable
@@ -57,22 +58,64 @@ def train(spec: TrainSpec) -> dict[str, Any]:
     for index, variable in enumerate(model.weights):
         variable.assign(hvd.broadcast(variable.value, root_rank=0, name=f"weight.{index}"))
     step = _step_function(model, optimizer, loss)
-    for callback in spec.callbacks:
-        callback.set_model(model)
+    model.compile(optimizer=optimizer, loss=loss)  # callbacks reach it as model.optimizer (LR schedules)
+    steps = -(-len(rows.x) // spec.batch_size)
+    logs = _epoch_logs()  # last, where Keras puts its History: it sees what the others added
+    callbacks = keras.callbacks.CallbackList(
+        [*spec.callbacks, logs], model=model, epochs=spec.epochs, steps=steps
+    )
+    callbacks.on_train_begin()
     for epoch in range(start + 1, spec.epochs + 1):
-        metrics = {"loss": _train_epoch(spec, step, rows, epoch)}
+        callbacks.on_epoch_begin(epoch - 1)
+        metrics = {"loss": _train_epoch(spec, step, rows, epoch, callbacks)}
         if len(rows.val_x):
             metrics |= _evaluate(spec, model, loss, rows)
         metrics = {name: _average(hvd, name, value) for name, value in metrics.items()}
+        callbacks.on_epoch_end(epoch - 1, metrics)  # as in Keras, they may add to the logs
+        metrics = _numbers(logs.last)
         history.append(metrics)
         end_of_epoch(epoch, metrics, spec.verbose, hvd.rank())
-        for callback in spec.callbacks:
-            callback.on_epoch_end(epoch - 1, dict(metrics))
         if hvd.rank() == 0 and spec.save_checkpoints:
             state = {"epoch": epoch, "history": history, "weights": model.get_weights()}
             reporting.send_file(checkpoint_name(epoch) + ".pkl", cloudpickle.dumps(state))
+        if _stop_agreed(hvd, model):
+            break
+    callbacks.on_train_end(history[-1] if history else {})
     weights = cloudpickle.dumps(model.get_weights())
     return {"weights": weights, "history": history, "width": int(rows.x.shape[1])}
+
+
+def _epoch_logs() -> Any:
+    """A Keras callback keeping the last epoch's logs in ``last``."""
+    import keras
+
+    class EpochLogs(keras.callbacks.Callback):  # type: ignore[misc]
+        last: dict[str, Any] = {}
+
+        def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+            self.last = dict(logs or {})
+
+    return EpochLogs()
+
+
+def _numbers(logs: dict[str, Any]) -> dict[str, float]:
+    """The logs that are numbers (what the history and the live view keep)."""
+    kept = {}
+    for name, value in logs.items():
+        with contextlib.suppress(TypeError, ValueError):
+            kept[name] = float(value)
+    return kept
+
+
+def _stop_agreed(hvd: Any, model: Any) -> bool:
+    """A callback asked to stop (``model.stop_training``, e.g. EarlyStopping) on any rank: all
+    ranks stop after this epoch, together (a rank going on alone would wait forever)."""
+    import tensorflow as tf
+
+    asked = tf.constant(1.0 if model.stop_training else 0.0, tf.float64)
+    stop = float(hvd.allreduce(asked, op=hvd.Max, name="epoch.stop").numpy()) > 0
+    model.stop_training = stop
+    return stop
 
 
 def _average(hvd: Any, name: str, value: float) -> float:
@@ -97,14 +140,18 @@ def _step_function(model: Any, optimizer: Any, loss: Any) -> Callable[[Any, Any]
     return tf.function(step, autograph=False)  # type: ignore[no-any-return]
 
 
-def _train_epoch(spec: TrainSpec, step: Callable[[Any, Any], Any], rows: Rows, epoch: int) -> float:
+def _train_epoch(
+    spec: TrainSpec, step: Callable[[Any, Any], Any], rows: Rows, epoch: int, callbacks: Any
+) -> float:
     import horovod.tensorflow as hvd
 
     order = list(batches(len(rows.x), spec.batch_size, spec.seed, epoch, hvd.rank(), spec.shuffle))
     total = 0.0
     for number, index in enumerate(order, 1):
+        callbacks.on_train_batch_begin(number - 1)
         value = float(step(rows.x[index], rows.y[index]).numpy())
         total += value
+        callbacks.on_train_batch_end(number - 1, {"loss": value})
         reporting.report(step=number, total=len(order), epoch=epoch, loss=value)
     return total / max(len(order), 1)
 

@@ -73,7 +73,9 @@ class EstimatorParams(ModelParams):
     metrics = _param(
         "metrics", "metrics computed on the validation rows each epoch ('accuracy' or functions)"
     )
-    callbacks = _param("callbacks", "Keras callbacks (KerasEstimator)")
+    callbacks = _param(
+        "callbacks", "Keras callbacks (KerasEstimator): called as Keras' fit calls them, on every rank"
+    )
     epochs = _param("epochs", "passes over the data", TypeConverters.toInt)
     validation = _param(
         "validation", "share of each rank's rows held out for validation (0 to < 1)", TypeConverters.toFloat

@@ -65,6 +65,12 @@ class TorchEstimator(HorovodEstimator):
 
     def train_spec(self, checkpoint: bytes | None) -> TrainSpec:
         self.require("model", "optimizer", "loss")
+        if self.getOrDefault("callbacks"):
+            raise ValueError(
+                "TorchEstimator takes no callbacks (they are Keras callbacks, for KerasEstimator; "
+                "horovod.spark's TorchEstimator has none either). Per-epoch metrics reach the live "
+                "view and model.history without them; for your own loop, subclass HorovodEstimator."
+            )
         spec = self.common_spec(
             self.getOrDefault("model"), self.getOrDefault("optimizer"), self.getOrDefault("loss"), checkpoint
         )
