@@ -98,6 +98,45 @@ def test_a_dataframe_that_reads_differently_each_time_is_a_clear_error(spark):
     assert HorovodRunner(np=2, data=df.localCheckpoint()).run(_shard_rows) > 0
 
 
+def test_a_groupby_that_adaptive_execution_coalesces_splits_exactly(spark):
+    """The count and the shards' read must see the same partitions of an aggregated
+    DataFrame: with its columns pruned, the count's shuffle is smaller, and adaptive execution
+    (with a small advisory size, as large data would have it) coalesced it differently."""
+    from pyspark.sql import functions as F
+
+    df = (
+        spark.range(0, 20_000, numPartitions=4)
+        .select((F.col("id") % 500).alias("key"), F.repeat(F.lit("x"), 200).alias("pad"))
+        .groupBy("key")
+        .agg(
+            F.max("pad").alias("pad"),
+            F.count("*").alias("rows"),
+            F.create_map(F.lit("k"), F.lit(1)).alias("m"),
+        )
+    )
+
+    def keys():
+        import horovod.torch as hvd
+
+        import hvd_magic
+
+        hvd.init()
+        return hvd.allgather_object(sorted(hvd_magic.shard()["key"].tolist()))
+
+    small = {"spark.sql.adaptive.advisoryPartitionSizeInBytes": "2k"}
+    small["spark.sql.adaptive.coalescePartitions.minPartitionSize"] = "1"
+    saved = {key: spark.conf.get(key, None) for key in small}
+    try:
+        for key, value in small.items():
+            spark.conf.set(key, value)
+        shards = HorovodRunner(np=2, data=df).run(keys)
+    finally:
+        for key, value in saved.items():
+            spark.conf.unset(key) if value is None else spark.conf.set(key, value)
+    assert [len(shard) for shard in shards] == [250, 250]
+    assert sorted(key for shard in shards for key in shard) == list(range(500))
+
+
 def _shard_rows() -> int:
     import hvd_magic
 

@@ -99,7 +99,12 @@ def spark_shards(df: Any, name: str, np: int, keep: bool) -> tuple[Any, ShardPla
     from pyspark.sql import functions as F
 
     df = _vectors_as_arrays(df)
-    counted = df.select(F.spark_partition_id().alias("p")).groupBy("p").count().collect()
+    # The count reads every column, as the shards' read does: were the columns pruned, a shuffle
+    # inside df (a join, a groupBy) would move fewer bytes, and adaptive execution could cut
+    # its output into other partitions than the shards' read gets.
+    every_column = F.xxhash64(*[_hashable(df, field) for field in df.schema.fields]).alias("h")
+    partitions = df.select(F.spark_partition_id().alias("p"), every_column).groupBy("p")
+    counted = partitions.agg(F.count(F.lit(1)), F.max("h")).collect()
     counts = {int(row[0]): int(row[1]) for row in counted}
     plan = plan_shards(sum(counts.values()), np, keep, name)
     # monotonically_increasing_id() is (partition id << 33) + the row's place in its partition;
@@ -113,6 +118,14 @@ def spark_shards(df: Any, name: str, np: int, keep: bool) -> tuple[Any, ShardPla
     changed = F.raise_error(F.lit(_NOT_DETERMINISTIC))
     keyed = numbered.withColumn(KEY, F.when(place >= _lookup(counts, partition), changed).otherwise(key))
     return keyed.where(index < F.lit(plan.kept)).drop(INDEX).repartition(np, KEY), plan
+
+
+def _hashable(df: Any, field: Any) -> Any:
+    """A column's value as Spark's hash takes it (a map's size: maps cannot be hashed)."""
+    from pyspark.sql import functions as F
+
+    column = df[field.name]
+    return F.size(column) if type(field.dataType).__name__ == "MapType" else column
 
 
 _NOT_DETERMINISTIC = (
