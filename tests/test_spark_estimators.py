@@ -179,6 +179,9 @@ def test_cross_validator_runs_each_fit_as_one_job(spark):
         ),
         ({"store": object()}, ValueError, "store= is horovod.spark's intermediate storage"),
         ({"callbacks": [object()]}, ValueError, "TorchEstimator takes no callbacks"),
+        ({"metrics": ["mae"]}, ValueError, "metric 'mae' is not one it computes"),
+        ({"validation": 0.0}, ValueError, "metrics are computed on the rows held out for validation"),
+        ({"num_proc": None}, ValueError, "TorchEstimator needs num_proc=: N ranks on the Spark cluster"),
         ({"frobnicate": 1}, TypeError, "has no parameter frobnicate"),
     ],
 )
@@ -218,7 +221,11 @@ def test_keras_estimator_fits_mnist_transforms_saves_and_loads(mnist, tmp_path):
         model=net,
         optimizer=keras.optimizers.Adam(2e-3),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
+        metrics=[
+            "accuracy",
+            "sparse_categorical_accuracy",
+            keras.metrics.SparseCategoricalAccuracy(name="sca"),
+        ],
         feature_cols=["image"],
         label_cols=["label"],
         batch_size=32,
@@ -228,6 +235,9 @@ def test_keras_estimator_fits_mnist_transforms_saves_and_loads(mnist, tmp_path):
     )
     model = estimator.fit(train_df)
     assert len(model.history) == 2 and model.history[1]["val_accuracy"] > 0.85
+    for epoch in model.history:  # a Keras metric name and a Metric object agree with 'accuracy'
+        assert epoch["val_sparse_categorical_accuracy"] == pytest.approx(epoch["val_accuracy"], abs=1e-6)
+        assert epoch["val_sca"] == pytest.approx(epoch["val_accuracy"], abs=1e-6)
     predicted = model.transform(test_df)
     assert accuracy(predicted) >= 0.9
     model.save(str(tmp_path / "saved"))
@@ -366,4 +376,28 @@ def test_a_users_own_estimator_subclass_fits_transforms_saves_and_loads(spark, t
     model.save(str(tmp_path / "saved"))
     loaded = LeastSquaresModel.load(str(tmp_path / "saved"))
     numpy.testing.assert_array_equal(loaded.coef, model.coef)
+    assert run_processes_anywhere() == []
+
+
+def test_accuracy_is_the_largest_output_or_a_probability_of_at_least_half():
+    from hvd_magic.spark.training import accuracy
+
+    assert accuracy([[0.1, 0.9], [0.8, 0.2], [0.3, 0.7]], [1, 0, 0]) == pytest.approx(2 / 3)
+    assert accuracy([[0.7], [0.2], [0.5], [0.49]], [1, 0, 1, 1]) == 0.75  # one output: >= 0.5 is class 1
+
+
+def test_a_keras_metric_keras_does_not_know_is_refused_before_launch(mnist):
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    import keras
+
+    from hvd_magic.spark import KerasEstimator
+
+    train_df, _ = mnist
+    net = keras.Sequential([keras.Input((784,)), keras.layers.Dense(10)])
+    estimator = KerasEstimator(
+        num_proc=2, model=net, optimizer=keras.optimizers.Adam(), loss="sparse_categorical_crossentropy",
+        metrics=["accuracy", "precisionish"], feature_cols=["image"], label_cols=["label"], validation=0.1,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="Keras has no metric named 'precisionish'"):
+        estimator.fit(train_df)
     assert run_processes_anywhere() == []

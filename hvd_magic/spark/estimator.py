@@ -136,6 +136,15 @@ class HorovodEstimator(Estimator[HorovodModel], EstimatorParams):
     # --- Spark ML ----------------------------------------------------------------------------
     def _fit(self, dataset: Any) -> HorovodModel:
         features, labels = self.getOrDefault("feature_cols"), self.getOrDefault("label_cols")
+        if not self.isDefined("num_proc"):
+            raise ValueError(
+                f"{type(self).__name__} needs num_proc=: N ranks on the Spark cluster, or -N on this machine"
+            )
+        if self.getOrDefault("metrics") and not self.getOrDefault("validation"):
+            raise ValueError(
+                f"{type(self).__name__}: metrics are computed on the rows held out for validation each "
+                "epoch, and validation=0 holds out none: set validation= (e.g. 0.1) or drop metrics="
+            )
         check_columns(dataset, features, labels)
         try:
             options = make_options(
@@ -162,6 +171,15 @@ class HorovodEstimator(Estimator[HorovodModel], EstimatorParams):
                 model.write().overwrite().save(os.path.join(folder, EXPORT))
         return model
 
+    def check_metric(self, metric: Any) -> Any:
+        """A metric as the ranks take it; a ValueError for one they cannot compute."""
+        if metric == "accuracy" or (callable(metric) and not isinstance(metric, str)):
+            return metric
+        raise ValueError(
+            f"{type(self).__name__}: metric {metric!r} is not one it computes: give 'accuracy' or a "
+            "function of the outputs and labels that returns a number"
+        )
+
     def require(self, *names: str) -> None:
         """A ValueError naming the parameters that have no value."""
         missing = [name for name in names if not self.isDefined(name)]
@@ -174,7 +192,7 @@ class HorovodEstimator(Estimator[HorovodModel], EstimatorParams):
             model=model,
             optimizer=optimizer,
             loss=loss,
-            metrics=list(get("metrics")),
+            metrics=[self.check_metric(metric) for metric in get("metrics")],
             feature_cols=list(get("feature_cols")),
             label_cols=list(get("label_cols")),
             batch_size=get("batch_size"),

@@ -75,6 +75,21 @@ class KerasEstimator(HorovodEstimator):
         optimizer = keras.optimizers.serialize(self.getOrDefault("optimizer"))
         return self.common_spec(model_bytes(model), optimizer, self.getOrDefault("loss"), checkpoint)
 
+    def check_metric(self, metric: Any) -> Any:
+        """Keras metric names ('mae', 'sparse_categorical_accuracy') and Metric objects too; an
+        object travels as its config (a fresh one on every rank)."""
+        import keras
+
+        if isinstance(metric, keras.metrics.Metric):
+            return keras.metrics.serialize(metric)
+        if isinstance(metric, str) and metric != "accuracy":
+            try:
+                keras.metrics.get(metric)
+            except ValueError:
+                raise ValueError(f"KerasEstimator: Keras has no metric named {metric!r}") from None
+            return metric
+        return super().check_metric(metric)
+
     def make_model(self, result: Any, feature_width: int) -> HorovodModel:
         from .keras_training import load_model, model_bytes
 

@@ -14,7 +14,7 @@ from typing import Any
 import cloudpickle
 
 from .. import reporting
-from .training import Rows, TrainSpec, batches, checkpoint_name, end_of_epoch, load_rows
+from .training import Rows, TrainSpec, accuracy, batches, checkpoint_name, end_of_epoch, load_rows
 
 __all__ = ["load_model", "make_predictor", "model_bytes", "train"]
 
@@ -163,10 +163,30 @@ def _evaluate(spec: TrainSpec, model: Any, loss: Any, rows: Rows) -> dict[str, f
     found = {"val_loss": float(numpy.mean(loss(rows.val_y, output)))}
     for metric in spec.metrics:
         if metric == "accuracy":
-            found["val_accuracy"] = float(numpy.mean(numpy.argmax(output, axis=1) == rows.val_y))
+            found["val_accuracy"] = accuracy(numpy.asarray(output), rows.val_y)
         else:
-            found[f"val_{getattr(metric, '__name__', 'metric')}"] = float(metric(rows.val_y, output))
+            name, value = _keras_metric(metric, rows.val_y, output)
+            found[f"val_{name}"] = value
     return found
+
+
+def _keras_metric(metric: Any, target: Any, output: Any) -> tuple[str, float]:
+    """A metric's name and value: a Keras Metric (a config, or a name Keras resolves to one) or
+    a function of (target, output)."""
+    import keras
+    import numpy
+
+    if isinstance(metric, dict):
+        metric = keras.metrics.deserialize(metric)
+    elif isinstance(metric, str):
+        name, metric = metric, keras.metrics.get(metric)
+        if not isinstance(metric, keras.metrics.Metric):
+            return name, float(numpy.mean(metric(target, output)))
+    if isinstance(metric, keras.metrics.Metric):
+        metric.reset_state()
+        metric.update_state(target, output)
+        return str(metric.name), float(metric.result())
+    return getattr(metric, "__name__", "metric"), float(numpy.mean(metric(target, output)))
 
 
 def make_predictor(blob: bytes) -> Callable[[Any], Any]:

@@ -71,7 +71,9 @@ class EstimatorParams(ModelParams):
     optimizer = _param("optimizer", "the optimizer (its class and settings are used on every rank)")
     loss = _param("loss", "the loss function")
     metrics = _param(
-        "metrics", "metrics computed on the validation rows each epoch ('accuracy' or functions)"
+        "metrics",
+        "metrics computed on the validation rows each epoch: 'accuracy', functions (torch: of output "
+        "and target; Keras: of target and output), Keras metric names and objects",
     )
     callbacks = _param(
         "callbacks", "Keras callbacks (KerasEstimator): called as Keras' fit calls them, on every rank"

@@ -10,7 +10,7 @@ from typing import Any, cast
 from .. import reporting
 from .columns import feature_array, label_array
 
-__all__ = ["Rows", "TrainSpec", "batches", "checkpoint_name", "end_of_epoch", "load_rows"]
+__all__ = ["Rows", "TrainSpec", "accuracy", "batches", "checkpoint_name", "end_of_epoch", "load_rows"]
 
 
 @dataclass
@@ -63,6 +63,16 @@ def batches(rows: int, batch_size: int, seed: int, epoch: int, rank: int, shuffl
         numpy.random.default_rng([seed, epoch, rank]).shuffle(order)
     for start in range(0, rows, batch_size):
         yield order[start : start + batch_size]
+
+
+def accuracy(output: Any, target: Any) -> float:
+    """The share of rows whose predicted class is the label: the largest output's index, or
+    for a single output (a probability) whether it is at least 0.5."""
+    import numpy
+
+    output = numpy.asarray(output).reshape(len(output), -1)
+    predicted = output.argmax(axis=1) if output.shape[1] > 1 else (output[:, 0] >= 0.5)
+    return float(numpy.mean(predicted.astype(numpy.int64) == numpy.asarray(target).reshape(-1)))
 
 
 def checkpoint_name(epoch: int) -> str:
