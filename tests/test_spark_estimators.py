@@ -401,3 +401,51 @@ def test_a_keras_metric_keras_does_not_know_is_refused_before_launch(mnist):
     with pytest.raises(ValueError, match="Keras has no metric named 'precisionish'"):
         estimator.fit(train_df)
     assert run_processes_anywhere() == []
+
+
+def test_a_keras_model_with_its_own_layer_class_fits_transforms_saves_and_loads(mnist, tmp_path):
+    """A layer class defined in the notebook is not importable on the ranks or the executors:
+    it travels with the model, and a model whose file names what it cannot find is refused
+    before launch, saying what to give."""
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    import keras
+
+    from hvd_magic.spark import KerasEstimator, KerasModel
+
+    class Scale(keras.layers.Layer):
+        def __init__(self, factor=1.0, **kwargs):
+            super().__init__(**kwargs)
+            self.factor = factor
+
+        def call(self, x):
+            return x * self.factor
+
+        def get_config(self):
+            return {**super().get_config(), "factor": self.factor}
+
+    def scaled(x):
+        return x * 0.5
+
+    train_df, test_df = mnist
+    keras.utils.set_random_seed(0)
+    params = dict(
+        num_proc=2, optimizer=keras.optimizers.Adam(2e-3), feature_cols=["image"], label_cols=["label"],
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), batch_size=32, verbose=0,
+    )  # fmt: skip
+    own = keras.Sequential([keras.Input((784,)), Scale(2.0), keras.layers.Dense(10)])
+    model = KerasEstimator(model=own, **params).fit(train_df.limit(2000))
+    assert isinstance(model.getModel().layers[0], Scale) and model.getModel().layers[0].factor == 2.0
+    before = model.transform(test_df.limit(200)).select("rawPrediction").toPandas()["rawPrediction"]
+    model.save(str(tmp_path / "saved"))
+    loaded = KerasModel.load(str(tmp_path / "saved"))
+    after = loaded.transform(test_df.limit(200)).select("rawPrediction").toPandas()["rawPrediction"]
+    assert [list(row) for row in after] == [list(row) for row in before]
+    # A function the file names (not a layer class) must be given; given, the model fits.
+    lambda_model = keras.Sequential(
+        [keras.Input((784,)), keras.layers.Activation(scaled), keras.layers.Dense(10)]
+    )
+    with pytest.raises(ValueError, match=r"does not load back .* custom_objects=\{'name': object\}"):
+        KerasEstimator(model=lambda_model, **params).fit(train_df)
+    assert run_processes_anywhere() == []
+    given = KerasEstimator(model=lambda_model, custom_objects={"scaled": scaled}, **params)
+    assert len(given.fit(train_df.limit(2000)).history) == 1

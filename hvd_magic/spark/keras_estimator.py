@@ -20,6 +20,8 @@ from .training import TrainSpec
 
 __all__ = ["KerasEstimator", "KerasModel"]
 
+CUSTOM_OBJECTS = "custom_objects.pkl"
+
 
 class KerasModel(HorovodModel):
     """A fitted Keras model (``model.keras_model``); transforms on the executors."""
@@ -27,6 +29,7 @@ class KerasModel(HorovodModel):
     def __init__(self, history: list[dict[str, float]] | None = None, feature_width: int = 0) -> None:
         super().__init__(history, feature_width)
         self.keras_model: Any = None
+        self.custom_objects: dict[str, Any] = {}  # what the model's file needs to load
 
     def getModel(self) -> Any:  # noqa: N802 - horovod.spark's name
         """The fitted Keras model (as horovod.spark's ``KerasModel.getModel()``)."""
@@ -35,15 +38,23 @@ class KerasModel(HorovodModel):
     def make_predict_fn(self) -> Callable[[], Callable[[Any], Any]]:
         from .keras_training import make_predictor, model_bytes
 
-        return functools.partial(make_predictor, model_bytes(self.keras_model))
+        blob = model_bytes(self.keras_model)
+        return functools.partial(make_predictor, blob, cloudpickle.dumps(self.custom_objects))
 
     def save_artifacts(self, folder: str) -> None:
         self.keras_model.save(os.path.join(folder, "model.keras"))
+        if self.custom_objects:  # by value when they were defined in the notebook
+            with open(os.path.join(folder, CUSTOM_OBJECTS), "wb") as out:
+                cloudpickle.dump(self.custom_objects, out)
 
     def load_artifacts(self, folder: str) -> None:
         import keras
 
-        self.keras_model = keras.saving.load_model(os.path.join(folder, "model.keras"), compile=False)
+        if os.path.exists(os.path.join(folder, CUSTOM_OBJECTS)):
+            with open(os.path.join(folder, CUSTOM_OBJECTS), "rb") as blob:
+                self.custom_objects = cloudpickle.load(blob)
+        path = os.path.join(folder, "model.keras")
+        self.keras_model = keras.saving.load_model(path, compile=False, custom_objects=self.custom_objects)
 
 
 class KerasEstimator(HorovodEstimator):
@@ -63,7 +74,7 @@ class KerasEstimator(HorovodEstimator):
     def train_spec(self, checkpoint: bytes | None) -> TrainSpec:
         import keras
 
-        from .keras_training import model_bytes
+        from .keras_training import load_model, model_bytes
 
         self.require("model", "optimizer", "loss")
         model = self.getOrDefault("model")
@@ -73,7 +84,25 @@ class KerasEstimator(HorovodEstimator):
                 f"{type(model).__qualname__}; build it with `import keras` (here tf.keras may be tf-keras)."
             )
         optimizer = keras.optimizers.serialize(self.getOrDefault("optimizer"))
-        return self.common_spec(model_bytes(model), optimizer, self.getOrDefault("loss"), checkpoint)
+        blob, custom = model_bytes(model), self.custom_objects_of(model)
+        try:  # here, as it will on the ranks: with what custom holds, from the notebook's code
+            load_model(blob, custom)
+        except Exception as err:  # noqa: BLE001 - Keras says what it could not find in many ways
+            said = " ".join(str(err).split())[:300]
+            raise ValueError(
+                f"KerasEstimator: the model does not load back from its .keras file with "
+                f"{sorted(custom) or 'no custom objects'} ({type(err).__name__}: {said}). "
+                "Give the functions and classes of your own it uses as custom_objects={'name': object}."
+            ) from None
+        spec = self.common_spec(blob, optimizer, self.getOrDefault("loss"), checkpoint)
+        spec.custom_objects = custom
+        return spec
+
+    def custom_objects_of(self, model: Any) -> dict[str, Any]:
+        """The model's own classes (found) and the ``custom_objects`` given."""
+        from .keras_training import custom_classes
+
+        return custom_classes(model) | dict(self.getOrDefault("custom_objects"))
 
     def check_metric(self, metric: Any) -> Any:
         """Keras metric names ('mae', 'sparse_categorical_accuracy') and Metric objects too; an
@@ -94,6 +123,7 @@ class KerasEstimator(HorovodEstimator):
         from .keras_training import load_model, model_bytes
 
         fitted = KerasModel(result["history"], feature_width)
-        fitted.keras_model = load_model(model_bytes(self.getOrDefault("model")))
+        fitted.custom_objects = self.custom_objects_of(self.getOrDefault("model"))
+        fitted.keras_model = load_model(model_bytes(self.getOrDefault("model")), fitted.custom_objects)
         fitted.keras_model.set_weights(cloudpickle.loads(result["weights"]))
         return fitted

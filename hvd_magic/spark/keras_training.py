@@ -16,7 +16,7 @@ import cloudpickle
 from .. import reporting
 from .training import Rows, TrainSpec, accuracy, batches, checkpoint_name, end_of_epoch, load_rows
 
-__all__ = ["load_model", "make_predictor", "model_bytes", "train"]
+__all__ = ["custom_classes", "load_model", "make_predictor", "model_bytes", "train"]
 
 
 def model_bytes(model: Any) -> bytes:
@@ -28,14 +28,28 @@ def model_bytes(model: Any) -> bytes:
             return saved.read()
 
 
-def load_model(blob: bytes) -> Any:
+def load_model(blob: bytes, custom_objects: dict[str, Any] | None = None) -> Any:
     import keras
 
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "model.keras")
         with open(path, "wb") as out:
             out.write(blob)
-        return keras.saving.load_model(path, compile=False)
+        return keras.saving.load_model(path, compile=False, custom_objects=custom_objects)
+
+
+def custom_classes(model: Any) -> dict[str, Any]:
+    """The classes of the model and its layers (nested ones too) that are not Keras' own, by
+    the name its file gives them: a process without the notebook's code needs them to load it."""
+    import keras
+
+    found, stack = {}, [model]
+    while stack:
+        layer = stack.pop()
+        if not type(layer).__module__.startswith("keras."):
+            found[keras.saving.get_registered_name(type(layer))] = type(layer)
+        stack.extend(getattr(layer, "layers", []))
+    return found
 
 
 def train(spec: TrainSpec) -> dict[str, Any]:
@@ -46,7 +60,7 @@ def train(spec: TrainSpec) -> dict[str, Any]:
     hvd.init()
     keras.utils.set_random_seed(spec.seed)
     rows = load_rows(spec)
-    model = load_model(spec.model)
+    model = load_model(spec.model, spec.custom_objects)
     optimizer = keras.optimizers.deserialize(spec.optimizer)
     optimizer.build(model.trainable_variables)
     loss = keras.losses.get(spec.loss) if isinstance(spec.loss, (str, dict)) else spec.loss
@@ -189,11 +203,11 @@ def _keras_metric(metric: Any, target: Any, output: Any) -> tuple[str, float]:
     return getattr(metric, "__name__", "metric"), float(numpy.mean(metric(target, output)))
 
 
-def make_predictor(blob: bytes) -> Callable[[Any], Any]:
+def make_predictor(blob: bytes, custom_objects: bytes) -> Callable[[Any], Any]:
     """For ``predict_batch_udf``: load the model once per Python worker, predict in batches."""
     import numpy
 
-    model = load_model(blob)
+    model = load_model(blob, cloudpickle.loads(custom_objects))
 
     def predict(inputs: Any) -> Any:
         output = numpy.asarray(model(numpy.asarray(inputs, dtype=numpy.float32), training=False))

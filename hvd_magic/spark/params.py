@@ -78,6 +78,11 @@ class EstimatorParams(ModelParams):
     callbacks = _param(
         "callbacks", "Keras callbacks (KerasEstimator): called as Keras' fit calls them, on every rank"
     )
+    custom_objects = _param(
+        "custom_objects",
+        "Keras: {name: class or function} the model's file needs to load (its own layer classes "
+        "are found without it)",
+    )
     epochs = _param("epochs", "passes over the data", TypeConverters.toInt)
     validation = _param(
         "validation", "share of each rank's rows held out for validation (0 to < 1)", TypeConverters.toFloat
@@ -97,5 +102,12 @@ class EstimatorParams(ModelParams):
     def __init__(self) -> None:
         super().__init__()
         self._setDefault(
-            metrics=[], callbacks=[], epochs=1, validation=0.0, verbose=1, random_seed=0, shuffle=True
+            metrics=[],
+            callbacks=[],
+            custom_objects={},
+            epochs=1,
+            validation=0.0,
+            verbose=1,
+            random_seed=0,
+            shuffle=True,
         )

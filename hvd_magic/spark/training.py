@@ -32,6 +32,7 @@ class TrainSpec:
     checkpoint: bytes | None = None  # the latest checkpoint in model_dir: training resumes from it
     save_checkpoints: bool = True  # rank 0 sends one per epoch (only when there is a model_dir)
     callbacks: list[Any] = field(default_factory=list)
+    custom_objects: dict[str, Any] = field(default_factory=dict)  # Keras: what its model's file names
 
 
 @dataclass
