@@ -106,14 +106,17 @@ def test_saved_model_loads_with_identical_predictions_and_outside_spark(mnist, t
 
 
 @pytest.mark.parametrize("kind", ["folder", "uri"])
-def test_a_second_fit_resumes_from_the_latest_checkpoint(mnist, tmp_path, kind):
+def test_a_second_fit_resumes_from_the_latest_checkpoint(mnist, tmp_path, kind, capsys):
     from hvd_magic.spark import TorchModel
 
     train_df, test_df = mnist
     small = train_df.limit(2000)
     model_dir = str(tmp_path) if kind == "folder" else f"file://{tmp_path}/remote"  # a pyarrow URI
     first = torch_estimator(epochs=1, model_dir=model_dir).fit(small)
+    assert "epoch 1: loss" in capsys.readouterr().out
     second = torch_estimator(epochs=2, model_dir=model_dir).fit(small)
+    trained = capsys.readouterr().out  # rank 0's line for each epoch it trains
+    assert "epoch 2: loss" in trained and "epoch 1: loss" not in trained
     assert len(second.history) == 2
     assert second.history[0] == first.history[0]  # epoch 1 came from the checkpoint, not retrained
     stored = tmp_path if kind == "folder" else tmp_path / "remote"
