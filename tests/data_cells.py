@@ -16,6 +16,7 @@ def executor_of(pid):
 frame = hvd_magic.shard()
 table = hvd_magic.shard("arrow")
 streamed = pa.Table.from_batches(list(hvd_magic.shard("batches")))
+executor = executor_of(os.getpid())
 meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
 me = {
     "rank": hvd.rank(),
@@ -23,9 +24,10 @@ me = {
     "same": table.column("id").to_pylist() == frame["id"].tolist() == streamed.column("id").to_pylist(),
     "types": {field.name: str(field.type) for field in table.schema},
     "meta": meta,
-    "executor": executor_of(os.getpid()),
+    "executor": executor,
     "writer_executor": executor_of(int(meta["hvd_magic.pid"])),
     "shard_file": os.environ["HVD_MAGIC_SHARD"],
+    "executor_dirs": executor and psutil.Process(executor).environ().get("SPARK_EXECUTOR_DIRS"),
 }
 [json.loads(s) for s in hvd.allgather_object(json.dumps(me))]
 """

@@ -46,6 +46,7 @@ def test_every_row_reaches_exactly_one_rank_from_the_ranks_own_executor(ip, trai
     for rank in ranks:
         assert rank["executor"] is not None, rank  # the rank runs under an executor JVM ...
         assert rank["writer_executor"] == rank["executor"], rank  # ... which also wrote its shard
+        assert rank["shard_file"].startswith(rank["executor_dirs"].split(":")[0] + "/")  # in its scratch dir
     assert len({r["executor"] for r in ranks}) == 2  # spread over both executors
     assert ranks[0]["types"]["features"].startswith("list<element: double")  # an ML vector, as an array
     assert ranks[0]["types"]["label"] == "int32"
@@ -175,10 +176,23 @@ def test_a_plain_parquet_scan_is_read_by_the_ranks_from_the_files(ip, spark, par
     assert run_processes_anywhere() == [] and leftover_processes() == []
 
 
+def test_a_choice_of_columns_of_a_parquet_scan_is_read_from_the_files(ip, spark, parquet_dir, capsys):
+    ip.user_ns["train_df"] = spark.read.parquet(parquet_dir).select("label", "id")
+    ranks = ip.run_cell_magic("horovod", "np=2 data=train_df", SHARD_CELL)
+    assert len(set(all_ids(ranks))) == 10_002 and all(r["same"] for r in ranks)
+    assert list(ranks[0]["types"]) == ["label", "id"]  # the columns chosen, in their order
+    assert all(r["shard_file"].endswith(".pieces.json") for r in ranks)
+    assert PARQUET_NOTICE in capsys.readouterr().err
+
+
 def test_anything_more_than_a_parquet_scan_goes_through_sparks_rows(ip, spark, parquet_dir, capsys, tmp_path):
     ip.user_ns["train_df"] = spark.read.parquet(parquet_dir).where("id % 2 = 0")  # 5,002 rows
     ranks = ip.run_cell_magic("horovod", "np=2 data=train_df", SHARD_CELL)
     assert sorted(all_ids(ranks)) == list(range(0, ROWS, 2))
+    assert not any(r["shard_file"].endswith(".pieces.json") for r in ranks)
+    assert PARQUET_NOTICE not in capsys.readouterr().err
+    ip.user_ns["train_df"] = spark.read.parquet(parquet_dir).selectExpr("id", "label * 2 as label")
+    ranks = ip.run_cell_magic("horovod", "np=2 data=train_df", SHARD_CELL)  # a computed column
     assert not any(r["shard_file"].endswith(".pieces.json") for r in ranks)
     assert PARQUET_NOTICE not in capsys.readouterr().err
     # Partition directories: their column is not in the files, so Spark's rows it is.

@@ -92,3 +92,28 @@ def test_parquet_row_groups_are_cut_into_consecutive_runs_of_the_shard_sizes():
     kept = pieces_of(groups, plan_shards(14, 3, keep_remainder=True).sizes())  # 5, 5, 4
     assert [sum(p.stop - p.start for p in shard) for shard in kept] == [5, 5, 4]
     assert kept[2][-1] == Piece("c", 0, 0, 3)  # every row, in order
+
+
+def test_a_manifest_reads_its_row_ranges_and_chosen_columns_in_every_form(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hvd_magic.data.files import read_shard
+    from hvd_magic.data.parquet import Piece, write_manifest
+
+    for name, first in (("a", 0), ("b", 100)):
+        table = pa.table({"id": range(first, first + 100), "x": [0.5] * 100, "label": [1] * 100})
+        pq.write_table(table, tmp_path / f"{name}.parquet", row_group_size=40)  # groups of 40, 40, 20
+    a, b = str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")
+    chosen = ("label", "id")
+    pieces = [Piece(a, 1, 30, 40, chosen), Piece(a, 2, 0, 20, chosen), Piece(b, 0, 0, 5, chosen)]
+    manifest = write_manifest(str(tmp_path / "shard"), pieces, {"rank": "0"})
+    expected = [*range(70, 100), *range(100, 105)]
+    arrow = read_shard(manifest, "arrow")
+    assert arrow.column_names == ["label", "id"] and arrow.column("id").to_pylist() == expected
+    assert arrow.schema.metadata[b"hvd_magic.rank"] == b"0"
+    assert read_shard(manifest, "pandas")["id"].tolist() == expected
+    batches = pa.Table.from_batches(list(read_shard(manifest, "batches")))
+    assert batches.column_names == ["label", "id"] and batches.column("id").to_pylist() == expected
+    whole = write_manifest(str(tmp_path / "all"), [Piece(b, 2, 10, 20)], {"rank": "1"})
+    assert read_shard(whole, "arrow").column_names == ["id", "x", "label"]  # None: every column

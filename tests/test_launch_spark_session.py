@@ -74,3 +74,20 @@ def test_the_embedded_sessions_jvm_output_stays_out_of_the_cell(tmp_path):
         client.stop_channels()
         manager.shutdown_kernel(now=True)
     assert run_processes_anywhere() == []
+
+
+def test_shards_go_where_spark_keeps_the_executors_scratch_files(tmp_path, monkeypatch):
+    import tempfile
+
+    from hvd_magic.launch.spark_task import SCRATCH_VARIABLES, scratch_dir
+
+    for name, _ in SCRATCH_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert scratch_dir() == tempfile.gettempdir()
+    yarn, standalone = tmp_path / "yarn", tmp_path / "worker"
+    standalone.mkdir()
+    monkeypatch.setenv("SPARK_EXECUTOR_DIRS", f"{tmp_path / 'gone'}:{standalone}")
+    assert scratch_dir() == str(standalone)  # the first one that exists
+    yarn.mkdir()
+    monkeypatch.setenv("LOCAL_DIRS", f"{yarn},{standalone}")
+    assert scratch_dir() == str(yarn)  # YARN's first, as Spark orders them

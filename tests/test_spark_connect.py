@@ -96,6 +96,14 @@ def test_a_parquet_scan_is_read_from_its_files_on_a_connect_session(connect, tmp
     assert len(set(ranks[0][0] + ranks[1][0])) == 1000
     assert all(path.endswith(".pieces.json") for _, path in ranks)  # the files, not Spark's rows
     assert "straight from its Parquet files" in "".join(outcome.shown)
+    # A choice of its columns, in another order, is read from the files too.
+    assert connect.run(f"chosen = spark.read.parquet({folder!r}).select('x', 'id')").status == "ok"
+    outcome = connect.run(
+        "%%horovod np=2 data=chosen\nimport os, hvd_magic\n"
+        "[list(hvd_magic.shard().columns), os.environ['HVD_MAGIC_SHARD'].endswith('.pieces.json')]"
+    )
+    assert outcome.status == "ok", outcome
+    assert ast.literal_eval(outcome.value) == [["x", "id"], True]
     assert run_processes_anywhere() == []
 
 

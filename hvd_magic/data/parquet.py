@@ -1,8 +1,9 @@
 """``data=`` a plain Parquet scan: shards read straight from the files, not through Spark's rows.
 
-When the DataFrame is exactly ``spark.read.parquet(path)`` (its analyzed plan is one Parquet
-relation without partition columns; on Spark Connect, ``sameSemantics`` with a fresh read says
-so) and pyarrow can open its files from the notebook, the files' footers give every row group's
+When the DataFrame is exactly ``spark.read.parquet(path)``, or a choice of its columns (its
+analyzed plan is one Parquet relation without partition columns, under at most a projection of
+plain attributes; on Spark Connect, ``sameSemantics`` with a fresh read says so) and pyarrow can
+open its files from the notebook, the files' footers give every row group's
 row count, so the split is planned without a Spark job. Each barrier task then hands its rank a
 manifest of row ranges (a small JSON file where the Arrow shard would be), and the rank reads
 them with pyarrow: the rows never become Spark rows, and there is no shuffle. Shards are
@@ -39,16 +40,19 @@ MANIFEST = ".pieces.json"  # how a shard file that lists Parquet row ranges ends
 
 @dataclass(frozen=True)
 class Piece:
-    """Rows ``start`` to ``stop`` (exclusive) of row group ``group`` of the file at ``uri``."""
+    """Rows ``start`` to ``stop`` (exclusive) of row group ``group`` of the file at ``uri``;
+    ``columns`` of them (None: all)."""
 
     uri: str
     group: int
     start: int
     stop: int
+    columns: tuple[str, ...] | None = None
 
 
 def parquet_plan(df: Any, name: str, np: int, keep: bool) -> tuple[list[list[Piece]], ShardPlan] | None:
-    """Each shard's pieces and the split, if ``df`` is a plain Parquet scan pyarrow can read."""
+    """Each shard's pieces and the split, if ``df`` is a plain Parquet scan (or a choice of its
+    columns) pyarrow can read."""
     files = _plain_scan_files(df)
     if not files:
         return None
@@ -57,10 +61,11 @@ def parquet_plan(df: Any, name: str, np: int, keep: bool) -> tuple[list[list[Pie
         columns = _columns(files[0])
     except (OSError, ValueError, ImportError):
         return None  # not for pyarrow from here (an object store without credentials...)
-    if columns != list(df.columns):
+    wanted = list(df.columns)
+    if not set(wanted) <= set(columns) or len(set(wanted)) < len(wanted):
         return None  # partition columns live in directory names, not in the files
     plan = plan_shards(sum(rows for _, _, rows in groups), np, keep, name)
-    return pieces_of(groups, plan.sizes()), plan
+    return pieces_of(groups, plan.sizes(), None if wanted == columns else tuple(wanted)), plan
 
 
 def vector_columns(df: Any) -> list[str]:
@@ -85,6 +90,12 @@ def _plain_scan(df: Any, files: list[str]) -> bool:
     jdf = getattr(df, "_jdf", None)
     if jdf is not None:  # classic: read the analyzed plan (a few py4j calls)
         plan = jdf.queryExecution().analyzed()
+        if plan.getClass().getSimpleName() == "Project":  # a choice of columns, nothing computed
+            chosen = plan.projectList()
+            named = (chosen.apply(i).getClass().getSimpleName() for i in range(chosen.size()))
+            if any(kind != "AttributeReference" for kind in named):
+                return False
+            plan = plan.child()
         if plan.getClass().getSimpleName() != "LogicalRelation":
             return False
         relation = plan.relation()
@@ -96,7 +107,8 @@ def _plain_scan(df: Any, files: list[str]) -> bool:
     # Spark Connect: no plan to read, but the server compares plans.
     root = os.path.commonpath([f.split("://", 1)[-1] for f in files])
     scheme = files[0].split("://", 1)[0] + "://" if "://" in files[0] else ""
-    return any(df.sparkSession.read.parquet(path).sameSemantics(df) for path in (scheme + root, root))
+    reads = (df.sparkSession.read.parquet(path) for path in (scheme + root, root))
+    return any(read.select(*df.columns).sameSemantics(df) or read.sameSemantics(df) for read in reads)
 
 
 def _open(uri: str) -> Any:
@@ -125,7 +137,9 @@ def _columns(uri: str) -> list[str]:
         return list(pq.ParquetFile(source).schema_arrow.names)
 
 
-def pieces_of(groups: list[tuple[str, int, int]], sizes: list[int]) -> list[list[Piece]]:
+def pieces_of(
+    groups: list[tuple[str, int, int]], sizes: list[int], columns: tuple[str, ...] | None = None
+) -> list[list[Piece]]:
     """Row groups (file, group, rows) in order, cut into consecutive runs of ``sizes`` rows
     (pure); the rows after the last shard are left out (the dropped remainder)."""
     shards: list[list[Piece]] = [[] for _ in sizes]
@@ -134,7 +148,7 @@ def pieces_of(groups: list[tuple[str, int, int]], sizes: list[int]) -> list[list
         start = 0
         while start < rows and shard < len(sizes):
             take = min(need, rows - start)
-            shards[shard].append(Piece(uri, group, start, start + take))
+            shards[shard].append(Piece(uri, group, start, start + take, columns))
             start, need = start + take, need - take
             if need == 0:
                 shard += 1
@@ -151,7 +165,8 @@ def read_pieces(pieces: list[Piece]) -> Iterator[Any]:
         with _open(uri) as source:
             parquet = pq.ParquetFile(source)
             for piece in group:
-                table = parquet.read_row_group(piece.group).slice(piece.start, piece.stop - piece.start)
+                table = parquet.read_row_group(piece.group, columns=_list(piece.columns))
+                table = table.slice(piece.start, piece.stop - piece.start)
                 yield from table.to_batches()
 
 
@@ -165,12 +180,16 @@ def read_table(pieces: list[Piece]) -> Any:
         with _open(uri) as source:
             parquet = pq.ParquetFile(source)
             groups = list(dict.fromkeys(piece.group for piece in group))
-            table = parquet.read_row_groups(groups)
+            table = parquet.read_row_groups(groups, columns=_list(group[0].columns))
             first, running = {}, 0
             for index in groups:
                 first[index], running = running, running + parquet.metadata.row_group(index).num_rows
             parts += [table.slice(first[p.group] + p.start, p.stop - p.start) for p in group]
     return pa.concat_tables(parts)
+
+
+def _list(columns: tuple[str, ...] | None) -> list[str] | None:
+    return None if columns is None else list(columns)
 
 
 def _by_file(pieces: list[Piece]) -> dict[str, list[Piece]]:
@@ -189,14 +208,21 @@ def write_manifest(path: str, pieces: list[Piece], metadata: dict[str, str]) -> 
     return manifest
 
 
+def _tuple(columns: list[str] | None) -> tuple[str, ...] | None:
+    return None if columns is None else tuple(columns)
+
+
 def read_manifest(path: str) -> tuple[Any, list[Piece]]:
     """The schema (with the writer's metadata) and the pieces of a manifest."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     with open(path, encoding="utf-8") as manifest:
         content = json.load(manifest)
-    pieces = [Piece(**item) for item in content["pieces"]]
+    pieces = [Piece(**(item | {"columns": _tuple(item.get("columns"))})) for item in content["pieces"]]
     with _open(pieces[0].uri) as source:
         schema = pq.ParquetFile(source).schema_arrow
+    if pieces[0].columns is not None:
+        schema = pa.schema([schema.field(name) for name in pieces[0].columns], schema.metadata)
     ours = {f"hvd_magic.{key}".encode(): value.encode() for key, value in content["metadata"].items()}
     return schema.with_metadata({**(schema.metadata or {}), **ours}), pieces
