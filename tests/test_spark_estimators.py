@@ -183,6 +183,8 @@ def test_cross_validator_runs_each_fit_as_one_job(spark):
         ({"store": object()}, ValueError, "store= is horovod.spark's intermediate storage"),
         ({"callbacks": [object()]}, ValueError, "TorchEstimator takes no callbacks"),
         ({"metrics": ["mae"]}, ValueError, "metric 'mae' is not one it computes"),
+        ({"validation": "is_val"}, TypeError, "a column marking validation rows is not supported"),
+        ({"validation": 1.5}, ValueError, r"validation=1.5: give a share of the rows from 0 up to"),
         ({"validation": 0.0}, ValueError, "metrics are computed on the rows held out for validation"),
         ({"num_proc": None}, ValueError, "TorchEstimator needs num_proc=: N ranks on the Spark cluster"),
         ({"frobnicate": 1}, TypeError, "has no parameter frobnicate"),
@@ -452,3 +454,36 @@ def test_a_keras_model_with_its_own_layer_class_fits_transforms_saves_and_loads(
     assert run_processes_anywhere() == []
     given = KerasEstimator(model=lambda_model, custom_objects={"scaled": scaled}, **params)
     assert len(given.fit(train_df.limit(2000)).history) == 1
+
+
+def test_a_keras_fit_resumes_from_its_checkpoint_and_exports_a_plain_keras_file(mnist, tmp_path, capsys):
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    import keras
+    import numpy
+
+    from hvd_magic.spark import KerasEstimator
+
+    train_df, test_df = mnist
+    small = train_df.limit(2000)
+
+    def estimator(epochs):
+        keras.utils.set_random_seed(0)
+        net = keras.Sequential([keras.Input((784,)), keras.layers.Dense(10)])
+        return KerasEstimator(
+            num_proc=2, model=net, optimizer=keras.optimizers.Adam(2e-3), feature_cols=["image"],
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), label_cols=["label"],
+            epochs=epochs, model_dir=str(tmp_path),
+        )  # fmt: skip
+
+    first = estimator(1).fit(small)
+    assert "epoch 1: loss" in capsys.readouterr().out
+    second = estimator(2).fit(small)
+    trained = capsys.readouterr().out  # rank 0's line for each epoch it trains
+    assert "epoch 2: loss" in trained and "epoch 1: loss" not in trained
+    assert len(second.history) == 2 and second.history[0] == first.history[0]
+    # The export in model_dir loads with plain Keras, outside Spark, to the same numbers.
+    plain = keras.saving.load_model(str(tmp_path / "model" / "model.keras"), compile=False)
+    images = numpy.stack(test_df.limit(50).toPandas()["image"].to_numpy()).astype("float32")
+    numpy.testing.assert_allclose(
+        plain.predict(images, verbose=0), second.getModel().predict(images, verbose=0)
+    )

@@ -17,6 +17,20 @@ def _param(name: str, doc: str, converter: Any = None) -> Param[Any]:
     return Param(Params._dummy(), name, doc, typeConverter=converter or TypeConverters.identity)
 
 
+def _share(value: Any) -> float:
+    """``validation``: a share of the rows (horovod.spark also took a column's name)."""
+    if isinstance(value, str):
+        raise TypeError(
+            f"validation={value!r}: hvd_magic holds out a share of each rank's rows (e.g. "
+            "validation=0.1); a column marking validation rows is not supported. Drop those rows "
+            "from the DataFrame given to fit, and evaluate on them with model.transform."
+        )
+    share = TypeConverters.toFloat(value)
+    if not 0 <= share < 1:
+        raise ValueError(f"validation={value!r}: give a share of the rows from 0 up to (not including) 1")
+    return share
+
+
 def _camel(name: str) -> str:
     return "".join(part.title() for part in name.split("_"))
 
@@ -84,9 +98,7 @@ class EstimatorParams(ModelParams):
         "are found without it)",
     )
     epochs = _param("epochs", "passes over the data", TypeConverters.toInt)
-    validation = _param(
-        "validation", "share of each rank's rows held out for validation (0 to < 1)", TypeConverters.toFloat
-    )
+    validation = _param("validation", "share of each rank's rows held out for validation (0 to < 1)", _share)
     verbose = _param("verbose", "0: quiet; 1: one line per epoch on rank 0", TypeConverters.toInt)
     model_dir = _param(
         "model_dir",
