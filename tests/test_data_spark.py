@@ -101,8 +101,9 @@ def test_a_dataframe_that_reads_differently_each_time_is_a_clear_error(spark):
 
 def test_a_groupby_that_adaptive_execution_coalesces_splits_exactly(spark):
     """The count and the shards' read must see the same partitions of an aggregated
-    DataFrame: with its columns pruned, the count's shuffle is smaller, and adaptive execution
-    (with a small advisory size, as large data would have it) coalesced it differently."""
+    DataFrame (its columns of any type and name): with its columns pruned, the count's shuffle
+    is smaller, and adaptive execution (with a small advisory size, as large data would have
+    it) coalesced it differently."""
     from pyspark.sql import functions as F
 
     df = (
@@ -114,6 +115,8 @@ def test_a_groupby_that_adaptive_execution_coalesces_splits_exactly(spark):
             F.count("*").alias("rows"),
             F.create_map(F.lit("k"), F.lit(1)).alias("m"),
         )
+        .withColumn("nested", F.array(F.create_map(F.lit("k"), F.col("rows"))))  # Spark hashes no map
+        .withColumn("a.b", F.col("rows"))  # a name with a dot
     )
 
     def keys():
@@ -183,6 +186,23 @@ def test_a_choice_of_columns_of_a_parquet_scan_is_read_from_the_files(ip, spark,
     assert list(ranks[0]["types"]) == ["label", "id"]  # the columns chosen, in their order
     assert all(r["shard_file"].endswith(".pieces.json") for r in ranks)
     assert PARQUET_NOTICE in capsys.readouterr().err
+
+
+def test_parquet_files_with_different_columns_go_through_sparks_rows(ip, spark, tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    wide = pa.table({"id": range(0, 50), "label": [1] * 50, "extra": [0.5] * 50})
+    pq.write_table(wide, folder / "a.parquet")
+    pq.write_table(pa.table({"id": range(50, 100), "label": [2] * 50}), folder / "b.parquet")  # no extra
+    merged = spark.read.option("mergeSchema", "true").parquet(str(folder))
+    ip.user_ns["train_df"] = merged.select("id", "extra")  # Spark gives b's rows a null extra
+    ranks = ip.run_cell_magic("horovod", "np=2 data=train_df", SHARD_CELL)
+    assert sorted(all_ids(ranks)) == list(range(100))
+    assert not any(r["shard_file"].endswith(".pieces.json") for r in ranks)
+    assert PARQUET_NOTICE not in capsys.readouterr().err
 
 
 def test_anything_more_than_a_parquet_scan_goes_through_sparks_rows(ip, spark, parquet_dir, capsys, tmp_path):

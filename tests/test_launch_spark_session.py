@@ -79,7 +79,7 @@ def test_the_embedded_sessions_jvm_output_stays_out_of_the_cell(tmp_path):
 def test_shards_go_where_spark_keeps_the_executors_scratch_files(tmp_path, monkeypatch):
     import tempfile
 
-    from hvd_magic.launch.spark_task import SCRATCH_VARIABLES, scratch_dir
+    from hvd_magic.data.files import SCRATCH_VARIABLES, scratch_dir
 
     for name, _ in SCRATCH_VARIABLES:
         monkeypatch.delenv(name, raising=False)

@@ -228,6 +228,7 @@ def test_keras_estimator_fits_mnist_transforms_saves_and_loads(mnist, tmp_path):
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=[
             "accuracy",
+            "acc",
             "sparse_categorical_accuracy",
             keras.metrics.SparseCategoricalAccuracy(name="sca"),
         ],
@@ -243,6 +244,7 @@ def test_keras_estimator_fits_mnist_transforms_saves_and_loads(mnist, tmp_path):
     for epoch in model.history:  # a Keras metric name and a Metric object agree with 'accuracy'
         assert epoch["val_sparse_categorical_accuracy"] == pytest.approx(epoch["val_accuracy"], abs=1e-6)
         assert epoch["val_sca"] == pytest.approx(epoch["val_accuracy"], abs=1e-6)
+        assert epoch["val_acc"] == epoch["val_accuracy"]  # Keras' short name, kept as given
     predicted = model.transform(test_df)
     assert accuracy(predicted) >= 0.9
     model.save(str(tmp_path / "saved"))
@@ -454,6 +456,15 @@ def test_a_keras_model_with_its_own_layer_class_fits_transforms_saves_and_loads(
     assert run_processes_anywhere() == []
     given = KerasEstimator(model=lambda_model, custom_objects={"scaled": scaled}, **params)
     assert len(given.fit(train_df.limit(2000)).history) == 1
+    # Registered with Keras in the notebook (its __main__), it is found without custom_objects.
+    scaled.__module__ = "__main__"
+    keras.saving.register_keras_serializable(package="notebook")(scaled)
+    try:
+        layers = [keras.Input((784,)), keras.layers.Activation(scaled), keras.layers.Dense(10)]
+        registered = KerasEstimator(model=keras.Sequential(layers), **params)
+        assert len(registered.fit(train_df.limit(2000)).history) == 1
+    finally:
+        keras.saving.get_custom_objects().pop("notebook>scaled")
 
 
 def test_a_keras_fit_resumes_from_its_checkpoint_and_exports_a_plain_keras_file(mnist, tmp_path, capsys):

@@ -8,6 +8,7 @@ the rank's memory streams from the page cache.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -15,9 +16,22 @@ import pyarrow as pa
 
 from .parquet import MANIFEST, read_manifest, read_pieces, read_table
 
-__all__ = ["read_shard", "write_shard"]
+__all__ = ["read_shard", "scratch_dir", "write_shard"]
 
 FORMS = ("pandas", "arrow", "batches")
+SCRATCH_VARIABLES = (("LOCAL_DIRS", ","), ("SPARK_EXECUTOR_DIRS", os.pathsep), ("SPARK_LOCAL_DIRS", ","))
+
+
+def scratch_dir() -> str:
+    """Where this executor keeps its scratch files, as Spark chooses it for its own shuffle
+    files: YARN's LOCAL_DIRS, the standalone worker's SPARK_EXECUTOR_DIRS, SPARK_LOCAL_DIRS
+    (Kubernetes, spark-env.sh); else the system's temporary folder. On a cluster these are the
+    large local disks (/tmp may be a small disk or memory)."""
+    for name, separator in SCRATCH_VARIABLES:
+        for folder in os.environ.get(name, "").split(separator):
+            if folder and os.path.isdir(folder) and os.access(folder, os.W_OK):
+                return folder
+    return tempfile.gettempdir()
 
 
 def write_shard(

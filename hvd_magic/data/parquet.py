@@ -57,10 +57,13 @@ def parquet_plan(df: Any, name: str, np: int, keep: bool) -> tuple[list[list[Pie
     if not files:
         return None
     try:
-        groups = [(uri, group, rows) for uri in files for group, rows in enumerate(_row_groups(uri))]
-        columns = _columns(files[0])
+        footers = {uri: _footer(uri) for uri in files}
     except (OSError, ValueError, ImportError):
         return None  # not for pyarrow from here (an object store without credentials...)
+    groups = [(uri, group, rows) for uri, (counts, _) in footers.items() for group, rows in enumerate(counts)]
+    columns = footers[files[0]][1]
+    if any(names != columns for _, names in footers.values()):
+        return None  # files with other columns: Spark merges their schemas, pyarrow would not
     wanted = list(df.columns)
     if not set(wanted) <= set(columns) or len(set(wanted)) < len(wanted):
         return None  # partition columns live in directory names, not in the files
@@ -122,19 +125,15 @@ def _open(uri: str) -> Any:
     return filesystem.open_input_file(path)
 
 
-def _row_groups(uri: str) -> list[int]:
+def _footer(uri: str) -> tuple[list[int], list[str]]:
+    """The rows of each row group of the file at ``uri``, and its columns."""
     import pyarrow.parquet as pq
 
     with _open(uri) as source:
-        metadata = pq.ParquetFile(source).metadata
-        return [metadata.row_group(index).num_rows for index in range(metadata.num_row_groups)]
-
-
-def _columns(uri: str) -> list[str]:
-    import pyarrow.parquet as pq
-
-    with _open(uri) as source:
-        return list(pq.ParquetFile(source).schema_arrow.names)
+        parquet = pq.ParquetFile(source)
+        metadata = parquet.metadata
+        rows = [metadata.row_group(index).num_rows for index in range(metadata.num_row_groups)]
+        return rows, list(parquet.schema_arrow.names)
 
 
 def pieces_of(

@@ -102,8 +102,10 @@ def spark_shards(df: Any, name: str, np: int, keep: bool) -> tuple[Any, ShardPla
     # The count reads every column, as the shards' read does: were the columns pruned, a shuffle
     # inside df (a join, a groupBy) would move fewer bytes, and adaptive execution could cut
     # its output into other partitions than the shards' read gets.
-    every_column = F.xxhash64(*[_hashable(df, field) for field in df.schema.fields]).alias("h")
-    partitions = df.select(F.spark_partition_id().alias("p"), every_column).groupBy("p")
+    fields = df.schema.fields
+    by_place = df.toDF(*[f"c{i}" for i in range(len(fields))])  # names with dots, or the same twice
+    every_column = F.xxhash64(*[_hashable(f"c{i}", f.dataType) for i, f in enumerate(fields)])
+    partitions = by_place.select(F.spark_partition_id().alias("p"), every_column.alias("h")).groupBy("p")
     counted = partitions.agg(F.count(F.lit(1)), F.max("h")).collect()
     counts = {int(row[0]): int(row[1]) for row in counted}
     plan = plan_shards(sum(counts.values()), np, keep, name)
@@ -120,12 +122,23 @@ def spark_shards(df: Any, name: str, np: int, keep: bool) -> tuple[Any, ShardPla
     return keyed.where(index < F.lit(plan.kept)).drop(INDEX).repartition(np, KEY), plan
 
 
-def _hashable(df: Any, field: Any) -> Any:
-    """A column's value as Spark's hash takes it (a map's size: maps cannot be hashed)."""
+def _hashable(name: str, data_type: Any) -> Any:
+    """A column as Spark's hash takes it: one holding a map or a variant (which Spark will not
+    hash, at any depth) as its JSON text."""
     from pyspark.sql import functions as F
 
-    column = df[field.name]
-    return F.size(column) if type(field.dataType).__name__ == "MapType" else column
+    return F.to_json(F.struct(F.col(name))) if _holds_unhashable(data_type) else F.col(name)
+
+
+def _holds_unhashable(data_type: Any) -> bool:
+    kind = type(data_type).__name__
+    if kind in ("MapType", "VariantType"):
+        return True
+    if kind == "ArrayType":
+        return _holds_unhashable(data_type.elementType)
+    if kind == "StructType":
+        return any(_holds_unhashable(field.dataType) for field in data_type.fields)
+    return False
 
 
 _NOT_DETERMINISTIC = (

@@ -19,7 +19,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -51,11 +50,10 @@ from .mpirun import mpirun_argv
 from .processes import describe, spawn, stop_and_confirm, stop_tree, thread_budget_env, worker_command
 from .torch_dist import free_port, torch_env
 
-__all__ = ["STAGE_SCHEMA", "TaskSpec", "barrier_stage", "barrier_task", "scratch_dir"]
+__all__ = ["STAGE_SCHEMA", "TaskSpec", "barrier_stage", "barrier_task"]
 PLAN_TIMEOUT = 120.0
 STORE_TIMEOUT = 30.0
 REACH_SECONDS = 10.0
-SCRATCH_VARIABLES = (("LOCAL_DIRS", ","), ("SPARK_EXECUTOR_DIRS", os.pathsep), ("SPARK_LOCAL_DIRS", ","))
 
 
 @dataclass
@@ -113,21 +111,9 @@ def barrier_task(spec: TaskSpec, batches: Iterator[Any]) -> int:
             os.unlink(shard)
 
 
-def scratch_dir() -> str:
-    """Where this executor keeps its scratch files, as Spark chooses it for its own shuffle
-    files: YARN's LOCAL_DIRS, the standalone worker's SPARK_EXECUTOR_DIRS, SPARK_LOCAL_DIRS
-    (Kubernetes, spark-env.sh); else the system's temporary folder. On a cluster these are the
-    large local disks (/tmp may be a small disk or memory)."""
-    for name, separator in SCRATCH_VARIABLES:
-        for folder in os.environ.get(name, "").split(separator):
-            if folder and os.path.isdir(folder) and os.access(folder, os.W_OK):
-                return folder
-    return tempfile.gettempdir()
-
-
 def _write_shard(spec: TaskSpec, partition: int, executor: str, batches: Iterator[Any]) -> str:
     """This partition (exactly one shard) into a file on this executor, for the rank here."""
-    from ..data.files import write_shard
+    from ..data.files import scratch_dir, write_shard
     from ..data.source import KEY
 
     path = os.path.join(scratch_dir(), f"hvd_magic-{spec.run_id}-shard-{partition}.arrow")

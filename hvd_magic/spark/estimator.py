@@ -22,7 +22,7 @@ from ..options import OptionError, make_options
 from . import persistence
 from .columns import check_columns, features_column, prediction_column
 from .params import EstimatorParams, ModelParams
-from .training import TrainSpec
+from .training import TrainSpec, is_accuracy
 
 __all__ = ["HorovodEstimator", "HorovodModel"]
 
@@ -148,7 +148,7 @@ class HorovodEstimator(Estimator[HorovodModel], EstimatorParams):
         check_columns(dataset, features, labels)
         try:
             options = make_options(
-                self.getOrDefault("num_proc") if self.isDefined("num_proc") else None,
+                self.getOrDefault("num_proc"),
                 self.getOrDefault("launcher") if self.isDefined("launcher") else None,
                 data=dataset.select(*features, *labels),
                 data_name="(the DataFrame given to fit)",
@@ -173,7 +173,7 @@ class HorovodEstimator(Estimator[HorovodModel], EstimatorParams):
 
     def check_metric(self, metric: Any) -> Any:
         """A metric as the ranks take it; a ValueError for one they cannot compute."""
-        if metric == "accuracy" or (callable(metric) and not isinstance(metric, str)):
+        if is_accuracy(metric) or (callable(metric) and not isinstance(metric, str)):
             return metric
         raise ValueError(
             f"{type(self).__name__}: metric {metric!r} is not one it computes: give 'accuracy' or a "

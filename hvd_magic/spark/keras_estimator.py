@@ -16,7 +16,7 @@ from typing import Any
 import cloudpickle
 
 from .estimator import HorovodEstimator, HorovodModel
-from .training import TrainSpec
+from .training import TrainSpec, is_accuracy
 
 __all__ = ["KerasEstimator", "KerasModel"]
 
@@ -99,10 +99,19 @@ class KerasEstimator(HorovodEstimator):
         return spec
 
     def custom_objects_of(self, model: Any) -> dict[str, Any]:
-        """The model's own classes (found) and the ``custom_objects`` given."""
+        """What the ranks' Keras needs beyond its own: the model's classes and the metrics' (found),
+        what was registered with Keras in the notebook, and the ``custom_objects`` given."""
+        import keras
+
         from .keras_training import custom_classes
 
-        return custom_classes(model) | dict(self.getOrDefault("custom_objects"))
+        found = custom_classes(model)
+        for metric in self.getOrDefault("metrics"):
+            if isinstance(metric, keras.metrics.Metric) and not type(metric).__module__.startswith("keras."):
+                found[keras.saving.get_registered_name(type(metric))] = type(metric)
+        registered = keras.saving.get_custom_objects().items()
+        found |= {name: item for name, item in registered if getattr(item, "__module__", "") == "__main__"}
+        return found | dict(self.getOrDefault("custom_objects"))
 
     def check_metric(self, metric: Any) -> Any:
         """Keras metric names ('mae', 'sparse_categorical_accuracy') and Metric objects too; an
@@ -111,7 +120,7 @@ class KerasEstimator(HorovodEstimator):
 
         if isinstance(metric, keras.metrics.Metric):
             return keras.metrics.serialize(metric)
-        if isinstance(metric, str) and metric != "accuracy":
+        if isinstance(metric, str) and not is_accuracy(metric):
             try:
                 keras.metrics.get(metric)
             except ValueError:

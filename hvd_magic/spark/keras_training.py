@@ -14,7 +14,16 @@ from typing import Any
 import cloudpickle
 
 from .. import reporting
-from .training import Rows, TrainSpec, accuracy, batches, checkpoint_name, end_of_epoch, load_rows
+from .training import (
+    Rows,
+    TrainSpec,
+    accuracy,
+    batches,
+    checkpoint_name,
+    end_of_epoch,
+    is_accuracy,
+    load_rows,
+)
 
 __all__ = ["custom_classes", "load_model", "make_predictor", "model_bytes", "train"]
 
@@ -61,7 +70,7 @@ def train(spec: TrainSpec) -> dict[str, Any]:
     keras.utils.set_random_seed(spec.seed)
     rows = load_rows(spec)
     model = load_model(spec.model, spec.custom_objects)
-    optimizer = keras.optimizers.deserialize(spec.optimizer)
+    optimizer = keras.optimizers.deserialize(spec.optimizer, custom_objects=spec.custom_objects)
     optimizer.build(model.trainable_variables)
     loss = keras.losses.get(spec.loss) if isinstance(spec.loss, (str, dict)) else spec.loss
     start, history = 0, []
@@ -76,7 +85,7 @@ def train(spec: TrainSpec) -> dict[str, Any]:
     steps = -(-len(rows.x) // spec.batch_size)
     logs = _epoch_logs()  # last, where Keras puts its History: it sees what the others added
     callbacks = keras.callbacks.CallbackList(
-        [*spec.callbacks, logs], model=model, epochs=spec.epochs, steps=steps
+        [*spec.callbacks, logs], model=model, epochs=spec.epochs, steps=steps, verbose=spec.verbose
     )
     callbacks.on_train_begin()
     for epoch in range(start + 1, spec.epochs + 1):
@@ -176,31 +185,32 @@ def _evaluate(spec: TrainSpec, model: Any, loss: Any, rows: Rows) -> dict[str, f
     output = model(rows.val_x, training=False)
     found = {"val_loss": float(numpy.mean(loss(rows.val_y, output)))}
     for metric in spec.metrics:
-        if metric == "accuracy":
-            found["val_accuracy"] = accuracy(numpy.asarray(output), rows.val_y)
+        if is_accuracy(metric):
+            found[f"val_{metric}"] = accuracy(numpy.asarray(output), rows.val_y)
         else:
-            name, value = _keras_metric(metric, rows.val_y, output)
+            name, value = _keras_metric(metric, rows.val_y, output, spec.custom_objects)
             found[f"val_{name}"] = value
     return found
 
 
-def _keras_metric(metric: Any, target: Any, output: Any) -> tuple[str, float]:
-    """A metric's name and value: a Keras Metric (a config, or a name Keras resolves to one) or
-    a function of (target, output)."""
+def _keras_metric(metric: Any, target: Any, output: Any, custom_objects: dict[str, Any]) -> tuple[str, float]:
+    """A metric's name and value: a Keras Metric (its config), a name Keras knows (logged as
+    given, as Keras' compile does: 'mse', not 'mean_squared_error') or a function of (target,
+    output)."""
     import keras
     import numpy
 
+    name = metric if isinstance(metric, str) else getattr(metric, "__name__", "metric")
     if isinstance(metric, dict):
-        metric = keras.metrics.deserialize(metric)
+        metric = keras.metrics.deserialize(metric, custom_objects=custom_objects)
+        name = str(metric.name)
     elif isinstance(metric, str):
-        name, metric = metric, keras.metrics.get(metric)
-        if not isinstance(metric, keras.metrics.Metric):
-            return name, float(numpy.mean(metric(target, output)))
+        metric = keras.metrics.get(metric)
     if isinstance(metric, keras.metrics.Metric):
         metric.reset_state()
         metric.update_state(target, output)
-        return str(metric.name), float(metric.result())
-    return getattr(metric, "__name__", "metric"), float(numpy.mean(metric(target, output)))
+        return name, float(metric.result())
+    return name, float(numpy.mean(metric(target, output)))
 
 
 def make_predictor(blob: bytes, custom_objects: bytes) -> Callable[[Any], Any]:

@@ -8,7 +8,16 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import reporting
-from .training import Rows, TrainSpec, accuracy, batches, checkpoint_name, end_of_epoch, load_rows
+from .training import (
+    Rows,
+    TrainSpec,
+    accuracy,
+    batches,
+    checkpoint_name,
+    end_of_epoch,
+    is_accuracy,
+    load_rows,
+)
 
 __all__ = ["make_predictor", "train"]
 
@@ -103,8 +112,8 @@ def _evaluate(spec: TrainSpec, model: Any, rows: Rows) -> dict[str, float]:
 
 
 def _metric(metric: Any, output: Any, target: Any) -> tuple[str, float]:
-    if metric == "accuracy":
-        return "accuracy", accuracy(output.numpy(), target.numpy())
+    if is_accuracy(metric):
+        return str(metric), accuracy(output.numpy(), target.numpy())
     return getattr(metric, "__name__", type(metric).__name__), float(metric(output, target))
 
 

@@ -10,7 +10,16 @@ from typing import Any, cast
 from .. import reporting
 from .columns import feature_array, label_array
 
-__all__ = ["Rows", "TrainSpec", "accuracy", "batches", "checkpoint_name", "end_of_epoch", "load_rows"]
+__all__ = [
+    "Rows",
+    "TrainSpec",
+    "accuracy",
+    "is_accuracy",
+    "batches",
+    "checkpoint_name",
+    "end_of_epoch",
+    "load_rows",
+]
 
 
 @dataclass
@@ -64,6 +73,11 @@ def batches(rows: int, batch_size: int, seed: int, epoch: int, rank: int, shuffl
         numpy.random.default_rng([seed, epoch, rank]).shuffle(order)
     for start in range(0, rows, batch_size):
         yield order[start : start + batch_size]
+
+
+def is_accuracy(metric: Any) -> bool:
+    """The metric named 'accuracy' (or Keras' 'acc'); a metric object is never equal to it."""
+    return isinstance(metric, str) and metric in ("accuracy", "acc")
 
 
 def accuracy(output: Any, target: Any) -> float:
