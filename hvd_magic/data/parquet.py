@@ -164,7 +164,7 @@ def read_pieces(pieces: list[Piece]) -> Iterator[Any]:
         with _open(uri) as source:
             parquet = pq.ParquetFile(source)
             for piece in group:
-                table = parquet.read_row_group(piece.group, columns=_list(piece.columns))
+                table = parquet.read_row_group(piece.group, columns=piece.columns)
                 table = table.slice(piece.start, piece.stop - piece.start)
                 yield from table.to_batches()
 
@@ -179,16 +179,12 @@ def read_table(pieces: list[Piece]) -> Any:
         with _open(uri) as source:
             parquet = pq.ParquetFile(source)
             groups = list(dict.fromkeys(piece.group for piece in group))
-            table = parquet.read_row_groups(groups, columns=_list(group[0].columns))
+            table = parquet.read_row_groups(groups, columns=group[0].columns)
             first, running = {}, 0
             for index in groups:
                 first[index], running = running, running + parquet.metadata.row_group(index).num_rows
             parts += [table.slice(first[p.group] + p.start, p.stop - p.start) for p in group]
     return pa.concat_tables(parts)
-
-
-def _list(columns: tuple[str, ...] | None) -> list[str] | None:
-    return None if columns is None else list(columns)
 
 
 def _by_file(pieces: list[Piece]) -> dict[str, list[Piece]]:
@@ -207,10 +203,6 @@ def write_manifest(path: str, pieces: list[Piece], metadata: dict[str, str]) -> 
     return manifest
 
 
-def _tuple(columns: list[str] | None) -> tuple[str, ...] | None:
-    return None if columns is None else tuple(columns)
-
-
 def read_manifest(path: str) -> tuple[Any, list[Piece]]:
     """The schema (with the writer's metadata) and the pieces of a manifest."""
     import pyarrow as pa
@@ -218,7 +210,10 @@ def read_manifest(path: str) -> tuple[Any, list[Piece]]:
 
     with open(path, encoding="utf-8") as manifest:
         content = json.load(manifest)
-    pieces = [Piece(**(item | {"columns": _tuple(item.get("columns"))})) for item in content["pieces"]]
+    items = content["pieces"]
+    pieces = [
+        Piece(**item | {"columns": tuple(item["columns"]) if item.get("columns") else None}) for item in items
+    ]
     with _open(pieces[0].uri) as source:
         schema = pq.ParquetFile(source).schema_arrow
     if pieces[0].columns is not None:

@@ -66,6 +66,8 @@ class KerasEstimator(HorovodEstimator):
     goes into ``history``. A stop asked on any rank (``model.stop_training``, as EarlyStopping
     does) ends training after that epoch on all of them."""
 
+    _restored: tuple[Any, dict[str, Any]]  # this fit's model, loaded back from its file, and what that took
+
     def train_function(self) -> Callable[[TrainSpec], Any]:
         from .keras_training import train
 
@@ -86,7 +88,7 @@ class KerasEstimator(HorovodEstimator):
         optimizer = keras.optimizers.serialize(self.getOrDefault("optimizer"))
         blob, custom = model_bytes(model), self.custom_objects_of(model)
         try:  # here, as it will on the ranks: with what custom holds, from the notebook's code
-            load_model(blob, custom)
+            self._restored = load_model(blob, custom), custom  # make_model's starting point
         except Exception as err:  # noqa: BLE001 - Keras says what it could not find in many ways
             said = " ".join(str(err).split())[:300]
             raise ValueError(
@@ -129,10 +131,7 @@ class KerasEstimator(HorovodEstimator):
         return super().check_metric(metric)
 
     def make_model(self, result: Any, feature_width: int) -> HorovodModel:
-        from .keras_training import load_model, model_bytes
-
         fitted = KerasModel(result["history"], feature_width)
-        fitted.custom_objects = self.custom_objects_of(self.getOrDefault("model"))
-        fitted.keras_model = load_model(model_bytes(self.getOrDefault("model")), fitted.custom_objects)
+        fitted.keras_model, fitted.custom_objects = self._restored  # loaded back by train_spec
         fitted.keras_model.set_weights(cloudpickle.loads(result["weights"]))
         return fitted
