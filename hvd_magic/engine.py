@@ -27,7 +27,8 @@ from .errors import RunError, RunInterrupted
 from .hub import Hub
 from .launch import Launcher
 from .options import RunOptions
-from .protocol import ENV_HUB, ENV_TOKEN, FileChunk, Message
+from .protocol import ENV_HUB, ENV_TOKEN, Message
+from .rank_files import RankFiles
 from .run_record import RunRecord
 from .timeline.live import live_timeline
 from .views import RunView, make_view
@@ -64,7 +65,7 @@ def rank_env(options: RunOptions, hub: Hub) -> dict[str, str]:
 def execute(captured: Captured, options: RunOptions, view: RunView | None = None) -> Any:
     """Run the payload on ``options.np`` ranks; return rank 0's value (and returned names)."""
     view = view or make_view(options.ranks)
-    for text in captured.notices:
+    for text in [*options.notices, *captured.notices]:
         view.notice(text)
     if options.timeline:
         view.notice(
@@ -79,43 +80,6 @@ def execute(captured: Captured, options: RunOptions, view: RunView | None = None
         view.notice(text)
     hub = Hub(launcher.bind_host, captured.blob)
     return Run(hub, launcher, view, options).execute()
-
-
-class _FileSink:
-    """Writes the files rank 0 streams back: its Horovod Timeline to the path the user asked
-    for, other files (``reporting.send_file``: checkpoints) into ``files_dir``, each under a
-    temporary name until its last chunk arrived."""
-
-    def __init__(self, timeline: str | None, files_dir: str | None) -> None:
-        self.timeline, self.files_dir = timeline, files_dir
-        self.started: set[str] = set()
-
-    def take(self, message: Message) -> None:
-        record = message.record
-        if message.rank != 0 or not isinstance(record, FileChunk):
-            return
-        path = self._path(record.name)
-        if path is None:
-            return
-        partial = path if record.name == "timeline" else f"{path}.partial"
-        with open(partial, "ab" if record.name in self.started else "wb") as out:
-            out.write(message.blob)
-        self.started.add(record.name)
-        if record.last and partial != path:
-            os.replace(partial, path)
-            self.started.discard(record.name)
-
-    def writing_timeline(self) -> bool:
-        """Whether this run's timeline has begun arriving (until then the path may hold an
-        earlier run's)."""
-        return "timeline" in self.started
-
-    def _path(self, name: str) -> str | None:
-        if name == "timeline":
-            return self.timeline
-        if self.files_dir is None or os.path.basename(name) != name or name.startswith("."):
-            return None  # nobody asked for files, or a name that would leave the folder
-        return os.path.join(self.files_dir, name)
 
 
 class Run:
@@ -134,7 +98,7 @@ class Run:
         self.hub, self.launcher, self.view, self.options, self.clock = hub, launcher, view, options, clock
         now = clock()
         self.record = RunRecord(options.ranks, began=now, last_message=now)
-        self.files = _FileSink(options.timeline, options.files_dir)
+        self.files = RankFiles(options.timeline, options.files_dir)
         self.stall_seconds = stall_seconds(options)
         self.live_timeline = live_timeline(options.timeline, view, self.files.writing_timeline, options.env)
 
@@ -161,6 +125,7 @@ class Run:
         with _interrupts_deferred():  # pressing stop again must not cut the clean-up short
             leftovers = self.launcher.stop()
             self._pump(wait=0)
+            self.files.close()
             if leftovers:
                 note = f"still being stopped after the run: {'; '.join(leftovers)}"
                 if error is None:

@@ -235,7 +235,7 @@ def main() -> int:
     if watch is not None:
         watch.start()
     timeline = (
-        TimelineStream(client, os.environ["HOROVOD_TIMELINE"])
+        TimelineStream(client, os.environ["HOROVOD_TIMELINE"]).start()
         if rank == 0 and os.environ.get("HOROVOD_TIMELINE")
         else None
     )

@@ -3,6 +3,7 @@ no sockets, a clock that steps (the real launchers are tested end to end elsewhe
 
 from __future__ import annotations
 
+import json
 import os
 
 import cloudpickle
@@ -244,16 +245,29 @@ def test_rank0s_timeline_chunks_are_written_where_the_user_asked(tmp_path):
     path = tmp_path / "timeline.json"
     steps = [
         send(0, Started("a", 1, 0, 1)),
-        send(0, FileChunk("timeline"), b"[{"),
+        send(0, FileChunk("timeline"), b'{"ph": "B"}'),
         send(0, Log("stdout"), b"unrelated\n"),
-        send(0, FileChunk("timeline"), b"}]"),
+        send(0, FileChunk("timeline"), b'{"ph": "E"},\n{"ph": "i", "args": {"s": "}]"}}'),
         send(0, FileChunk("timeline", last=True)),
         send(0, Result(), cloudpickle.dumps((None, {}))),
         send(0, Exit(0)),
     ]
     supervisor, _, _ = run(ScriptedLauncher(on_start=steps), timeline=str(path), ranks=1)
     supervisor.execute()
-    assert path.read_bytes() == b"[{}]"
+    assert [event["ph"] for event in json.loads(path.read_text())] == ["B", "E", "i"]
+
+
+def test_a_timeline_whose_last_chunk_never_came_is_closed_when_the_run_ends(tmp_path):
+    path = tmp_path / "timeline.json"
+    steps = [
+        send(0, Started("a", 1, 0, 1)),
+        send(0, FileChunk("timeline"), b'{"ph": "B"}'),
+        send(0, Result(), cloudpickle.dumps((None, {}))),
+        send(0, Exit(0)),
+    ]
+    supervisor, _, _ = run(ScriptedLauncher(on_start=steps), timeline=str(path), ranks=1)
+    supervisor.execute()
+    assert json.loads(path.read_text()) == [{"ph": "B"}]
 
 
 def test_files_rank0_sends_land_in_the_runs_folder_whole_and_nowhere_else(tmp_path):

@@ -54,11 +54,28 @@ def test_timeline_on_writes_next_to_the_notebook(
     ip: InteractiveShell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
+    check_cycles_timeline(ip, tmp_path)
+
+
+@pytest.mark.slow
+def test_timeline_on_is_whole_twenty_times_in_a_row(
+    ip: InteractiveShell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run that once left a "]" mid-file, repeated (``pytest -m slow``)."""
+    for attempt in range(20):
+        folder = tmp_path / str(attempt)
+        folder.mkdir()
+        monkeypatch.chdir(folder)
+        check_cycles_timeline(ip, folder)
+
+
+def check_cycles_timeline(ip: InteractiveShell, folder: Path) -> None:
     ip.run_cell_magic("horovod", "np=-2 timeline=cycles", TRAIN)
-    (written,) = Path(tmp_path).glob("horovod_timeline-*.json")
+    (written,) = folder.glob("horovod_timeline-*.json")
+    events = json.loads(written.read_text())  # strict JSON: whole, "]" and all
     timeline = read(written)
-    assert analyze(timeline).cycles > 0  # cycles=on marks them
-    marks = [e for e in json.loads(written.read_text()) if e.get("name") == "CYCLE_START"]
+    assert len(timeline) == len(events)
+    marks = [e for e in events if e.get("name") == "CYCLE_START"]
     analysis = analyze(timeline)
-    assert analysis.cycles == len(marks)
+    assert analysis.cycles == len(marks) > 0  # cycles=on marks them
     assert 0 < analysis.cycles - analysis.idle_cycles <= analysis.per_activity.loc["ALLREDUCE", "count"]

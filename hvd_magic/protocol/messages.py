@@ -16,7 +16,7 @@ error          rank → hub               ``RankError``       —
 stall          rank 0 → hub             ``Stall``           —
 waiting        rank → hub               ``Waiting``         —
 result         rank 0 → hub             ``Result``          pickled (value, returned names)
-file           rank 0 → hub             ``FileChunk``       a piece of the Horovod Timeline
+file           rank 0 → hub             ``FileChunk``       whole timeline events, or a piece of a file
 exit           rank → hub, agent → rsh  ``Exit``            —
 join           task → driver            ``Join``            —
 plan           driver → task            ``Plan``            —

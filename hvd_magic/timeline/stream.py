@@ -1,63 +1,101 @@
-"""Rank 0's side of the timeline: stream the file to the notebook while Horovod writes it."""
+"""Rank 0's side of the timeline: stream the file to the notebook while Horovod writes it.
+
+Only whole events travel (``events.EventCutter``), joined by ``,\\n``; the notebook's side
+(``timeline.copy.TimelineCopy``) writes the array around them. Neither Horovod's provisional
+``]`` nor a half-written event can reach the notebook's copy, whatever the timing.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
 import threading
+from collections.abc import Callable
 
 from ..hub import HubClient
 from ..protocol import FileChunk
+from .events import EventCutter
 
-__all__ = ["STREAM_SECONDS", "TimelineStream"]
+__all__ = ["STREAM_SECONDS", "TimelineStream", "read_from"]
 
 STREAM_SECONDS = 2.0  # how often rank 0 sends what Horovod added to its timeline
 _FILE_CHUNK = 4 * 1024 * 1024
 
 
+def shutdown_horovod() -> None:
+    """Shut down whichever Horovod framework the rank imported: its writer then flushes and
+    closes the timeline."""
+    for module in ("horovod.torch", "horovod.tensorflow"):
+        framework = sys.modules.get(module)
+        if framework is not None:
+            try:
+                framework.shutdown()
+            except Exception:  # noqa: BLE001 - a failed run may have left Horovod half-initialised
+                pass
+
+
+def read_from(path: str, offset: int) -> bytes:
+    """What the file holds past ``offset`` (empty if it does not exist yet)."""
+    try:
+        with open(path, "rb") as timeline:
+            timeline.seek(offset)
+            return timeline.read()
+    except FileNotFoundError:
+        return b""
+
+
 class TimelineStream:
     """Rank 0 streams its Horovod Timeline to the notebook while Horovod writes it (every
-    ``STREAM_SECONDS``), so that the notebook shows it growing; ``finish`` flushes Horovod's
-    writer and sends the rest."""
+    ``STREAM_SECONDS`` once ``start``-ed), so that the notebook shows it growing; ``finish``
+    flushes Horovod's writer, sends the rest and says it was the last."""
 
-    def __init__(self, client: HubClient, path: str) -> None:
-        self.client, self.path, self.offset = client, path, 0
+    def __init__(self, client: HubClient, path: str, read: Callable[[str, int], bytes] = read_from) -> None:
+        self.client, self.path, self.read = client, path, read
+        self.offset = 0
+        self.sent = False
+        self.cutter = EventCutter()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="hvd_magic-timeline", daemon=True)
+
+    def start(self) -> TimelineStream:
         self._thread.start()
+        return self
 
     def _loop(self) -> None:
         while not self._stop.wait(STREAM_SECONDS):
-            self._send_new(final=False)
+            self.send_new()
 
-    def _send_new(self, final: bool) -> None:
-        """Send what was added since the last call. While the run goes on, Horovod ends the
-        file with a "]" after each flush and writes over it next time: send up to the last
-        event's "}" only, so that the notebook's copy never holds a "]" it would not."""
+    def send_new(self) -> None:
+        """Send the events completed since the last call."""
         with self._lock:
-            if not os.path.exists(self.path):
-                return
-            with open(self.path, "rb") as timeline:
-                timeline.seek(self.offset)
-                new = timeline.read()
-            keep = len(new) if final else new.rfind(b"}") + 1
-            for start in range(0, keep, _FILE_CHUNK):
-                self.client.send(FileChunk("timeline"), new[start : min(keep, start + _FILE_CHUNK)])
-            self.offset += keep
+            new = self.read(self.path, self.offset)
+            self.offset += len(new)
+            events = self.cutter.feed(new)
+            batch: list[bytes] = []
+            size = 0
+            for event in events:
+                batch.append(event)
+                size += len(event) + 2
+                if size >= _FILE_CHUNK:
+                    self._send(batch)
+                    batch, size = [], 0
+            if batch:
+                self._send(batch)
 
-    def finish(self) -> None:
+    def _send(self, events: list[bytes]) -> None:
+        self.client.send(FileChunk("timeline"), b",\n".join(events))
+        self.sent = True
+
+    def finish(self, flush: Callable[[], None] | None = None) -> None:
+        """Stop streaming, have Horovod write out its timeline (``flush``: shut Horovod down),
+        send the rest and the last chunk, and delete rank 0's file."""
         self._stop.set()
-        self._thread.join(timeout=30)
-        for module in ("horovod.torch", "horovod.tensorflow"):
-            framework = sys.modules.get(module)
-            if framework is not None:
-                try:
-                    framework.shutdown()  # flushes the timeline
-                except Exception:  # noqa: BLE001 - a failed run may have left Horovod half-initialised
-                    pass
-        if not os.path.exists(self.path):
-            return
-        self._send_new(final=True)
-        self.client.send(FileChunk("timeline", last=True))
-        os.unlink(self.path)
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+        (flush or shutdown_horovod)()
+        self.send_new()  # an event Horovod left half-written (a killed writer) stays out
+        if self.sent:
+            self.client.send(FileChunk("timeline", last=True))
+        if os.path.exists(self.path):
+            os.unlink(self.path)
