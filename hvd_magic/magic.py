@@ -19,10 +19,21 @@ from .options import OptionError, make_options
 
 __all__ = ["HorovodMagics", "normalize_line"]
 
-OPTIONS = ("np", "launcher", "backend", "env", "return", "timeout", "timeline", "data", "remainder")
+OPTIONS = (
+    "np",
+    "launcher",
+    "backend",
+    "env",
+    "return",
+    "timeout",
+    "timeline",
+    "data",
+    "remainder",
+    "oversubscribe",
+)
 USAGE = (
     "usage: %%horovod np=N [launcher=mpi|gloo | backend=torch] [env=K=V,...] [return=a,b] [timeout=SECONDS] "
-    "[timeline=on|cycles|PATH] [data=DATAFRAME [remainder=drop|keep]]\n"
+    "[timeline=on|cycles|PATH] [data=DATAFRAME [remainder=drop|keep]] [oversubscribe=yes]\n"
     "np=-N runs N ranks on this machine, np=N on Spark; %%horovod? shows the full help."
 )
 
@@ -67,6 +78,11 @@ class HorovodMagics(Magics):
     @argument(
         "--remainder", choices=["drop", "keep"], help="rows that do not split evenly: drop (default), keep"
     )
+    @argument(
+        "--oversubscribe",
+        choices=["yes", "no"],
+        help="np=-N: allow more than 4 local ranks a CPU core (refused otherwise, as a likely typo)",
+    )
     @cell_magic
     def horovod(self, line: str, cell: str) -> Any:
         """Run the cell as a Horovod job; its last expression on rank 0 is the cell's value.
@@ -91,6 +107,7 @@ class HorovodMagics(Magics):
                 data_name=args.data or "data",
                 remainder=args.remainder,
                 backend=args.backend,
+                oversubscribe=args.oversubscribe,
             )
         except (UsageError, OptionError) as err:
             raise UsageError(f"{err}\n{USAGE}") from None

@@ -27,6 +27,7 @@ class RunOptions:
     data_name: str = "data"  # how the user named it, for messages
     keep_remainder: bool = False  # remainder=keep: the last total % np rows go to the first ranks
     files_dir: str | None = None  # where files rank 0 sends (send_file) are written; None: refused
+    notices: list[str] = field(default_factory=list)  # told in the cell before the run starts
 
     @property
     def ranks(self) -> int:
@@ -47,6 +48,47 @@ def parse_np(value: object) -> int:
             "np must not be 0: use np=-N to run N ranks on this machine, np=N for N ranks on Spark"
         )
     return np
+
+
+LOCAL_RANKS_PER_CORE = 4  # above this many local ranks a core, np=-N is taken for a typo
+
+
+def machine_cores() -> int:
+    """The CPU cores this process may run on (its affinity: a container's share, not the host's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def check_local_ranks(np: int, oversubscribe: bool, cores: int) -> list[str]:
+    """Refuse a local np far above the machine's cores (almost always a typo: 1,000 ranks on 2
+    cores thrash for minutes before anything useful happens); past the cores, say what it means."""
+    ranks = -np
+    if np > 0 or ranks <= cores or oversubscribe:
+        return []
+    if ranks > LOCAL_RANKS_PER_CORE * cores:
+        raise OptionError(
+            f"np={np} would start {ranks:,} ranks on this machine, which has {cores} CPU "
+            f"core{'s' if cores > 1 else ''}: each rank is a process with its own framework, and that many "
+            f"would thrash it. Use at most np=-{LOCAL_RANKS_PER_CORE * cores} here "
+            f"({LOCAL_RANKS_PER_CORE} a core), np={ranks} to run on the Spark cluster, or add "
+            "oversubscribe=yes (HorovodRunner: oversubscribe=True) if you mean it."
+        )
+    return [
+        f"np={np} runs {ranks} ranks on this machine's {cores} CPU core{'s' if cores > 1 else ''}: they take "
+        "turns on the cores (one thread each), fine for trying code, slower for training."
+    ]
+
+
+def parse_oversubscribe(value: object) -> bool:
+    if value is None or value is False:
+        return False
+    if value is True or str(value).lower() in ("yes", "true", "1"):
+        return True
+    if str(value).lower() in ("no", "false", "0"):
+        return False
+    raise OptionError(f"oversubscribe must be yes or no, got {value!r}")
 
 
 def parse_env(text: str | dict[str, str] | None) -> dict[str, str]:
@@ -138,7 +180,10 @@ def make_options(
     data_name: str = "data",
     remainder: str | None = None,
     backend: str | None = None,
+    oversubscribe: object = None,
 ) -> RunOptions:
+    np_value = parse_np(np)
+    notices = check_local_ranks(np_value, parse_oversubscribe(oversubscribe), machine_cores())
     timeline_path, mark_cycles = parse_timeline(timeline)
     if data is not None:
         try:
@@ -150,7 +195,7 @@ def make_options(
             "remainder= says what to do with rows of data= that do not split evenly; give data="
         )
     return RunOptions(
-        np=parse_np(np),
+        np=np_value,
         launcher=_launcher_for(backend, launcher),
         env=parse_env(env),
         return_names=parse_names(return_names),
@@ -160,6 +205,7 @@ def make_options(
         data=data,
         data_name=data_name,
         keep_remainder=parse_remainder(remainder),
+        notices=notices,
     )
 
 

@@ -42,10 +42,21 @@ class HorovodRunner:
         data: Any = None,
         remainder: str | None = None,
         backend: str | None = None,
+        oversubscribe: bool = False,
     ) -> None:
         try:
             self.options = make_options(
-                np, launcher, env, None, timeout, timeline, data, "data", remainder, backend=backend
+                np,
+                launcher,
+                env,
+                None,
+                timeout,
+                timeline,
+                data,
+                "data",
+                remainder,
+                backend=backend,
+                oversubscribe=oversubscribe,
             )
         except OptionError as err:
             raise ValueError(str(err)) from None

@@ -250,3 +250,33 @@ def test_make_options_timeline_cycles(
     opts = make_options(-2, timeline="cycles")
     assert opts.mark_cycles is True
     assert opts.timeline is not None and os.path.dirname(opts.timeline) == os.getcwd()
+
+
+@pytest.mark.parametrize(
+    ("np", "cores", "oversubscribe", "outcome"),
+    [
+        (-2, 2, False, "quiet"),
+        (-3, 2, False, "notice"),
+        (-8, 2, False, "notice"),  # four a core: still taken
+        (-9, 2, False, "refused"),
+        (-1000, 2, False, "refused"),
+        (-1000, 2, True, "quiet"),  # the user insisted
+        (1000, 2, False, "quiet"),  # Spark ranks: the cluster's slots decide
+    ],
+)
+def test_local_ranks_against_the_cores(np: int, cores: int, oversubscribe: bool, outcome: str) -> None:
+    if outcome == "refused":
+        with pytest.raises(options.OptionError, match=f"which has {cores} CPU cores"):
+            options.check_local_ranks(np, oversubscribe, cores)
+        return
+    notices = options.check_local_ranks(np, oversubscribe, cores)
+    assert len(notices) == (1 if outcome == "notice" else 0)
+
+
+def test_horovod_runner_refuses_a_typo_np_as_a_value_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hvd_magic import HorovodRunner
+
+    monkeypatch.setattr(options, "machine_cores", lambda: 2)
+    with pytest.raises(ValueError, match="oversubscribe=True"):
+        HorovodRunner(np=-1000)
+    assert HorovodRunner(np=-1000, oversubscribe=True).num_processor == 1000
