@@ -30,7 +30,7 @@ class Marks:
     start: np.ndarray  # float64
     duration: np.ndarray  # float32
     row: np.ndarray  # int32
-    kind: np.ndarray  # uint8
+    kind: np.ndarray  # uint16: an index into the activity names
     depth: np.ndarray  # uint8
     count: np.ndarray  # uint32: spans in the mark (1: a span itself)
 
@@ -45,7 +45,7 @@ class Marks:
 def no_marks() -> Marks:
     empty = np.empty(0)
     return Marks(
-        *(empty.astype(t) for t in (np.float64, np.float32, np.int32, np.uint8, np.uint8, np.uint32))
+        *(empty.astype(t) for t in (np.float64, np.float32, np.int32, np.uint16, np.uint8, np.uint32))
     )
 
 
@@ -108,7 +108,7 @@ def _marks(
         start=(start[order] - origin).astype(np.float64),
         duration=duration[order].astype(np.float32),
         row=row[order].astype(np.int32),
-        kind=np.minimum(kind[order], 255).astype(np.uint8),
+        kind=kind[order].astype(np.uint16),
         depth=np.minimum(depth[order], 2).astype(np.uint8),
         count=count[order].astype(np.uint32),
     )

@@ -84,7 +84,7 @@ class TimelineViewer(anywidget.AnyWidget):
         # checkboxes and colours), new ones come after them
         names = list(self.activity_names) + sorted(set(store.kind_names) - set(self.activity_names))
         position = {name: i for i, name in enumerate(names)}
-        self._kind_map = np.array([position[n] for n in store.kind_names] or [0], np.uint8)
+        self._kind_map = np.array([position[n] for n in store.kind_names] or [0], np.uint16)
         limit = 0 if lod else len(store)
         marks = window(store, self._origin, end, pixels, rows, limit, self._origin, self._levels)
         with self.hold_sync():

@@ -4,7 +4,7 @@
 export interface Spans {
   starts: Float64Array; // microseconds from the timeline's start, sorted within each row
   durations: Float32Array; // microseconds
-  kinds: Uint8Array; // index into the activity names
+  kinds: Uint16Array; // index into the activity names (up to 65,536 of them)
   depths: Uint8Array; // nesting level inside the row (0 = top-level activity)
   rowOffsets: Int32Array; // spans of row r are [rowOffsets[r], rowOffsets[r + 1])
   maxDuration: Float32Array; // longest span of each row: how far back a visible span can start

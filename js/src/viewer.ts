@@ -37,7 +37,7 @@ export interface WindowRequest {
 
 /**
  * The kernel's reply; its buffers are the marks' columns, sorted by row then start:
- * starts (Float64), durations (Float32), rows (Int32), kinds (Uint8), depths (Uint8), counts (Uint32).
+ * starts (Float64), durations (Float32), rows (Int32), kinds (Uint16), depths (Uint8), counts (Uint32).
  */
 export interface SpansReply {
   type: "spans";
@@ -139,7 +139,7 @@ export function decodeSpans(columns: Column[], rowCount: number): Spans {
   return {
     starts: startArray,
     durations: durationArray,
-    kinds: typed(Uint8Array, kinds),
+    kinds: typed(Uint16Array, kinds),
     depths: typed(Uint8Array, depths),
     rowOffsets: offsets,
     maxDuration: maxDurations(durationArray, offsets),

@@ -140,7 +140,7 @@ export function fakeModel(rowCount = 40, traits: Record<string, unknown> = {}) {
     rows: bytes(Int32Array.from(rows)),
     starts: bytes(Float64Array.from(starts)),
     durations: bytes(Float32Array.from(rows.map((_, i) => (i % 2 ? 50 : 400)))),
-    kinds: bytes(Uint8Array.from(rows.map((_, i) => i % 2))),
+    kinds: bytes(Uint16Array.from(rows.map((_, i) => i % 2))),
     depths: bytes(Uint8Array.from(rows.map((_, i) => i % 2))),
     counts: bytes(new Uint32Array(0)),
     cycles: bytes(Float64Array.from([0, 500])),
@@ -187,7 +187,7 @@ export function spanBuffers(marks: FakeMark[]): DataView[] {
     bytes(Float64Array.from(sorted.map((m) => m.start))),
     bytes(Float32Array.from(sorted.map((m) => m.duration))),
     bytes(Int32Array.from(sorted.map((m) => m.row))),
-    bytes(Uint8Array.from(sorted.map((m) => m.kind ?? 0))),
+    bytes(Uint16Array.from(sorted.map((m) => m.kind ?? 0))),
     bytes(Uint8Array.from(sorted.map((m) => m.depth ?? 0))),
     bytes(Uint32Array.from(sorted.map((m) => m.count ?? 1))),
   ];

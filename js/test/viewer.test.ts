@@ -320,7 +320,7 @@ describe("detail served by the kernel (lod)", () => {
       rows: bytes(Int32Array.from([0, 40])),
       starts: bytes(Float64Array.from([0, 1500])),
       durations: bytes(Float32Array.from([10, 400])),
-      kinds: bytes(Uint8Array.from([0, 2])),
+      kinds: bytes(Uint16Array.from([0, 2])),
       depths: bytes(Uint8Array.from([0, 0])),
       activity_names: ["ALLREDUCE", "QUEUE", "MEMCPY_IN_FUSION_BUFFER"],
       end_us: 2000,
@@ -338,5 +338,23 @@ describe("detail served by the kernel (lod)", () => {
     cleanup();
     expect(model.subscriptions.count()).toBe(0);
     model.emit("msg:custom", { type: "spans", id: model.sent[0].id, t0: 0, t1: 1000, rows: [] }, spanBuffers([])); // no error, no listener
+  });
+});
+
+describe("activity kinds", () => {
+  it("keeps kinds past 255 apart (16 bits on the wire)", async () => {
+    const { decodeSpans } = await import("../src/viewer");
+    const spans = decodeSpans(
+      [
+        bytes(Float64Array.from([0, 10])),
+        bytes(Float32Array.from([5, 5])),
+        bytes(Int32Array.from([0, 0])),
+        bytes(Uint16Array.from([255, 299])),
+        bytes(Uint8Array.from([0, 0])),
+        null,
+      ],
+      1,
+    );
+    expect(Array.from(spans.kinds)).toEqual([255, 299]);
   });
 });
