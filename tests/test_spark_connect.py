@@ -128,6 +128,64 @@ def test_interrupt_stops_every_process_on_a_connect_session(connect, tmp_path):
     assert again.value == "(0, 2, 3.0)", again  # and the next run works
 
 
+TAG_RECORDER = """
+from hvd_magic.launch.spark import SparkLauncher
+launch_tags = []
+_real_start = SparkLauncher.start
+def _recording_start(self, hub, env):
+    launch_tags.append(self.tag)
+    _real_start(self, hub, env)
+SparkLauncher.start = _recording_start
+"""
+
+
+def test_an_interrupt_cancels_the_barrier_job_by_its_tag(connect, tmp_path):
+    assert connect.run(TAG_RECORDER).status == "ok"
+    try:
+        msg_id = connect.client.execute("%%horovod np=2\n" + waiting_cell(tmp_path), stop_on_error=NO_ABORT)
+        assert wait_for_ranks(tmp_path, 2)
+        connect.manager.interrupt_kernel()
+        reply = connect.client.get_shell_msg(timeout=120)
+        assert reply["parent_header"]["msg_id"] == msg_id
+        assert reply["content"]["ename"] == "RunInterrupted", reply["content"]
+        # The server has no operation left under the run's tag: interrupting it again finds none.
+        left = connect.run("(len(launch_tags), spark.interruptTag(launch_tags[-1]))")
+        assert left.value == "(1, [])", left
+        assert run_processes_anywhere() == []
+    finally:
+        connect.run("SparkLauncher.start = _real_start")
+
+
+UNREACHABLE = """
+import socket, time
+from hvd_magic.launch.spark import SparkLauncher
+with socket.socket() as _probe:
+    _probe.bind(("127.0.0.1", 0))
+    closed = _probe.getsockname()[1]
+_real_start = SparkLauncher.start
+def _behind_a_firewall(self, hub, env):  # the executors are told an address nobody listens on
+    hub.address = f"tcp://127.0.0.1:{closed}"
+    _real_start(self, hub, env)
+SparkLauncher.start = _behind_a_firewall
+"""
+
+
+def test_executors_that_cannot_reach_the_notebook_fail_fast_on_a_connect_session(connect):
+    assert connect.run(UNREACHABLE).status == "ok"
+    try:
+        started = time.monotonic()
+        outcome = connect.run("%%horovod np=2\n1")
+        elapsed = time.monotonic() - started
+        closed = connect.run("closed").value
+        assert outcome.ename == "RunError", outcome
+        assert f"cannot reach the notebook at 127.0.0.1:{closed}" in outcome.evalue, outcome
+        assert "HVD_MAGIC_DRIVER_HOST" in outcome.evalue
+        assert elapsed < 30, f"the executors' failure took {elapsed:.0f} s to reach the notebook"
+        assert run_processes_anywhere() == []
+    finally:
+        connect.run("SparkLauncher.start = _real_start")
+
+
 def test_more_ranks_than_slots_fails_fast_on_a_connect_session(connect):
     started = time.monotonic()
     outcome = connect.run("%%horovod np=3\n1")

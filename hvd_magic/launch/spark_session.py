@@ -116,7 +116,7 @@ def driver_address(session: Any) -> str:
     this machine uses toward the Spark Connect server."""
     host = os.environ.get(ENV_DRIVER_HOST)
     if not host and is_connect(session):
-        server = session.client._builder.host
+        server = session.client.host  # where the client connects: public, documented
         local = server in ("localhost", "::1") or server.startswith("127.")
         host = "127.0.0.1" if local else _route_to(server)
     host = host or conf(session, "spark.driver.host") or socket.gethostname()
