@@ -9,9 +9,12 @@ Two paths are timed (np=2, each rank reads its whole shard as an Arrow table; th
   (``data.parquet``). Its delivery is measured directly: the planning in the notebook plus the
   slowest rank's read (modules imported beforehand, as for pyarrow's own time). Target (issue
   12): >= 0.5x pyarrow's rows/s;
-- the same rows through Spark (``df.select(*df.columns)`` is no plain scan): a count job, a
+- the same rows through Spark (``df.where(df["id"] >= 0)`` is no plain scan): a count job, a
   shuffle that puts each shard in its partition, the barrier tasks writing each shard to a
-  file. Its delivery is the run with data less the run without (the launch).
+  file, the ranks reading their file. Its delivery is measured directly too, part by part: the
+  planning in the notebook (the count job), the shuffle and shard writes (the same keyed
+  DataFrame written by the same function in a plain job) and the slowest rank's read. No figure
+  is the difference of two runs (on this machine two launches differ by more than a read).
 
 pyarrow is timed twice: warm, in this process, and its first read in a new process (what a
 rank reading the files itself would get: a fresh process pays for its first 100 MB of memory).
@@ -26,9 +29,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import itertools
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
+from typing import Any
 
 from timing import least_seconds
 
@@ -88,12 +94,25 @@ def read_shard() -> tuple[int, float]:
     return rows, max(hvd.allgather_object(seconds))
 
 
-def launch_only() -> tuple[int, float]:
-    """In a rank: the same Horovod start and gather as ``read_shard``, without the data."""
-    import horovod.torch as hvd
+def write_partitions(batches: Iterator[Any]) -> Iterator[Any]:
+    """On an executor: this partition to a shard file, as a barrier task writes it before its
+    rank starts (the same ``write_shard``), outside any run."""
+    import pyarrow as pa
 
-    hvd.init()
-    return 0, max(hvd.allgather_object(0.0))
+    from hvd_magic.data.files import scratch_dir, write_shard
+    from hvd_magic.data.source import KEY
+
+    path = os.path.join(scratch_dir(), f"hvd_magic-bench-{os.getpid()}-{id(batches)}.arrow")
+    rows = 0
+    first = next(batches, None)
+    if first is not None:
+        columns = [name for name in first.schema.names if name != KEY]
+        rest = (batch.select(columns) for batch in batches)
+        rows = write_shard(
+            path, itertools.chain([first.select(columns)], rest), first.select(columns).schema, {}
+        )
+        os.unlink(path)
+    yield pa.record_batch([pa.array([rows], pa.int64())], names=["rows"])
 
 
 def main() -> None:
@@ -105,6 +124,7 @@ def main() -> None:
     import pyarrow.parquet as pq
 
     from hvd_magic import HorovodRunner
+    from hvd_magic.data.source import spark_shards
     from hvd_magic.launch.spark import SparkLauncher
     from hvd_magic.launch.spark_session import active_or_embedded_session
     from hvd_magic.options import make_options
@@ -117,29 +137,33 @@ def main() -> None:
         with quiet, contextlib.redirect_stderr(io.StringIO()):
             in_rank.append(HorovodRunner(np=2, data=df).run(read_shard)[1])
 
-    def plan(df: object) -> None:
+    def plan(df: object, direct: bool = True) -> None:
         launcher = SparkLauncher.for_options(make_options(2, data=df))
-        assert launcher.pieces, "the plain Parquet scan did not take the direct path"
+        assert bool(launcher.pieces) == direct, "the DataFrame did not take the path the benchmark times"
 
-    def without_data() -> object:
-        with quiet:
-            return HorovodRunner(np=2).run(launch_only)
+    def shuffle_and_write(df: Any) -> None:
+        keyed, _ = spark_shards(df, "df", 2, False)
+        written = keyed.mapInArrow(write_partitions, "rows long").collect()
+        assert sum(row[0] for row in written) == rows
 
     with tempfile.TemporaryDirectory() as directory:
         write_parquet(directory, args.rows)
         rows = pq.read_table(directory).num_rows
         df = session.read.parquet(directory)
-        through_spark = df.select(*df.columns)
+        through_spark = df.where(df["id"] >= 0)  # a filter: no plain scan, the same rows
         pyarrow_seconds = least_seconds(lambda: pq.read_table(directory), args.repeat)
         fresh_seconds = min(fresh_pyarrow_seconds(directory) for _ in range(args.repeat))
         collect_seconds = least_seconds(df.toArrow, args.repeat)
         plan_seconds = least_seconds(lambda: plan(df), args.repeat)
         direct_seconds = least_seconds(lambda: run_with(df), args.repeat)
         read_seconds = min(in_rank)
-        launch_seconds = least_seconds(without_data, args.repeat)
+        in_rank.clear()
+        spark_plan_seconds = least_seconds(lambda: plan(through_spark, direct=False), args.repeat)
+        write_seconds = least_seconds(lambda: shuffle_and_write(through_spark), args.repeat)
         spark_seconds = least_seconds(lambda: run_with(through_spark), args.repeat)
+        spark_read_seconds = min(in_rank)
     direct = plan_seconds + read_seconds
-    general = max(spark_seconds - launch_seconds, 1e-3)
+    general = spark_plan_seconds + write_seconds + spark_read_seconds
     print(f"data plane: {rows:,} Parquet rows, np=2, least of {args.repeat}, {os.cpu_count()} cores")
     lines = [
         ("pyarrow reads the files directly", pyarrow_seconds, True),
@@ -149,9 +173,11 @@ def main() -> None:
         ("  planning the shards (notebook)", plan_seconds, False),
         ("  the slowest rank's read", read_seconds, False),
         ("  delivery (the two)", direct, True),
-        ("hvd_magic run without data (launch)", launch_seconds, False),
         ("run with data= through Spark's rows", spark_seconds, False),
-        ("  delivery (less the launch)", general, True),
+        ("  planning the shards (count job)", spark_plan_seconds, False),
+        ("  shuffle + shard files (plain job)", write_seconds, False),
+        ("  the slowest rank's read", spark_read_seconds, False),
+        ("  delivery (the three)", general, True),
     ]
     for label, seconds, rate in lines:
         print(f"  {label:38} {seconds:6.2f} s" + (f" {rows / seconds:14,.0f} rows/s" if rate else ""))
