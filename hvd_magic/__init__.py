@@ -26,6 +26,7 @@ __all__ = [
     "RunError",
     "RunInterrupted",
     "RunTimeout",
+    "TorchDistributor",
     "load_ipython_extension",
     "progress",
     "report",
@@ -40,6 +41,10 @@ def __getattr__(name: str) -> object:
         from .runner import HorovodRunner
 
         return HorovodRunner
+    if name == "TorchDistributor":  # Spark's TorchDistributor's signature on the same engine
+        from .distributor import TorchDistributor
+
+        return TorchDistributor
     if name == "LiveCallback":  # a Keras callback: built on first use, so TensorFlow loads only then
         from . import callbacks
 

@@ -27,6 +27,7 @@ PUBLIC = [
     "RunError",
     "RunInterrupted",
     "RunTimeout",
+    "TorchDistributor",
     "load_ipython_extension",
     "progress",
     "report",
@@ -72,11 +73,12 @@ def test_live_callback_resolves_to_a_keras_callback() -> None:
 
 
 def test_public_names_are_the_real_objects() -> None:
-    from hvd_magic import callbacks, errors, reporting, runner
+    from hvd_magic import callbacks, distributor, errors, reporting, runner
 
     assert hvd_magic.report is reporting.report
     assert hvd_magic.progress is callbacks.progress
     assert hvd_magic.HorovodRunner is runner.HorovodRunner
+    assert hvd_magic.TorchDistributor is distributor.TorchDistributor
     assert isinstance(hvd_magic.timeline, types.ModuleType)
     assert hvd_magic.timeline.__name__ == "hvd_magic.timeline"
     for name in ERRORS:
