@@ -26,6 +26,7 @@ __all__ = [
     "RunError",
     "RunInterrupted",
     "RunTimeout",
+    "Session",
     "TorchDistributor",
     "load_ipython_extension",
     "progress",
@@ -45,6 +46,10 @@ def __getattr__(name: str) -> object:
         from .distributor import TorchDistributor
 
         return TorchDistributor
+    if name == "Session":  # a live session from Python: ranks kept across calls
+        from .session.api import Session
+
+        return Session
     if name == "LiveCallback":  # a Keras callback: built on first use, so TensorFlow loads only then
         from . import callbacks
 

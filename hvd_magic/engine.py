@@ -86,6 +86,7 @@ class Run:
     """Supervises one started launcher: messages to the view, time limits, the outcome."""
 
     wait = 0.1  # seconds the loop waits for a message before it polls the launcher
+    keeps_hub = False  # a live session's cell: the hub outlives the run
 
     def __init__(
         self,
@@ -135,7 +136,8 @@ class Run:
             self.view.close()
             if self.live_timeline is not None:
                 self.live_timeline.close()
-            self.hub.close()
+            if not self.keeps_hub:
+                self.hub.close()
 
     def _interrupted(self) -> RunInterrupted:
         return RunInterrupted(

@@ -29,6 +29,7 @@ __all__ = ["CurveServer", "Hub", "HubClient", "RunKeys"]
 
 _POLL_MS = 200
 Responder = Callable[[Message], tuple[Record, bytes]]
+Tap = Callable[[Message], "Message | None"]
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,9 @@ class Hub(CurveServer):
     """Receives rank messages and queues them for the run loop; answers ``Hello`` with the payload.
 
     What Spark tasks tell their launcher (``CONTROL_RECORDS``) goes to ``control`` instead of
-    ``events``; a record type in ``responders`` is answered at once, on the hub's thread.
+    ``events``; a record type in ``responders`` is answered at once, on the hub's thread; one in
+    ``taps`` is handed to its tap there first, which returns what to queue (itself, another
+    message, or None for nothing): a live session learns its ranks' connections that way.
 
     >>> hub = Hub("127.0.0.1", payload=b"...")      # doctest: +SKIP
     >>> hub.address, hub.keys.client_token()          # handed to the ranks
@@ -158,6 +161,7 @@ class Hub(CurveServer):
         self.control: queue.Queue[Message] = queue.Queue()
         self.payload = payload
         self.responders: dict[type[Record], Responder] = {}
+        self.taps: dict[type[Record], Tap] = {}
         super().__init__(bind_host, RunKeys.generate(), "hvd_magic-hub")
 
     def handle(self, message: Message) -> None:
@@ -167,6 +171,12 @@ class Hub(CurveServer):
             return
         if isinstance(message.record, Hello):
             self.send_to(message.identity, Payload(), self.payload)
+        tap = self.taps.get(type(message.record))
+        if tap is not None:
+            tapped = tap(message)
+            if tapped is None:
+                return
+            message = tapped
         (self.control if isinstance(message.record, CONTROL_RECORDS) else self.events).put(message)
 
 

@@ -9,13 +9,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from .capture import capture_cell
 from .engine import execute
 from .errors import HorovodMagicError
-from .options import OptionError, make_options
+from .options import OptionError, RunOptions, make_options, parse_timeout
+from .session import magics as sessions
 
 __all__ = ["HorovodMagics", "normalize_line"]
 
@@ -30,6 +31,9 @@ OPTIONS = (
     "data",
     "remainder",
     "oversubscribe",
+    "rank",
+    "ranks",
+    "idle",
 )
 USAGE = (
     "usage: %%horovod np=N [launcher=mpi|gloo | backend=torch] [env=K=V,...] [return=a,b] [timeout=SECONDS] "
@@ -65,7 +69,11 @@ def normalize_line(line: str) -> str:
 @magics_class
 class HorovodMagics(Magics):
     @magic_arguments()
-    @argument("--np", required=True, help="number of ranks: -N runs N ranks on this machine, N on Spark")
+    @argument(
+        "--np",
+        help="number of ranks: -N runs N ranks on this machine, N on Spark; without it, the cell runs on "
+        "the live session (%%horovod start np=N)",
+    )
     @argument("--launcher", choices=["mpi", "gloo"], help="mpi (default when mpirun exists) or gloo")
     @argument(
         "--backend", choices=["horovod", "torch"], help="horovod (default) or torch: torch.distributed ranks"
@@ -83,8 +91,11 @@ class HorovodMagics(Magics):
         choices=["yes", "no"],
         help="np=-N: allow more than 4 local ranks a CPU core (refused otherwise, as a likely typo)",
     )
-    @cell_magic
-    def horovod(self, line: str, cell: str) -> Any:
+    @argument("--rank", help="live session: run the cell on this rank only (it must not call collectives)")
+    @argument("--ranks", help="live session: run the cell on these ranks only: 0,2")
+    @argument("--idle", help="%%horovod start: end the session after this many seconds without a cell")
+    @line_cell_magic
+    def horovod(self, line: str, cell: str | None = None) -> Any:
         """Run the cell as a Horovod job; its last expression on rank 0 is the cell's value.
 
         Example::
@@ -93,24 +104,82 @@ class HorovodMagics(Magics):
             import horovod.torch as hvd
             hvd.init()
             hvd.rank()
+
+        A live session keeps its ranks (and what cells define on them) across cells::
+
+            %horovod start np=-2        # same options as a cell; Horovod is initialised once
+            %%horovod                   # no np=: runs on the session's ranks
+            %%horovod rank=0            # on rank 0 only (no collectives in such a cell)
+            %horovod status             # ranks, hosts, pids, memory, CPU, busy or idle
+            %horovod stop               # ends the ranks, frees their slots
         """
+        if cell is None:
+            return self._session_verb(line)
         try:
             args = parse_argstring(self.horovod, normalize_line(line))
-            options = make_options(
-                args.np,
-                args.launcher,
-                args.env,
-                args.return_names,
-                args.timeout,
-                args.timeline,
-                data=self._data(args.data),
-                data_name=args.data or "data",
-                remainder=args.remainder,
-                backend=args.backend,
-                oversubscribe=args.oversubscribe,
-            )
+        except UsageError as err:
+            raise UsageError(f"{err}\n{USAGE}") from None
+        if args.np is None:
+            if sessions.current() is None:
+                raise UsageError(
+                    "np= is required, e.g. %%horovod np=-2 (ranks on this machine) or np=4 (Spark); or "
+                    "start a live session once with %horovod start np=N and run cells on it without "
+                    f"np=\n{USAGE}"
+                )
+            return sessions.run_cell(self.shell, args, cell)
+        if args.rank is not None or args.ranks is not None or args.idle is not None:
+            raise UsageError("rank=, ranks= and idle= are for a live session (%horovod start np=N)")
+        live = sessions.current()
+        try:
+            options = self._options(args)
         except (UsageError, OptionError) as err:
             raise UsageError(f"{err}\n{USAGE}") from None
+        if live is not None and live.live:
+            options.notices.append(
+                "a live session is running: np= makes this cell a job of its own, apart from the session "
+                "(drop np= to run it on the session's ranks)"
+            )
+        return self._cold(options, cell)
+
+    def _options(self, args: Any) -> RunOptions:
+        if args.np is None:
+            raise UsageError("np= is required")
+        return make_options(
+            args.np,
+            args.launcher,
+            args.env,
+            args.return_names,
+            args.timeout,
+            args.timeline,
+            data=self._data(args.data),
+            data_name=args.data or "data",
+            remainder=args.remainder,
+            backend=args.backend,
+            oversubscribe=args.oversubscribe,
+        )
+
+    def _session_verb(self, line: str) -> Any:
+        verb, _, rest = line.strip().partition(" ")
+        if verb == "status":
+            print(sessions.status_text(sessions.current()))
+            return None
+        if verb == "stop":
+            print(sessions.stop())
+            return None
+        if verb != "start":
+            raise UsageError(f"usage: %horovod {sessions.VERBS} [options]; a cell: %%horovod np=N\n{USAGE}")
+        try:
+            args = parse_argstring(self.horovod, normalize_line(rest))
+            options = self._options(args)
+            idle = parse_timeout(args.idle)
+        except (UsageError, OptionError) as err:
+            raise UsageError(f"{err}\n{USAGE}") from None
+        if args.rank is not None or args.ranks is not None or args.return_names or args.timeline:
+            raise UsageError("rank=, ranks=, return= and timeline= are per cell, not for %horovod start")
+        print(sessions.start(options, idle), file=sys.stderr)
+        return None
+
+    def _cold(self, options: RunOptions, cell: str) -> Any:
         source = self.shell.transform_cell(cell)  # type: ignore[union-attr]
         captured = capture_cell(
             source,

@@ -8,44 +8,33 @@ and reports rank 0's value or the rank's traceback. It must not import IPython.
 
 from __future__ import annotations
 
-import ast
 import atexit
 import faulthandler
 import json
-import linecache
 import os
 import socket
 import sys
-import threading
-import traceback
-import types
-from typing import Any
-
-import cloudpickle
+from collections.abc import Callable
 
 from . import reporting
 from .hub import HubClient
 from .launch.processes import die_with_parent
 from .protocol import (
-    CELL_FILENAME,
     ENV_HUB,
     ENV_SHARD,
     ENV_SHARDS,
     ENV_SLOT_GPUS,
     ENV_TOKEN,
-    CellPayload,
     Exit,
-    FunctionPayload,
-    Log,
-    RankError,
-    Result,
+    SessionPayload,
     Started,
 )
-from .stalls import StallFilter, WaitWatch
+from .rank_output import OutputForwarder
+from .rank_run import load_payload, report_error, run_payload
+from .stalls import WaitWatch
 from .timeline.stream import TimelineStream
 
 PAYLOAD_TIMEOUT = 120.0
-_CHUNK = 65536
 
 
 def rank_from_env() -> tuple[int, int, int]:
@@ -79,129 +68,25 @@ def gpu_for_local_rank(slot_gpus: str | None, local_rank: int) -> str | None:
     return ",".join(str(gpu) for gpu in slots[local_rank])
 
 
-class _OutputForwarder:
-    """Points fd 1 and 2 at pipes and forwards what arrives to the hub, chunk by chunk."""
-
-    def __init__(self, client: HubClient) -> None:
-        self.client = client
-        self.original_stderr = os.dup(2)
-        self.threads: list[threading.Thread] = []
-        for fd, stream in ((1, "stdout"), (2, "stderr")):
-            read_end, write_end = os.pipe()
-            os.dup2(write_end, fd)
-            os.close(write_end)
-            thread = threading.Thread(target=self._pump, args=(read_end, stream), daemon=True)
-            thread.start()
-            self.threads.append(thread)
-        sys.stdout = open(1, "w", buffering=1, closefd=False, encoding="utf-8", errors="replace")
-        sys.stderr = open(2, "w", buffering=1, closefd=False, encoding="utf-8", errors="replace")
-
-    def _pump(self, fd: int, stream: str) -> None:
-        # Horovod's stall warnings (stderr) become Stall messages instead of log text.
-        stalls = StallFilter() if stream == "stderr" else None
-        while chunk := os.read(fd, _CHUNK):
-            if stalls is not None:
-                chunk, found = stalls.feed(chunk)
-                for stall in found:
-                    self.client.send(stall)
-            if chunk:
-                self.client.send(Log(stream), chunk)
-        if stalls is not None and (rest := stalls.flush()):
-            self.client.send(Log(stream), rest)
-        os.close(fd)
-
-    def close(self) -> None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 1)
-        os.dup2(devnull, 2)
-        os.close(devnull)
-        for thread in self.threads:
-            thread.join(timeout=5)
-
-
-def _run_cell(payload: CellPayload) -> tuple[Any, dict[str, Any]]:
-    # The cell runs as this process's __main__, like a notebook cell in the kernel's.
-    namespace = sys.modules["__main__"].__dict__
-    namespace.update(payload.namespace)
-    lines = payload.source.splitlines(keepends=True)
-    linecache.cache[CELL_FILENAME] = (len(payload.source), None, lines, CELL_FILENAME)
-    tree = ast.parse(payload.source, CELL_FILENAME)
-    last: ast.expr | None = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        last = tree.body.pop().value  # type: ignore[attr-defined]
-    exec(compile(tree, CELL_FILENAME, "exec"), namespace)
-    value = None
-    if last is not None:
-        value = eval(compile(ast.Expression(last), CELL_FILENAME, "eval"), namespace)
-    if payload.silent:
-        value = None
-    missing = [n for n in payload.return_names if n not in namespace]
-    if missing:
-        raise NameError(f"return= names not defined by the cell on rank 0: {', '.join(missing)}")
-    return value, {n: namespace[n] for n in payload.return_names}
-
-
-def _load_payload(blob: bytes) -> CellPayload | FunctionPayload:
+def _run(
+    client: HubClient,
+    blob: bytes,
+    rank: int,
+    host: str,
+    forwarder: OutputForwarder,
+    connect: Callable[[], HubClient],
+) -> int:
+    """Run the payload (or serve a live session's cells); the rank's exit code."""
     try:
-        payload: CellPayload | FunctionPayload = cloudpickle.loads(blob)
-    except ImportError as err:
-        raise ImportError(
-            f"the payload needs module {err.name!r}, which this rank cannot import ({err}). Install it "
-            "where the ranks run (on Spark: on every executor), or define the code in the notebook."
-        ) from None
-    return payload
+        payload = load_payload(blob)
+    except BaseException as err:  # noqa: BLE001 - reported, then we exit
+        report_error(client, host, err)
+        return 1
+    if isinstance(payload, SessionPayload):
+        from .session.rank import serve
 
-
-def _user_traceback(err: BaseException) -> str:
-    tb: types.TracebackType | None = err.__traceback__
-    # Drop the worker's own frames: the user's story starts in their cell or function.
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
-        tb = tb.tb_next
-    return "".join(traceback.format_exception(type(err), err, tb))
-
-
-def _send_result(client: HubClient, value: Any, returned: dict[str, Any]) -> None:
-    try:
-        blob = cloudpickle.dumps((value, returned))
-    except Exception as err:  # noqa: BLE001
-        raise TypeError(
-            f"rank 0's result (a {type(value).__name__}) cannot be pickled back to the notebook: "
-            f"{err}. Return plain data (numbers, lists, dicts, arrays, state_dicts)."
-        ) from None
-    client.send(Result(), blob)
-
-
-def _run(client: HubClient, blob: bytes, rank: int, host: str) -> int:
-    """Run the payload; rank 0 sends its value. Returns the rank's exit code; an exception (or
-    a non-zero sys.exit) is reported with its traceback. sys.exit(0) is a normal end."""
-    try:
-        payload = _load_payload(blob)
-        if isinstance(payload, FunctionPayload):
-            value, returned = payload.function(**payload.kwargs), dict[str, Any]()
-        else:
-            value, returned = _run_cell(payload)
-    except SystemExit as err:
-        if err.code not in (None, 0):
-            _report_error(client, host, err)
-            return err.code if isinstance(err.code, int) else 1
-        value, returned = None, {}
-    except BaseException as err:  # noqa: BLE001 - every failure is reported, then we exit
-        _report_error(client, host, err)
-        return 130 if isinstance(err, KeyboardInterrupt) else 1
-    if rank == 0:
-        try:
-            _send_result(client, value, returned)
-        except TypeError as err:
-            _report_error(client, host, err)
-            return 1
-    return 0
-
-
-def _report_error(client: HubClient, host: str, err: BaseException) -> None:
-    sys.stderr.flush()
-    client.send(RankError(host, type(err).__name__, str(err), _user_traceback(err)))
+        return serve(client, connect, payload, rank, host, forwarder.sync)
+    return run_payload(client, payload, host, reply=rank == 0)
 
 
 def main() -> int:
@@ -227,7 +112,7 @@ def main() -> int:
         client.close()
         return 3
     client.send(Started(host, os.getpid(), local_rank, size))
-    forwarder = _OutputForwarder(client)
+    forwarder = OutputForwarder(client)
     faulthandler.enable(file=os.fdopen(forwarder.original_stderr, "w"), all_threads=True)
     reporting._attach(client)
     # torch.distributed ranks (env:// set up for them): the hub hears where a rank waits.
@@ -241,7 +126,7 @@ def main() -> int:
     )
     code = 1
     try:
-        code = _run(client, blob, rank, host)
+        code = _run(client, blob, rank, host, forwarder, lambda: HubClient(address, token, rank))
     finally:
         if watch is not None:
             watch.stop()

@@ -27,6 +27,7 @@ PUBLIC = [
     "RunError",
     "RunInterrupted",
     "RunTimeout",
+    "Session",
     "TorchDistributor",
     "load_ipython_extension",
     "progress",
@@ -78,6 +79,7 @@ def test_public_names_are_the_real_objects() -> None:
     assert hvd_magic.report is reporting.report
     assert hvd_magic.progress is callbacks.progress
     assert hvd_magic.HorovodRunner is runner.HorovodRunner
+    assert hvd_magic.Session is __import__("hvd_magic.session.api").session.api.Session
     assert hvd_magic.TorchDistributor is distributor.TorchDistributor
     assert isinstance(hvd_magic.timeline, types.ModuleType)
     assert hvd_magic.timeline.__name__ == "hvd_magic.timeline"

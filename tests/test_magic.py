@@ -137,7 +137,7 @@ def test_a_rank_killed_without_a_word_is_named_not_the_rank_it_took_down(ip, lau
 @pytest.mark.parametrize(
     "line, fragment",
     [
-        ("", "the following arguments are required: --np"),
+        ("", "np= is required"),
         ("np=0", "np must not be 0"),
         ("np=two", "np must be a whole number"),
         ("np=-2 launcher=ssh", "invalid choice"),

@@ -57,6 +57,11 @@ EXAMPLES = {
     Kind.PING: protocol.Ping(),
     Kind.PONG: protocol.Pong(),
     Kind.KILL: protocol.Kill(),
+    Kind.CELL: protocol.Cell(7, reply=2),
+    Kind.CELL_DONE: protocol.CellDone(7, ok=False),
+    Kind.INTERRUPT: protocol.Interrupt(7),
+    Kind.BEAT: protocol.Beat(),
+    Kind.RANK_STATUS: protocol.RankStatus(busy=7, cells=3, rss=123_456_789, cpu=87.5),
 }
 
 

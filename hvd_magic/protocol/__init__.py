@@ -36,11 +36,19 @@ from .payload import (
     CELL_FILENAME,
     CellPayload,
     FunctionPayload,
+    SessionPayload,
 )
 from .plan import (
     GlooSlot,
     PlanHost,
     SparkPlan,
+)
+from .session_messages import (
+    Beat,
+    Cell,
+    CellDone,
+    Interrupt,
+    RankStatus,
 )
 from .task_messages import (
     Abort,
@@ -68,11 +76,16 @@ from .wire import (
 
 __all__ = [
     "Abort",
+    "Beat",
+    "Cell",
     "CELL_FILENAME",
-    "CONTROL_RECORDS",
+    "CellDone",
     "CellPayload",
-    "ENV_AGENTS",
+    "CONTROL_RECORDS",
+    "decode",
+    "encode",
     "ENV_AGENT_TOKEN",
+    "ENV_AGENTS",
     "ENV_HUB",
     "ENV_SHARD",
     "ENV_SHARDS",
@@ -85,6 +98,7 @@ __all__ = [
     "FunctionPayload",
     "GlooSlot",
     "Hello",
+    "Interrupt",
     "Join",
     "Kill",
     "Kind",
@@ -100,10 +114,13 @@ __all__ = [
     "PlanHost",
     "Pong",
     "RankError",
+    "RankStatus",
     "Record",
+    "record_type",
     "Release",
     "Reports",
     "Result",
+    "SessionPayload",
     "SparkPlan",
     "Stall",
     "Started",
@@ -111,7 +128,4 @@ __all__ = [
     "StoreAnswer",
     "StoreRequest",
     "Waiting",
-    "decode",
-    "encode",
-    "record_type",
 ]

@@ -31,10 +31,16 @@ exec           rsh client → agent       ``Exec``            —
 output         agent → rsh client       ``Output``          the command's output bytes
 ping, pong     rsh client ⇄ agent       ``Ping``, ``Pong``  —
 kill           rsh client → agent       ``Kill``            —
+cell           hub → session rank       ``Cell``            the pickled cell or function
+cell_done      session rank → hub       ``CellDone``        —
+interrupt      hub → session rank       ``Interrupt``       —
+beat           hub → session rank       ``Beat``            —
+rank_status    session rank → hub       ``RankStatus``      —
 =============  =======================  ==================  ================================
 
 A new kind is one ``Kind`` member, one record class (the ranks' here, the Spark tasks' and the
-exec agents' in ``task_messages``) and one row in this table.
+exec agents' in ``task_messages``, a live session's in ``session_messages``) and one row in
+this table.
 """
 
 from __future__ import annotations
@@ -77,6 +83,11 @@ class Kind(str, Enum):
     PING = "ping"
     PONG = "pong"
     KILL = "kill"
+    CELL = "cell"
+    CELL_DONE = "cell_done"
+    INTERRUPT = "interrupt"
+    BEAT = "beat"
+    RANK_STATUS = "rank_status"
 
 
 class Record:

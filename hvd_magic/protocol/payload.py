@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CELL_FILENAME", "CellPayload", "FunctionPayload"]
+__all__ = ["CELL_FILENAME", "CellPayload", "FunctionPayload", "SessionPayload"]
 
 CELL_FILENAME = "<horovod cell>"  # the cell's name in tracebacks
 
@@ -23,3 +23,12 @@ class CellPayload:
 class FunctionPayload:
     function: Callable[..., Any]
     kwargs: dict[str, Any]
+
+
+@dataclass
+class SessionPayload:
+    """A live session's ranks: run ``first`` (the framework's set-up), then serve cells until
+    told to stop or until the notebook is silent for ``silence`` seconds."""
+
+    first: CellPayload
+    silence: float = 20.0

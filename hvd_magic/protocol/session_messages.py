@@ -1,0 +1,55 @@
+"""The records of a live session (``%horovod start``): cells sent to ranks that stay up, and
+the heartbeat that lets them notice a notebook that went away. Kinds are in ``messages``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .messages import Kind, Record, _kind
+
+__all__ = ["Beat", "Cell", "CellDone", "Interrupt", "RankStatus"]
+
+
+@_kind(Kind.CELL)
+@dataclass(frozen=True)
+class Cell(Record):
+    """Run the pickled payload (the blob) in the rank's kept namespace. ``reply`` is the rank
+    that sends the value back (the lowest of the ranks the cell runs on)."""
+
+    id: int
+    reply: int = 0
+
+
+@_kind(Kind.CELL_DONE)
+@dataclass(frozen=True)
+class CellDone(Record):
+    """The rank finished cell ``id`` (its output sent before this); ``ok`` is False when the
+    cell raised (the error was sent as a ``RankError``)."""
+
+    id: int
+    ok: bool = True
+
+
+@_kind(Kind.INTERRUPT)
+@dataclass(frozen=True)
+class Interrupt(Record):
+    """Raise KeyboardInterrupt in the rank's running cell ``id`` (none if it has finished)."""
+
+    id: int
+
+
+@_kind(Kind.BEAT)
+@dataclass(frozen=True)
+class Beat(Record):
+    """The notebook is alive. A rank that hears none for its silence limit exits."""
+
+
+@_kind(Kind.RANK_STATUS)
+@dataclass(frozen=True)
+class RankStatus(Record):
+    """A rank's answer to a ``Beat``: what ``%horovod status`` shows."""
+
+    busy: int = 0  # the cell it runs, 0 when idle
+    cells: int = 0  # cells it finished
+    rss: int = 0  # bytes, its process tree
+    cpu: float = 0.0  # percent of one core since the last beat, its process tree

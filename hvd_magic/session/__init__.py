@@ -1,0 +1,1 @@
+"""Live rank sessions (``%horovod start``): ranks that keep their state across cells."""

@@ -1,0 +1,76 @@
+"""``hvd_magic.Session``: a live session from Python (scripts, or notebooks without the magic)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+from ..capture import capture_function
+from ..errors import RunError
+from ..options import OptionError, make_options, parse_timeout
+from .live import LiveSession
+from .magics import status_text
+
+__all__ = ["Session"]
+
+
+class Session:
+    """Ranks started once that keep their state across calls, as ``%horovod start`` does.
+
+    >>> with hvd_magic.Session(np=-2) as session:          # doctest: +SKIP
+    ...     session.run(build_model)                        # defines globals on every rank
+    ...     session.run(train, epochs=2)                    # finds them there
+    ...     session.run(evaluate, ranks=[0])                # on rank 0 only: no collectives
+
+    Horovod (or, with ``backend="torch"``, torch.distributed) is initialised once when the
+    session starts. Options are ``HorovodRunner``'s; ``idle`` ends the session after that many
+    seconds without a call. A function's globals are the rank's ``__main__`` namespace, kept
+    between calls.
+    """
+
+    def __init__(
+        self,
+        np: int,
+        *,
+        launcher: str | None = None,
+        backend: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+        data: Any = None,
+        remainder: str | None = None,
+        idle: float | None = None,
+        oversubscribe: bool = False,
+    ) -> None:
+        try:
+            options = make_options(
+                np, launcher, env, None, timeout, None, data, "data", remainder, backend, oversubscribe
+            )
+            idle_seconds = parse_timeout(idle)
+        except OptionError as err:
+            raise ValueError(str(err)) from None
+        self._live = LiveSession(options, idle_seconds)
+        self.summary = self._live.start()
+
+    def run(self, main: Callable[..., Any], *, ranks: list[int] | None = None, **kwargs: Any) -> Any:
+        """``main(**kwargs)`` on every rank (or on ``ranks``); the value of the lowest of them."""
+        if not self._live.live:
+            raise RunError(f"the session ended ({self._live.lost}): start a new Session")
+        value, _ = self._live.run(capture_function(main, kwargs), ranks)
+        return value
+
+    def status(self) -> str:
+        """Ranks, hosts, pids, memory, CPU, and whether each is busy."""
+        return status_text(self._live)
+
+    def stop(self) -> list[str]:
+        """End every rank and free its slot; what could not be stopped (normally nothing)."""
+        return self._live.end()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.stop()

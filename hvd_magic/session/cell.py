@@ -1,0 +1,109 @@
+"""One cell of a live session, run by the engine's ``Run`` as if it were a run of its own.
+
+``CellLauncher`` is the launcher ``Run`` drives: ``start`` sends the cell to its ranks (the
+first cell, the set-up, starts the session's processes instead), ``poll`` is 0 once each of them
+said it finished the cell, and ``stop`` (after an error or an interrupt) asks the ranks still in
+the cell to stop it; a rank that does not (stuck inside a collective that another rank never
+joined) ends the session, and the next cell starts a new one. So the view, the errors and
+their diagnosis are the engine's, unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..engine import Run
+from ..errors import RunInterrupted
+from ..launch import Launcher, RankDeath
+
+if TYPE_CHECKING:
+    from ..hub import Hub
+
+
+class LiveSession(Protocol):
+    """What a cell needs of its session (``live.LiveSession``)."""
+
+    launcher: Launcher
+    lost: str | None
+
+    def dispatch(self, cell: int, targets: list[int], blob: bytes) -> None: ...
+
+    def finished(self, cell: int, ranks: list[int]) -> bool: ...
+
+    def interrupt(self, cell: int, ranks: list[int]) -> None: ...
+
+    def end(self) -> list[str]: ...
+
+
+__all__ = ["CELL_STOP_SECONDS", "CellLauncher", "CellRun"]
+
+CELL_STOP_SECONDS = 3.0  # how long ranks get to leave an interrupted or failed cell
+
+
+class CellLauncher(Launcher):
+    def __init__(self, session: LiveSession, cell: int, targets: list[int], blob: bytes) -> None:
+        self.session, self.cell, self.targets, self.blob = session, cell, targets, blob
+        self.bind_host = session.launcher.bind_host
+        self.broke: str | None = None  # why the session had to end, if it had to
+
+    def start(self, hub: Hub, env: dict[str, str]) -> None:
+        if self.cell == 0:
+            self.session.launcher.start(hub, env)  # the ranks run the set-up cell first
+        else:
+            self.session.dispatch(self.cell, self.targets, self.blob)
+
+    def poll(self) -> int | None:
+        code = self.session.launcher.poll()
+        if code is not None:  # a rank's process ended: the session is over
+            self.session.lost = f"its processes ended (exit code {code})"
+            return code if code else 1
+        return 0 if self.session.finished(self.cell, self.targets) else None
+
+    def stop(self) -> list[str]:
+        if self.session.finished(self.cell, self.targets) or self.session.lost:
+            return [] if not self.session.lost else self.session.end()
+        left = [rank for rank in self.targets if not self.session.finished(self.cell, [rank])]
+        self.session.interrupt(self.cell, left)
+        deadline = time.monotonic() + CELL_STOP_SECONDS
+        while time.monotonic() < deadline and self.session.launcher.poll() is None:
+            if self.session.finished(self.cell, self.targets):
+                return []
+            time.sleep(0.05)
+        stuck = [rank for rank in self.targets if not self.session.finished(self.cell, [rank])]
+        self.broke = (
+            f"rank{'s' if len(stuck) > 1 else ''} {', '.join(map(str, stuck))} did not leave the cell within "
+            f"{CELL_STOP_SECONDS:.0f} s (inside a collective that another rank never joined?)"
+        )
+        self.session.lost = self.broke
+        return self.session.end()
+
+    def diagnostics(self) -> str:
+        # only when the session's processes ended: a live launcher's output is still being read
+        return self.session.launcher.diagnostics() if self.session.launcher.poll() is not None else ""
+
+    def deaths(self) -> list[RankDeath]:
+        return self.session.launcher.deaths()
+
+
+class CellRun(Run):
+    """``Run`` for a live session's cell: the hub is the session's, and its end is the cell's."""
+
+    keeps_hub = True
+    launcher: CellLauncher
+
+    def _interrupted(self) -> RunInterrupted:
+        return RunInterrupted("interrupted: the cell was stopped on its ranks.")
+
+    def execute(self) -> Any:
+        try:
+            return super().execute()
+        except BaseException as err:
+            if self.launcher.session.lost:
+                err.add_note(
+                    f"the live session ended: {self.launcher.session.lost}. Its state is lost; the next "
+                    "%%horovod cell starts a new session (%horovod stop frees its slots now)."
+                )
+            elif isinstance(err, RunInterrupted):
+                err.add_note("The session's state is kept: what the cell did before the interrupt stays.")
+            raise

@@ -1,0 +1,224 @@
+"""A live session on the notebook's side: ranks started once (locally or as one long barrier
+stage on Spark) that run cell after cell in kept namespaces.
+
+``LiveSession.start`` launches them with a ``SessionPayload``, whose set-up cell initialises
+Horovod (or torch.distributed) once; ``run`` sends a captured cell or function to some or all
+ranks and runs it as a ``CellRun`` (the engine's supervision and view, see ``cell``); a thread
+sends each rank a ``Beat`` every second, which the ranks answer with their figures
+(``status``) and without which they exit (a kernel that died leaves nothing behind); ``end``
+stops every process and frees the Spark slots.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import cloudpickle
+
+from .. import launch
+from ..capture import Captured
+from ..hub import Hub
+from ..options import RunOptions
+from ..protocol import (
+    Beat,
+    Cell,
+    CellDone,
+    CellPayload,
+    Exit,
+    Interrupt,
+    Message,
+    RankStatus,
+    SessionPayload,
+    Started,
+)
+from ..views import RunView, make_view
+from .cell import CellLauncher, CellRun
+
+__all__ = ["BEAT_SECONDS", "LiveSession", "RankInfo", "SILENCE_SECONDS", "setup_source"]
+
+BEAT_SECONDS = 1.0
+# A rank that hears no beat for this long exits: the notebook (its kernel) is gone.
+SILENCE_SECONDS = float(os.environ.get("HVD_MAGIC_SESSION_SILENCE", "20"))
+
+
+def setup_source(options: RunOptions) -> str:
+    """The set-up cell every rank runs once: the framework's init, ``hvd`` or ``dist`` kept."""
+    if options.launcher == "torch":
+        return (
+            "import torch, torch.distributed as dist\n"
+            "dist.init_process_group('nccl' if torch.cuda.is_available() else 'gloo')\n"
+        )
+    return (
+        "try:\n    import horovod.torch as hvd\nexcept ImportError:\n"
+        "    import horovod.tensorflow as hvd\nhvd.init()\n"
+    )
+
+
+@dataclass
+class RankInfo:
+    started: Started | None = None
+    inbox: bytes = b""  # the rank's receiving connection (from its first RankStatus)
+    status: RankStatus | None = None
+    answers: int = 0  # RankStatus messages so far
+
+
+class LiveSession:
+    """Ranks that stay up across cells. One per kernel (the magic keeps it)."""
+
+    def __init__(self, options: RunOptions, idle: float | None = None) -> None:
+        self.options, self.idle = options, idle
+        self.size = options.ranks
+        self.launcher = launch.create(options)
+        self.hub: Hub | None = None
+        self.ranks: dict[int, RankInfo] = {}
+        self.done: dict[int, set[int]] = {}  # cell -> ranks that finished it
+        self.cells = itertools.count(1)
+        self.lost: str | None = None  # why the session is over, once it is
+        self.began = time.monotonic()
+        self.last_cell = self.began
+        self.running = False
+        self._ended = threading.Event()
+        self._lock = threading.Lock()
+        self._answered = threading.Condition()
+
+    # --- the lifetime -------------------------------------------------------------------
+
+    def start(self, view: RunView | None = None) -> str:
+        """Start the ranks and run the set-up cell on each; a one-line summary."""
+        first = CellPayload(setup_source(self.options), {})
+        blob = cloudpickle.dumps(SessionPayload(first, silence=SILENCE_SECONDS))
+        self.hub = Hub(self.launcher.bind_host, blob)
+        self.hub.taps[Started] = self._started
+        self.hub.taps[CellDone] = self._cell_done
+        self.hub.taps[RankStatus] = self._status
+        cell = CellLauncher(self, 0, list(range(self.size)), b"")
+        view = view or make_view(self.size)
+        for text in self.launcher.notices:
+            view.notice(text)
+        try:
+            CellRun(self.hub, cell, view, self.options).execute()
+        except BaseException:
+            self.end()
+            raise
+        threading.Thread(target=self._beat, name="hvd_magic-beat", daemon=True).start()
+        hosts = sorted({info.started.host for info in self.ranks.values() if info.started})
+        where = "this machine" if self.options.np < 0 else f"{len(hosts)} host{'s' if len(hosts) > 1 else ''}"
+        return (
+            f"live session: {self.size} ranks on {where} ({', '.join(hosts)}), "
+            f"{'torch.distributed' if self.options.launcher == 'torch' else 'Horovod'} initialised, "
+            f"in {time.monotonic() - self.began:.1f} s. %%horovod cells run on it; %horovod stop ends it."
+        )
+
+    @property
+    def live(self) -> bool:
+        return self.lost is None and not self._ended.is_set()
+
+    def end(self) -> list[str]:
+        """Stop every process (and Spark task) of the session; what could not be stopped."""
+        with self._lock:
+            if self._ended.is_set():
+                return []
+            self._ended.set()
+        leftovers = self.launcher.stop()
+        if self.hub is not None:
+            self.hub.close()
+        return leftovers
+
+    # --- cells --------------------------------------------------------------------------
+
+    def run(
+        self,
+        captured: Captured,
+        targets: list[int] | None = None,
+        view: RunView | None = None,
+        options: RunOptions | None = None,
+    ) -> Any:
+        """Run a captured cell or function on ``targets`` (all ranks by default); the value of
+        the lowest of them, and its returned names. ``options``: the session's, or a copy with
+        this cell's ``timeout``."""
+        assert self.hub is not None and self.live
+        targets = sorted(targets if targets is not None else range(self.size))
+        view = view or make_view(self.size)
+        for text in captured.notices:
+            view.notice(text)
+        self.running = True
+        cell = CellLauncher(self, next(self.cells), targets, captured.blob)
+        try:
+            return CellRun(self.hub, cell, view, options or self.options).execute()
+        finally:
+            self.running = False
+            self.last_cell = time.monotonic()
+
+    def dispatch(self, cell: int, targets: list[int], blob: bytes) -> None:
+        """Send ``cell`` to its ranks; for the view they "start" now, as in a run of its own."""
+        assert self.hub is not None
+        while not self.hub.events.empty():  # what came in between cells belongs to none
+            self.hub.events.get_nowait()
+        for rank in range(self.size):
+            started = self.ranks[rank].started
+            assert started is not None
+            self.hub.events.put(Message(started, rank))
+            if rank not in targets:  # not in this cell: done with it at once
+                self.hub.events.put(Message(Exit(0), rank))
+        for rank in targets:
+            self.hub.send_to(self.ranks[rank].inbox, Cell(cell, reply=targets[0]), blob)
+
+    def finished(self, cell: int, ranks: list[int]) -> bool:
+        if cell == 0 and not all(self.ranks.get(rank, RankInfo()).inbox for rank in ranks):
+            return False  # set up, but not yet reachable for cells
+        return set(ranks) <= self.done.get(cell, set())
+
+    def interrupt(self, cell: int, ranks: list[int]) -> None:
+        assert self.hub is not None
+        for rank in ranks:
+            self.hub.send_to(self.ranks[rank].inbox, Interrupt(cell))
+
+    def refresh(self, timeout: float = 2.0) -> None:
+        """Ask every rank for its figures now and wait (up to ``timeout``) for the answers."""
+        assert self.hub is not None
+        with self._answered:
+            asked = {rank: info.answers for rank, info in self.ranks.items()}
+        for info in list(self.ranks.values()):
+            self.hub.send_to(info.inbox, Beat())
+        with self._answered:
+            self._answered.wait_for(
+                lambda: all(self.ranks[rank].answers > count for rank, count in asked.items()), timeout
+            )
+
+    # --- what the ranks say (on the hub's thread) --------------------------------------
+
+    def _started(self, message: Message) -> Message:
+        assert isinstance(message.record, Started)
+        self.ranks.setdefault(message.rank, RankInfo()).started = message.record
+        return message
+
+    def _cell_done(self, message: Message) -> Message:
+        assert isinstance(message.record, CellDone)
+        self.done.setdefault(message.record.id, set()).add(message.rank)
+        return Message(Exit(0 if message.record.ok else 1), message.rank)  # the cell's end, for Run
+
+    def _status(self, message: Message) -> None:
+        assert isinstance(message.record, RankStatus)
+        with self._answered:
+            info = self.ranks.setdefault(message.rank, RankInfo())
+            info.inbox, info.status = message.identity, message.record
+            info.answers += 1
+            self._answered.notify_all()
+
+    def _beat(self) -> None:
+        while not self._ended.wait(BEAT_SECONDS):
+            if self.launcher.poll() is not None and self.lost is None:
+                self.lost = "its processes ended"
+            if self.idle and not self.running and time.monotonic() - self.last_cell > self.idle:
+                self.lost = f"idle for {self.idle:.0f} s (idle=)"
+                self.end()
+                return
+            assert self.hub is not None
+            for info in list(self.ranks.values()):
+                if info.inbox:
+                    self.hub.send_to(info.inbox, Beat())

@@ -1,0 +1,198 @@
+"""A live session's rank (``%horovod start``): it runs the set-up cell, then each cell the
+notebook sends, one after another, in this process's namespace, so that what one cell defines
+the next one finds. It stops when its process is told to (the launcher's stop) or when the
+notebook has been silent for the session's limit (a notebook that died sends no ``Beat``).
+
+Interrupts: the notebook's ``Interrupt`` raises KeyboardInterrupt in the cell it names, and
+only there. The receiving thread sends this process a real SIGINT (a ``time.sleep`` wakes up);
+the handler raises only while the user's code runs (``rank_run.user_call`` is on the stack), so
+an interrupt that comes as a cell ends can never land in the loop between cells.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+import types
+from collections.abc import Callable
+from typing import Any
+
+import cloudpickle
+import psutil
+
+from ..hub import HubClient
+from ..protocol import (
+    Beat,
+    Cell,
+    CellDone,
+    CellPayload,
+    FunctionPayload,
+    Interrupt,
+    RankStatus,
+    SessionPayload,
+)
+from ..rank_run import report_error, run_payload, user_call
+
+__all__ = ["serve"]
+
+EXIT_GRACE = 5.0  # seconds a cell gets to stop after the notebook went silent, before exit
+
+
+class Inbox:
+    """The rank's receiving thread: cells into ``cells`` (None: stop), interrupts to the
+    running cell, every ``Beat`` answered with a ``RankStatus``. It has a connection of its own
+    (its first ``RankStatus`` introduces it), so that waiting for the notebook never holds up
+    what the cell sends on the rank's main connection."""
+
+    def __init__(self, client: HubClient, silence: float) -> None:
+        self.client, self.silence = client, silence
+        self.cells: queue.Queue[tuple[Cell, bytes] | None] = queue.Queue()
+        self.busy = 0  # the cell running, 0 between cells
+        self.finished = 0
+        self.interrupting = 0  # the cell an Interrupt asked to stop
+        self.process = psutil.Process()
+        self.process.cpu_percent()
+        self.client.send(self.status())
+        self._thread = threading.Thread(target=self._loop, name="hvd_magic-session", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        heard = time.monotonic()
+        while True:
+            message = self.client.receive(0.5)
+            now = time.monotonic()
+            if message is None:
+                if now - heard > self.silence:
+                    self._notebook_gone()
+                    return
+                continue
+            heard = now
+            record = message.record
+            if isinstance(record, Cell):
+                self.cells.put((record, message.blob))
+            elif isinstance(record, Interrupt):
+                self.interrupt(record.id)
+            elif isinstance(record, Beat):
+                self.client.send(self.status())
+
+    def interrupt(self, cell: int) -> None:
+        if cell and cell == self.busy:
+            self.interrupting = cell
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+    def status(self) -> RankStatus:
+        try:
+            tree = [self.process, *self.process.children(recursive=True)]
+            rss = sum(p.memory_info().rss for p in tree)
+            cpu = self.process.cpu_percent()
+        except psutil.Error:
+            rss, cpu = 0, 0.0
+        return RankStatus(busy=self.busy, cells=self.finished, rss=rss, cpu=cpu)
+
+    def _notebook_gone(self) -> None:
+        """No beat for the silence limit: the notebook (its kernel) is gone. Stop the cell and
+        leave; a cell stuck where no interrupt reaches (inside a collective) is not waited for."""
+        self.cells.put(None)
+        self.interrupt(self.busy)
+        timer = threading.Timer(EXIT_GRACE, os._exit, args=(75,))
+        timer.daemon = True
+        timer.start()
+
+
+def _in_user_code(frame: types.FrameType | None) -> bool:
+    while frame is not None:
+        if frame.f_code is user_call.__code__:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _sigint_handler(inbox: Inbox) -> Callable[[int, types.FrameType | None], None]:
+    def handle(signum: int, frame: types.FrameType | None) -> None:
+        if inbox.interrupting:  # ours: for one cell, and only while its code runs
+            cell, inbox.interrupting = inbox.interrupting, 0
+            if cell == inbox.busy and _in_user_code(frame):
+                raise KeyboardInterrupt
+            return
+        raise KeyboardInterrupt  # from outside (the launcher stops the rank)
+
+    return handle
+
+
+class Namespace:
+    """The rank's kept namespace (its ``__main__``, as for a cell of a run). A name a session
+    cell assigned belongs to the ranks from then on: the notebook's value of the same name,
+    shipped with a later cell, does not overwrite it; the notebook's other names fill in."""
+
+    def __init__(self) -> None:
+        self.names = sys.modules["__main__"].__dict__
+        self.owned: set[str] = set()
+
+    def prepare(self, payload: Any) -> Any:
+        if isinstance(payload, CellPayload):
+            self.names.update({k: v for k, v in payload.namespace.items() if k not in self.owned})
+            payload.namespace = {}
+        elif isinstance(payload, FunctionPayload):  # its globals are the kept namespace
+            function = payload.function
+            self.names.update({k: v for k, v in function.__globals__.items() if k not in self.owned})
+            payload.function = types.FunctionType(
+                function.__code__, self.names, function.__name__, function.__defaults__, function.__closure__
+            )
+        self._before = {name: id(value) for name, value in self.names.items()}
+        return payload
+
+    def settle(self) -> None:
+        """After a cell: what it assigned is the ranks' own."""
+        self.owned |= {name for name, value in self.names.items() if self._before.get(name) != id(value)}
+
+
+def serve(
+    client: HubClient,
+    connect: Callable[[], HubClient],
+    payload: SessionPayload,
+    rank: int,
+    host: str,
+    sync: Callable[[], None],
+) -> int:
+    """Run the set-up cell, then the notebook's cells until told to stop; the exit code.
+    ``client`` is the rank's connection for what cells send; ``connect`` opens the inbox's."""
+    inbox = Inbox(connect(), payload.silence)
+    signal.signal(signal.SIGINT, _sigint_handler(inbox))
+    loop = _Loop(inbox, client, host, sync)
+    if not loop.run_one(payload.first, 0, reply=rank == 0):
+        return 1  # the set-up failed: the notebook says why and stops the session
+    while (item := inbox.cells.get()) is not None:
+        cell, blob = item
+        try:
+            loaded: Any = cloudpickle.loads(blob)
+        except Exception as err:  # noqa: BLE001 - a cell whose names this rank cannot load
+            loaded = err
+        loop.run_one(loaded, cell.id, reply=rank == cell.reply)
+    return 0
+
+
+class _Loop:
+    def __init__(self, inbox: Inbox, client: HubClient, host: str, sync: Callable[[], None]) -> None:
+        self.inbox, self.client, self.host, self.sync = inbox, client, host, sync
+        self.namespace = Namespace()
+
+    def run_one(self, payload: Any, cell: int, reply: bool) -> bool:
+        """Run one cell; its end (``CellDone``) is sent after all it printed."""
+        self.inbox.busy = cell
+        try:
+            if isinstance(payload, BaseException):
+                report_error(self.client, self.host, payload)
+                ok = False
+            else:
+                ok = run_payload(self.client, self.namespace.prepare(payload), self.host, reply=reply) == 0
+                self.namespace.settle()
+        finally:
+            self.inbox.busy = 0
+        self.inbox.finished += 1
+        self.sync()
+        self.client.send(CellDone(cell, ok))
+        return ok

@@ -1,0 +1,164 @@
+"""Live sessions on this machine: ranks started once (real mpirun, Gloo or torch.distributed,
+real Horovod), cells run on them in kept namespaces; errors, interrupts, status and stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from IPython.core.error import UsageError
+
+from hvd_magic import RankFailedError, RunInterrupted, Session
+from hvd_magic.session import magics as sessions
+
+from .helpers import leftover_processes, wait_for_ranks, when_started
+
+START = {"mpi": "launcher=mpi", "gloo": "launcher=gloo", "torch": "backend=torch"}
+RANK = {"mpi": "hvd.rank()", "gloo": "hvd.rank()", "torch": "dist.get_rank()"}
+SUM = {
+    "mpi": "hvd.allreduce(w, op=hvd.Sum).item()",
+    "gloo": "hvd.allreduce(w, op=hvd.Sum).item()",
+    "torch": "dist.all_reduce(w) or w.item()",
+}
+
+
+@pytest.fixture
+def session(ip):
+    """The shell, with whatever session a test starts stopped afterwards."""
+    yield ip
+    sessions.stop()
+
+
+@pytest.mark.parametrize("kind", ["mpi", "gloo", "torch"])
+def test_state_and_output_stay_with_their_cells_across_three_cells(session, kind, capsys):
+    session.run_line_magic("horovod", f"start np=-2 {START[kind]}")
+    assert "live session: 2 ranks on this machine" in capsys.readouterr().err
+    pids = {rank: info.started.pid for rank, info in sessions.current().ranks.items()}
+    built = f"import torch\nw = torch.tensor([{RANK[kind]} + 1.0])\nprint('built on', {RANK[kind]})\n"
+    session.run_cell_magic("horovod", "", built)
+    first = capsys.readouterr()
+    session.run_cell_magic("horovod", "", "w *= 10\nprint('scaled')")
+    second = capsys.readouterr()
+    assert session.run_cell_magic("horovod", "", SUM[kind]) == 30.0  # (1 + 2) * 10: both cells' work
+    assert "built on 0" in first.out and "built on 1" in first.out and "scaled" not in first.out
+    assert "scaled" in second.out and "built on" not in second.out
+    assert {rank: info.started.pid for rank, info in sessions.current().ranks.items()} == pids  # same ranks
+    session.run_line_magic("horovod", "status")
+    status = capsys.readouterr().out
+    assert "live session: 2 ranks" in status and all(str(pid) in status for pid in pids.values())
+    assert status.count("idle") == 2 and "MB" in status
+    session.run_line_magic("horovod", "stop")
+    assert "its 2 ranks ended" in capsys.readouterr().out
+    assert leftover_processes() == []
+
+
+def test_a_cell_on_some_ranks_and_the_notebooks_names(session):
+    session.run_line_magic("horovod", "start np=-2")
+    session.run_cell("scale = 3.0")  # a notebook name, read by the next cell: it travels
+    session.run_cell_magic("horovod", "", "import torch\nw = torch.tensor([hvd.rank() + 1.0]) * scale")
+    assert session.run_cell_magic("horovod", "rank=1", "w.item()") == 6.0  # rank 1's own value
+    assert session.run_cell_magic("horovod", "ranks=0,1", "w.item()") == 3.0  # the lowest rank's
+    session.run_cell("w = 'the notebook has a w too'")
+    assert session.run_cell_magic("horovod", "", "w.item()") == 3.0  # the ranks' w is theirs
+    with pytest.raises(UsageError, match="ranks 0 to 1"):
+        session.run_cell_magic("horovod", "rank=2", "1")
+    with pytest.raises(UsageError, match="env= is set when the session starts"):
+        session.run_cell_magic("horovod", "env=A=1", "1")
+
+
+def test_a_failed_cell_leaves_the_session_usable_when_the_ranks_are_in_step(session):
+    session.run_line_magic("horovod", "start np=-2")
+    session.run_cell_magic("horovod", "", "import torch\nw = torch.tensor([hvd.rank() + 1.0])")
+    with pytest.raises(RankFailedError, match="rank 1") as info:
+        session.run_cell_magic("horovod", "", "if hvd.rank() == 1:\n    raise ValueError('bad row')\n1")
+    assert "ValueError: bad row" in str(info.value)
+    assert session.run_cell_magic("horovod", "", "hvd.allreduce(w, op=hvd.Sum).item()") == 3.0
+
+
+def test_a_rank_left_in_a_collective_ends_the_session_and_the_next_cell_starts_anew(session, capsys):
+    session.run_line_magic("horovod", "start np=-2")
+    session.run_cell_magic("horovod", "", "import torch\nw = torch.tensor([1.0])")
+    old = sorted(info.started.pid for info in sessions.current().ranks.values())
+    started = time.monotonic()
+    cell = "if hvd.rank() == 1:\n    raise ValueError('bad row')\nhvd.allreduce(w).item()"  # rank 0 waits
+    with pytest.raises(RankFailedError, match="rank 1") as info:
+        session.run_cell_magic("horovod", "", cell)
+    assert time.monotonic() - started < 60
+    assert any("the live session ended" in note for note in info.value.__notes__)
+    capsys.readouterr()
+    assert session.run_cell_magic("horovod", "", "'w' in globals()") is False  # a new session
+    assert "starting a new one" in capsys.readouterr().err
+    assert sorted(info.started.pid for info in sessions.current().ranks.values()) != old
+
+
+def test_an_interrupt_stops_the_cell_and_keeps_the_state(session, tmp_path):
+    session.run_line_magic("horovod", "start np=-2")
+    session.run_cell_magic("horovod", "", "import torch\nw = torch.tensor([hvd.rank() + 1.0])")
+    waiting = f"import pathlib, time\npathlib.Path({str(tmp_path)!r}, f'started-{{hvd.rank()}}').touch()\n"
+    waiting += "while True:\n    time.sleep(0.1)\n"
+    pressed: list[float] = []
+    when_started(tmp_path, 2, lambda: (pressed.append(time.monotonic()), os.kill(os.getpid(), signal.SIGINT)))
+    with pytest.raises(RunInterrupted) as info:
+        session.run_cell_magic("horovod", "", waiting)
+    assert time.monotonic() - pressed[0] < 5
+    assert any("state is kept" in note for note in info.value.__notes__)
+    assert session.run_cell_magic("horovod", "", "hvd.allreduce(w, op=hvd.Sum).item()") == 3.0
+
+
+def test_an_interrupt_inside_a_collective_returns_and_the_next_cell_starts_anew(session, tmp_path):
+    session.run_line_magic("horovod", "start np=-2")
+    cell = "import pathlib, time, torch\n"
+    cell += f"pathlib.Path({str(tmp_path)!r}, f'started-{{hvd.rank()}}').touch()\n"
+    cell += "if hvd.rank() == 1:\n    time.sleep(3600)\nhvd.allreduce(torch.tensor([1.0]))"  # rank 0 is stuck
+    pressed: list[float] = []
+    when_started(tmp_path, 2, lambda: (pressed.append(time.monotonic()), os.kill(os.getpid(), signal.SIGINT)))
+    with pytest.raises(RunInterrupted) as info:
+        session.run_cell_magic("horovod", "", cell)
+    assert time.monotonic() - pressed[0] < 10
+    assert any("the live session ended" in note for note in info.value.__notes__)
+    assert wait_for_ranks(tmp_path, 2, timeout=1)
+    assert session.run_cell_magic("horovod", "", "hvd.size()") == 2
+
+
+def test_one_session_a_kernel_and_np_on_a_cell_runs_apart(session, capsys):
+    session.run_line_magic("horovod", "start np=-2")
+    with pytest.raises(UsageError, match="a live session is running"):
+        session.run_line_magic("horovod", "start np=-2")
+    session.run_cell_magic("horovod", "", "kept = 1")
+    capsys.readouterr()
+    assert session.run_cell_magic("horovod", "np=-2", "'kept' in globals()") is False  # a job of its own
+    assert "np= makes this cell a job of its own" in capsys.readouterr().err
+    assert session.run_cell_magic("horovod", "", "kept") == 1
+    with pytest.raises(UsageError, match="usage: %horovod start"):
+        session.run_line_magic("horovod", "frobnicate")
+
+
+def test_without_a_session_a_cell_needs_np(session):
+    with pytest.raises(UsageError, match="np= is required"):
+        session.run_cell_magic("horovod", "", "1")
+
+
+def test_a_session_from_python_keeps_globals_between_calls():
+    def build(scale):
+        global w
+        import horovod.torch as hvd
+        import torch
+
+        w = torch.tensor([hvd.rank() + 1.0]) * scale
+
+    def total():
+        import horovod.torch as hvd
+
+        return hvd.allreduce(w, op=hvd.Sum).item()  # noqa: F821 - built by the call before
+
+    def mine():
+        return w.item()  # noqa: F821
+
+    with Session(np=-2) as session:
+        session.run(build, scale=2.0)
+        assert session.run(total) == 6.0
+        assert session.run(mine, ranks=[1]) == 4.0
+        assert "2 ranks" in session.status()
+    assert leftover_processes() == []
