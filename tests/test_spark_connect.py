@@ -194,6 +194,22 @@ def test_more_ranks_than_slots_fails_fast_on_a_connect_session(connect):
     assert time.monotonic() - started < 60  # Spark would retry the barrier stage for 10 minutes
 
 
+def test_a_live_session_on_a_connect_session(connect):
+    started = connect.run("%horovod start np=2")
+    assert started.status == "ok" and any("live session: 2 ranks" in text for text in started.shown), started
+    try:
+        assert connect.run("%%horovod\nimport torch\nw = torch.tensor([hvd.rank() + 1.0])").status == "ok"
+        assert connect.run("%%horovod\nw *= 10").status == "ok"
+        total = connect.run("%%horovod\nhvd.allreduce(w, op=hvd.Sum).item()")
+        assert total.value == "30.0", total
+    finally:
+        stopped = connect.run("%horovod stop")
+    assert any("its 2 ranks ended" in text for text in stopped.shown), stopped
+    assert run_processes_anywhere() == []
+    again = connect.run(f"%%horovod np=2\n{ALLREDUCE}")
+    assert again.value == "(0, 2, 3.0)", again  # the session's slots are free
+
+
 ESTIMATOR = """
 import pandas as pd, torch
 from sklearn.datasets import load_digits

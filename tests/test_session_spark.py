@@ -1,0 +1,70 @@
+"""Live sessions on a real local-cluster (two executor JVMs): the ranks live in one barrier
+stage that stays up across cells; stop frees the slots. And a notebook that goes silent (its
+kernel stopped) is left by its ranks on their own."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+from jupyter_client.manager import start_new_kernel
+
+from hvd_magic.launch.spark_session import check_slots
+from hvd_magic.session import magics as sessions
+
+from .helpers import executor_processes, gone_within, run_processes_anywhere
+from .kernels import Kernel
+from .spark_fixtures import spark_session
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    conf = {"spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "1"}
+    with spark_session("local-cluster[2,1,1024]", conf) as session:
+        check_slots(session, 2, wait=60)  # executors register after the session starts
+        yield session
+
+
+def test_a_session_on_spark_keeps_its_ranks_in_the_executors_and_frees_the_slots(ip, cluster, capsys):
+    try:
+        ip.run_line_magic("horovod", "start np=2")
+        assert "live session: 2 ranks" in capsys.readouterr().err
+        pids = sorted(info.started.pid for info in sessions.current().ranks.values())
+        in_executors = {child.pid for e in executor_processes() for child in e.children(recursive=True)}
+        assert set(pids) <= in_executors  # the ranks are the executors' children: a barrier stage
+        ip.run_cell_magic("horovod", "", "import os, torch\nw = torch.tensor([hvd.rank() + 1.0])")
+        ip.run_cell_magic("horovod", "", "w *= 10")
+        assert ip.run_cell_magic("horovod", "", "hvd.allreduce(w, op=hvd.Sum).item()") == 30.0
+        assert sorted(ip.run_cell_magic("horovod", "", "hvd.allgather_object(os.getpid())")) == pids
+    finally:
+        ip.run_line_magic("horovod", "stop")
+    assert gone_within(30) == []
+    cold = "import horovod.torch as hvd, torch\nhvd.init()\n"
+    cold += "hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item()"
+    assert ip.run_cell_magic("horovod", "np=2", cold) == 2.0  # the slots are free again
+
+
+def test_ranks_leave_a_notebook_that_went_silent(tmp_path):
+    """A kernel that stops answering (stopped here; dead, on a cluster whose driver outlives it)
+    sends no beats: its ranks exit on their own after the silence limit."""
+    env = {**os.environ, "HVD_MAGIC_SESSION_SILENCE": "3"}
+    manager, client = start_new_kernel(kernel_name="python3", cwd=str(tmp_path), env=env)
+    kernel = Kernel(manager, client)
+    try:
+        assert kernel.run("%load_ext hvd_magic\n%horovod start np=-2 launcher=gloo").status == "ok"
+        assert kernel.run("%%horovod\nimport os\nos.getpid()").status == "ok"
+        ranks = [p for p in kernel.processes() if "hvd_magic.worker" in " ".join(p.cmdline())]
+        assert len(ranks) == 2
+        os.kill(manager.provisioner.process.pid, signal.SIGSTOP)
+        try:
+            assert gone_within(30) == []  # 3 s of silence, then the ranks leave
+        finally:
+            os.kill(manager.provisioner.process.pid, signal.SIGCONT)
+        outcome = kernel.run("%%horovod\n'w' in globals()")
+        assert outcome.status == "ok" and outcome.value == "False"  # the next cell starts anew
+        assert any("starting a new one" in text for text in outcome.shown)
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+    assert run_processes_anywhere() == []
