@@ -27,3 +27,4 @@ bench: setup
 	$(PY) bench/connect_launch.py
 	$(PY) bench/estimator.py
 	$(PY) bench/doctor.py
+	$(PY) bench/session.py --spark
