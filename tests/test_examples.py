@@ -128,6 +128,7 @@ def final_records(notebook: nbformat.NotebookNode) -> list[str]:
         ("mnist_estimator.ipynb", 0.9),
         ("mnist_ddp.ipynb", 0.8),
         ("mnist_keras.ipynb", 0.95),
+        ("mnist_session.ipynb", 0.9),
     ],
 )
 def test_example_notebooks_run_headless(notebook, bound, tmp_path):
@@ -136,6 +137,9 @@ def test_example_notebooks_run_headless(notebook, bound, tmp_path):
     if notebook == "mnist_keras.ipynb":
         assert f"data: {mnist_data.mnist_source()}" in printed  # the notebook says which MNIST
     assert "hvd_magic: 2 ranks" in printed  # the run's record, as the notebook keeps it
+    if notebook == "mnist_session.ipynb":  # built once, trained in two cells on the same ranks
+        assert "live session: 2 ranks" in printed and "after 2 epochs" in printed
+        assert "live session stopped: its 2 ranks ended" in printed
     assert final_records(saved), "the saved notebook lost the runs' final records"
 
 
