@@ -28,10 +28,13 @@ __all__ = [
     "RunTimeout",
     "Session",
     "TorchDistributor",
+    "checkpoint",
     "load_ipython_extension",
     "progress",
     "report",
+    "resume",
     "shard",
+    "stopping",
     "timeline",
 ]
 
@@ -46,6 +49,10 @@ def __getattr__(name: str) -> object:
         from .distributor import TorchDistributor
 
         return TorchDistributor
+    if name in ("checkpoint", "resume", "stopping"):  # keeping a long run's work, from a rank
+        from . import checkpoints
+
+        return getattr(checkpoints, name)
     if name == "Session":  # a live session from Python: ranks kept across calls
         from .session.api import Session
 

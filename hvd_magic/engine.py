@@ -23,12 +23,15 @@ import cloudpickle
 
 from . import diagnosis, launch, stalls
 from .capture import Captured
+from .checkpoint_store import CheckpointStore
 from .errors import RunError, RunInterrupted
+from .graceful import GracefulStop
 from .hub import Hub
 from .launch import Launcher
 from .options import RunOptions
-from .protocol import ENV_HUB, ENV_TOKEN, Message
+from .protocol import ENV_HUB, ENV_TOKEN, Message, ResumeRequest
 from .rank_files import RankFiles
+from .retry import Attempts, HeldView
 from .run_record import RunRecord
 from .timeline.live import live_timeline
 from .views import RunView, make_view
@@ -72,14 +75,28 @@ def execute(captured: Captured, options: RunOptions, view: RunView | None = None
             f"timeline on, written to {options.timeline}: recording it slows training "
             "(HorovodRunner's docs measured ~40 % for Inception3)"
         )
+    store = CheckpointStore(options.checkpoint_dir)
+    attempts = Attempts(options, view, store)
+    shown = HeldView(view) if options.retries else view
     try:
-        launcher = launch.create(options)
-    except KeyboardInterrupt:
-        raise RunInterrupted("interrupted before any rank started; nothing was launched.") from None
-    for text in launcher.notices:
-        view.notice(text)
-    hub = Hub(launcher.bind_host, captured.blob)
-    return Run(hub, launcher, view, options).execute()
+        while True:
+            try:
+                launcher = attempts.launcher(launch.create, options, START_TIMEOUT)
+            except KeyboardInterrupt:
+                raise RunInterrupted("interrupted before any rank started; nothing was launched.") from None
+            for text in launcher.notices:
+                view.notice(text)
+            run = Run(Hub(launcher.bind_host, captured.blob), launcher, shown, options, store)
+            try:
+                value = run.execute()
+            except BaseException as err:  # noqa: BLE001 - raised again unless the run may start again
+                attempts.failed(err, run.record, launcher.deaths())
+                continue
+            attempts.succeeded()
+            return value
+    finally:
+        if shown is not view:
+            view.close()
 
 
 class Run:
@@ -94,12 +111,16 @@ class Run:
         launcher: Launcher,
         view: RunView,
         options: RunOptions,
+        store: CheckpointStore | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.hub, self.launcher, self.view, self.options, self.clock = hub, launcher, view, options, clock
         now = clock()
         self.record = RunRecord(options.ranks, began=now, last_message=now)
-        self.files = RankFiles(options.timeline, options.files_dir)
+        self.files = RankFiles(options.timeline, options.files_dir, store)
+        self.stopper = GracefulStop(hub, view, store, clock)
+        if store is not None:
+            hub.responders[ResumeRequest] = store.answer
         self.stall_seconds = stall_seconds(options)
         self.live_timeline = live_timeline(options.timeline, view, self.files.writing_timeline, options.env)
 
@@ -110,7 +131,7 @@ class Run:
         error: BaseException | None = None
         try:
             self.launcher.start(self.hub, rank_env(self.options, self.hub))
-            value = self._supervise()
+            value = self.stopper.supervise(self._supervise)
         except KeyboardInterrupt:
             error = self._interrupted()
         except BaseException as err:  # noqa: BLE001 - raised again below, after the stop
@@ -184,6 +205,7 @@ class Run:
         now = self.clock()
         if self.record.never_started() and now - self.record.began > START_TIMEOUT:
             raise diagnosis.start_timeout(self.record, START_TIMEOUT)
+        self.stopper.check(now)
         timeout = self.options.timeout
         if timeout and now - self.record.last_message > timeout:
             raise diagnosis.silence_timeout(self.record, timeout, now)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
-from .protocol import CONTROL_RECORDS, Hello, Message, Payload, Record, decode, encode
+from .protocol import CONTROL_RECORDS, Hello, Message, Payload, RankStatus, Record, decode, encode
 
 __all__ = ["CurveServer", "Hub", "HubClient", "RunKeys"]
 
@@ -162,7 +162,13 @@ class Hub(CurveServer):
         self.payload = payload
         self.responders: dict[type[Record], Responder] = {}
         self.taps: dict[type[Record], Tap] = {}
+        self.inboxes: dict[int, bytes] = {}  # each rank's receiving connection (its RankStatus's)
         super().__init__(bind_host, RunKeys.generate(), "hvd_magic-hub")
+
+    def tell_all(self, record: Record) -> None:
+        """Send ``record`` to every rank's inbox that introduced itself."""
+        for identity in list(self.inboxes.values()):
+            self.send_to(identity, record)
 
     def handle(self, message: Message) -> None:
         responder = self.responders.get(type(message.record))
@@ -171,6 +177,8 @@ class Hub(CurveServer):
             return
         if isinstance(message.record, Hello):
             self.send_to(message.identity, Payload(), self.payload)
+        elif isinstance(message.record, RankStatus):
+            self.inboxes[message.rank] = message.identity
         tap = self.taps.get(type(message.record))
         if tap is not None:
             tapped = tap(message)

@@ -34,6 +34,8 @@ OPTIONS = (
     "rank",
     "ranks",
     "idle",
+    "retries",
+    "checkpoint_dir",
 )
 USAGE = (
     "usage: %%horovod np=N [launcher=mpi|gloo | backend=torch] [env=K=V,...] [return=a,b] [timeout=SECONDS] "
@@ -91,6 +93,8 @@ class HorovodMagics(Magics):
         choices=["yes", "no"],
         help="np=-N: allow more than 4 local ranks a CPU core (refused otherwise, as a likely typo)",
     )
+    @argument("--retries", help="start again (from the last checkpoint) up to N times after a lost rank")
+    @argument("--checkpoint_dir", help="where hvd_magic.checkpoint() keeps them: a folder or fsspec URL")
     @argument("--rank", help="live session: run the cell on this rank only (it must not call collectives)")
     @argument("--ranks", help="live session: run the cell on these ranks only: 0,2")
     @argument("--idle", help="%%horovod start: end the session after this many seconds without a cell")
@@ -156,6 +160,8 @@ class HorovodMagics(Magics):
             remainder=args.remainder,
             backend=args.backend,
             oversubscribe=args.oversubscribe,
+            retries=args.retries,
+            checkpoint_dir=args.checkpoint_dir,
         )
 
     def _session_verb(self, line: str) -> Any:

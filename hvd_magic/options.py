@@ -28,6 +28,8 @@ class RunOptions:
     keep_remainder: bool = False  # remainder=keep: the last total % np rows go to the first ranks
     files_dir: str | None = None  # where files rank 0 sends (send_file) are written; None: refused
     notices: list[str] = field(default_factory=list)  # told in the cell before the run starts
+    retries: int = 0  # times a run that lost a rank (not to the user's code) starts again
+    checkpoint_dir: str | None = None  # where hvd_magic.checkpoint() keeps them; None: a temporary folder
 
     @property
     def ranks(self) -> int:
@@ -79,6 +81,28 @@ def check_local_ranks(np: int, oversubscribe: bool, cores: int) -> list[str]:
         f"np={np} runs {ranks} ranks on this machine's {cores} CPU core{'s' if cores > 1 else ''}: they take "
         "turns on the cores (one thread each), fine for trying code, slower for training."
     ]
+
+
+def parse_retries(value: object) -> int:
+    if value is None:
+        return 0
+    try:
+        retries = int(str(value))
+    except ValueError:
+        raise OptionError(f"retries must be a whole number, got {value!r}") from None
+    if retries < 0:
+        raise OptionError(f"retries must be 0 or more, got {retries}")
+    return retries
+
+
+def parse_checkpoint_dir(value: str | None) -> str | None:
+    if not value or "://" in value:
+        return value or None  # a URL is checked when the run opens it (fsspec)
+    folder = os.path.abspath(os.path.expanduser(value))
+    parent = os.path.dirname(folder)
+    if not os.path.isdir(folder) and not os.path.isdir(parent):
+        raise OptionError(f"checkpoint_dir={value}: neither it nor its folder {parent} exists; make it first")
+    return folder
 
 
 def parse_oversubscribe(value: object) -> bool:
@@ -181,6 +205,8 @@ def make_options(
     remainder: str | None = None,
     backend: str | None = None,
     oversubscribe: object = None,
+    retries: object = None,
+    checkpoint_dir: str | None = None,
 ) -> RunOptions:
     np_value = parse_np(np)
     notices = check_local_ranks(np_value, parse_oversubscribe(oversubscribe), machine_cores())
@@ -206,6 +232,8 @@ def make_options(
         data_name=data_name,
         keep_remainder=parse_remainder(remainder),
         notices=notices,
+        retries=parse_retries(retries),
+        checkpoint_dir=parse_checkpoint_dir(checkpoint_dir),
     )
 
 

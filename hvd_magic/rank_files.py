@@ -3,8 +3,10 @@
 - its Horovod Timeline (``FileChunk("timeline")``: whole events, see ``timeline.stream``) goes
   to the path the user asked for, as a JSON array that is always whole but for its closing
   ``]``, which ``close`` writes when the run ends, whether or not rank 0 lived to say so;
+- ``hvd_magic.checkpoint``'s go to the run's ``CheckpointStore``, which keeps the last;
 - other files (``reporting.send_file``: an estimator's checkpoints) go into the run's
-  ``files_dir``, each under a temporary name until its last chunk arrived.
+  ``files_dir``.
+Both under a temporary name until their last chunk arrived: a torn file never has its name.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import os
 from typing import BinaryIO
 
+from .checkpoint_store import PREFIX, CheckpointStore
 from .protocol import FileChunk, Message
 
 __all__ = ["RankFiles", "TimelineCopy"]
@@ -52,9 +55,11 @@ class TimelineCopy:
 class RankFiles:
     """Routes rank 0's ``FileChunk`` messages to the timeline copy or to ``files_dir``."""
 
-    def __init__(self, timeline: str | None, files_dir: str | None) -> None:
+    def __init__(
+        self, timeline: str | None, files_dir: str | None, checkpoints: CheckpointStore | None = None
+    ) -> None:
         self.timeline = TimelineCopy(timeline) if timeline else None
-        self.files_dir = files_dir
+        self.files_dir, self.checkpoints = files_dir, checkpoints
         self.started: set[str] = set()
 
     def take(self, message: Message) -> None:
@@ -77,6 +82,8 @@ class RankFiles:
         if record.last:
             os.replace(partial, path)
             self.started.discard(record.name)
+            if self.checkpoints is not None and record.name.startswith(PREFIX):
+                self.checkpoints.landed(path)
 
     def writing_timeline(self) -> bool:
         """Whether this run's timeline has begun arriving (until then the path may hold an
@@ -89,6 +96,9 @@ class RankFiles:
             self.timeline.close()
 
     def _path(self, name: str) -> str | None:
-        if self.files_dir is None or os.path.basename(name) != name or name.startswith("."):
+        folder = self.files_dir
+        if name.startswith(PREFIX):
+            folder = self.checkpoints.folder if self.checkpoints is not None else None
+        if folder is None or os.path.basename(name) != name or name.startswith("."):
             return None  # nobody asked for files, or a name that would leave the folder
-        return os.path.join(self.files_dir, name)
+        return os.path.join(folder, name)

@@ -67,6 +67,11 @@ def _attach(client: HubClient) -> None:
     _reporter = _Reporter(client)
 
 
+def current() -> _Reporter | None:
+    """This rank's reporter inside a run (its ``client`` is the rank's connection), else None."""
+    return _reporter
+
+
 def _detach() -> None:
     global _reporter
     reporter, _reporter = _reporter, None

@@ -43,6 +43,8 @@ class HorovodRunner:
         remainder: str | None = None,
         backend: str | None = None,
         oversubscribe: bool = False,
+        retries: int = 0,
+        checkpoint_dir: str | None = None,
     ) -> None:
         try:
             self.options = make_options(
@@ -57,6 +59,8 @@ class HorovodRunner:
                 remainder,
                 backend=backend,
                 oversubscribe=oversubscribe,
+                retries=retries,
+                checkpoint_dir=checkpoint_dir,
             )
         except OptionError as err:
             raise ValueError(str(err)) from None

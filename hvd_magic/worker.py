@@ -16,7 +16,7 @@ import socket
 import sys
 from collections.abc import Callable
 
-from . import reporting
+from . import rank_inbox, reporting
 from .hub import HubClient
 from .launch.processes import die_with_parent
 from .protocol import (
@@ -29,6 +29,7 @@ from .protocol import (
     SessionPayload,
     Started,
 )
+from .rank_inbox import Inbox
 from .rank_output import OutputForwarder
 from .rank_run import load_payload, report_error, run_payload
 from .stalls import WaitWatch
@@ -82,10 +83,12 @@ def _run(
     except BaseException as err:  # noqa: BLE001 - reported, then we exit
         report_error(client, host, err)
         return 1
+    inbox = Inbox(connect(), payload.silence if isinstance(payload, SessionPayload) else None)
+    rank_inbox.attach(inbox)
     if isinstance(payload, SessionPayload):
         from .session.rank import serve
 
-        return serve(client, connect, payload, rank, host, forwarder.sync)
+        return serve(client, inbox, payload, rank, host, forwarder.sync)
     return run_payload(client, payload, host, reply=rank == 0)
 
 

@@ -43,7 +43,7 @@ def run(
 ):
     hub, view = FakeHub(), RecordingView()
     options = make_options(-ranks, "gloo", timeout=timeout, timeline=timeline)
-    supervisor = Run(hub, launcher, view, options, SteppingClock(step))
+    supervisor = Run(hub, launcher, view, options, clock=SteppingClock(step))
     supervisor.wait = 0.001
     return supervisor, hub, view
 

@@ -29,10 +29,13 @@ PUBLIC = [
     "RunTimeout",
     "Session",
     "TorchDistributor",
+    "checkpoint",
     "load_ipython_extension",
     "progress",
     "report",
+    "resume",
     "shard",
+    "stopping",
     "timeline",
 ]
 
@@ -79,6 +82,12 @@ def test_public_names_are_the_real_objects() -> None:
     assert hvd_magic.report is reporting.report
     assert hvd_magic.progress is callbacks.progress
     assert hvd_magic.HorovodRunner is runner.HorovodRunner
+    from hvd_magic import checkpoints
+
+    assert (hvd_magic.checkpoint, hvd_magic.resume) == (checkpoints.checkpoint, checkpoints.resume)
+    assert hvd_magic.stopping is checkpoints.stopping
+    outside_a_run = (hvd_magic.checkpoint({}, step=1), hvd_magic.resume(), hvd_magic.stopping())
+    assert outside_a_run == (False, None, False)
     assert hvd_magic.Session is __import__("hvd_magic.session.api").session.api.Session
     assert hvd_magic.TorchDistributor is distributor.TorchDistributor
     assert isinstance(hvd_magic.timeline, types.ModuleType)

@@ -62,6 +62,10 @@ EXAMPLES = {
     Kind.INTERRUPT: protocol.Interrupt(7),
     Kind.BEAT: protocol.Beat(),
     Kind.RANK_STATUS: protocol.RankStatus(busy=7, cells=3, rss=123_456_789, cpu=87.5),
+    Kind.RESUME: protocol.ResumeRequest(4),
+    Kind.RESUMED: protocol.ResumeAnswer(4, step=1200, found=True),
+    Kind.STOP_ASKED: protocol.StopAsked(),
+    Kind.POLLING: protocol.Polling(),
 }
 
 

@@ -6,6 +6,12 @@ travel (``wire``), environment names (``env``), payloads (``payload``) and the S
 
 from __future__ import annotations
 
+from .control_messages import (
+    Polling,
+    ResumeAnswer,
+    ResumeRequest,
+    StopAsked,
+)
 from .env import (
     ENV_AGENT_TOKEN,
     ENV_AGENTS,
@@ -112,6 +118,7 @@ __all__ = [
     "Ping",
     "Plan",
     "PlanHost",
+    "Polling",
     "Pong",
     "RankError",
     "RankStatus",
@@ -120,10 +127,13 @@ __all__ = [
     "Release",
     "Reports",
     "Result",
+    "ResumeAnswer",
+    "ResumeRequest",
     "SessionPayload",
     "SparkPlan",
     "Stall",
     "Started",
+    "StopAsked",
     "Stopped",
     "StoreAnswer",
     "StoreRequest",

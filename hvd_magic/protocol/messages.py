@@ -36,11 +36,15 @@ cell_done      session rank → hub       ``CellDone``        —
 interrupt      hub → session rank       ``Interrupt``       —
 beat           hub → session rank       ``Beat``            —
 rank_status    session rank → hub       ``RankStatus``      —
+resume         rank → hub               ``ResumeRequest``   —
+resumed        hub → rank               ``ResumeAnswer``    the latest checkpoint
+stop_asked     hub → rank               ``StopAsked``       —
+polling        rank → hub               ``Polling``         —
 =============  =======================  ==================  ================================
 
 A new kind is one ``Kind`` member, one record class (the ranks' here, the Spark tasks' and the
-exec agents' in ``task_messages``, a live session's in ``session_messages``) and one row in
-this table.
+exec agents' in ``task_messages``, a live session's in ``session_messages``, checkpoints' and
+graceful stops' in ``control_messages``) and one row in this table.
 """
 
 from __future__ import annotations
@@ -88,6 +92,10 @@ class Kind(str, Enum):
     INTERRUPT = "interrupt"
     BEAT = "beat"
     RANK_STATUS = "rank_status"
+    RESUME = "resume"
+    RESUMED = "resumed"
+    STOP_ASKED = "stop_asked"
+    POLLING = "polling"
 
 
 class Record:

@@ -11,96 +11,20 @@ an interrupt that comes as a cell ends can never land in the loop between cells.
 
 from __future__ import annotations
 
-import os
-import queue
 import signal
 import sys
-import threading
-import time
 import types
 from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
-import psutil
 
 from ..hub import HubClient
-from ..protocol import (
-    Beat,
-    Cell,
-    CellDone,
-    CellPayload,
-    FunctionPayload,
-    Interrupt,
-    RankStatus,
-    SessionPayload,
-)
+from ..protocol import CellDone, CellPayload, FunctionPayload, SessionPayload
+from ..rank_inbox import Inbox
 from ..rank_run import report_error, run_payload, user_call
 
 __all__ = ["serve"]
-
-EXIT_GRACE = 5.0  # seconds a cell gets to stop after the notebook went silent, before exit
-
-
-class Inbox:
-    """The rank's receiving thread: cells into ``cells`` (None: stop), interrupts to the
-    running cell, every ``Beat`` answered with a ``RankStatus``. It has a connection of its own
-    (its first ``RankStatus`` introduces it), so that waiting for the notebook never holds up
-    what the cell sends on the rank's main connection."""
-
-    def __init__(self, client: HubClient, silence: float) -> None:
-        self.client, self.silence = client, silence
-        self.cells: queue.Queue[tuple[Cell, bytes] | None] = queue.Queue()
-        self.busy = 0  # the cell running, 0 between cells
-        self.finished = 0
-        self.interrupting = 0  # the cell an Interrupt asked to stop
-        self.process = psutil.Process()
-        self.process.cpu_percent()
-        self.client.send(self.status())
-        self._thread = threading.Thread(target=self._loop, name="hvd_magic-session", daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        heard = time.monotonic()
-        while True:
-            message = self.client.receive(0.5)
-            now = time.monotonic()
-            if message is None:
-                if now - heard > self.silence:
-                    self._notebook_gone()
-                    return
-                continue
-            heard = now
-            record = message.record
-            if isinstance(record, Cell):
-                self.cells.put((record, message.blob))
-            elif isinstance(record, Interrupt):
-                self.interrupt(record.id)
-            elif isinstance(record, Beat):
-                self.client.send(self.status())
-
-    def interrupt(self, cell: int) -> None:
-        if cell and cell == self.busy:
-            self.interrupting = cell
-            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
-
-    def status(self) -> RankStatus:
-        try:
-            tree = [self.process, *self.process.children(recursive=True)]
-            rss = sum(p.memory_info().rss for p in tree)
-            cpu = self.process.cpu_percent()
-        except psutil.Error:
-            rss, cpu = 0, 0.0
-        return RankStatus(busy=self.busy, cells=self.finished, rss=rss, cpu=cpu)
-
-    def _notebook_gone(self) -> None:
-        """No beat for the silence limit: the notebook (its kernel) is gone. Stop the cell and
-        leave; a cell stuck where no interrupt reaches (inside a collective) is not waited for."""
-        self.cells.put(None)
-        self.interrupt(self.busy)
-        timer = threading.Timer(EXIT_GRACE, os._exit, args=(75,))
-        timer.daemon = True
-        timer.start()
 
 
 def _in_user_code(frame: types.FrameType | None) -> bool:
@@ -151,16 +75,10 @@ class Namespace:
 
 
 def serve(
-    client: HubClient,
-    connect: Callable[[], HubClient],
-    payload: SessionPayload,
-    rank: int,
-    host: str,
-    sync: Callable[[], None],
+    client: HubClient, inbox: Inbox, payload: SessionPayload, rank: int, host: str, sync: Callable[[], None]
 ) -> int:
     """Run the set-up cell, then the notebook's cells until told to stop; the exit code.
-    ``client`` is the rank's connection for what cells send; ``connect`` opens the inbox's."""
-    inbox = Inbox(connect(), payload.silence)
+    ``client`` is the rank's connection for what cells send; ``inbox`` receives the cells."""
     signal.signal(signal.SIGINT, _sigint_handler(inbox))
     loop = _Loop(inbox, client, host, sync)
     if not loop.run_one(payload.first, 0, reply=rank == 0):

@@ -1,0 +1,71 @@
+"""A stop that keeps the work: the first interrupt of a run whose ranks poll
+``hvd_magic.stopping()`` asks them to stop at their next step boundary (they write a final
+checkpoint and the run ends with rank 0's value); if they have not within ``GRACE_SECONDS``, or
+at a second interrupt, the run is stopped at once, as any other run is at its first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .protocol import Message, Polling, RankStatus, StopAsked
+
+if TYPE_CHECKING:
+    from .checkpoint_store import CheckpointStore
+    from .views import RunView
+
+__all__ = ["GRACE_SECONDS", "GracefulStop"]
+
+GRACE_SECONDS = 5.0
+
+
+class GracefulStop:
+    def __init__(
+        self,
+        hub: Any,
+        view: RunView,
+        store: CheckpointStore | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.hub, self.view, self.store, self.clock = hub, view, store, clock
+        self.polls = False  # a rank called stopping(): this run can stop at a step boundary
+        self.asked_at: float | None = None
+        taps = getattr(hub, "taps", None)
+        if taps is not None:  # a real hub (tests drive Run with in-memory ones)
+            taps[Polling] = self._polling
+            taps.setdefault(RankStatus, lambda message: None)  # a live session taps these itself
+
+    def _polling(self, message: Message) -> None:
+        self.polls = True
+
+    def supervise(self, supervise: Callable[[], Any]) -> Any:
+        """Run ``supervise``; the first interrupt of a run that polls asks the ranks to stop."""
+        while True:
+            try:
+                value = supervise()
+            except KeyboardInterrupt:
+                if self.asked_at is not None or not self.polls:
+                    raise
+                self.asked_at = self.clock()
+                self.hub.tell_all(StopAsked())
+                self.view.notice(
+                    "stopping at the next step boundary: the ranks write a final checkpoint and the cell "
+                    f"returns rank 0's value (interrupt again to stop at once; at once anyway after "
+                    f"{GRACE_SECONDS:.0f} s)"
+                )
+                continue
+            if self.asked_at is not None:
+                store = self.store
+                steps = store.steps() if store is not None else []
+                where = ""
+                if store is not None and steps:
+                    where = f" at step {steps[-1]:,}; its checkpoint is in {store.target}"
+                self.view.notice(f"stopped on request{where}")
+            return value
+
+    def check(self, now: float) -> None:
+        """Past the grace after a stop was asked: stop at once."""
+        if self.asked_at is not None and now - self.asked_at > GRACE_SECONDS:
+            raise KeyboardInterrupt

@@ -1,0 +1,197 @@
+"""Long runs that survive: checkpoints kept whole in the notebook, retries=N after a lost rank
+(real ranks killed with SIGKILL), never after the user's own exception, and a first interrupt
+that stops at a step boundary and returns the model."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from hvd_magic import RankFailedError, RunError, RunInterrupted
+from hvd_magic.checkpoint_store import CheckpointStore, checkpoint_name
+from hvd_magic.protocol import Message, ResumeRequest
+from hvd_magic.retry import lost_cause
+from hvd_magic.run_record import RunRecord
+
+from .helpers import leftover_processes, when_started
+
+STEPS = 40
+
+
+def training(marks: Path, fault: str = "", every_attempt: bool = False) -> str:
+    """A cell that adds 2 (1 from each rank) to w per step, checkpointing every 5 steps and
+    resuming from the latest; at step 22, rank 1 has ``fault`` (once, unless ``every_attempt``)."""
+    once = "" if every_attempt else f" and not pathlib.Path({str(marks)!r}, 'hit').exists()"
+    return f"""
+import os, pathlib, signal, horovod.torch as hvd, torch, hvd_magic
+hvd.init()
+state = hvd_magic.resume() or {{"step": 0, "w": torch.zeros(1)}}
+w = state["w"]
+pathlib.Path({str(marks)!r}, f"resumed-{{hvd.rank()}}-{{state['step']}}").touch()
+for step in range(state["step"], {STEPS}):
+    w = w + hvd.allreduce(torch.ones(1), op=hvd.Sum)
+    if step % 5 == 4:
+        hvd_magic.checkpoint({{"step": step + 1, "w": w}}, step=step + 1)
+    hvd_magic.report(step=step + 1, total={STEPS})
+    if step == 22 and hvd.rank() == 1{once}:
+        pathlib.Path({str(marks)!r}, "hit").touch()
+        {fault}
+w.item()
+"""
+
+
+KILL = "os.kill(os.getpid(), signal.SIGKILL)"
+
+
+def test_a_killed_rank_is_retried_from_the_last_checkpoint_and_ends_as_if_never_killed(ip, tmp_path, capsys):
+    store = tmp_path / "checkpoints"
+    cell = training(tmp_path, KILL)
+    value = ip.run_cell_magic("horovod", f"np=-2 launcher=gloo retries=2 checkpoint_dir={store}", cell)
+    assert value == 2.0 * STEPS  # the same as a run that was not killed
+    assert (tmp_path / "resumed-0-0").exists() and (tmp_path / "resumed-1-20").exists()  # from step 20
+    shown = capsys.readouterr().err
+    assert "rank 1 lost" in shown and "killed by signal 9" in shown and "attempt 2 of 3 from step 20" in shown
+    assert "finished on attempt 2 of 3" in shown
+    assert sorted(os.listdir(store)) == [checkpoint_name(step) for step in (30, 35, 40)]  # the last 3
+
+
+def test_the_users_exception_is_not_retried(ip, tmp_path, capsys):
+    cell = training(tmp_path, "raise ValueError('bad row')")
+    with pytest.raises(RankFailedError, match="ValueError: bad row"):
+        ip.run_cell_magic("horovod", "np=-2 launcher=gloo retries=2", cell)
+    assert "attempt 2" not in capsys.readouterr().err
+    assert not (tmp_path / "resumed-0-20").exists()
+
+
+def test_retries_exhausted_name_each_attempts_cause(ip, tmp_path):
+    cell = training(tmp_path, KILL, every_attempt=True)
+    with pytest.raises(RunError) as info:
+        ip.run_cell_magic("horovod", "np=-2 launcher=gloo retries=1", cell)
+    (attempts,) = [note for note in info.value.__notes__ if note.startswith("attempts: ")]
+    assert attempts.count("rank 1 lost") == 2 and "1. " in attempts and "2. " in attempts
+    assert leftover_processes() == []
+
+
+STOPPABLE = """
+import pathlib, time, horovod.torch as hvd, torch, hvd_magic
+hvd.init()
+w = torch.zeros(1)
+pathlib.Path({marks!r}, f"started-{{hvd.rank()}}").touch()
+step = 0
+while True:
+    step += 1
+    w = w + hvd.allreduce(torch.ones(1), op=hvd.Sum)
+    if hvd_magic.stopping():
+        hvd_magic.checkpoint({{"step": step, "w": w}}, step=step)
+        break
+    time.sleep({pause})
+(step, w.item())
+"""
+
+
+def recorded_stops(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Every run's GracefulStop, as it is made."""
+    from hvd_magic import graceful
+
+    stops: list[graceful.GracefulStop] = []
+    real_init = graceful.GracefulStop.__init__
+
+    def recorded(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        stops.append(self)
+
+    monkeypatch.setattr(graceful.GracefulStop, "__init__", recorded)
+    return stops
+
+
+def wait_until(test, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not test() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def press_once_polling(stops: list) -> None:
+    """The stop button, once the notebook heard that the ranks poll hvd_magic.stopping()."""
+    wait_until(lambda: bool(stops) and stops[-1].polls)
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_a_first_interrupt_stops_at_a_step_boundary_and_returns_the_model(ip, tmp_path, capsys, monkeypatch):
+    store = tmp_path / "checkpoints"
+    stops = recorded_stops(monkeypatch)
+    when_started(tmp_path, 2, lambda: press_once_polling(stops))
+    step, total = ip.run_cell_magic(
+        "horovod", f"np=-2 checkpoint_dir={store}", STOPPABLE.format(marks=str(tmp_path), pause=0.01)
+    )
+    assert total == 2.0 * step  # every rank left the loop at the same step
+    assert os.listdir(store) == [checkpoint_name(step)]  # the final checkpoint
+    shown = capsys.readouterr().err
+    assert "stopping at the next step boundary" in shown and f"stopped on request at step {step:,}" in shown
+
+
+def test_ranks_that_do_not_reach_a_boundary_in_time_are_stopped_at_once(ip, tmp_path, monkeypatch):
+    stops = recorded_stops(monkeypatch)
+    when_started(tmp_path, 2, lambda: press_once_polling(stops))
+    started = time.monotonic()
+    with pytest.raises(RunInterrupted):  # a step takes 60 s here: past the 5 s grace
+        ip.run_cell_magic("horovod", "np=-2", STOPPABLE.format(marks=str(tmp_path), pause=60))
+    assert time.monotonic() - started < 60
+    assert leftover_processes() == []
+
+
+def test_a_second_interrupt_stops_at_once(ip, tmp_path, monkeypatch):
+    from hvd_magic import graceful
+
+    monkeypatch.setattr(graceful, "GRACE_SECONDS", 600.0)  # only the second interrupt can end it in time
+    stops = recorded_stops(monkeypatch)
+
+    def press_twice() -> None:
+        press_once_polling(stops)
+        wait_until(lambda: stops[-1].asked_at is not None)  # the first press asked the ranks to stop
+        os.kill(os.getpid(), signal.SIGINT)
+
+    when_started(tmp_path, 2, press_twice)
+    started = time.monotonic()
+    with pytest.raises(RunInterrupted):
+        ip.run_cell_magic("horovod", "np=-2", STOPPABLE.format(marks=str(tmp_path), pause=600))
+    assert time.monotonic() - started < 120
+    assert stops[-1].asked_at is not None  # the first press took the graceful path
+    assert leftover_processes() == []
+
+
+def test_a_torn_checkpoint_is_never_the_latest(tmp_path):
+    store = CheckpointStore(str(tmp_path))
+    (tmp_path / checkpoint_name(10)).write_bytes(b"whole")
+    (tmp_path / f"{checkpoint_name(20)}.partial").write_bytes(b"torn by a kill")
+    answer, blob = store.answer(Message(ResumeRequest(3), rank=1))
+    assert (answer.found, answer.step, blob) == (True, 10, b"whole")
+    assert store.steps() == [10]
+
+
+def test_checkpoints_go_to_an_fsspec_url_whole(tmp_path):
+    store = CheckpointStore("memory://hvd-magic-test/run")
+    for step in (5, 10, 15, 20):
+        path = Path(store.folder) / checkpoint_name(step)
+        path.write_bytes(str(step).encode())
+        store.landed(str(path))
+    assert store.steps() == [10, 15, 20]  # the last 3
+    assert store.latest() == (20, b"20")
+
+
+def test_what_counts_as_lost():
+    from hvd_magic.launch import RankDeath
+    from hvd_magic.protocol import Exit, RankError, Started
+
+    record = RunRecord(2)
+    record.apply(Message(Started("hostB", 1, 0, 2), 1), 0.0)
+    assert lost_cause(record, [RankDeath(1, "was killed by signal 9 (SIGKILL)")]) == (
+        "rank 1 lost on hostB (was killed by signal 9 (SIGKILL))"
+    )
+    assert lost_cause(record, []) == "rank 1 on hostB ended without a word"
+    record.apply(Message(RankError("hostB", "ValueError", "bad"), 1), 0.0)
+    record.apply(Message(Exit(1), 1), 0.0)
+    assert lost_cause(record, [RankDeath(1, "exited with code 1")]) is None  # the user's exception
