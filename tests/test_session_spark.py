@@ -1,6 +1,7 @@
-"""Live sessions on a real local-cluster (two executor JVMs): the ranks live in one barrier
-stage that stays up across cells; stop frees the slots. And a notebook that goes silent (its
-kernel stopped) is left by its ranks on their own."""
+"""Live sessions and long runs on a real local-cluster (two executor JVMs): a session's ranks
+live in one barrier stage that stays up across cells, and stop frees the slots; a run that loses
+an executor JVM starts again on the executor Spark brings back and resumes from its checkpoint.
+And a notebook that goes silent (its kernel stopped) is left by its ranks on their own."""
 
 from __future__ import annotations
 
@@ -43,6 +44,30 @@ def test_a_session_on_spark_keeps_its_ranks_in_the_executors_and_frees_the_slots
     cold = "import horovod.torch as hvd, torch\nhvd.init()\n"
     cold += "hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item()"
     assert ip.run_cell_magic("horovod", "np=2", cold) == 2.0  # the slots are free again
+
+
+KILL_EXECUTOR = """
+import psutil
+executor = psutil.Process()
+while executor is not None and "CoarseGrainedExecutorBackend" not in " ".join(executor.cmdline()):
+    executor = executor.parent()
+executor.kill()
+time.sleep(120)  # the rank goes with its executor
+"""
+
+
+def test_a_run_that_loses_an_executor_resumes_on_the_one_spark_brings_back(ip, cluster, tmp_path, capsys):
+    from .test_retry import STEPS, training
+
+    fault = KILL_EXECUTOR.strip().replace("\n", "\n        ")
+    cell = "import time\n" + training(tmp_path, fault)
+    before = {e.pid for e in executor_processes()}
+    assert ip.run_cell_magic("horovod", "np=2 retries=1", cell) == 2.0 * STEPS  # as if never lost
+    shown = capsys.readouterr().err
+    assert "attempt 2 of 2 from step 20" in shown and "finished on attempt 2 of 2" in shown
+    assert (tmp_path / "resumed-1-20").exists()
+    assert len(before - {e.pid for e in executor_processes()}) == 1  # one executor JVM was lost
+    assert gone_within(30) == []
 
 
 def test_ranks_leave_a_notebook_that_went_silent(tmp_path):
