@@ -28,3 +28,4 @@ bench: setup
 	$(PY) bench/estimator.py
 	$(PY) bench/doctor.py
 	$(PY) bench/session.py --spark
+	$(PY) bench/recovery.py

@@ -39,7 +39,8 @@ def checkpoint(state: Any, step: int) -> bool:
     reporter = reporting.current()
     if reporter is None or reporter.client.rank != 0:
         return False
-    return reporting.send_file(checkpoint_name(int(step)), cloudpickle.dumps(state))
+    # pickled here (a snapshot: training may change the tensors next), sent in the background
+    return reporting.send_file_soon(checkpoint_name(int(step)), cloudpickle.dumps(state))
 
 
 def resume() -> Any:

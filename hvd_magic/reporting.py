@@ -8,6 +8,7 @@ as one message. When the buffer is full the record is dropped and counted, never
 from __future__ import annotations
 
 import json
+import queue
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,11 @@ class _Reporter:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hvd_magic-report", daemon=True)
         self._thread.start()
+        # Files sent in the background, one at a time (a second waits for the first): a rank
+        # that checkpoints does not wait for the network, and holds at most two in memory.
+        self.files: queue.Queue[tuple[str, bytes] | None] = queue.Queue(maxsize=1)
+        self._sender = threading.Thread(target=self._send_files, name="hvd_magic-files", daemon=True)
+        self._sender.start()
 
     def add(self, record: dict[str, Any]) -> None:
         with self._lock:
@@ -53,7 +59,15 @@ class _Reporter:
         while not self._stop.wait(FLUSH_SECONDS):
             self.flush()
 
+    def _send_files(self) -> None:
+        while (item := self.files.get()) is not None:
+            _send_file(self.client, *item)
+            self.files.task_done()
+        self.files.task_done()
+
     def close(self) -> None:
+        self.files.put(None)
+        self.files.join()  # the last checkpoint arrives before the rank says it exited
         self._stop.set()
         self._thread.join(timeout=5)
         self.flush()
@@ -118,11 +132,23 @@ def send_file(name: str, data: bytes) -> bool:
     reporter = _reporter
     if reporter is None or reporter.client.rank != 0:
         return False
+    _send_file(reporter.client, name, data)
+    return True
+
+
+def send_file_soon(name: str, data: bytes) -> bool:
+    """``send_file``, from a background thread: returns once the previous such file is on its
+    way (the bytes are the caller's snapshot, taken before the call)."""
+    reporter = _reporter
+    if reporter is None or reporter.client.rank != 0:
+        return False
+    reporter.files.put((name, data))
+    return True
+
+
+def _send_file(client: HubClient, name: str, data: bytes) -> None:
     view = memoryview(data)
     for start in range(0, max(len(data), 1), FILE_CHUNK_BYTES):
         last = start + FILE_CHUNK_BYTES >= len(data)
-        while not reporter.client.send(
-            FileChunk(name, last=last), bytes(view[start : start + FILE_CHUNK_BYTES])
-        ):
+        while not client.send(FileChunk(name, last=last), bytes(view[start : start + FILE_CHUNK_BYTES])):
             time.sleep(0.01)  # the send queue is full: a file must arrive whole
-    return True
