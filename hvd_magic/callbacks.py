@@ -10,6 +10,12 @@ PyTorch (or any loop)::
         for x, y in hvd_magic.progress(loader, epoch=epoch, epochs=epochs):
             loss = train_step(x, y)
             hvd_magic.report(loss=loss.item())   # a metric at the current step
+
+With ``stoppable=True`` (``progress(..., stoppable=True)``, ``LiveCallback(stoppable=True)``)
+the run's first interrupt stops it at a step boundary (``hvd_magic.stopping()`` before each
+step: a collective, so every rank must run the same loop): the loop, or ``fit``, ends and the
+cell returns rank 0's value. Off by default: a collective hidden in a helper would hang a loop
+that only some ranks run (an evaluation on rank 0).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar, cast
 
+from .checkpoints import stopping
 from .reporting import report
 
 __all__ = ["LiveCallback", "progress"]  # noqa: F822 - LiveCallback is built on first use
@@ -24,11 +31,16 @@ __all__ = ["LiveCallback", "progress"]  # noqa: F822 - LiveCallback is built on 
 T = TypeVar("T")
 
 
-def progress(iterable: Iterable[T], epoch: int = 0, epochs: int = 1, total: int | None = None) -> Iterator[T]:
-    """Yields the items of ``iterable``, reporting the step (counted over all epochs) and total."""
+def progress(
+    iterable: Iterable[T], epoch: int = 0, epochs: int = 1, total: int | None = None, stoppable: bool = False
+) -> Iterator[T]:
+    """Yields the items of ``iterable``, reporting the step (counted over all epochs) and total;
+    with ``stoppable``, ends early when the run is asked to stop (on every rank alike)."""
     per_epoch = total if total is not None else _length(iterable)
     overall = per_epoch * epochs if per_epoch is not None else None
     for index, item in enumerate(iterable):
+        if stoppable and stopping():
+            return
         step = epoch * per_epoch + index + 1 if per_epoch is not None else index + 1
         report(step=step, total=overall, epoch=epoch)
         yield item
@@ -48,9 +60,15 @@ def _keras_callback_base() -> type:
 
 
 class _LiveCallbackMixin:
-    """Reports Keras's step, epoch and logs (loss, metrics) after every batch."""
+    """Reports Keras's step, epoch and logs (loss, metrics) after every batch; with
+    ``stoppable=True``, ends ``fit`` at a batch boundary when the run is asked to stop."""
 
     params: dict[str, Any]
+    model: Any
+
+    def __init__(self, stoppable: bool = False) -> None:
+        super().__init__()
+        self.stoppable = stoppable
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._epoch = 0
@@ -63,6 +81,8 @@ class _LiveCallbackMixin:
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         metrics = {k: float(v) for k, v in (logs or {}).items() if isinstance(v, (int, float))}
         report(step=self._epoch * self._steps + batch + 1, total=self._total, epoch=self._epoch, **metrics)
+        if self.stoppable and stopping():
+            self.model.stop_training = True
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         validation = {

@@ -195,3 +195,44 @@ def test_what_counts_as_lost():
     record.apply(Message(RankError("hostB", "ValueError", "bad"), 1), 0.0)
     record.apply(Message(Exit(1), 1), 0.0)
     assert lost_cause(record, [RankDeath(1, "exited with code 1")]) is None  # the user's exception
+
+
+PROGRESS = """
+import pathlib, time, horovod.torch as hvd, torch, hvd_magic
+hvd.init()
+seen = 0
+for epoch in range(1000):
+    for batch in hvd_magic.progress(range(50), epoch=epoch, epochs=1000, stoppable=True):
+        hvd.allreduce(torch.ones(1))
+        seen += 1
+        pathlib.Path({marks!r}, f"started-{{hvd.rank()}}").touch()
+        time.sleep(0.005)
+(seen, hvd.allreduce(torch.tensor([float(seen)]), op=hvd.Min).item())
+"""
+
+KERAS = """
+import pathlib, numpy as np, tensorflow as tf, horovod.tensorflow.keras as hvd, hvd_magic
+hvd.init()
+net = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(4,))])
+net.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)), loss="mse")
+class Mark(tf.keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        pathlib.Path({marks!r}, f"started-{{hvd.rank()}}").touch()
+history = net.fit(np.random.rand(64, 4), np.random.rand(64, 1), batch_size=8, epochs=10_000, verbose=0,
+                  callbacks=[hvd_magic.LiveCallback(stoppable=True), Mark()])
+len(history.history["loss"])
+"""
+
+
+@pytest.mark.parametrize("loop", ["progress", "keras"])
+def test_the_helpers_stop_at_a_step_boundary_when_asked(ip, tmp_path, monkeypatch, capsys, loop):
+    stops = recorded_stops(monkeypatch)
+    when_started(tmp_path, 2, lambda: press_once_polling(stops))
+    cell = (PROGRESS if loop == "progress" else KERAS).format(marks=str(tmp_path))
+    value = ip.run_cell_magic("horovod", "np=-2", cell)
+    if loop == "progress":
+        seen, fewest = value
+        assert seen == fewest > 0  # every rank left at the same step
+    else:
+        assert 0 < value < 10_000  # fit ended early, on every rank (else the cell would hang)
+    assert "stopped on request" in capsys.readouterr().err
