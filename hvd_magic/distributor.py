@@ -67,11 +67,12 @@ class RankSetup:
         if self.hide_gpus:
             os.environ["CUDA_VISIBLE_DEVICES"] = ""
         if self.task_is_node:
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+            if not self.hide_gpus and len(visible) > 1:  # the host's by local rank: keep this task's
+                os.environ["CUDA_VISIBLE_DEVICES"] = visible[int(os.environ["LOCAL_RANK"])]
+            node = {"RANK": "GROUP_RANK", "WORLD_SIZE": "GROUP_WORLD_SIZE"}
             os.environ.update(
-                LOCAL_RANK="0",
-                LOCAL_WORLD_SIZE="1",
-                GROUP_RANK=os.environ["RANK"],
-                GROUP_WORLD_SIZE=os.environ["WORLD_SIZE"],
+                LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", **{v: os.environ[k] for k, v in node.items()}
             )
 
 

@@ -29,6 +29,7 @@ from .protocol import (
     SessionPayload,
     Started,
 )
+from .protocol.plan import gpu_for_local_rank
 from .rank_inbox import Inbox
 from .rank_output import OutputForwarder
 from .rank_run import load_payload, report_error, run_payload
@@ -57,16 +58,6 @@ def shard_for_local_rank(shards: str | None, local_rank: int) -> str | None:
     """This rank's data shard file (``data=``), from the per-local-rank list of its host."""
     paths = json.loads(shards) if shards else []
     return str(paths[local_rank]) if local_rank < len(paths) else None
-
-
-def gpu_for_local_rank(slot_gpus: str | None, local_rank: int) -> str | None:
-    """CUDA_VISIBLE_DEVICES for this rank: the GPUs Spark gave the slot of ``local_rank``."""
-    if not slot_gpus:
-        return None
-    slots = json.loads(slot_gpus)
-    if local_rank >= len(slots) or not slots[local_rank]:
-        return None
-    return ",".join(str(gpu) for gpu in slots[local_rank])
 
 
 def _run(
@@ -100,7 +91,8 @@ def main() -> int:
     address = os.environ.pop(ENV_HUB)
     token = os.environ.pop(ENV_TOKEN)
     # Before anything imports a framework: each rank sees only its slot's GPUs.
-    gpus = gpu_for_local_rank(os.environ.pop(ENV_SLOT_GPUS, None), local_rank)
+    torch_style = "MASTER_PORT" in os.environ and "RANK" in os.environ  # backend=torch
+    gpus = gpu_for_local_rank(os.environ.pop(ENV_SLOT_GPUS, None), local_rank, by_local_rank=torch_style)
     if gpus is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus
     shard = shard_for_local_rank(os.environ.pop(ENV_SHARDS, None), local_rank)

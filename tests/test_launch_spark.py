@@ -338,7 +338,8 @@ def test_ddp_ranks_on_spark_executors_get_their_slot_and_agree(ip, cluster, plan
         assert env["LOCAL_RANK"] == str(rank["rank"] % 2) and env["LOCAL_WORLD_SIZE"] == "2"
         assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == (plan.hosts[0].ip, str(plan.master_port))
         host = plan.hosts[rank["rank"] // 2]
-        assert [rank["gpus"]] == host.gpus[int(env["LOCAL_RANK"])]  # the GPU of the rank's slot
+        local = int(env["LOCAL_RANK"])
+        assert [rank["gpus"].split(",")[local]] == host.gpus[local]  # cuda:LOCAL_RANK is its slot's GPU
     assert run_processes_anywhere() == []
 
 

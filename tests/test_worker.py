@@ -10,6 +10,9 @@ def test_gpu_for_local_rank():
     assert gpu_for_local_rank('[["0", "1"], ["2", "3"]]', 1) == "2,3"
     assert gpu_for_local_rank(None, 0) is None
     assert gpu_for_local_rank("[[]]", 0) is None
+    # torch.distributed ranks pick cuda:LOCAL_RANK: all the host's slots, in local-rank order
+    assert gpu_for_local_rank('[["3"], ["5"]]', 1, by_local_rank=True) == "3,5"
+    assert gpu_for_local_rank('[["0", "1"], ["2", "3"]]', 1, by_local_rank=True) == "2,3"  # not one each
 
 
 def test_shard_for_local_rank():

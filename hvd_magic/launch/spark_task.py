@@ -44,6 +44,7 @@ from ..protocol import (
     StoreAnswer,
     StoreRequest,
 )
+from ..protocol.plan import gpu_for_local_rank
 from .agent import ExecAgent
 from .gloo import LoopbackStoreServer, gloo_env
 from .mpirun import mpirun_argv
@@ -225,9 +226,11 @@ def _rank_env(spec: TaskSpec, plan: SparkPlan, partition: int) -> dict[str, str]
     local_ranks = len(host.partitions)
     env = dict(os.environ) | spec.env | thread_budget_env(local_ranks, local_ranks * spec.task_cpus, spec.env)
     env[ENV_SHARDS] = json.dumps(host.shards)
-    gpus = host.gpus[plan.slots[partition].local_rank]
+    local_rank = plan.slots[partition].local_rank
+    by_local_rank = spec.launcher == "torch"  # torch code picks cuda:LOCAL_RANK
+    gpus = gpu_for_local_rank(json.dumps(host.gpus), local_rank, by_local_rank)
     if gpus:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        env["CUDA_VISIBLE_DEVICES"] = gpus
     return env
 
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["GlooSlot", "PlanHost", "SparkPlan"]
+__all__ = ["GlooSlot", "PlanHost", "SparkPlan", "gpu_for_local_rank"]
 
 
 @dataclass(frozen=True)
@@ -68,3 +69,19 @@ class SparkPlan:
             slots={int(p): GlooSlot(**slot) for p, slot in data.get("slots", {}).items()},
             master_port=int(data.get("master_port", 0)),
         )
+
+
+def gpu_for_local_rank(slot_gpus: str | None, local_rank: int, by_local_rank: bool = False) -> str | None:
+    """CUDA_VISIBLE_DEVICES for this rank: the GPUs Spark gave the slot of ``local_rank``.
+
+    ``by_local_rank`` (torch.distributed ranks, whose code picks ``cuda:LOCAL_RANK``, as under
+    torchrun) with one GPU a slot: every slot's GPU on the host, in local-rank order, so that
+    device ``LOCAL_RANK`` is the rank's own."""
+    if not slot_gpus:
+        return None
+    slots = json.loads(slot_gpus)
+    if local_rank >= len(slots) or not slots[local_rank]:
+        return None
+    if by_local_rank and all(len(slot) == 1 for slot in slots):
+        return ",".join(str(slot[0]) for slot in slots)
+    return ",".join(str(gpu) for gpu in slots[local_rank])
