@@ -29,7 +29,7 @@ from .graceful import GracefulStop
 from .hub import Hub
 from .launch import Launcher
 from .options import RunOptions
-from .protocol import ENV_HUB, ENV_TOKEN, Message, ResumeRequest
+from .protocol import ENV_HUB, ENV_TOKEN, Beat, Message, ResumeRequest
 from .rank_files import RankFiles
 from .retry import Attempts, HeldView
 from .run_record import RunRecord
@@ -40,6 +40,7 @@ __all__ = ["Run", "execute", "rank_env"]
 
 DRAIN_SECONDS = 5.0  # after the launcher exits: how long to wait for messages still in flight
 PUMP_BATCH = 2000
+BEAT_SECONDS = 1.0
 START_TIMEOUT = float(os.environ.get("HVD_MAGIC_START_TIMEOUT", "300"))
 STALL_CHECK_SECONDS = 15
 STALL_VARIABLE = "HOROVOD_STALL_CHECK_TIME_SECONDS"  # also how long torch ranks wait before a stall
@@ -104,6 +105,7 @@ class Run:
 
     wait = 0.1  # seconds the loop waits for a message before it polls the launcher
     keeps_hub = False  # a live session's cell: the hub outlives the run
+    beats = True  # ask the ranks for their resources every BEAT_SECONDS (a session beats itself)
 
     def __init__(
         self,
@@ -119,6 +121,7 @@ class Run:
         self.record = RunRecord(options.ranks, began=now, last_message=now)
         self.files = RankFiles(options.timeline, options.files_dir, store)
         self.stopper = GracefulStop(hub, view, store, clock)
+        self.last_beat = now
         if store is not None:
             hub.responders[ResumeRequest] = store.answer
         self.stall_seconds = stall_seconds(options)
@@ -169,6 +172,7 @@ class Run:
     def _supervise(self) -> Any:
         while True:
             self._pump(wait=self.wait)
+            self._beat()
             self.view.tick()
             if self.live_timeline is not None and self.live_timeline.tick():
                 self._pump(wait=0)  # what came in while it refreshed, before the time checks
@@ -180,6 +184,12 @@ class Run:
                 self._drain()
                 return self._outcome(code)
             self._check_time_limits()
+
+    def _beat(self) -> None:
+        now = self.clock()
+        if self.beats and now - self.last_beat >= BEAT_SECONDS and hasattr(self.hub, "tell_all"):
+            self.last_beat = now
+            self.hub.tell_all(Beat())  # each rank answers with a RankStatus: its CPU, memory, GPU
 
     def _watch_waits(self) -> None:
         """torch.distributed ranks: a stall seen in their waits is told like Horovod's; ranks that

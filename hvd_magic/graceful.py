@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .protocol import Message, Polling, RankStatus, StopAsked
+from .protocol import Message, Polling, StopAsked
 
 if TYPE_CHECKING:
     from .checkpoint_store import CheckpointStore
@@ -35,7 +35,6 @@ class GracefulStop:
         taps = getattr(hub, "taps", None)
         if taps is not None:  # a real hub (tests drive Run with in-memory ones)
             taps[Polling] = self._polling
-            taps.setdefault(RankStatus, lambda message: None)  # a live session taps these itself
 
     def _polling(self, message: Message) -> None:
         self.polls = True

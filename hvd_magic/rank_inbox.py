@@ -13,10 +13,9 @@ import signal
 import threading
 import time
 
-import psutil
-
 from .hub import HubClient
 from .protocol import Beat, Cell, Interrupt, RankStatus, StopAsked
+from .telemetry import ResourceSampler, gpu_probe
 
 __all__ = ["EXIT_GRACE", "Inbox", "attach", "current"]
 
@@ -37,8 +36,7 @@ class Inbox:
         self.busy = 0  # the cell running, 0 between cells
         self.finished = 0
         self.interrupting = 0  # the cell an Interrupt asked to stop
-        self.process = psutil.Process()
-        self.process.cpu_percent()
+        self.sampler = ResourceSampler(gpu_probe())
         self.client.send(self.status())
         self._thread = threading.Thread(target=self._loop, name="hvd_magic-inbox", daemon=True)
         self._thread.start()
@@ -70,13 +68,17 @@ class Inbox:
             signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
 
     def status(self) -> RankStatus:
-        try:
-            tree = [self.process, *self.process.children(recursive=True)]
-            rss = sum(p.memory_info().rss for p in tree)
-            cpu = self.process.cpu_percent()
-        except psutil.Error:
-            rss, cpu = 0, 0.0
-        return RankStatus(busy=self.busy, cells=self.finished, rss=rss, cpu=cpu)
+        figures = self.sampler.sample()
+        return RankStatus(
+            busy=self.busy,
+            cells=self.finished,
+            rss=int(figures["rss"]),
+            cpu=figures["cpu"],
+            gpu=figures.get("gpu", -1.0),
+            gpu_memory=int(figures.get("gpu_memory", 0)),
+            gpu_memory_total=int(figures.get("gpu_memory_total", 0)),
+            gpu_temperature=figures.get("gpu_temperature", -1.0),
+        )
 
     def _notebook_gone(self) -> None:
         """No beat for the silence limit: the notebook (its kernel) is gone. Stop the cell and

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .protocol import Exit, Message, RankError, Reports, Result, Stall, Started, Waiting
+from .protocol import Exit, Message, RankError, RankStatus, Reports, Result, Stall, Started, Waiting
 from .stalls import WaitSeen
 
 __all__ = ["Failure", "RunRecord", "StallSeen", "is_consequence", "timed_out"]
@@ -51,6 +51,7 @@ class RunRecord:
     last_seen: dict[int, float] = field(default_factory=dict)
     stall: StallSeen | None = None
     waits: dict[int, WaitSeen] = field(default_factory=dict)  # torch.distributed ranks waiting
+    resources: dict[int, list[tuple[float, RankStatus]]] = field(default_factory=dict)  # per rank, in time
 
     def apply(self, message: Message, at: float) -> None:
         """Fold in ``message``, which arrived at ``at`` (the run's clock). A stall report is
@@ -59,6 +60,9 @@ class RunRecord:
         if isinstance(record, Stall):
             same = self.stall is not None and self.stall.stall == record
             self.stall = StallSeen(record, self.stall.since if self.stall and same else at)
+            return
+        if isinstance(record, RankStatus):  # a rank's resources, not progress
+            self.resources.setdefault(message.rank, []).append((at, record))
             return
         if isinstance(record, Waiting):  # not progress either
             if record.call:
@@ -84,6 +88,10 @@ class RunRecord:
     def finished(self) -> list[int]:
         """Ranks that ended normally (exit code 0)."""
         return sorted(rank for rank, code in self.exited.items() if code == 0)
+
+    def peak_rss(self) -> dict[int, int]:
+        """Each rank's highest memory (its process tree's RSS, bytes) seen in the run."""
+        return {rank: max(status.rss for _, status in series) for rank, series in self.resources.items()}
 
     def never_started(self) -> list[int]:
         return [rank for rank in range(self.ranks) if rank not in self.started]

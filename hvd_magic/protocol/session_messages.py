@@ -47,9 +47,14 @@ class Beat(Record):
 @_kind(Kind.RANK_STATUS)
 @dataclass(frozen=True)
 class RankStatus(Record):
-    """A rank's answer to a ``Beat``: what ``%horovod status`` shows."""
+    """A rank's answer to a ``Beat`` (``telemetry``): what the grid and ``%horovod status``
+    show. GPU figures are -1 / 0 where the rank has no GPU."""
 
-    busy: int = 0  # the cell it runs, 0 when idle
-    cells: int = 0  # cells it finished
+    busy: int = 0  # a live session's cell it runs, 0 when idle
+    cells: int = 0  # a live session's cells it finished
     rss: int = 0  # bytes, its process tree
     cpu: float = 0.0  # percent of one core since the last beat, its process tree
+    gpu: float = -1.0  # its GPU's utilisation, percent
+    gpu_memory: int = 0  # bytes used on its GPU
+    gpu_memory_total: int = 0
+    gpu_temperature: float = -1.0  # degrees Celsius

@@ -90,6 +90,7 @@ class CellRun(Run):
     """``Run`` for a live session's cell: the hub is the session's, and its end is the cell's."""
 
     keeps_hub = True
+    beats = False  # the session beats its ranks itself
     launcher: CellLauncher
 
     def _interrupted(self) -> RunInterrupted:

@@ -202,13 +202,14 @@ class LiveSession:
         self.done.setdefault(message.record.id, set()).add(message.rank)
         return Message(Exit(0 if message.record.ok else 1), message.rank)  # the cell's end, for Run
 
-    def _status(self, message: Message) -> None:
+    def _status(self, message: Message) -> Message:
         assert isinstance(message.record, RankStatus)
         with self._answered:
             info = self.ranks.setdefault(message.rank, RankInfo())
             info.inbox, info.status = message.identity, message.record
             info.answers += 1
             self._answered.notify_all()
+        return message  # on to the cell's run: its record and view
 
     def _beat(self) -> None:
         while not self._ended.wait(BEAT_SECONDS):

@@ -1,0 +1,66 @@
+"""Per-rank resources: sampled on real ranks when the notebook's beat asks, folded into the run's
+record; the GPU through NVML where there is one (a fake of our interface here), none without."""
+
+from __future__ import annotations
+
+import pytest
+
+from hvd_magic import engine
+from hvd_magic.telemetry import GpuSample, ResourceSampler, gpu_probe
+
+HOLD = """
+import time, numpy as np, horovod.torch as hvd
+hvd.init()
+ballast = np.ones(300 * 2**20 // 8)  # 300 MB in every rank
+deadline = time.time() + 3
+while time.time() < deadline:   # busy: a core's worth of CPU
+    pass
+hvd.rank()
+"""
+
+
+class FakeNvml:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def sample(self) -> GpuSample | None:
+        self.calls += 1
+        return GpuSample(utilisation=87.0, memory_used=3 * 2**30, memory_total=16 * 2**30, temperature=71.0)
+
+
+def test_a_sample_has_the_process_trees_figures_and_the_gpus():
+    fake = FakeNvml()
+    figures = ResourceSampler(fake).sample()
+    assert figures["rss"] > 10 * 2**20 and figures["cpu"] >= 0
+    assert (figures["gpu"], figures["gpu_memory"], figures["gpu_temperature"]) == (87.0, 3 * 2**30, 71.0)
+    assert figures["gpu_memory_total"] == 16 * 2**30 and fake.calls == 1
+    assert "gpu" not in ResourceSampler(None).sample()
+
+
+def test_without_a_gpu_there_is_no_probe():
+    assert gpu_probe() is None  # nvidia-ml-py is installed here, but there is no driver or GPU
+
+
+def test_the_run_record_keeps_each_ranks_resources(ip, monkeypatch):
+    runs: list[engine.Run] = []
+    real_init = engine.Run.__init__
+
+    def recorded(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        runs.append(self)
+
+    monkeypatch.setattr(engine.Run, "__init__", recorded)
+    assert ip.run_cell_magic("horovod", "np=-2", HOLD) == 0
+    record = runs[-1].record
+    assert set(record.resources) == {0, 1}
+    peaks = record.peak_rss()
+    assert all(peak > 300 * 2**20 for peak in peaks.values()), peaks  # the ballast, seen by the beats
+    busiest = {rank: max(status.cpu for _, status in series) for rank, series in record.resources.items()}
+    assert all(cpu > 30 for cpu in busiest.values()), busiest  # busy ranks, on a loaded machine
+    assert all(status.gpu == -1.0 for series in record.resources.values() for _, status in series)
+
+
+@pytest.mark.parametrize("hidden", ["", " "])
+def test_hidden_gpus_are_not_probed(monkeypatch, hidden):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", hidden)
+    assert gpu_probe() is None
