@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import tempfile
 from typing import Any
 
@@ -35,6 +36,7 @@ class CheckpointStore:
 
     def __init__(self, target: str | None = None, keep: int = KEEP) -> None:
         self.keep = keep
+        self.given = bool(target)
         self.remote = bool(target) and "://" in str(target)
         self.fs: Any = None
         if self.remote:
@@ -62,6 +64,12 @@ class CheckpointStore:
             if not self.remote:
                 self.target = self._folder
         return self._folder
+
+    def discard(self) -> None:
+        """Without a ``checkpoint_dir``, checkpoints live as long as the run (and its retries)."""
+        if self._folder and (self.remote or not self.given):  # a URL's local staging folder too
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = ""
 
     def steps(self) -> list[int]:
         """The steps of the whole checkpoints kept, oldest first."""

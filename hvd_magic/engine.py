@@ -96,6 +96,7 @@ def execute(captured: Captured, options: RunOptions, view: RunView | None = None
             attempts.succeeded()
             return value
     finally:
+        store.discard()
         if shown is not view:
             view.close()
 

@@ -180,6 +180,9 @@ def test_checkpoints_go_to_an_fsspec_url_whole(tmp_path):
         store.landed(str(path))
     assert store.steps() == [10, 15, 20]  # the last 3
     assert store.latest() == (20, b"20")
+    staging = store.folder
+    store.discard()
+    assert not os.path.exists(staging) and store.steps() == [10, 15, 20]  # the URL's copies stay
 
 
 def test_what_counts_as_lost():
