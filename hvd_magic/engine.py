@@ -33,6 +33,7 @@ from .protocol import ENV_HUB, ENV_TOKEN, Beat, Message, ResumeRequest
 from .rank_files import RankFiles
 from .retry import Attempts, HeldView
 from .run_record import RunRecord
+from .sinks import Sinks, make_sinks
 from .timeline.live import live_timeline
 from .views import RunView, make_view
 
@@ -68,6 +69,11 @@ def rank_env(options: RunOptions, hub: Hub) -> dict[str, str]:
 
 def execute(captured: Captured, options: RunOptions, view: RunView | None = None) -> Any:
     """Run the payload on ``options.np`` ranks; return rank 0's value (and returned names)."""
+    with make_sinks(options) as sinks:  # TensorBoard, MLflow: every attempt's messages, the outcome
+        return _attempts(captured, options, view, sinks)
+
+
+def _attempts(captured: Captured, options: RunOptions, view: RunView | None, sinks: Sinks) -> Any:
     view = view or make_view(options.ranks)
     for text in [*options.notices, *captured.notices]:
         view.notice(text)
@@ -87,7 +93,7 @@ def execute(captured: Captured, options: RunOptions, view: RunView | None = None
                 raise RunInterrupted("interrupted before any rank started; nothing was launched.") from None
             for text in launcher.notices:
                 view.notice(text)
-            run = Run(Hub(launcher.bind_host, captured.blob), launcher, shown, options, store)
+            run = Run(Hub(launcher.bind_host, captured.blob), launcher, shown, options, store, sinks)
             try:
                 value = run.execute()
             except BaseException as err:  # noqa: BLE001 - raised again unless the run may start again
@@ -115,9 +121,11 @@ class Run:
         view: RunView,
         options: RunOptions,
         store: CheckpointStore | None = None,
+        sinks: Sinks | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.hub, self.launcher, self.view, self.options, self.clock = hub, launcher, view, options, clock
+        self.sinks = sinks or Sinks()
         now = clock()
         self.record = RunRecord(options.ranks, began=now, last_message=now)
         self.files = RankFiles(options.timeline, options.files_dir, store)
@@ -233,6 +241,7 @@ class Run:
             self.record.apply(message, self.clock())
             self.files.take(message)
             self.view.message(message)
+            self.sinks.message(message)
 
     def _drain(self) -> None:
         deadline = self.clock() + DRAIN_SECONDS

@@ -36,10 +36,13 @@ OPTIONS = (
     "idle",
     "retries",
     "checkpoint_dir",
+    "logdir",
+    "mlflow",
 )
 USAGE = (
     "usage: %%horovod np=N [launcher=mpi|gloo | backend=torch] [env=K=V,...] [return=a,b] [timeout=SECONDS] "
-    "[timeline=on|cycles|PATH] [data=DATAFRAME [remainder=drop|keep]] [oversubscribe=yes]\n"
+    "[timeline=on|cycles|PATH] [data=DATAFRAME [remainder=drop|keep]] [oversubscribe=yes] [logdir=DIR] "
+    "[mlflow=yes|no]\n"
     "np=-N runs N ranks on this machine, np=N on Spark; %%horovod? shows the full help."
 )
 
@@ -95,6 +98,12 @@ class HorovodMagics(Magics):
     )
     @argument("--retries", help="start again (from the last checkpoint) up to N times after a lost rank")
     @argument("--checkpoint_dir", help="where hvd_magic.checkpoint() keeps them: a folder or fsspec URL")
+    @argument("--logdir", help="write the reported metrics as TensorBoard event files: a run's folder in DIR")
+    @argument(
+        "--mlflow",
+        choices=["yes", "no"],
+        help="log to MLflow: yes starts an MLflow run if none is active; default: log when one is active",
+    )
     @argument("--rank", help="live session: run the cell on this rank only (it must not call collectives)")
     @argument("--ranks", help="live session: run the cell on these ranks only: 0,2")
     @argument("--idle", help="%%horovod start: end the session after this many seconds without a cell")
@@ -124,6 +133,10 @@ class HorovodMagics(Magics):
         except UsageError as err:
             raise UsageError(f"{err}\n{USAGE}") from None
         if args.np is None:
+            if args.logdir or args.mlflow:
+                raise UsageError(
+                    "logdir= and mlflow= are for a job of its own (np=N), not a live session's cell"
+                )
             if sessions.current() is None:
                 raise UsageError(
                     "np= is required, e.g. %%horovod np=-2 (ranks on this machine) or np=4 (Spark); or "
@@ -162,6 +175,8 @@ class HorovodMagics(Magics):
             oversubscribe=args.oversubscribe,
             retries=args.retries,
             checkpoint_dir=args.checkpoint_dir,
+            logdir=args.logdir,
+            mlflow=args.mlflow,
         )
 
     def _session_verb(self, line: str) -> Any:
@@ -182,6 +197,10 @@ class HorovodMagics(Magics):
             raise UsageError(f"{err}\n{USAGE}") from None
         if args.rank is not None or args.ranks is not None or args.return_names or args.timeline:
             raise UsageError("rank=, ranks=, return= and timeline= are per cell, not for %horovod start")
+        if args.logdir or args.mlflow:
+            raise UsageError(
+                "logdir= and mlflow= are for a job of its own (np=N); a live session writes neither"
+            )
         print(sessions.start(options, idle), file=sys.stderr)
         return None
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from .data.source import check_source
 from .errors import DataError
+from .sinks.extras import mlflow_module, tensorboard_writer
 
 __all__ = ["RunOptions", "OptionError", "make_options", "parse_env", "parse_names"]
 
@@ -30,6 +31,9 @@ class RunOptions:
     notices: list[str] = field(default_factory=list)  # told in the cell before the run starts
     retries: int = 0  # times a run that lost a rank (not to the user's code) starts again
     checkpoint_dir: str | None = None  # where hvd_magic.checkpoint() keeps them; None: a temporary folder
+    logdir: str | None = None  # TensorBoard event files: a folder per run in it
+    mlflow: bool | None = None  # log to MLflow: None when a run is active, True starts one, False never
+    params: dict[str, Any] = field(default_factory=dict)  # more to log as MLflow params (estimators')
 
     @property
     def ranks(self) -> int:
@@ -103,6 +107,34 @@ def parse_checkpoint_dir(value: str | None) -> str | None:
     if not os.path.isdir(folder) and not os.path.isdir(parent):
         raise OptionError(f"checkpoint_dir={value}: neither it nor its folder {parent} exists; make it first")
     return folder
+
+
+def parse_logdir(value: str | None) -> str | None:
+    """A folder for TensorBoard event files (made if missing); refused without tensorboard."""
+    if not value:
+        return None
+    if "://" in value:
+        raise OptionError(f"logdir={value}: give a folder of this machine (or a mount: /dbfs/...), not a URL")
+    folder = os.path.abspath(os.path.expanduser(value))
+    try:
+        tensorboard_writer()
+        os.makedirs(folder, exist_ok=True)
+    except (ImportError, OSError) as err:
+        raise OptionError(f"logdir={value}: {err}") from None
+    return folder
+
+
+def parse_mlflow(value: object) -> bool | None:
+    """yes (log, starting an MLflow run if none is active), no (never), or None (when one is)."""
+    if value is None or value is False or str(value).lower() in ("no", "false", "0"):
+        return None if value is None else False
+    if value is not True and str(value).lower() not in ("yes", "true", "1"):
+        raise OptionError(f"mlflow must be yes or no, got {value!r}")
+    try:
+        mlflow_module()
+    except ImportError as err:
+        raise OptionError(str(err)) from None
+    return True
 
 
 def parse_oversubscribe(value: object) -> bool:
@@ -207,6 +239,8 @@ def make_options(
     oversubscribe: object = None,
     retries: object = None,
     checkpoint_dir: str | None = None,
+    logdir: str | None = None,
+    mlflow: object = None,
 ) -> RunOptions:
     np_value = parse_np(np)
     notices = check_local_ranks(np_value, parse_oversubscribe(oversubscribe), machine_cores())
@@ -234,6 +268,8 @@ def make_options(
         notices=notices,
         retries=parse_retries(retries),
         checkpoint_dir=parse_checkpoint_dir(checkpoint_dir),
+        logdir=parse_logdir(logdir),
+        mlflow=parse_mlflow(mlflow),
     )
 
 

@@ -26,8 +26,10 @@ class HorovodRunner:
     ``backend="torch"`` runs torch.distributed ranks (``init_process_group`` finds its
     ``env://`` settings) instead of Horovod. ``data=df`` (a Spark,
     pandas or Arrow DataFrame) gives each rank its shard: ``hvd_magic.shard()`` in ``main``.
-    ``driver_log_verbosity`` is accepted for compatibility with sparkdl and ignored: rank output
-    is always streamed.
+    ``logdir="logs"`` writes the reported metrics as TensorBoard event files (a folder per run);
+    ``mlflow=True`` logs the run to MLflow (starting an MLflow run if none is active; by default
+    it logs when one is). ``driver_log_verbosity`` is accepted for compatibility with sparkdl
+    and ignored: rank output is always streamed.
     """
 
     def __init__(
@@ -45,6 +47,8 @@ class HorovodRunner:
         oversubscribe: bool = False,
         retries: int = 0,
         checkpoint_dir: str | None = None,
+        logdir: str | None = None,
+        mlflow: bool | None = None,
     ) -> None:
         try:
             self.options = make_options(
@@ -61,6 +65,8 @@ class HorovodRunner:
                 oversubscribe=oversubscribe,
                 retries=retries,
                 checkpoint_dir=checkpoint_dir,
+                logdir=logdir,
+                mlflow=mlflow,
             )
         except OptionError as err:
             raise ValueError(str(err)) from None

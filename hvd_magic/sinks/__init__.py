@@ -1,0 +1,99 @@
+"""Where a run's record goes besides the live view: TensorBoard event files (``logdir=``) and
+MLflow (the notebook's active MLflow run, or ``mlflow=yes``). Written on the notebook's side from
+the messages the ranks send anyway, so executors need no shared file system; each sink imports
+its package only when it is used (optional extras: ``hvd_magic[tensorboard,mlflow]``).
+
+The engine feeds every rank message to ``Sinks.message`` and tells ``Sinks.close`` the run's
+outcome (``with make_sinks(options) as sinks:``), without knowing which sinks there are. A sink
+that fails mid-run is dropped with one line on stderr: the training goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import uuid
+from types import TracebackType
+from typing import TYPE_CHECKING, Protocol
+
+from ..protocol import Message
+
+if TYPE_CHECKING:
+    from ..options import RunOptions
+
+__all__ = ["Sink", "Sinks", "make_sinks", "run_name"]
+
+
+class Sink(Protocol):
+    """Takes each rank message of a run as it arrives, then the run's outcome (None: it
+    finished; else the error the run ends with)."""
+
+    def message(self, message: Message) -> None: ...
+
+    def close(self, outcome: BaseException | None) -> None: ...
+
+
+class Sinks:
+    """The run's sinks, fed together; one failing is dropped, never the run."""
+
+    def __init__(self, sinks: dict[str, Sink] | None = None) -> None:
+        self.sinks = dict(sinks or {})  # what it writes (for messages) -> the sink
+
+    def message(self, message: Message) -> None:
+        for what, sink in list(self.sinks.items()):
+            try:
+                sink.message(message)
+            except Exception as err:  # noqa: BLE001 - a sink's failure must not end the training
+                del self.sinks[what]
+                _say(f"{what} stopped during the run ({type(err).__name__}: {err}); the run goes on")
+
+    def close(self, outcome: BaseException | None) -> None:
+        for what, sink in self.sinks.items():
+            try:
+                sink.close(outcome)
+            except Exception as err:  # noqa: BLE001 - the run's own value or error comes first
+                _say(f"{what} could not be finished: {type(err).__name__}: {err}")
+        self.sinks.clear()
+
+    def __enter__(self) -> Sinks:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.close(error)
+
+
+def run_name(clock: float | None = None) -> str:
+    """A run's name, for its TensorBoard folder and MLflow run: ``20260521-143012-3fa2c1``."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(clock))
+    return f"{stamp}-{uuid.uuid4().hex[:6]}"
+
+
+def make_sinks(options: RunOptions) -> Sinks:
+    """The sinks ``options`` ask for: TensorBoard with ``logdir=``, MLflow with an active MLflow
+    run or ``mlflow=yes``."""
+    name = run_name()
+    sinks: dict[str, Sink] = {}
+    if options.logdir:
+        from .tensorboard import TensorBoardSink
+
+        folder = os.path.join(options.logdir, name)
+        sinks[f"TensorBoard logging to {folder}"] = TensorBoardSink(folder, options.ranks)
+        _say(f"TensorBoard event files in {folder} (to look: tensorboard --logdir {options.logdir})")
+    if options.mlflow is not False:
+        from .mlflow import open_sink
+
+        try:
+            sink = open_sink(options, name)
+        except BaseException:
+            Sinks(sinks).close(None)
+            raise
+        if sink is not None:
+            sinks[f"MLflow logging to run {sink.run_id}"] = sink
+    return Sinks(sinks)
+
+
+def _say(text: str) -> None:
+    print(f"hvd_magic: {text}", file=sys.stderr, flush=True)

@@ -1,0 +1,94 @@
+"""The ranks' ``Reports`` as scalar points (pure): each rank's value as it arrives, and the mean
+across ranks at each step.
+
+A step's mean is known once every rank reported that metric at that step. A metric only some
+ranks report (``if hvd.rank() == 0: report(val_acc=...)``) never gets there: its step's mean is
+taken over the ranks that did, ``GRACE_SECONDS`` after the first of them (ranks in step report
+within a flush or two of each other, 0.1 s apart), or when the run ends. A metric reported
+without a step belongs to the rank's current step, as in the live view.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..protocol import Message, Reports
+
+__all__ = ["GRACE_SECONDS", "Point", "Scalars"]
+
+GRACE_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class Point:
+    """One value of a metric at a step; ``rank`` None is the mean across the ranks."""
+
+    name: str
+    step: int
+    value: float
+    wall_time: float  # seconds since the epoch, when the (last) rank reported it
+    rank: int | None = None
+
+
+@dataclass
+class _Pending:
+    arrived: float  # the run's clock, when the first rank's value came
+    wall_time: float
+    values: dict[int, float] = field(default_factory=dict)
+
+
+class Scalars:
+    """Folds ``Reports`` messages of ``ranks`` ranks into points."""
+
+    def __init__(self, ranks: int, grace: float = GRACE_SECONDS) -> None:
+        self.ranks, self.grace = ranks, grace
+        self._step: dict[int, int] = {}  # rank -> its latest step
+        self._count: dict[int, int] = {}  # rank -> its records: the x of metrics never given a step
+        self._pending: dict[tuple[str, int], _Pending] = {}  # (metric, step), oldest first
+
+    def take(self, message: Message, now: float) -> list[Point]:
+        """The points in ``message`` (arrived at ``now``, the run's clock), and the means that
+        are complete or waited past the grace."""
+        points: list[Point] = []
+        if isinstance(message.record, Reports) and 0 <= message.rank < self.ranks:
+            for record in json.loads(message.blob):
+                points += self._fold(message.rank, record, now)
+        return points + self._overdue(now)
+
+    def rest(self) -> list[Point]:
+        """At the end: the means of the steps not every rank reported, over those that did."""
+        points = [self._mean(key, pending) for key, pending in self._pending.items()]
+        self._pending.clear()
+        return points
+
+    def _fold(self, rank: int, record: dict[str, Any], now: float) -> list[Point]:
+        self._count[rank] = self._count.get(rank, 0) + 1
+        step = int(record.get("step", self._step.get(rank, self._count[rank])))
+        if "step" in record:
+            self._step[rank] = step
+        wall_time = float(record.get("t", 0.0))
+        points = []
+        for name, value in record.get("metrics", {}).items():
+            points.append(Point(name, step, float(value), wall_time, rank))
+            pending = self._pending.setdefault((name, step), _Pending(now, wall_time))
+            pending.values[rank] = float(value)
+            pending.wall_time = max(pending.wall_time, wall_time)
+            if len(pending.values) == self.ranks:
+                points.append(self._mean((name, step), self._pending.pop((name, step))))
+        return points
+
+    def _overdue(self, now: float) -> list[Point]:
+        points = []
+        while self._pending:
+            key, pending = next(iter(self._pending.items()))
+            if now - pending.arrived < self.grace:
+                break
+            points.append(self._mean(key, self._pending.pop(key)))
+        return points
+
+    @staticmethod
+    def _mean(key: tuple[str, int], pending: _Pending) -> Point:
+        values = pending.values.values()
+        return Point(key[0], key[1], sum(values) / len(values), pending.wall_time)

@@ -1,0 +1,66 @@
+"""TensorBoard event files of a run (``logdir=``), written on the notebook's side from the
+ranks' reports: each metric per rank as ``name/rank_N`` and the mean across ranks as ``name``.
+
+The writer is TensorBoard's own ``tensorboard.summary.Writer`` (through ``event_file``, which
+keeps TensorFlow out of the notebook): it needs only numpy and TensorBoard's protos, and comes
+with the package needed anyway to look at the files (``tensorboard --logdir``). The other
+writers import a framework into the notebook: ``torch.utils.tensorboard`` torch and TensorFlow,
+tensorboardX torch (when installed).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+from ..protocol import Message
+from .scalars import Point, Scalars
+
+__all__ = ["FLUSH_SECONDS", "TensorBoardSink"]
+
+FLUSH_SECONDS = 5.0  # how stale the files may be for a TensorBoard watching them during the run
+
+
+class TensorBoardSink:
+    """Writes the run's scalars into ``folder`` (one run's folder: TensorBoard shows it as a run)."""
+
+    def __init__(self, folder: str, ranks: int, clock: Callable[[], float] = time.monotonic) -> None:
+        os.makedirs(folder, exist_ok=True)
+        self.folder, self.clock = folder, clock
+        from .event_file import open_writer
+
+        self.writer = open_writer(folder)
+        self.scalars = Scalars(ranks)
+        self.ranks = ranks
+        self._described: set[str] = set()
+        self._flushed = clock()
+        self._unflushed = False
+
+    def message(self, message: Message) -> None:
+        now = self.clock()
+        for point in self.scalars.take(message, now):
+            self._write(point)
+        if self._unflushed and now - self._flushed >= FLUSH_SECONDS:  # any message: ranks beat each second
+            self._flushed, self._unflushed = now, False
+            self.writer.flush()
+
+    def close(self, outcome: BaseException | None) -> None:
+        for point in self.scalars.rest():
+            self._write(point)
+        self.writer.close()
+
+    def _write(self, point: Point) -> None:
+        self._unflushed = True
+        tag = point.name if point.rank is None else f"{point.name}/rank_{point.rank}"
+        description = None
+        if tag not in self._described:  # TensorBoard keeps the first; no need to repeat it
+            self._described.add(tag)
+            description = (
+                f"mean across the {self.ranks} ranks at each step"
+                if point.rank is None
+                else f"as rank {point.rank} reported it"
+            )
+        self.writer.add_scalar(
+            tag, point.value, point.step, wall_time=point.wall_time, description=description
+        )

@@ -1,0 +1,59 @@
+"""The ranks' reports as scalar points (pure): per rank as they come, the mean across ranks at
+each step once every rank reported it, or after the grace, or at the end."""
+
+from __future__ import annotations
+
+import json
+
+from hvd_magic.protocol import Exit, Message, Reports
+from hvd_magic.sinks.scalars import GRACE_SECONDS, Point, Scalars
+
+
+def reports(rank: int, *records: dict[str, object]) -> Message:
+    return Message(Reports(0), rank, json.dumps(list(records)).encode())
+
+
+def test_each_rank_as_it_comes_and_the_mean_once_every_rank_reported_the_step():
+    scalars = Scalars(ranks=2)
+    first = scalars.take(reports(0, {"t": 10.0, "step": 1, "metrics": {"loss": 1.0}}), now=0.0)
+    assert first == [Point("loss", 1, 1.0, 10.0, rank=0)]
+    second = scalars.take(reports(1, {"t": 11.0, "step": 1, "metrics": {"loss": 2.0}}), now=0.1)
+    assert second == [Point("loss", 1, 2.0, 11.0, rank=1), Point("loss", 1, 1.5, 11.0)]
+    assert scalars.rest() == []
+
+
+def test_a_metric_only_some_ranks_report_gets_its_mean_after_the_grace_or_at_the_end():
+    scalars = Scalars(ranks=2)
+    scalars.take(reports(0, {"t": 1.0, "step": 5, "metrics": {"acc": 0.5}}), now=0.0)
+    assert scalars.take(reports(1, {"t": 2.0, "step": 5}), now=GRACE_SECONDS - 1) == []
+    late = scalars.take(Message(Exit(0), 1), now=GRACE_SECONDS)
+    assert late == [Point("acc", 5, 0.5, 1.0)]
+    scalars.take(reports(0, {"t": 3.0, "step": 6, "metrics": {"acc": 0.75}}), now=GRACE_SECONDS + 1)
+    assert scalars.rest() == [Point("acc", 6, 0.75, 3.0)]
+    assert scalars.rest() == []
+
+
+def test_a_metric_without_a_step_is_at_the_ranks_current_step_else_its_count_of_records():
+    scalars = Scalars(ranks=1)
+    points = scalars.take(
+        reports(
+            0,
+            {"t": 1.0, "metrics": {"a": 1.0}},  # no step yet: its first record
+            {"t": 1.0, "metrics": {"a": 2.0}},  # its second
+            {"t": 2.0, "step": 7, "total": 9},
+            {"t": 3.0, "epoch": 0, "metrics": {"val_loss": 0.5}},  # at step 7, as in the live view
+        ),
+        now=0.0,
+    )
+    assert [(p.name, p.step, p.value) for p in points if p.rank is None] == [
+        ("a", 1, 1.0),
+        ("a", 2, 2.0),
+        ("val_loss", 7, 0.5),
+    ]
+
+
+def test_messages_other_than_reports_and_unknown_ranks_give_nothing():
+    scalars = Scalars(ranks=2)
+    assert scalars.take(Message(Exit(0), 0), now=0.0) == []
+    assert scalars.take(reports(5, {"t": 1.0, "step": 1, "metrics": {"loss": 1.0}}), now=0.0) == []
+    assert scalars.rest() == []
