@@ -14,6 +14,7 @@ from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
 
 from hvd_magic import HorovodRunner, RankFailedError
+from hvd_magic.sinks import model_dir_logdir
 from hvd_magic.sinks import tensorboard as tensorboard_sink
 
 from .helpers import wait_for_files
@@ -149,6 +150,29 @@ def test_logdir_without_tensorboard_says_what_to_install(ip, monkeypatch, tmp_pa
         ip.run_cell_magic("horovod", f"np=-2 logdir={tmp_path}", "1")
     with pytest.raises(ValueError, match=re.escape("pip install hvd_magic[tensorboard]")):
         HorovodRunner(np=-2, logdir=str(tmp_path))
+
+
+def test_an_estimators_model_dir_has_its_event_files_when_tensorboard_is_installed(monkeypatch, tmp_path):
+    assert model_dir_logdir(str(tmp_path)) == str(tmp_path / "logs")
+    assert model_dir_logdir(None) is None
+    monkeypatch.setitem(sys.modules, "tensorboard.summary", None)  # as if it were not installed
+    assert model_dir_logdir(str(tmp_path)) is None  # a default, not a request: no error
+
+
+def test_keras_own_tensorboard_callback_writes_in_a_rank(ip, tmp_path):
+    """With tensorboard installed (hvd_magic[tensorboard]), Keras' TensorBoard callback works in
+    the ranks; without it, TensorFlow 2.21 raises TBNotInstalledError."""
+    cell = f"""
+import os, numpy as np, tensorflow as tf
+model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))])
+model.compile("sgd", "mse")
+model.fit(np.ones((8, 2)), np.ones((8, 1)), epochs=2, verbose=0,
+          callbacks=[tf.keras.callbacks.TensorBoard({str(tmp_path)!r})])
+"""
+    ip.run_cell_magic("horovod", "np=-1", cell)
+    reader = event_accumulator.EventAccumulator(str(tmp_path / "train"))
+    reader.Reload()
+    assert "epoch_loss" in reader.Tags()["tensors"]
 
 
 def test_logdir_and_mlflow_are_refused_for_a_live_session(ip, tmp_path):

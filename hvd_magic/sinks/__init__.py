@@ -22,7 +22,7 @@ from ..protocol import Message
 if TYPE_CHECKING:
     from ..options import RunOptions
 
-__all__ = ["Sink", "Sinks", "make_sinks", "run_name"]
+__all__ = ["Sink", "Sinks", "make_sinks", "model_dir_logdir", "run_name"]
 
 
 class Sink(Protocol):
@@ -93,6 +93,18 @@ def make_sinks(options: RunOptions) -> Sinks:
         if sink is not None:
             sinks[f"MLflow logging to run {sink.run_id}"] = sink
     return Sinks(sinks)
+
+
+def model_dir_logdir(folder: str | None) -> str | None:
+    """Where an estimator's run writes its event files by default: ``model_dir/logs`` (as
+    horovod.spark's estimators wrote theirs into their run folder), when tensorboard is installed."""
+    from .extras import tensorboard_writer
+
+    try:
+        tensorboard_writer()
+    except ImportError:
+        return None
+    return os.path.join(folder, "logs") if folder else None
 
 
 def _say(text: str) -> None:
