@@ -26,8 +26,10 @@ hvd.allreduce(torch.ones(1), op=hvd.Sum).item()
 
 
 @pytest.fixture
-def store(tmp_path):
-    """A fresh SQLite tracking store for the test, and MLflow's client on it."""
+def store(tmp_path, monkeypatch):
+    """A fresh SQLite tracking store for the test, and MLflow's client on it. MLflow puts the
+    artifacts of a SQLite store's runs in ./mlruns: the test's folder, not the checkout."""
+    monkeypatch.chdir(tmp_path)
     previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
     try:
