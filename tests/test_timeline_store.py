@@ -17,7 +17,7 @@ from hvd_magic.timeline import viewer as viewer_module
 from hvd_magic.timeline.detail import window
 from hvd_magic.timeline.levels import MERGE, build_levels
 from hvd_magic.timeline.live import Growing, LiveTimeline
-from hvd_magic.timeline.matching import PyMatcher, matched, new_matcher
+from hvd_magic.timeline.matching import Matched, PyMatcher, matched, new_matcher, tensors
 from hvd_magic.timeline.reader import read_general
 
 from .timeline_fixtures import reference_spans, write_events
@@ -37,6 +37,14 @@ def random_stream(rng: random.Random, n: int) -> tuple[np.ndarray, ...]:
     )
 
 
+def same_spans(fast, slow, order: np.ndarray, more: bool) -> Matched:
+    got, expected = matched(fast, order, more), matched(slow, order, more)
+    for key, value in vars(expected).items():
+        mine = np.asarray(getattr(got, key))
+        assert np.array_equal(mine, value) and mine.dtype == np.asarray(value).dtype, key
+    return got
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_the_c_matcher_matches_the_python_one_fed_in_pieces(seed):
     rng = random.Random(seed)
@@ -46,12 +54,49 @@ def test_the_c_matcher_matches_the_python_one_fed_in_pieces(seed):
     cuts = sorted(rng.sample(range(1, len(ph)), 7))
     for lo, hi in zip([0, *cuts], [*cuts, len(ph)], strict=True):
         fast.feed(ph[lo:hi].data, name[lo:hi].data, ts[lo:hi].data, pid[lo:hi].data)
-    slow.feed(ph.data, name.data, ts.data, pid.data)
-    got, expected = matched(fast), matched(slow)
-    for column, (a, b) in enumerate(zip(got, expected, strict=True)):
-        assert np.array_equal(a, b), column
-    start, end, _pid, _name, _depth, ready_span, _ready_name, _ready_wait = got
-    assert (end == np.iinfo(np.int64).min).any() and len(ready_span) > 0  # unclosed spans, marks: exercised
+        slow.feed(ph[lo:hi].data, name[lo:hi].data, ts[lo:hi].data, pid[lo:hi].data)
+        for got, expected in zip(tensors(fast), tensors(slow), strict=True):
+            assert np.array_equal(got, expected)
+        # a growing file: the spans so far, in any order of tensors, some left out
+        order = np.array(rng.sample(range(len(tensors(slow)[0])), len(tensors(slow)[0]) - 1), np.int32)
+        same_spans(fast, slow, order, more=True)
+    pids, closed = tensors(slow)
+    got = same_spans(fast, slow, np.arange(len(pids), dtype=np.int32), more=False)
+    assert len(got.start) == closed.sum() < (ph == ord("B")).sum()  # spans left open are left out
+    assert len(got.ready_span) > 0 and got.duration.dtype == np.uint32
+    assert len(tensors(fast)[0]) == 0  # finish starts over
+
+
+def test_durations_take_32_bits_unless_one_does_not_fit():
+    for long in (2**32 - 1, 2**32, -1):  # a span of 71 minutes and more, one that ends before it begins
+        ph = np.frombuffer(b"BEBE", np.uint8)
+        ts = np.array([0, 5, 10, 10 + long], np.int64)
+        for matcher in (new_matcher(), PyMatcher()):
+            matcher.feed(ph.data, np.zeros(4, np.int32).data, ts.data, np.zeros(4, np.int64).data)
+            spans = matched(matcher, np.zeros(1, np.int32))
+            assert spans.duration.tolist() == [5, long]
+            assert spans.duration.dtype == (np.uint32 if long < 2**32 and long >= 0 else np.int64)
+
+
+def test_a_store_of_narrow_columns_reads_as_the_events(tmp_path):
+    """Rows and kinds in 8 bits, durations in 32, and a long span (more than 2^32 µs) in 64:
+    each span's start, end and kind as the file says."""
+    events = [{"name": "process_name", "ph": "M", "pid": p, "args": {"name": f"t{p}"}} for p in (1, 2)]
+    for i in range(200):
+        events += [{"name": f"K{i % 3}", "ph": "B", "pid": 1 + i % 2, "ts": 10 * i},
+                   {"ph": "E", "pid": 1 + i % 2, "ts": 10 * i + 3}]  # fmt: skip
+    narrow = read(write_events(tmp_path / "narrow.json", events)).store
+    assert (narrow.row.dtype, narrow.kind.dtype, narrow.duration.dtype) == (np.uint8, np.uint8, np.uint32)
+    events += [
+        {"name": "STALL", "ph": "B", "pid": 2, "ts": 5_000},
+        {"ph": "E", "pid": 2, "ts": 5_000 + 2**33},
+    ]
+    wide = read(write_events(tmp_path / "wide.json", events)).store
+    assert wide.duration.dtype == np.int64 and wide.last_end == 5_000 + 2**33 and wide.first_start == 0
+    for store in (narrow, wide):
+        got = sorted(store.frame()[["tensor", "name", "start", "end"]].itertuples(index=False, name=None))
+        expected = sorted((f"t{1 + i % 2}", f"K{i % 3}", 10 * i, 10 * i + 3) for i in range(200))
+        assert [g for g in got if g[1] != "STALL"] == expected
 
 
 def test_readiness_names_the_last_mark_of_each_span(tmp_path):
@@ -68,8 +113,22 @@ def test_readiness_names_the_last_mark_of_each_span(tmp_path):
         {"ph": "E", "pid": 1, "ts": 31},
     ]
     store = read(write_events(tmp_path / "t.json", events)).store
-    assert store.ready_rank == ["0", "2"] and store.ready_wait.tolist() == [7, 0]
+    assert [store.ranks[i] for i in store.ready_rank] == ["0", "2"] and store.ready_wait.tolist() == [7, 0]
     assert store.ready_start.tolist() == [0, 20] and store.ranks == ["0", "1", "2"]
+
+
+def test_a_tensor_written_out_of_time_order_is_sorted_with_its_marks(tmp_path):
+    events = [
+        {"name": "NEGOTIATE_ALLREDUCE", "ph": "B", "pid": 1, "ts": 100},
+        {"name": "3", "ph": "X", "pid": 1, "ts": 105, "dur": 0},
+        {"ph": "E", "pid": 1, "ts": 110},
+        {"name": "ALLREDUCE", "ph": "B", "pid": 1, "ts": 10},  # earlier, written later
+        {"ph": "E", "pid": 1, "ts": 20},
+    ]
+    store = read(write_events(tmp_path / "t.json", events)).store
+    assert store.start.tolist() == [10, 100] and store.duration.tolist() == [10, 10]
+    assert [store.kind_names[k] for k in store.kind] == ["ALLREDUCE", "NEGOTIATE_ALLREDUCE"]
+    assert store.ready_start.tolist() == [100] and store.kind_names[store.ready_kind[0]] == "NEGOTIATE_ALLREDUCE"
 
 
 def spans_timeline(
@@ -304,7 +363,7 @@ def test_a_newer_store_keeps_the_viewers_activity_indices(tmp_path):
     assert viewer.activity_names == ["QUEUE"]
     viewer.show(read(write_events(tmp_path / "b.json", later)).store)
     assert viewer.activity_names == ["QUEUE", "ALLREDUCE"]
-    assert np.frombuffer(viewer.kinds, np.uint8).tolist() == [0, 1]  # by start: QUEUE, then ALLREDUCE
+    assert np.frombuffer(viewer.kinds, np.uint16).tolist() == [0, 1]  # by start: QUEUE, then ALLREDUCE
 
 
 def test_window_requests_far_outside_the_run_are_answered(tmp_path, monkeypatch):

@@ -1,140 +1,218 @@
 /* Spans from a Horovod Timeline's B/E events, matched in one pass with a stack per tensor, and
- * the rank-ready X marks inside them: the fast path of hvd_magic.timeline.spans.
+ * the rank-ready X marks inside them: the fast path of hvd_magic.timeline.matching.
  *
  * Matcher().feed(ph, name, ts, pid)   the events in file order, any number of times
  *   ph: uint8 phase characters; name: int32 name ids (the caller's global vocabulary);
  *   ts, pid: int64 (INT64_MIN: absent). Runs without the GIL.
- * Matcher().snapshot() -> the same as finish(), and the matcher goes on (a file still growing)
- * Matcher().finish() -> (start, end, pid, name, depth, ready_span, ready_name, ready_wait)
- *   one entry per B in file order: start, end (INT64_MIN: never closed), pid (int64), name
- *   (int32), depth (uint8, the nesting level inside its tensor, capped at 255);
- *   one entry per span that had X marks while it was its tensor's innermost open span:
- *   ready_span (int64 index of the span), ready_name (int32, the last mark's name: the rank
- *   ready last), ready_wait (int64: the time since the mark before it, 0 with a single mark).
+ * Matcher().tensors() -> (pids, closed): int64 bytes, one entry per tensor in the order first
+ *   seen: its pid and how many of its spans are closed.
+ * Matcher().finish(order) -> (start, duration, name, depth, in_order, ready_span, ready_name, ready_wait)
+ *   order: int32 bytes, tensor indices (as tensors() lists them), each at most once. The closed
+ *   spans of those tensors, one tensor after the other, each tensor's in file order: start
+ *   (int64), duration (uint32, or int64 when a span lasts 2^32 µs or more, or ends before it
+ *   begins), name (int32), depth (uint8, the nesting level inside its tensor, capped at 255);
+ *   in_order: every tensor's spans come by start (Horovod writes them so). One entry per span
+ *   that had X marks while it was its tensor's innermost open span, in the order they closed
+ *   (those of tensors not in order are left out): ready_span (int64, its index in the columns),
+ *   ready_name (int32, the last mark's name: the rank ready last), ready_wait (int64: the time
+ *   since the mark before it, 0 with a single mark). The matcher starts over afterwards.
+ * Matcher().snapshot(order) -> the same, and the matcher goes on (a file still growing).
+ * trim() -> whether memory went back: gives the heap's free pages back to the system (glibc's
+ *   malloc_trim; elsewhere nothing). glibc keeps what a large job freed in the heap, where
+ *   scattered live blocks pin it: a kernel that read a large timeline would hold it for good.
  * Within a tensor spans nest, so an E closes the innermost open B; an E with nothing open is
- * dropped, and a B still open at the end keeps end INT64_MIN (a cut-off file). Events without
- * a time are skipped. One thread at a time: the object is not locked.
+ * dropped, and a B still open is left out (a cut-off file). Events without a time are skipped.
+ *
+ * Each tensor keeps its spans in blocks that double in size up to a limit, so the spans come
+ * grouped by tensor without a sort, and hold about 21 bytes each. Large blocks are mapped
+ * from the system rather than taken from the heap: finish() frees each one as soon as it is
+ * copied out, so the memory of a large timeline holds its spans about once, not twice.
+ * One thread at a time: the object is not locked.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__unix__) || defined(__APPLE__)
+#include <sys/mman.h>
+#define MAPPED_BLOCKS 1
+#endif
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #define ABSENT INT64_MIN
+#define FIRST_BLOCK 256            /* spans */
+#define LAST_BLOCK (1 << 16)       /* spans: blocks stop doubling here */
+#define MAPPED_BYTES (128 * 1024)  /* blocks this large are mapped, not taken from the heap */
+#define SPAN_BYTES (8 + 8 + 4 + 1) /* start, end, name, depth */
+
+typedef struct Block {
+    struct Block *next;
+    Py_ssize_t size, capacity;
+    size_t bytes;
+    int64_t *start, *end; /* end: ABSENT while the span is open */
+    int32_t *name;
+    uint8_t *depth;
+} Block;
+
+static Block *new_block(Py_ssize_t capacity) {
+    size_t bytes = sizeof(Block) + (size_t)capacity * SPAN_BYTES;
+    void *memory;
+#ifdef MAPPED_BLOCKS
+    if (bytes >= MAPPED_BYTES) {
+        memory = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (memory == MAP_FAILED) return NULL;
+    } else
+#endif
+        memory = PyMem_RawMalloc(bytes);
+    if (!memory) return NULL;
+    Block *b = memory;
+    *b = (Block){NULL, 0, capacity, bytes, NULL, NULL, NULL, NULL};
+    b->start = (int64_t *)(b + 1); /* sizeof(Block) is a multiple of 8 */
+    b->end = b->start + capacity;
+    b->name = (int32_t *)(b->end + capacity);
+    b->depth = (uint8_t *)(b->name + capacity);
+    return b;
+}
+
+static void free_block(Block *b) {
+#ifdef MAPPED_BLOCKS
+    if (b->bytes >= MAPPED_BYTES) {
+        munmap(b, b->bytes);
+        return;
+    }
+#endif
+    PyMem_RawFree(b);
+}
+
+typedef struct {
+    int64_t *end; /* the span's end in its block */
+    int64_t start, last_ts, previous_ts;
+    Py_ssize_t local; /* the span's index among its tensor's spans */
+    int32_t last_name, marks;
+} Open;
+
+typedef struct {
+    int64_t pid;
+    Open *open; /* the stack of open spans, innermost last */
+    Py_ssize_t depth, room;
+    Block *first, *last;
+    Py_ssize_t spans, closed;
+} Tensor;
 
 typedef struct {
     char *data;
     Py_ssize_t size, capacity; /* bytes */
 } Column;
 
-static int reserve(Column *c, Py_ssize_t width) {
-    if (c->size + width <= c->capacity) return 0;
-    Py_ssize_t capacity = c->capacity ? c->capacity * 2 : 1 << 16;
-    while (capacity < c->size + width) capacity *= 2;
-    char *grown = PyMem_RawRealloc(c->data, capacity);
-    if (!grown) return -1;
-    c->data = grown;
-    c->capacity = capacity;
+static int push(Column *c, const void *value, Py_ssize_t width) {
+    if (c->size + width > c->capacity) {
+        Py_ssize_t capacity = c->capacity ? c->capacity + c->capacity / 2 : 1 << 16;
+        while (capacity < c->size + width) capacity *= 2;
+        char *grown = PyMem_RawRealloc(c->data, capacity);
+        if (!grown) return -1;
+        c->data = grown;
+        c->capacity = capacity;
+    }
+    memcpy(c->data + c->size, value, width);
+    c->size += width;
     return 0;
 }
 
-#define PUSH(column, type, value)                                                  \
-    do {                                                                           \
-        if (reserve(&(column), sizeof(type)) < 0) return -1;                       \
-        *(type *)((column).data + (column).size) = (type)(value);                  \
-        (column).size += sizeof(type);                                             \
-    } while (0)
-
-typedef struct {
-    int64_t span, last_ts, previous_ts;
-    int32_t last_name, marks;
-} Open;
-
-typedef struct {
-    Open *items;
-    Py_ssize_t size, capacity;
-} Stack;
+typedef struct { /* one span that had X marks */
+    int64_t local, wait;
+    int32_t tensor, name;
+} Ready;
 
 typedef struct {
     PyObject_HEAD
-    int64_t *keys; /* pid per slot of the open-addressing table; stacks[slot] is its stack */
-    char *used;
-    Stack *stacks;
-    Py_ssize_t slots, filled;
-    Column start, end, pid, name, depth, ready_span, ready_name, ready_wait;
-    Py_ssize_t spans;
+    int32_t *slots; /* open addressing: tensor index + 1 by pid hash, 0 empty */
+    Py_ssize_t slot_count;
+    Tensor *tensors;
+    Py_ssize_t count, room;
+    Column ready; /* Ready records */
+    int wide;     /* a closed span's duration does not fit in uint32 */
 } Matcher;
+
 
 static uint64_t mix(int64_t key) {
     uint64_t x = (uint64_t)key * 0x9E3779B97F4A7C15ULL;
     return x ^ (x >> 29);
 }
 
-static int grow_table(Matcher *m) {
-    Py_ssize_t slots = m->slots ? m->slots * 2 : 1024;
-    int64_t *keys = PyMem_RawCalloc(slots, sizeof(int64_t));
-    char *used = PyMem_RawCalloc(slots, 1);
-    Stack *stacks = PyMem_RawCalloc(slots, sizeof(Stack));
-    if (!keys || !used || !stacks) {
-        PyMem_RawFree(keys); PyMem_RawFree(used); PyMem_RawFree(stacks);
-        return -1;
+static int grow_slots(Matcher *m) {
+    Py_ssize_t count = m->slot_count ? m->slot_count * 2 : 1024;
+    int32_t *slots = PyMem_RawCalloc(count, sizeof(int32_t));
+    if (!slots) return -1;
+    for (Py_ssize_t t = 0; t < m->count; t++) {
+        Py_ssize_t j = (Py_ssize_t)(mix(m->tensors[t].pid) & (uint64_t)(count - 1));
+        while (slots[j]) j = (j + 1) & (count - 1);
+        slots[j] = (int32_t)(t + 1);
     }
-    for (Py_ssize_t i = 0; i < m->slots; i++) {
-        if (!m->used[i]) continue;
-        Py_ssize_t j = (Py_ssize_t)(mix(m->keys[i]) & (uint64_t)(slots - 1));
-        while (used[j]) j = (j + 1) & (slots - 1);
-        used[j] = 1;
-        keys[j] = m->keys[i];
-        stacks[j] = m->stacks[i];
-    }
-    PyMem_RawFree(m->keys); PyMem_RawFree(m->used); PyMem_RawFree(m->stacks);
-    m->keys = keys; m->used = used; m->stacks = stacks; m->slots = slots;
+    PyMem_RawFree(m->slots);
+    m->slots = slots;
+    m->slot_count = count;
     return 0;
 }
 
-static Stack *stack_of(Matcher *m, int64_t pid) {
-    if (2 * (m->filled + 1) > m->slots && grow_table(m) < 0) return NULL;
-    Py_ssize_t j = (Py_ssize_t)(mix(pid) & (uint64_t)(m->slots - 1));
-    while (m->used[j] && m->keys[j] != pid) j = (j + 1) & (m->slots - 1);
-    if (!m->used[j]) {
-        m->used[j] = 1;
-        m->keys[j] = pid;
-        m->filled++;
+/* The tensor of pid, added when new; NULL: out of memory. The pointer holds until the next call. */
+static Tensor *tensor_of(Matcher *m, int64_t pid) {
+    if (2 * (m->count + 1) > m->slot_count && grow_slots(m) < 0) return NULL;
+    Py_ssize_t j = (Py_ssize_t)(mix(pid) & (uint64_t)(m->slot_count - 1));
+    while (m->slots[j] && m->tensors[m->slots[j] - 1].pid != pid) j = (j + 1) & (m->slot_count - 1);
+    if (m->slots[j]) return &m->tensors[m->slots[j] - 1];
+    if (m->count == m->room) {
+        Py_ssize_t room = m->room ? 2 * m->room : 64;
+        Tensor *grown = room < INT32_MAX ? PyMem_RawRealloc(m->tensors, room * sizeof(Tensor)) : NULL;
+        if (!grown) return NULL;
+        m->tensors = grown;
+        m->room = room;
     }
-    return &m->stacks[j];
+    m->slots[j] = (int32_t)(m->count + 1);
+    Tensor *t = &m->tensors[m->count++];
+    *t = (Tensor){pid, NULL, 0, 0, NULL, NULL, 0, 0};
+    return t;
 }
 
-static int begin(Matcher *m, Stack *s, int64_t ts, int64_t pid, int32_t name) {
-    if (s->size == s->capacity) {
-        Py_ssize_t capacity = s->capacity ? s->capacity * 2 : 8;
-        Open *grown = PyMem_RawRealloc(s->items, capacity * sizeof(Open));
+static int begin(Tensor *t, int64_t ts, int32_t name) {
+    if (t->depth == t->room) {
+        Py_ssize_t room = t->room ? t->room * 2 : 8;
+        Open *grown = PyMem_RawRealloc(t->open, room * sizeof(Open));
         if (!grown) return -1;
-        s->items = grown;
-        s->capacity = capacity;
+        t->open = grown;
+        t->room = room;
     }
-    s->items[s->size++] = (Open){m->spans, ABSENT, ABSENT, -1, 0};
-    PUSH(m->start, int64_t, ts);
-    PUSH(m->end, int64_t, ABSENT);
-    PUSH(m->pid, int64_t, pid);
-    PUSH(m->name, int32_t, name);
-    PUSH(m->depth, uint8_t, s->size - 1 > 255 ? 255 : s->size - 1);
-    m->spans++;
+    Block *b = t->last;
+    if (!b || b->size == b->capacity) { /* each new block as large as the tensor's spans so far */
+        Block *fresh = new_block(t->spans < FIRST_BLOCK ? FIRST_BLOCK : t->spans > LAST_BLOCK ? LAST_BLOCK : t->spans);
+        if (!fresh) return -1;
+        if (b) b->next = fresh;
+        else t->first = fresh;
+        t->last = b = fresh;
+    }
+    Py_ssize_t i = b->size++;
+    b->start[i] = ts;
+    b->end[i] = ABSENT;
+    b->name[i] = name;
+    b->depth[i] = t->depth > 255 ? 255 : (uint8_t)t->depth;
+    t->open[t->depth++] = (Open){&b->end[i], ts, ABSENT, ABSENT, t->spans++, -1, 0};
     return 0;
 }
 
-static int close_span(Matcher *m, Stack *s, int64_t ts) {
-    Open open = s->items[--s->size];
-    ((int64_t *)m->end.data)[open.span] = ts;
-    if (open.marks) {
-        PUSH(m->ready_span, int64_t, open.span);
-        PUSH(m->ready_name, int32_t, open.last_name);
-        PUSH(m->ready_wait, int64_t, open.marks > 1 ? open.last_ts - open.previous_ts : 0);
-    }
-    return 0;
+static int close_span(Matcher *m, Tensor *t, int64_t ts) {
+    Open open = t->open[--t->depth];
+    *open.end = ts;
+    t->closed++;
+    if (ts < open.start || (uint64_t)ts - (uint64_t)open.start > UINT32_MAX) m->wide = 1;
+    if (!open.marks) return 0;
+    Ready ready = {open.local, open.marks > 1 ? open.last_ts - open.previous_ts : 0, (int32_t)(t - m->tensors),
+                   open.last_name};
+    return push(&m->ready, &ready, sizeof ready);
 }
 
-static void mark(Stack *s, int64_t ts, int32_t name) {
-    Open *top = &s->items[s->size - 1];
+static void mark(Tensor *t, int64_t ts, int32_t name) {
+    Open *top = &t->open[t->depth - 1];
     top->previous_ts = top->last_ts;
     top->last_ts = ts;
     top->last_name = name;
@@ -146,16 +224,16 @@ static int feed_events(Matcher *m, const uint8_t *ph, const int32_t *name, const
                        const int64_t *pid, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++) {
         if ((ph[i] != 'B' && ph[i] != 'E' && ph[i] != 'X') || ts[i] == ABSENT) continue; /* no time: no span */
-        Stack *s = stack_of(m, pid[i]);
-        if (!s) return -1;
+        Tensor *t = tensor_of(m, pid[i]);
+        if (!t) return -1;
         if (ph[i] == 'B') {
-            if (begin(m, s, ts[i], pid[i], name[i]) < 0) return -1;
-        } else if (!s->size) {
+            if (begin(t, ts[i], name[i]) < 0) return -1;
+        } else if (!t->depth) {
             continue; /* a stray E, or a mark outside any span */
         } else if (ph[i] == 'E') {
-            if (close_span(m, s, ts[i]) < 0) return -1;
+            if (close_span(m, t, ts[i]) < 0) return -1;
         } else {
-            mark(s, ts[i], name[i]);
+            mark(t, ts[i], name[i]);
         }
     }
     return 0;
@@ -181,47 +259,152 @@ done:
     return result;
 }
 
-#define COLUMNS(m) {&(m)->start, &(m)->end, &(m)->pid, &(m)->name, &(m)->depth, &(m)->ready_span, \
-                     &(m)->ready_name, &(m)->ready_wait}
+static PyObject *tensors(Matcher *m, PyObject *Py_UNUSED(ignored)) {
+    PyObject *pids = PyBytes_FromStringAndSize(NULL, m->count * 8);
+    PyObject *closed = PyBytes_FromStringAndSize(NULL, m->count * 8);
+    if (!pids || !closed) {
+        Py_XDECREF(pids); Py_XDECREF(closed);
+        return NULL;
+    }
+    for (Py_ssize_t t = 0; t < m->count; t++) {
+        ((int64_t *)PyBytes_AS_STRING(pids))[t] = m->tensors[t].pid;
+        ((int64_t *)PyBytes_AS_STRING(closed))[t] = m->tensors[t].closed;
+    }
+    return Py_BuildValue("(NN)", pids, closed);
+}
 
-/* The columns as a tuple of bytes; with take, each column is freed once copied (only one is
- * ever held twice) and the matcher starts over. */
-static PyObject *columns_as_bytes(Matcher *m, int take) {
-    Column *columns[] = COLUMNS(m);
-    PyObject *result = PyTuple_New(8);
-    if (!result) return NULL;
-    for (int k = 0; k < 8; k++) {
-        PyObject *bytes = PyBytes_FromStringAndSize(columns[k]->data ? columns[k]->data : "", columns[k]->size);
-        if (!bytes) { Py_DECREF(result); return NULL; }
-        PyTuple_SET_ITEM(result, k, bytes);
-        if (take) {
-            PyMem_RawFree(columns[k]->data);
-            memset(columns[k], 0, sizeof(Column));
+/* Everything the matcher holds freed: it starts over. */
+static void clear(Matcher *m) {
+    for (Py_ssize_t t = 0; t < m->count; t++) {
+        for (Block *b = m->tensors[t].first, *next; b; b = next) {
+            next = b->next;
+            free_block(b);
         }
+        PyMem_RawFree(m->tensors[t].open);
     }
-    if (take) {
-        m->spans = 0;
-        for (Py_ssize_t i = 0; i < m->slots; i++) m->stacks[i].size = 0; /* spans open now never close */
+    PyMem_RawFree(m->tensors); PyMem_RawFree(m->slots); PyMem_RawFree(m->ready.data);
+    m->tensors = NULL; m->slots = NULL; m->ready = (Column){NULL, 0, 0};
+    m->count = m->room = m->slot_count = 0;
+    m->wide = 0;
+}
+
+typedef struct { /* where finish() and snapshot() write the spans */
+    int64_t *start;
+    char *duration; /* uint32, or int64 when wide */
+    int32_t *name;
+    uint8_t *depth;
+    int wide;
+} Out;
+
+/* Copies tensor t's closed spans to out from index at (with take, freeing each block once
+ * copied); returns whether they came by start. */
+static int copy_spans(Tensor *t, Out *out, Py_ssize_t at, int take) {
+    int in_order = 1;
+    int64_t previous = INT64_MIN;
+    for (Block *b = t->first, *next; b; b = next) {
+        next = b->next;
+        for (Py_ssize_t i = 0; i < b->size; i++) {
+            if (b->end[i] == ABSENT) continue;
+            int64_t start = b->start[i];
+            out->start[at] = start;
+            if (out->wide) ((int64_t *)out->duration)[at] = b->end[i] - start;
+            else ((uint32_t *)out->duration)[at] = (uint32_t)(b->end[i] - start);
+            out->name[at] = b->name[i];
+            out->depth[at] = b->depth[i];
+            in_order &= start >= previous;
+            previous = start;
+            at++;
+        }
+        if (take) free_block(b);
     }
+    if (take) t->first = t->last = NULL;
+    return in_order;
+}
+
+/* Where tensor t's span number local lands, its tensor's spans starting at offset: after the
+ * closed spans before it (the open ones are on its stack, in the order they began). */
+static int64_t placed(const Tensor *t, Py_ssize_t offset, int64_t local) {
+    int64_t open_before = 0;
+    while (open_before < t->depth && t->open[open_before].local < local) open_before++;
+    return offset + local - open_before;
+}
+
+static void place_ready(Matcher *m, const Py_ssize_t *offset, PyObject **columns) {
+    const Ready *ready = (const Ready *)m->ready.data;
+    int64_t *span = (int64_t *)PyBytes_AS_STRING(columns[4]);
+    int32_t *name = (int32_t *)PyBytes_AS_STRING(columns[5]);
+    int64_t *wait = (int64_t *)PyBytes_AS_STRING(columns[6]);
+    for (Py_ssize_t i = 0, j = 0; i < m->ready.size / (Py_ssize_t)sizeof(Ready); i++) {
+        if (offset[ready[i].tensor] < 0) continue;
+        span[j] = placed(&m->tensors[ready[i].tensor], offset[ready[i].tensor], ready[i].local);
+        name[j] = ready[i].name;
+        wait[j++] = ready[i].wait;
+    }
+}
+
+/* Each chosen tensor's first index in the output (-1: not chosen); returns the spans, -1 on a bad order. */
+static Py_ssize_t offsets_of(Matcher *m, const int32_t *chosen, Py_ssize_t rows, Py_ssize_t *offset) {
+    Py_ssize_t n = 0;
+    for (Py_ssize_t t = 0; t < m->count; t++) offset[t] = -1;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        if (chosen[r] < 0 || chosen[r] >= m->count || offset[chosen[r]] >= 0) return -1;
+        offset[chosen[r]] = n;
+        n += m->tensors[chosen[r]].closed;
+    }
+    return n;
+}
+
+static PyObject *spans_out(Matcher *m, PyObject *args, int take) {
+    Py_buffer order;
+    if (!PyArg_ParseTuple(args, "y*", &order)) return NULL;
+    PyObject *result = NULL, *columns[7] = {NULL};
+    const int32_t *chosen = order.buf;
+    Py_ssize_t rows = order.len / 4, kept = 0, n;
+    Py_ssize_t *offset = PyMem_RawMalloc((m->count + 1) * sizeof(Py_ssize_t));
+    if (!offset) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (order.len % 4 || (n = offsets_of(m, chosen, rows, offset)) < 0) {
+        PyErr_SetString(PyExc_ValueError, "order: int32 tensor indices, each at most once");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < m->ready.size / (Py_ssize_t)sizeof(Ready); i++)
+        kept += offset[((const Ready *)m->ready.data)[i].tensor] >= 0;
+    Py_ssize_t widths[7] = {8, m->wide ? 8 : 4, 4, 1, 8, 4, 8}, lengths[7] = {n, n, n, n, kept, kept, kept};
+    for (int c = 0; c < 7; c++)
+        if (!(columns[c] = PyBytes_FromStringAndSize(NULL, widths[c] * lengths[c]))) goto done;
+    place_ready(m, offset, columns);
+    Out out = {(int64_t *)PyBytes_AS_STRING(columns[0]), PyBytes_AS_STRING(columns[1]),
+               (int32_t *)PyBytes_AS_STRING(columns[2]), (uint8_t *)PyBytes_AS_STRING(columns[3]), m->wide};
+    int in_order = 1;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r = 0; r < rows; r++) in_order &= copy_spans(&m->tensors[chosen[r]], &out, offset[chosen[r]], take);
+    if (take) clear(m);
+    Py_END_ALLOW_THREADS
+    result = Py_BuildValue("(OOOONOOO)", columns[0], columns[1], columns[2], columns[3], PyBool_FromLong(in_order),
+                           columns[4], columns[5], columns[6]);
+done:
+    for (int c = 0; c < 7; c++) Py_XDECREF(columns[c]);
+    PyMem_RawFree(offset);
+    PyBuffer_Release(&order);
     return result;
 }
 
-static PyObject *finish(Matcher *m, PyObject *Py_UNUSED(ignored)) { return columns_as_bytes(m, 1); }
+static PyObject *finish(Matcher *m, PyObject *args) { return spans_out(m, args, 1); }
 
-static PyObject *snapshot(Matcher *m, PyObject *Py_UNUSED(ignored)) { return columns_as_bytes(m, 0); }
+static PyObject *snapshot(Matcher *m, PyObject *args) { return spans_out(m, args, 0); }
 
 static void dealloc(Matcher *m) {
-    for (Py_ssize_t i = 0; i < m->slots; i++) PyMem_RawFree(m->stacks[i].items);
-    PyMem_RawFree(m->keys); PyMem_RawFree(m->used); PyMem_RawFree(m->stacks);
-    Column *columns[] = COLUMNS(m);
-    for (int k = 0; k < 8; k++) PyMem_RawFree(columns[k]->data);
+    clear(m);
     Py_TYPE(m)->tp_free((PyObject *)m);
 }
 
 static PyMethodDef matcher_methods[] = {
     {"feed", (PyCFunction)feed, METH_VARARGS, "Match the next events (file order)."},
-    {"finish", (PyCFunction)finish, METH_NOARGS, "The spans and their readiness marks, as bytes."},
-    {"snapshot", (PyCFunction)snapshot, METH_NOARGS, "The spans so far, as bytes; matching goes on."},
+    {"tensors", (PyCFunction)tensors, METH_NOARGS, "Each tensor's pid and closed spans, as bytes."},
+    {"finish", (PyCFunction)finish, METH_VARARGS, "The spans of the tensors in order, as bytes; starts over."},
+    {"snapshot", (PyCFunction)snapshot, METH_VARARGS, "The spans so far, as bytes; matching goes on."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -236,7 +419,22 @@ static PyTypeObject MatcherType = {
     .tp_methods = matcher_methods,
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_match", NULL, -1, NULL};
+static PyObject *trim(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
+    int released = 0;
+#ifdef __GLIBC__
+    Py_BEGIN_ALLOW_THREADS
+    released = malloc_trim(0);
+    Py_END_ALLOW_THREADS
+#endif
+    return PyBool_FromLong(released);
+}
+
+static PyMethodDef module_methods[] = {
+    {"trim", trim, METH_NOARGS, "Give the heap's free pages back to the system (glibc), where it can."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_match", NULL, -1, module_methods};
 
 PyMODINIT_FUNC PyInit__match(void) {
     if (PyType_Ready(&MatcherType) < 0) return NULL;

@@ -10,7 +10,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .hints import FIFTHS, FULL, hints, render
+from .hints import FULL, hints, render
+from .matching import release_memory
+from .phases import phases
 from .reader import Timeline
 from .store import SpanStore
 
@@ -18,6 +20,7 @@ __all__ = ["Analysis", "analyze", "fusion_threshold", "spans"]
 
 COMMUNICATION = ("ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL", "REDUCESCATTER")
 DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024  # Horovod 0.28's HOROVOD_FUSION_THRESHOLD
+CHUNK = 1 << 20  # spans summed at a time (bounds the scratch memory)
 
 
 def spans(timeline: Timeline) -> pd.DataFrame:
@@ -82,10 +85,7 @@ def analyze(timeline: Timeline, threshold: int | None = None) -> Analysis:
     negotiation = top & negotiate[kind]
     kinds, rows = len(store.kind_names), len(store.row_names)
     per_activity = pd.DataFrame(
-        {
-            "total": np.bincount(kind, weights=duration, minlength=kinds).astype(np.int64),
-            "count": np.bincount(kind, minlength=kinds),
-        },
+        {"total": _totals(kind, duration, kinds), "count": _totals(kind, None, kinds)},
         index=pd.Index(store.kind_names, name="name"),
     )
     per_activity["mean"] = per_activity["total"] / per_activity["count"].where(per_activity["count"] > 0, 1)
@@ -94,10 +94,8 @@ def analyze(timeline: Timeline, threshold: int | None = None) -> Analysis:
     per_tensor = (
         pd.DataFrame(
             {
-                "total": np.bincount(store.row[top], weights=duration[top], minlength=rows)[named],
-                "negotiation": np.bincount(
-                    store.row[negotiation], weights=duration[negotiation], minlength=rows
-                )[named],
+                "total": _totals(store.row, duration, rows, top)[named],
+                "negotiation": _totals(store.row, duration, rows, negotiation)[named],
             },
             index=pd.Index([store.row_tensors[i] for i in named], name="tensor"),
         )
@@ -108,19 +106,35 @@ def analyze(timeline: Timeline, threshold: int | None = None) -> Analysis:
     )
     communication = (depth > 0) & store.kinds_where(COMMUNICATION, contains=True)[kind]
     fusion = store.kinds_where("FUSION_BUFFER", contains=True)[kind]
-    wall = int(store.end.max() - store.start.min()) if len(store) else 0
-    return Analysis(
+    wall = store.last_end - store.first_start
+    analysis = Analysis(
         per_activity=per_activity,
         per_tensor=per_tensor,
-        per_phase=_phases(store),
+        per_phase=phases(store),
         **_readiness(store, int(negotiation.sum()), store.start[negotiation]),
         negotiation_us=int(duration[negotiation].sum()),
         communication_us=int(duration[communication].sum()),
         fusion_us=int(duration[fusion].sum()),
         wall_us=wall,
-        **_cycles(store.cycles, store.start[top & ~negotiate[kind]]),
+        **_cycles(store, top & ~negotiate[kind]),
         **_fusion(store, top & ~negotiate[kind], fusion_threshold() if threshold is None else threshold),
     )
+    release_memory()  # what the sums over every span freed
+    return analysis
+
+
+def _totals(
+    index: np.ndarray, weights: np.ndarray | None, length: int, where: np.ndarray | None = None
+) -> np.ndarray:
+    """``weights`` (None: ones) summed by ``index`` where ``where``, a piece at a time: no
+    64-bit copy of a column as long as the timeline."""
+    total = np.zeros(length)
+    for lo in range(0, len(index), CHUNK):
+        piece = slice(lo, lo + CHUNK)
+        keep = slice(None) if where is None else where[piece]
+        some = None if weights is None else weights[piece][keep]
+        total += np.bincount(index[piece][keep], weights=some, minlength=length)
+    return total.astype(np.int64)
 
 
 def _fusion(store: SpanStore, top_level: np.ndarray, threshold: int) -> dict[str, Any]:
@@ -163,54 +177,23 @@ def _fusion(store: SpanStore, top_level: np.ndarray, threshold: int) -> dict[str
     return {"fusion": table.sort_values("collectives", ascending=False), "fusion_threshold": threshold}
 
 
-def _cycles(marks: np.ndarray, operations: np.ndarray) -> dict[str, Any]:
-    """With ``timeline=cycles``: how many of Horovod's background cycles started no operation."""
+def _cycles(store: SpanStore, operations: np.ndarray) -> dict[str, Any]:
+    """With ``timeline=cycles``: how many of Horovod's background cycles started no operation
+    (``operations``: which spans are operations)."""
+    marks = store.cycles
     if len(marks) < 2:
         return {"cycles": len(marks), "idle_cycles": 0, "cycle_us": 0.0}
-    # the cycle an operation starts in: the last mark at or before it
-    busy = np.unique(np.searchsorted(marks, operations, side="right") - 1)
-    busy = busy[busy >= 0]
+    busy = np.zeros(len(marks), bool)
+    for lo in range(0, len(store), CHUNK):
+        starts = store.start[lo : lo + CHUNK][operations[lo : lo + CHUNK]]
+        # the cycle an operation starts in: the last mark at or before it
+        cycle = np.searchsorted(marks, starts, side="right") - 1
+        busy[cycle[cycle >= 0]] = True
     return {
         "cycles": len(marks),
-        "idle_cycles": len(marks) - len(busy),
+        "idle_cycles": len(marks) - int(busy.sum()),
         "cycle_us": float(np.median(np.diff(marks))),
     }
-
-
-PHASES = {  # Horovod's activity names, by the phase of a tensor's trip they belong to
-    "negotiation": ("NEGOTIATE_",),
-    "queue": ("QUEUE",),
-    "wait for data": ("WAIT_FOR_DATA", "WAIT_FOR_OTHER_TENSOR_DATA"),
-    "fusion-buffer copies": ("MEMCPY_IN_FUSION_BUFFER", "MEMCPY_OUT_FUSION_BUFFER", "INIT_FUSION_BUFFER"),
-    "collective": ("MPI_", "GLOO_", "NCCL_", "CCL_", "DDL_"),
-}
-
-
-def _phases(store: SpanStore) -> pd.DataFrame:
-    """Time per phase, its spread (median and 95th percentile of one occurrence), and when in the
-    run it was spent (its share in each fifth of the wall time, by start)."""
-    columns = ["total", "count", "p50", "p95", *FIFTHS]
-    phase_of_kind = np.full(len(store.kind_names), -1)
-    for number, prefixes in enumerate(PHASES.values()):
-        phase_of_kind[store.kinds_where(prefixes) & (phase_of_kind < 0)] = number
-    phase = phase_of_kind[store.kind] if len(store) else np.empty(0, np.int64)
-    if not (phase >= 0).any():
-        return pd.DataFrame(columns=columns)
-    begin, wall = int(store.start.min()), max(int(store.end.max() - store.start.min()), 1)
-    rows = {}
-    for number, label in enumerate(PHASES):
-        mine = phase == number
-        if not mine.any():
-            continue
-        duration = store.duration[mine]
-        fifth = ((store.start[mine] - begin) * 5 // wall).clip(0, 4)
-        total = int(duration.sum())
-        spread = np.bincount(fifth, weights=duration, minlength=5) / (total or 1)
-        p50, p95 = np.percentile(duration, [50, 95])
-        rows[label] = [total, len(duration), float(p50), float(p95), *spread]
-    table = pd.DataFrame.from_dict(rows, orient="index", columns=columns)
-    table.index.name = "phase"
-    return table.sort_values("total", ascending=False)
 
 
 def _readiness(store: SpanStore, negotiations: int, negotiation_starts: np.ndarray) -> dict[str, Any]:
@@ -222,36 +205,49 @@ def _readiness(store: SpanStore, negotiations: int, negotiation_starts: np.ndarr
     mine = (store.ready_depth == 0) & store.kinds_where("NEGOTIATE")[store.ready_kind]
     if not mine.any():
         return {"stragglers": empty, "worst": pd.DataFrame(), "negotiations": negotiations, "ranked": 0}
-    last = pd.DataFrame(
-        {
-            "row": store.ready_row[mine],
-            "start": store.ready_start[mine],
-            "name": np.asarray(store.ready_rank, dtype=object)[mine],
-            "wait": store.ready_wait[mine],
-        }
-    )
-    by_rank = last.groupby("name")["wait"]
-    stragglers = pd.DataFrame(
-        {"times last": by_rank.size(), "mean wait": by_rank.mean(), "max wait": by_rank.max()}
-    )
-    # every rank that marked readiness has a row, also one that was never last
-    ranks = sorted(set(store.ranks) | set(stragglers.index), key=lambda name: (len(name), name))
-    stragglers = stragglers.reindex(ranks).fillna({"times last": 0, "mean wait": 0.0, "max wait": 0})
-    stragglers["times last"] = stragglers["times last"].astype(int)
-    stragglers.insert(1, "share", stragglers["times last"] / len(last))
-    stragglers.index = stragglers.index.rename("rank")
-    worst = last.nlargest(5, "wait")
-    worst = pd.DataFrame(
-        {
-            "tensor": [store.row_names[r] for r in worst["row"]],
-            "at": worst["start"].to_numpy() - negotiation_starts.min(),
-            "last rank": worst["name"].to_numpy(),
-            "wait": worst["wait"].to_numpy(),
-        }
-    )
+    labels = [*store.ranks, "?"]  # "?": a mark without a name
+    rank = store.ready_rank[mine]
+    rank = np.where(rank < 0, len(store.ranks), rank)
+    wait = store.ready_wait[mine]
     return {
-        "stragglers": stragglers.sort_values("times last", ascending=False, kind="stable"),
-        "worst": worst,
+        "stragglers": _stragglers(labels, rank, wait),
+        "worst": _worst(store, labels, np.flatnonzero(mine), rank, negotiation_starts.min()),
         "negotiations": negotiations,
-        "ranked": len(last),
+        "ranked": len(rank),
     }
+
+
+def _stragglers(labels: list[str], rank: np.ndarray, wait: np.ndarray) -> pd.DataFrame:
+    """Per rank (every rank that marked readiness, also one never last): how often it was last,
+    the share of negotiations, the others' mean and longest wait for it."""
+    times = np.bincount(rank, minlength=len(labels))
+    longest = np.zeros(len(labels), np.int64)
+    np.maximum.at(longest, rank, wait)
+    mean = np.bincount(rank, weights=wait, minlength=len(labels)) / np.maximum(times, 1)
+    shown = [i for i in range(len(labels)) if i < len(labels) - 1 or times[i]]
+    shown.sort(key=lambda i: (len(labels[i]), labels[i]))
+    stragglers = pd.DataFrame(
+        {"times last": times[shown], "share": times[shown] / len(rank), "mean wait": mean[shown],
+         "max wait": longest[shown]},
+        index=pd.Index([labels[i] for i in shown], name="rank"),
+    )  # fmt: skip
+    return stragglers.sort_values("times last", ascending=False, kind="stable")
+
+
+def _worst(
+    store: SpanStore, labels: list[str], index: np.ndarray, rank: np.ndarray, began: int
+) -> pd.DataFrame:
+    """The five longest waits (ties: the earlier first): which tensor, when, which rank was last."""
+    wait = store.ready_wait[index]
+    count = min(5, len(wait))
+    floor = np.partition(wait, len(wait) - count)[len(wait) - count]
+    candidates = np.flatnonzero(wait >= floor)
+    top = candidates[np.argsort(-wait[candidates], kind="stable")][:count]
+    return pd.DataFrame(
+        {
+            "tensor": [store.row_names[r] for r in store.ready_row[index[top]]],
+            "at": store.ready_start[index[top]] - began,
+            "last rank": [labels[r] for r in rank[top]],
+            "wait": wait[top],
+        }
+    )

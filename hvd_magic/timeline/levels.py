@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 MERGE = 8  # the finest level holds at most 1/MERGE as many items as there are spans
-CHUNK = 1 << 21  # spans merged at a time when the finest level is built (bounds the scratch memory)
+CHUNK = 1 << 19  # spans merged at a time when the finest level is built (bounds the scratch memory)
 
 
 @dataclass
@@ -115,7 +115,7 @@ def _level(items: Items, bucket: int, origin: int, runs: int) -> Level:
 
 def span_items(store: SpanStore, index: np.ndarray) -> Items:
     """The store's spans at ``index`` (in run order: depth, row, start) as items of one span."""
-    duration = store.duration[index]
+    duration = store.duration[index].astype(np.int64)
     return Items(
         start=store.start[index],
         duration=duration,
@@ -151,6 +151,19 @@ def _finest_bucket(store: SpanStore, origin: int, length: int) -> int | None:
     return 1 << exponents[lo]
 
 
+def _joined(pieces: list[Items]) -> Items:
+    """The pieces as one, a column at a time, each piece's column dropped once copied (the
+    pieces are held once, not twice). Empties ``pieces``."""
+    columns = [list(c) for c in zip(*(vars(p).values() for p in pieces), strict=True)]
+    pieces.clear()
+    joined = []
+    while columns:
+        parts = columns.pop(0)
+        joined.append(np.concatenate(parts))
+        parts.clear()
+    return Items(*joined)
+
+
 def kind_count(store: SpanStore) -> int:
     """The ``kinds`` of an item's ``lead`` (longest * kinds + kind)."""
     return max(len(store.kind_names), 1)
@@ -161,8 +174,8 @@ def build_levels(store: SpanStore, smallest: int) -> list[Level]:
     would merge enough to be worth its memory."""
     if not len(store):
         return []
-    origin = int(store.start.min())
-    length = int(store.end.max()) - origin
+    origin = store.first_start
+    length = store.last_end - origin
     bucket = _finest_bucket(store, origin, length)
     if bucket is None:
         return []
@@ -173,8 +186,7 @@ def build_levels(store: SpanStore, smallest: int) -> list[Level]:
         for lo in range(0, len(store), CHUNK):
             chunk = span_items(store, lo + np.flatnonzero(store.depth[lo : lo + CHUNK] == depth))
             pieces.append(merge_edges(chunk, bucket_edges(chunk, (chunk.start - origin) // bucket, bucket)))
-    joined = Items(*(np.concatenate(c) for c in zip(*(vars(p).values() for p in pieces), strict=True)))
-    levels = [_level(joined, bucket, origin, runs)]  # merges what the chunk borders cut apart
+    levels = [_level(_joined(pieces), bucket, origin, runs)]  # merges what the chunk borders cut apart
     while len(levels[-1].items) > smallest and levels[-1].bucket < length:
         levels.append(_level(levels[-1].items, 2 * levels[-1].bucket, origin, runs))
     return levels

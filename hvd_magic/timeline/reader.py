@@ -43,7 +43,9 @@ __all__ = [
     "skip_opening",
 ]
 
-CHUNK_BYTES = 16 * 1024 * 1024
+# What the scanner threads hold at a time (a chunk, its columns): each thread's heap keeps about
+# that much once the scan is done (glibc does not give a thread heap's top back), so small.
+CHUNK_BYTES = 4 * 1024 * 1024
 
 # (file offset, bytes, is the file's last chunk, the file ends with its "]": no event is cut off)
 Chunk = tuple[int, memoryview, bool, bool]
@@ -120,6 +122,7 @@ def read_fast(name: str) -> Timeline | None:
     """The C scanner's reading, or None when it is not built or the file is not plain Horovod
     output (then :func:`read_general` reads it and says what is wrong)."""
     from . import _fast
+    from .matching import release_memory
 
     digest = _fast.Digest()
     with open(name, "rb") as file:
@@ -128,10 +131,11 @@ def read_fast(name: str) -> Timeline | None:
     if truncated is None:
         return None
     tensors, start = metadata(digest.meta)
+    store = digest.builder.finish(digest.names, tensors, digest.tensor_bytes)
+    release_memory()  # the scan's buffers, freed
     return Timeline(
         name, digest.events, tensors, start, truncated, chunks.closed, digest.tensor_bytes,
-        _load=functools.partial(_events_again, name),
-        _store=digest.builder.finish(digest.names, tensors, digest.tensor_bytes),
+        _load=functools.partial(_events_again, name), _store=store,
     )  # fmt: skip
 
 

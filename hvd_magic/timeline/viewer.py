@@ -20,6 +20,7 @@ import traitlets
 from ..errors import HorovodMagicError
 from .detail import Marks, no_marks, window
 from .levels import build_levels
+from .matching import release_memory
 from .reader import Timeline
 from .store import SpanStore
 
@@ -76,8 +77,8 @@ class TimelineViewer(anywidget.AnyWidget):
         lod = len(store) > DIRECT_SPANS
         levels = build_levels(store, LEVEL_ITEMS) if lod else []
         self._store, self._levels = store, levels
-        self._origin = int(store.start.min()) if len(store) else 0
-        end = int(store.end.max()) if len(store) else self._origin + 1
+        self._origin = store.first_start
+        end = store.last_end if len(store) else self._origin + 1
         rows = list(range(len(store.row_names)))
         pixels = int(np.clip(OVERVIEW_MARKS // max(3 * len(rows), 1), 50, width))
         # a newer store of a growing file: activities keep their index (the front end's
@@ -87,6 +88,7 @@ class TimelineViewer(anywidget.AnyWidget):
         self._kind_map = np.array([position[n] for n in store.kind_names] or [0], np.uint16)
         limit = 0 if lod else len(store)
         marks = window(store, self._origin, end, pixels, rows, limit, self._origin, self._levels)
+        release_memory()  # what building the levels freed
         with self.hold_sync():
             self.row_names = store.row_names
             self.activity_names = names
