@@ -10,7 +10,7 @@ from typing import Any
 
 from .data.source import check_source
 from .errors import DataError
-from .sinks.extras import mlflow_module, tensorboard_writer
+from .sinks.extras import mlflow_module, tensorboard_record_writer
 
 __all__ = ["RunOptions", "OptionError", "make_options", "parse_env", "parse_names"]
 
@@ -117,7 +117,7 @@ def parse_logdir(value: str | None) -> str | None:
         raise OptionError(f"logdir={value}: give a folder of this machine (or a mount: /dbfs/...), not a URL")
     folder = os.path.abspath(os.path.expanduser(value))
     try:
-        tensorboard_writer()
+        tensorboard_record_writer()
         os.makedirs(folder, exist_ok=True)
     except (ImportError, OSError) as err:
         raise OptionError(f"logdir={value}: {err}") from None

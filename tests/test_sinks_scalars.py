@@ -33,6 +33,22 @@ def test_a_metric_only_some_ranks_report_gets_its_mean_after_the_grace_or_at_the
     assert scalars.rest() == []
 
 
+def test_a_value_after_its_steps_mean_was_written_is_the_ranks_point_only():
+    scalars = Scalars(ranks=2)
+    scalars.take(reports(0, {"t": 1.0, "step": 1, "metrics": {"loss": 1.0}}), now=0.0)
+    assert scalars.take(Message(Exit(0), 0), now=GRACE_SECONDS) == [Point("loss", 1, 1.0, 1.0)]
+    late = scalars.take(reports(1, {"t": 20.0, "step": 1, "metrics": {"loss": 3.0}}), now=GRACE_SECONDS + 1)
+    assert late == [Point("loss", 1, 3.0, 20.0, rank=1)]
+    assert scalars.rest() == []  # no second mean for step 1
+    # Steps that come again (an estimator counts them per epoch) get their means again.
+    again = [reports(rank, {"t": 30.0, "step": 1, "metrics": {"loss": 5.0}}) for rank in (0, 1)]
+    assert scalars.take(again[0], now=20.0) + scalars.take(again[1], now=20.0) == [
+        Point("loss", 1, 5.0, 30.0, rank=0),
+        Point("loss", 1, 5.0, 30.0, rank=1),
+        Point("loss", 1, 5.0, 30.0),
+    ]
+
+
 def test_a_metric_without_a_step_is_at_the_ranks_current_step_else_its_count_of_records():
     scalars = Scalars(ranks=1)
     points = scalars.take(

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 from IPython.core.error import UsageError
 from tensorboard.backend.event_processing import event_accumulator
-from tensorboard.util import tensor_util
 
 from hvd_magic import HorovodRunner, RankFailedError
 from hvd_magic.sinks import model_dir_logdir
@@ -38,13 +37,10 @@ hvd.allgather_object(sent)
 
 def read_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
     """Every scalar series in a run's folder, as TensorBoard reads it (all points kept)."""
-    reader = event_accumulator.EventAccumulator(str(folder), size_guidance={event_accumulator.TENSORS: 0})
+    reader = event_accumulator.EventAccumulator(str(folder), size_guidance={event_accumulator.SCALARS: 0})
     reader.Reload()
     return {
-        tag: [
-            (event.step, float(tensor_util.make_ndarray(event.tensor_proto))) for event in reader.Tensors(tag)
-        ]
-        for tag in reader.Tags()["tensors"]
+        tag: [(event.step, event.value) for event in reader.Scalars(tag)] for tag in reader.Tags()["scalars"]
     }
 
 
@@ -53,6 +49,13 @@ def same_points(written: list[tuple[int, float]], expected: list[tuple[int, floa
     return [step for step, _ in written] == [step for step, _ in expected] and [
         value for _, value in written
     ] == pytest.approx([value for _, value in expected], rel=1e-6)
+
+
+def without_tensorboard(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As if tensorboard were not installed: its modules cannot be imported."""
+    for name in [name for name in sys.modules if name.startswith("tensorboard.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, "tensorboard", None)
 
 
 def only_run(logdir: Path) -> Path:
@@ -143,9 +146,7 @@ def test_horovod_runner_takes_logdir(tmp_path):
 
 
 def test_logdir_without_tensorboard_says_what_to_install(ip, monkeypatch, tmp_path):
-    for name in [name for name in sys.modules if name == "tensorboard" or name.startswith("tensorboard.")]:
-        monkeypatch.setitem(sys.modules, name, None)  # as if it were not installed
-    monkeypatch.setitem(sys.modules, "tensorboard", None)
+    without_tensorboard(monkeypatch)
     with pytest.raises(UsageError, match=re.escape("pip install hvd_magic[tensorboard]")):
         ip.run_cell_magic("horovod", f"np=-2 logdir={tmp_path}", "1")
     with pytest.raises(ValueError, match=re.escape("pip install hvd_magic[tensorboard]")):
@@ -155,7 +156,7 @@ def test_logdir_without_tensorboard_says_what_to_install(ip, monkeypatch, tmp_pa
 def test_an_estimators_model_dir_has_its_event_files_when_tensorboard_is_installed(monkeypatch, tmp_path):
     assert model_dir_logdir(str(tmp_path)) == str(tmp_path / "logs")
     assert model_dir_logdir(None) is None
-    monkeypatch.setitem(sys.modules, "tensorboard.summary", None)  # as if it were not installed
+    without_tensorboard(monkeypatch)
     assert model_dir_logdir(str(tmp_path)) is None  # a default, not a request: no error
 
 

@@ -98,10 +98,10 @@ def make_sinks(options: RunOptions) -> Sinks:
 def model_dir_logdir(folder: str | None) -> str | None:
     """Where an estimator's run writes its event files by default: ``model_dir/logs`` (as
     horovod.spark's estimators wrote theirs into their run folder), when tensorboard is installed."""
-    from .extras import tensorboard_writer
+    from .extras import tensorboard_record_writer
 
     try:
-        tensorboard_writer()
+        tensorboard_record_writer()
     except ImportError:
         return None
     return os.path.join(folder, "logs") if folder else None

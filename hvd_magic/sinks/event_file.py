@@ -1,10 +1,13 @@
-"""TensorBoard's own ``Writer``, over an ``Output`` that writes its events into a plain file.
+"""A TensorBoard event file, written with TensorBoard's own pieces: its protos (``Event``,
+``Summary``) and its record framing (``RecordWriter``: length, masked CRC32C, data, CRC).
 
-TensorBoard's ``DirectoryOutput`` opens its file through ``tf.io.gfile``, which imports
-TensorFlow whenever it is installed (4 s and its memory in the notebook, measured here, for a
-run that trains in other processes). This ``Output`` (TensorBoard's extension point for where
-summaries go) builds the same events, with TensorBoard's protos and its record framing
-(``RecordWriter``: length, masked CRC32C), and writes them with Python's ``open``.
+Why not a whole writer: TensorBoard's ``DirectoryOutput`` (behind ``tensorboard.summary.Writer``)
+opens its file through ``tf.io.gfile``, which imports TensorFlow whenever it is installed (4 s
+and its memory in the notebook, measured here, for a run that trains in other processes);
+``torch.utils.tensorboard`` imports torch and TensorFlow, tensorboardX torch. And ``Writer``
+stores each scalar as a tensor proto, three times the work of a ``simple_value`` (the classic
+scalar, which TensorBoard's scalars dashboard reads the same), on the notebook thread that
+also feeds the live view.
 """
 
 from __future__ import annotations
@@ -16,51 +19,31 @@ import time
 from typing import Any
 
 from tensorboard.compat.proto import event_pb2, summary_pb2
-from tensorboard.summary import Output, Writer
 from tensorboard.summary.writer.record_writer import RecordWriter
-from tensorboard.util import tensor_util
 
-__all__ = ["EventFile", "open_writer"]
+__all__ = ["EventFile"]
 
 _numbers = itertools.count()  # two files opened in the same second get different names
 
 
-def open_writer(folder: str) -> Any:
-    """A ``tensorboard.summary.Writer`` writing into a new event file in ``folder``."""
-    return Writer(EventFile(folder))
-
-
-class EventFile(Output):  # type: ignore[misc]  # tensorboard ships no type hints
-    """One event file, named as TensorFlow names them (``events.out.tfevents.TIME.HOST.PID.N``)
-    so that TensorBoard finds it."""
+class EventFile:
+    """One event file in ``folder``, named as TensorFlow names them
+    (``events.out.tfevents.TIME.HOST.PID.N``) so that TensorBoard finds it."""
 
     def __init__(self, folder: str) -> None:
         stamp, host = f"{int(time.time()):010d}", socket.gethostname()
-        name = f"events.out.tfevents.{stamp}.{host}.{os.getpid()}.{next(_numbers)}"
-        self.path = os.path.join(folder, name)
+        self.path = os.path.join(folder, f"events.out.tfevents.{stamp}.{host}.{os.getpid()}.{next(_numbers)}")
         self._records = RecordWriter(open(self.path, "wb"))  # noqa: SIM115 - closed by close()
         self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
         self.flush()
 
-    def emit_scalar(
-        self,
-        *,
-        plugin_name: str,
-        tag: str,
-        data: Any,
-        step: Any,
-        wall_time: float,
-        tag_metadata: bytes | None = None,
-        description: str | None = None,
-    ) -> None:
-        metadata = summary_pb2.SummaryMetadata(
-            plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=plugin_name, content=tag_metadata),
-            summary_description=description,
-            data_class=summary_pb2.DataClass.DATA_CLASS_SCALAR,
-        )
-        event = event_pb2.Event(wall_time=wall_time, step=step)
-        event.summary.value.add(tag=tag, tensor=tensor_util.make_tensor_proto(data), metadata=metadata)
-        self._write(event)
+    def scalar(self, tag: str, value: float, step: int, wall_time: float, description: str = "") -> None:
+        """One point of the series ``tag``; ``description`` is kept from its first point."""
+        summary = summary_pb2.Summary()
+        entry = summary.value.add(tag=tag, simple_value=value)
+        if description:
+            entry.metadata.summary_description = description
+        self._write(event_pb2.Event(wall_time=wall_time, step=step, summary=summary))
 
     def _write(self, event: Any) -> None:
         self._records.write(event.SerializeToString())

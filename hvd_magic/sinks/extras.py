@@ -5,21 +5,21 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["MLFLOW_INSTALL", "TENSORBOARD_INSTALL", "mlflow_module", "tensorboard_writer"]
+__all__ = ["MLFLOW_INSTALL", "TENSORBOARD_INSTALL", "mlflow_module", "tensorboard_record_writer"]
 
 TENSORBOARD_INSTALL = "pip install hvd_magic[tensorboard] (or pip install tensorboard)"
 MLFLOW_INSTALL = "pip install hvd_magic[mlflow] (or pip install mlflow)"
 
 
-def tensorboard_writer() -> Any:
-    """``tensorboard.summary.Writer``: TensorBoard's own, framework-free writer."""
+def tensorboard_record_writer() -> Any:
+    """TensorBoard's record writer (event files are written with it and TensorBoard's protos)."""
     try:
-        from tensorboard.summary import Writer
+        from tensorboard.summary.writer.record_writer import RecordWriter
     except ImportError as err:
         raise ImportError(
             f"writing TensorBoard event files needs the tensorboard package: {TENSORBOARD_INSTALL}"
         ) from err
-    return Writer
+    return RecordWriter
 
 
 def mlflow_module() -> Any:

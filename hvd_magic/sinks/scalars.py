@@ -4,8 +4,10 @@ across ranks at each step.
 A step's mean is known once every rank reported that metric at that step. A metric only some
 ranks report (``if hvd.rank() == 0: report(val_acc=...)``) never gets there: its step's mean is
 taken over the ranks that did, ``GRACE_SECONDS`` after the first of them (ranks in step report
-within a flush or two of each other, 0.1 s apart), or when the run ends. A metric reported
-without a step belongs to the rank's current step, as in the live view.
+within a flush or two of each other, 0.1 s apart), or when the run ends. A value that comes
+after its step's mean was written (a rank more than the grace behind) is that rank's point
+only: a step has one mean. A metric reported without a step belongs to the rank's current
+step, as in the live view.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from ..protocol import Message, Reports
 __all__ = ["GRACE_SECONDS", "Point", "Scalars"]
 
 GRACE_SECONDS = 10.0
+LATE_LIMIT = 10_000  # steps whose mean was written without some ranks, remembered for their values
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,7 @@ class Scalars:
         self._step: dict[int, int] = {}  # rank -> its latest step
         self._count: dict[int, int] = {}  # rank -> its records: the x of metrics never given a step
         self._pending: dict[tuple[str, int], _Pending] = {}  # (metric, step), oldest first
+        self._late: dict[tuple[str, int], set[int]] = {}  # written without these ranks, oldest first
 
     def take(self, message: Message, now: float) -> list[Point]:
         """The points in ``message`` (arrived at ``now``, the run's clock), and the means that
@@ -72,6 +76,8 @@ class Scalars:
         points = []
         for name, value in record.get("metrics", {}).items():
             points.append(Point(name, step, float(value), wall_time, rank))
+            if self._arrived_late((name, step), rank):
+                continue
             pending = self._pending.setdefault((name, step), _Pending(now, wall_time))
             pending.values[rank] = float(value)
             pending.wall_time = max(pending.wall_time, wall_time)
@@ -85,8 +91,21 @@ class Scalars:
             key, pending = next(iter(self._pending.items()))
             if now - pending.arrived < self.grace:
                 break
-            points.append(self._mean(key, self._pending.pop(key)))
+            pending = self._pending.pop(key)
+            points.append(self._mean(key, pending))
+            self._late[key] = set(range(self.ranks)) - set(pending.values)
+            if len(self._late) > LATE_LIMIT:
+                del self._late[next(iter(self._late))]
         return points
+
+    def _arrived_late(self, key: tuple[str, int], rank: int) -> bool:
+        missing = self._late.get(key)
+        if missing is None or rank not in missing:
+            return False
+        missing.discard(rank)
+        if not missing:
+            del self._late[key]
+        return True
 
     @staticmethod
     def _mean(key: tuple[str, int], pending: _Pending) -> Point:

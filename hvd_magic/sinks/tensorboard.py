@@ -1,11 +1,9 @@
 """TensorBoard event files of a run (``logdir=``), written on the notebook's side from the
 ranks' reports: each metric per rank as ``name/rank_N`` and the mean across ranks as ``name``.
 
-The writer is TensorBoard's own ``tensorboard.summary.Writer`` (through ``event_file``, which
-keeps TensorFlow out of the notebook): it needs only numpy and TensorBoard's protos, and comes
-with the package needed anyway to look at the files (``tensorboard --logdir``). The other
-writers import a framework into the notebook: ``torch.utils.tensorboard`` torch and TensorFlow,
-tensorboardX torch (when installed).
+Written with TensorBoard's own protos and record framing (``event_file``), without importing
+TensorFlow or torch into the notebook: tensorboard is the one package needed, the one that
+also opens the files (``tensorboard --logdir``).
 """
 
 from __future__ import annotations
@@ -28,9 +26,9 @@ class TensorBoardSink:
     def __init__(self, folder: str, ranks: int, clock: Callable[[], float] = time.monotonic) -> None:
         os.makedirs(folder, exist_ok=True)
         self.folder, self.clock = folder, clock
-        from .event_file import open_writer
+        from .event_file import EventFile
 
-        self.writer = open_writer(folder)
+        self.writer = EventFile(folder)
         self.scalars = Scalars(ranks)
         self.ranks = ranks
         self._described: set[str] = set()
@@ -53,7 +51,7 @@ class TensorBoardSink:
     def _write(self, point: Point) -> None:
         self._unflushed = True
         tag = point.name if point.rank is None else f"{point.name}/rank_{point.rank}"
-        description = None
+        description = ""
         if tag not in self._described:  # TensorBoard keeps the first; no need to repeat it
             self._described.add(tag)
             description = (
@@ -61,6 +59,4 @@ class TensorBoardSink:
                 if point.rank is None
                 else f"as rank {point.rank} reported it"
             )
-        self.writer.add_scalar(
-            tag, point.value, point.step, wall_time=point.wall_time, description=description
-        )
+        self.writer.scalar(tag, point.value, point.step, point.wall_time, description)
