@@ -8,6 +8,7 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 from .helpers import leftover_processes
+from .multihost import multihost  # noqa: F401 - the multi-host bed's fixture, for any test module
 
 
 @pytest.fixture(scope="session", autouse=True)
