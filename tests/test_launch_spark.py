@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -193,6 +194,21 @@ def test_a_rank_killed_on_an_executor_is_named(ip, cluster, launcher):
         isinstance(info.value, RankFailedError) and info.value.rank == 2 and "signal 9" in message
     ), message
     assert gone_within(10) == []
+
+
+def test_deaths_on_spark_leave_the_host_to_the_ranks_own_report():
+    """mpirun and the plan call hosts hvd-host-N: a death carries no host, so the error names
+    the rank's real host from its own report (found on the multi-host bed: "rank 2 on hvd-host-2")."""
+    session = SimpleNamespace(conf=SimpleNamespace(get=lambda key, default=None: "127.0.0.1"))
+    mpi = spark_launch.SparkLauncher(3, "mpi", session)
+    mpi.log.append("mpirun noticed that process rank 2 with PID 7 on node hvd-host-2 exited on signal 9")
+    [death] = mpi.deaths()
+    assert (death.rank, death.host) == (2, "") and "signal 9" in death.what
+    gloo = spark_launch.SparkLauncher(3, "gloo", session)
+    gloo._rank_of[b"task"] = 2
+    gloo._launcher_ended(b"task", -9)  # the task that started rank 2 saw it killed
+    [death] = gloo.deaths()
+    assert (death.rank, death.host) == (2, "") and "signal 9" in death.what
 
 
 def rank_sum():

@@ -108,7 +108,7 @@ class SparkLauncher(Launcher):
         self._stopped: dict[bytes, Stopped] = {}  # task connection -> its confirmation
         self._launcher_exits: list[int] = []
         self._deaths: list[RankDeath] = []  # gloo: ranks whose task saw them end badly
-        self._rank_of: dict[bytes, tuple[int, str]] = {}  # task connection -> (rank, host)
+        self._rank_of: dict[bytes, int] = {}  # task connection -> the rank it started
         self._ending: Release | Abort | None = None  # what the tasks were told to do
         self._closed = threading.Event()
         self._job: threading.Thread | None = None
@@ -207,7 +207,7 @@ class SparkLauncher(Launcher):
         if plan.slots:
             for identity, join in self._joins.items():
                 slot = plan.slots[join.partition]
-                self._rank_of[identity] = (slot.rank, slot.hostname)
+                self._rank_of[identity] = slot.rank
         for identity in self._joins:
             self.hub.send_to(identity, Plan(plan))
 
@@ -216,8 +216,7 @@ class SparkLauncher(Launcher):
         tasks each report their own rank."""
         self._launcher_exits.append(code)
         if code and identity in self._rank_of:
-            rank, host = self._rank_of[identity]
-            self._deaths.append(death_of(rank, code, host))
+            self._deaths.append(death_of(self._rank_of[identity], code))
         if len(self._launcher_exits) >= (1 if self.launcher == "mpi" else self.np):
             self.release()
 
@@ -289,8 +288,9 @@ class SparkLauncher(Launcher):
         return leftovers
 
     def deaths(self) -> list[RankDeath]:
+        """Hostless: mpirun and the plan name hosts hvd-host-N; diagnosis takes the rank's own name."""
         if self.launcher == "mpi":
-            return mpirun_deaths("\n".join(list(self.log)))
+            return [RankDeath(d.rank, d.what) for d in mpirun_deaths("\n".join(list(self.log)))]
         return list(self._deaths)
 
     def diagnostics(self) -> str:
