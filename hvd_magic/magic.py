@@ -253,7 +253,13 @@ class HorovodMagics(Magics):
             raise UsageError("usage: %horovod_timeline PATH (a Horovod Timeline JSON file)")
         if not os.path.exists(path):
             raise UsageError(f"{path}: no such file")
-        show_timeline(path)
+        from .timeline import TimelineError
+        from .timeline.shown import show_timeline
+
+        try:
+            show_timeline(path)
+        except TimelineError as err:
+            raise UsageError(str(err)) from None
 
 
 def _show_run_timeline(path: str, env: Mapping[str, str]) -> None:
@@ -261,32 +267,9 @@ def _show_run_timeline(path: str, env: Mapping[str, str]) -> None:
     read is reported on stderr, never in place of the run's own error. ``env``: the run's (its
     fusion threshold is what the analysis measures the collectives against)."""
     from .timeline.analysis import fusion_threshold
+    from .timeline.shown import show_timeline
 
     try:
         show_timeline(path, fusion_threshold(env))
-    except (UsageError, HorovodMagicError) as err:
+    except HorovodMagicError as err:  # TimelineError among them
         print(f"hvd_magic: the run's timeline could not be shown: {err}", file=sys.stderr)
-
-
-def show_timeline(path: str, threshold: int | None = None) -> None:
-    from IPython.display import HTML, display
-
-    from .timeline import TimelineError, analyze, read
-
-    try:
-        timeline = read(path)
-    except TimelineError as err:
-        raise UsageError(str(err)) from None
-    note = ""
-    if timeline.truncated:
-        note = " (cut off mid-event: the run was stopped while writing; the partial event was dropped)"
-    elif not timeline.closed:
-        note = " (no closing ']': the run was stopped, or Horovod < 0.20 wrote it)"
-    display(HTML(f"<small>{path}: {len(timeline):,} events{note}</small>"))
-    try:
-        from .timeline.viewer import TimelineViewer
-    except ImportError:  # anywidget not installed: the analysis still works
-        pass
-    else:
-        display(TimelineViewer.from_timeline(timeline))
-    display(HTML(f"<div class='hvd-timeline'>{analyze(timeline, threshold).to_html()}</div>"))

@@ -84,8 +84,14 @@ main() {
     # The same installer users run: builds Horovod for this venv (patched for today's
     # frameworks) or takes the wheel cached for it, and installs it.
     HVD_MAGIC_CACHE="$CACHE" "$PY" -m hvd_magic install-horovod
-    TF_CPP_MIN_LOG_LEVEL=3 "$PY" -c "import horovod.torch, horovod.tensorflow, hvd_magic" \
-        || { log "Horovod or hvd_magic does not import; see the messages above"; exit 1; }
+    # TensorFlow logs its oneDNN notice on import whatever TF_CPP_MIN_LOG_LEVEL says (it comes
+    # before TF reads it): the probe's messages are shown only when it fails, where they may say why
+    local probe
+    if ! probe="$("$PY" -c "import horovod.torch, horovod.tensorflow, hvd_magic" 2>&1)"; then
+        printf '%s\n' "$probe" >&2
+        log "Horovod or hvd_magic does not import; see the messages above"
+        exit 1
+    fi
     stamp_value > "$stamp"
     log "ready: $VENV"
 }

@@ -30,6 +30,11 @@ def test_timeline_magic_shows_analysis_and_refuses_missing_files(
     assert f"{path}: {len(timeline):,} events" in summary["text/html"]
     assert len(timeline) == len(json.loads(path.read_text()))
     assert WIDGET in viewer  # the interactive viewer
+    # each with a text form that says what it shows (not "<... object at 0x...>")
+    assert summary["text/plain"] == f"{path}: {len(timeline):,} events"
+    assert viewer["text/plain"].startswith(f"Horovod Timeline viewer: {len(timeline.tensors)} tensors")
+    text = analysis["text/plain"]
+    assert text.startswith("Horovod Timeline: ") and "communication" in text
     assert analyze(timeline).to_html() in analysis["text/html"]  # the tables, as analyze() makes them
     assert "time per activity" in analysis["text/html"] and "allreduce.weight" in analysis["text/html"]
     with pytest.raises(UsageError, match="no such file"):

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
 
 from hvd_magic.timeline import read, spans
 
@@ -44,3 +46,40 @@ def test_more_than_255_activities_keep_their_own_names(tmp_path: Path) -> None:
     starts = np.frombuffer(viewer.starts, np.float64)
     shown = [viewer.activity_names[kind] for kind in kinds[np.argsort(starts)]]
     assert shown == [f"ACTIVITY_{index:03d}" for index in range(300)]
+
+
+def test_the_viewer_says_what_it_shows_where_no_widget_is_drawn(real_timelines: dict[str, Path]) -> None:
+    """Its text form (a terminal, a headless run, an export without the widget) is a summary,
+    not ``<TimelineViewer object at 0x...>``."""
+    from hvd_magic.timeline.viewer import TimelineViewer
+
+    timeline = read(real_timelines["mpi"])
+    viewer = TimelineViewer.from_timeline(timeline)
+    data, _ = viewer._repr_mimebundle_()
+    tensors = len(timeline.tensors)
+    assert data["text/plain"].startswith(
+        f"Horovod Timeline viewer: {tensors} tensors, {len(timeline.store):,} spans"
+    )
+    assert data["application/vnd.jupyter.widget-view+json"]["model_id"] == viewer.model_id
+
+
+def test_the_live_timeline_leaves_neither_widget_nor_text_when_the_run_ends(
+    ip: InteractiveShell, real_timelines: dict[str, Path]
+) -> None:
+    """The viewer shown while the run writes its timeline is closed when the run ends (the
+    final one takes its place): it leaves the kernel and the saved notebook's widget state, and
+    its output and the analysis so far are emptied, with no "<... object>" text left behind."""
+    from hvd_magic.timeline.live import REFRESH_SECONDS, LiveTimeline
+
+    now = [0.0]
+    live = LiveTimeline(str(real_timelines["gloo"]), written=lambda: True, clock=lambda: now[0])
+    with capture_output() as captured:
+        now[0] = REFRESH_SECONDS
+        assert live.tick()
+        viewer, analysis = (output.data for output in captured.outputs)
+        assert viewer["text/plain"].startswith("Horovod Timeline viewer: ")
+        assert "events so far" in analysis["text/plain"] and "Horovod Timeline: " in analysis["text/plain"]
+        live.close()
+    emptied = captured.outputs[2:]
+    assert [(output.data, output.update) for output in emptied] == [({"text/html": ""}, True)] * 2
+    assert live.viewer.comm is None and live.viewer.layout.comm is None

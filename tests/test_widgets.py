@@ -168,3 +168,33 @@ def test_live_view_sends_batched_throttled_updates(comms):
     ]
     assert values[-1].count('data-progress="100"') == 2  # both bars at 100 %, as sent to the browser
     assert view.metric.value == "loss" and len(view.figure.data) == 3  # two ranks and the mean
+
+
+def test_closing_the_live_view_closes_every_widget_it_opened(comms):
+    """Closed widgets leave the kernel and the saved notebook's widget state: the box's children,
+    the plotly figure (5 MB of script in its state) and each one's layout and style too."""
+    from ipywidgets import Widget
+
+    from hvd_magic.widgets.view import LiveView
+
+    view = LiveView(2, show=False)
+    view.message(reports(0, {"step": 1, "metrics": {"loss": 1.0}}))
+    view.tick()
+    opened: dict[int, Widget] = {}
+    pending: list[Widget] = [view.box]
+    while pending:  # the tree as the browser knows it: every widget a synced trait refers to
+        widget = pending.pop()
+        if id(widget) not in opened:
+            opened[id(widget)] = widget
+            for name in widget.keys:
+                value = getattr(widget, name)
+                pending += [
+                    v
+                    for v in (value if isinstance(value, (list, tuple)) else [value])
+                    if isinstance(v, Widget)
+                ]
+    expected = [view.figure, view.grid, view.summary, *view.log_panes, view.grid.layout, view.grid.style]
+    assert {id(widget) for widget in expected} <= set(opened)
+    assert all(widget.comm is not None for widget in opened.values())
+    view.close()
+    assert [widget for widget in opened.values() if widget.comm is not None] == []

@@ -8,7 +8,7 @@ from typing import Protocol
 
 import pandas as pd
 
-__all__ = ["FIFTHS", "FULL", "duration", "hints", "render", "size"]
+__all__ = ["FIFTHS", "FULL", "duration", "hints", "render", "size", "summary"]
 
 FIFTHS = ["0-20%", "20-40%", "40-60%", "60-80%", "80-100%"]  # per_phase's columns of the run's fifths
 
@@ -192,17 +192,29 @@ def _ranked(analysis: Analysis) -> str:
     )
 
 
+def _headline(analysis: Analysis) -> str:
+    return (
+        f"{duration(analysis.wall_us)}, {analysis.cycles} cycles"
+        + (f" ({analysis.idle_cycles} idle)" if analysis.cycles else "")
+        + f"; negotiation {duration(analysis.negotiation_us)}, communication "
+        f"{duration(analysis.communication_us)} ({analysis.communication_share:.0%} of the wall time), "
+        f"fusion-buffer copies {duration(analysis.fusion_us)}"
+    )
+
+
+def summary(analysis: Analysis) -> str:
+    """The analysis in a few lines of text, where its tables are not shown (a terminal, the
+    text form of its display): the headline and the hints."""
+    advice = [f"- {hint}" for hint in hints(analysis)] or ["no tuning hint: nothing stands out"]
+    return "\n".join([f"Horovod Timeline: {_headline(analysis)}", *advice])
+
+
 def render(analysis: Analysis) -> str:
     wall = analysis.wall_us or 1
     per_activity = analysis.per_activity.assign(share=analysis.per_activity["total"] / wall)
     advice = "".join(f"<li>{html.escape(hint)}</li>" for hint in hints(analysis))
     parts = [
-        f"<b>Horovod Timeline</b>: {duration(analysis.wall_us)}, {analysis.cycles} cycles"
-        + (f" ({analysis.idle_cycles} idle)" if analysis.cycles else "")
-        + f"; negotiation "
-        f"{duration(analysis.negotiation_us)}, communication {duration(analysis.communication_us)} "
-        f"({analysis.communication_share:.0%} of the wall time), fusion-buffer copies "
-        f"{duration(analysis.fusion_us)}",
+        f"<b>Horovod Timeline</b>: {_headline(analysis)}",
         f"<br><b>what to change</b><ul>{advice}</ul>"
         if advice
         else "<br>no tuning hint: nothing stands out<br>",

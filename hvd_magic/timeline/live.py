@@ -92,6 +92,7 @@ class LiveTimeline:
         self.clock = clock
         self.next_refresh = clock() + REFRESH_SECONDS
         self.viewer: Any = None
+        self.shown: Any = None  # the display handles of the viewer and of the analysis so far
         self.analysis: Any = None
 
     def tick(self) -> bool:
@@ -111,30 +112,36 @@ class LiveTimeline:
         return True
 
     def _show(self, timeline: Timeline) -> None:
-        from IPython.display import HTML, display
+        from IPython.display import display
 
         from .analysis import analyze
+        from .hints import summary
         from .viewer import TimelineViewer
 
-        html = HTML(
-            f"<small>{self.growing.path}: {len(timeline):,} events so far (the run is still writing it)"
-            f"</small><div class='hvd-timeline'>{analyze(timeline, self.threshold).to_html()}</div>"
-        )
+        analysis = analyze(timeline, self.threshold)
+        note = f"{self.growing.path}: {len(timeline):,} events so far (the run is still writing it)"
+        bundle = {
+            "text/html": f"<small>{note}</small><div class='hvd-timeline'>{analysis.to_html()}</div>",
+            "text/plain": f"{note}\n{summary(analysis)}",
+        }
         if self.viewer is None:
             self.viewer = TimelineViewer.from_timeline(timeline)
-            display(self.viewer)
-            self.analysis = display(html, display_id=True)
+            self.shown = display(self.viewer, display_id=True)
+            self.analysis = display(bundle, raw=True, display_id=True)
         else:
             self.viewer.show(timeline.store)
-            self.analysis.update(html)
+            self.analysis.update(bundle, raw=True)
 
     def close(self) -> None:
-        """The run ended: the final viewer and analysis take the live ones' place."""
+        """The run ended: the final viewer and analysis (shown after the run) take the live
+        ones' place; the live viewer is closed, so that it leaves the kernel and the saved
+        notebook, and its output and the analysis so far are emptied."""
         if self.viewer is not None:
-            from IPython.display import HTML
+            from ..widgets.closing import close_tree
 
-            self.viewer.close()
-            self.analysis.update(HTML(""))
+            close_tree(self.viewer)
+            for handle in (self.shown, self.analysis):
+                handle.update({"text/html": ""}, raw=True)
 
 
 def live_timeline(

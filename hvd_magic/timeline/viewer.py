@@ -19,6 +19,7 @@ import traitlets
 
 from ..errors import HorovodMagicError
 from .detail import Marks, no_marks, window
+from .hints import duration
 from .levels import build_levels
 from .matching import release_memory
 from .reader import Timeline
@@ -129,6 +130,21 @@ class TimelineViewer(anywidget.AnyWidget):
         if request is not None:
             reply, marks = self.detail(*request)
         self.send({**reply, "id": content.get("id")}, buffers=marks.buffers())
+
+    def summary(self) -> str:
+        """One line on what the viewer shows: the text form of its display (a terminal, an
+        export without the widget)."""
+        spans, tensors = (len(self._store) if hasattr(self, "_store") else 0), len(self.row_names)
+        return (
+            f"Horovod Timeline viewer: {tensors} tensor{'s' * (tensors != 1)}, {spans:,} span"
+            f"{'s' * (spans != 1)} over {duration(self.end_us)} (interactive: zoom, pan, hover)"
+        )
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        bundle = super()._repr_mimebundle_(**kwargs)
+        if bundle is not None:
+            bundle[0]["text/plain"] = self.summary()  # not <TimelineViewer object at 0x...>
+        return bundle
 
 
 def _window_request(

@@ -4,7 +4,8 @@ Messages are folded into the model as they arrive; the widgets are redrawn at mo
 ``MAX_UPDATES_PER_SECOND`` times a second, in one batch, whatever the message rate. When the run
 ends, the live widget is replaced in place by a static record of the final state (summary, grid,
 curves with their data, logs), so the saved notebook and its HTML export show it without
-widget state (plotly's streamed updates are not in its saved widget state).
+widget state (plotly's streamed updates are not in its saved widget state), and the live widgets
+are closed: they leave the kernel and the notebook's saved widget state.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import plotly.graph_objects as go
 from IPython.display import display
 
 from ..protocol import Message
+from .closing import close_tree
 from .render import final_html, grid_html, log_html, traces
 from .state import RunModel
 
@@ -134,8 +136,10 @@ class LiveView:
         self.log_panes[0].value = log_html(log.text())
 
     def close(self) -> None:
+        """The final state, drawn once more, then kept as a static record in the live view's
+        place; every live widget is closed, so that it leaves the kernel and the saved notebook
+        (each plotly figure carries plotly's 5 MB script in its state)."""
         self.draw(final=True)
         if self._handle is not None:
             self._handle.update(RunRecord(self.model))
-            self.box.close()
-            self.figure.close()
+        close_tree(self.box)
