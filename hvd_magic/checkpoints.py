@@ -29,6 +29,7 @@ __all__ = ["checkpoint", "resume", "stopping"]
 
 RESUME_TIMEOUT = 300.0
 _polling_told = False
+_agreed = False  # the ranks agreed to stop: later calls say so without a collective, on every rank
 
 
 def checkpoint(state: Any, step: int) -> bool:
@@ -59,14 +60,17 @@ def stopping() -> bool:
     rank calls it at the same place in its loop, and all get the same answer, so that no rank
     leaves a collective the others are in. Then write a final checkpoint and leave the loop;
     the cell returns rank 0's value."""
-    global _polling_told
+    global _polling_told, _agreed
     inbox, reporter = rank_inbox.current(), reporting.current()
     if inbox is None or reporter is None:
         return False
+    if _agreed:
+        return True
     if not _polling_told:
         _polling_told = True
         reporter.client.send(Polling())
-    return _any_rank(inbox.stop_asked.is_set())
+    _agreed = _any_rank(inbox.stop_asked.is_set())
+    return _agreed
 
 
 def _any_rank(flag: bool) -> bool:

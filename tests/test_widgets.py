@@ -48,6 +48,40 @@ def test_log_keeps_the_newest_lines():
     assert terminal.lines == ["7", "8", "9"] and terminal.committed == 10
 
 
+def test_steps_per_second_and_eta_decay_while_a_rank_reports_nothing():
+    model = RunModel(1)
+    model.apply(Message(Started("h0", 1, 0, 1), 0))
+    model.apply(reports(0, {"t": 0.0, "step": 1, "total": 100}))
+    model.apply(reports(0, {"t": 0.5, "step": 11, "total": 100}))  # 20 steps/s
+    rank = model.progress[0]
+    seen = rank.step_seen
+    assert rank.rate_at(seen) == 20.0 and rank.eta_at(seen) == pytest.approx(89 / 20)
+    assert rank.rate_at(seen + 0.04) == 20.0  # within one step's time: as measured
+    assert rank.rate_at(seen + 10) == pytest.approx(0.1)  # 10 s without a step: at most 1 in 10 s
+    assert rank.eta_at(seen + 10) == pytest.approx(890.0)
+    model.apply(reports(0, {"t": 10.5, "step": 12, "total": 100}))
+    assert rank.rate_at(rank.step_seen) < 20.0  # it moved again; its smoothed rate fell
+    model.apply(Message(Exit(0), 0))
+    assert rank.eta_at(seen + 100) is None  # done: no ETA
+
+
+def test_the_grid_shows_each_ranks_resources_and_after_the_run_its_peak_memory():
+    from hvd_magic.protocol import RankStatus
+    from hvd_magic.widgets.render import grid_html
+
+    model = RunModel(2)
+    for rank in (0, 1):
+        model.apply(Message(Started(f"h{rank}", 1, rank, 2), rank))
+    model.apply(Message(RankStatus(rss=900 * 2**20, cpu=97.0), 0))
+    model.apply(Message(RankStatus(rss=300 * 2**20, cpu=12.0, gpu=88.0, gpu_memory=3 * 2**30,
+                                   gpu_memory_total=16 * 2**30, gpu_temperature=70.0), 1))  # fmt: skip
+    model.apply(Message(RankStatus(rss=400 * 2**20, cpu=5.0), 0))
+    grid = grid_html(model)
+    assert "400 MB" in grid and "5 %" in grid and "88 %, 3.0/16 GB, 70 °C" in grid
+    model.apply(Message(Exit(0), 0))
+    assert "peak 900 MB" in grid_html(model)
+
+
 def test_a_rank_runs_once_it_has_started_even_before_it_reports():
     model = RunModel(2)
     model.apply(Message(Started("h1", 2, 1, 2), 1))
@@ -63,7 +97,7 @@ def test_model_follows_progress_metrics_and_states():
     model.apply(reports(1, {"t": 1.0, "step": 3, "total": 4, "metrics": {"loss": 3.0}}, dropped=5))
     zero, one = model.progress
     assert (zero.host, zero.state, zero.step, zero.fraction, zero.rate) == ("h0", "running", 3, 0.75, 2.0)
-    assert zero.eta == pytest.approx(0.5)
+    assert zero.eta_at(zero.step_seen) == pytest.approx(0.5)
     assert model.series["loss"][0].values == [2.0, 1.0]
     mean = model.mean_series("loss")
     assert (mean.steps, mean.values) == ([1.0, 3.0], [2.0, 2.0])

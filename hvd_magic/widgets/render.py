@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import json
 import statistics
+import time
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,20 @@ STATE_COLOURS = {
 
 _HEAD = "".join(
     f'<th style="text-align:left;padding:1px 8px">{h}</th>'
-    for h in ("rank", "host", "progress", "", "step", "epoch", "steps/s", "ETA", "state")
+    for h in (
+        "rank",
+        "host",
+        "progress",
+        "",
+        "step",
+        "epoch",
+        "steps/s",
+        "ETA",
+        "CPU",
+        "memory",
+        "GPU",
+        "state",
+    )
 )
 
 
@@ -53,7 +67,22 @@ def _bar(progress: RankProgress) -> str:
     )
 
 
-def _row(progress: RankProgress) -> str:
+def _resources(progress: RankProgress) -> list[str]:
+    """CPU %, memory (now, and the peak after the run) and GPU utilisation/memory, if any."""
+    status = progress.resources
+    if status is None:
+        return ["", "", ""]
+    live = progress.state in ("starting", "running", "stalled")
+    memory = f"{status.rss / 2**20:,.0f} MB" if live else f"peak {progress.peak_rss / 2**20:,.0f} MB"
+    gpu = ""
+    if status.gpu >= 0:
+        gpu = f"{status.gpu:.0f} %, {status.gpu_memory / 2**30:.1f}/{status.gpu_memory_total / 2**30:.0f} GB"
+        gpu += f", {status.gpu_temperature:.0f} °C" if status.gpu_temperature >= 0 else ""
+    return [f"{status.cpu:.0f} %" if live else "", memory, gpu]
+
+
+def _row(progress: RankProgress, now: float) -> str:
+    rate = progress.rate_at(now)
     step = (
         "" if progress.step is None else f"{progress.step}" + (f"/{progress.total}" if progress.total else "")
     )
@@ -64,8 +93,9 @@ def _row(progress: RankProgress) -> str:
         f"{round((progress.fraction or 0) * 100)}%" if progress.fraction is not None else "",
         step,
         "" if progress.epoch is None else str(progress.epoch),
-        "" if progress.rate is None else f"{progress.rate:.1f}",
-        _duration(progress.eta),
+        "" if rate is None else f"{rate:.1f}",
+        _duration(progress.eta_at(now)),
+        *_resources(progress),
         _state(progress),
     ]
     return "<tr>" + "".join(f'<td style="padding:1px 8px">{c}</td>' for c in cells) + "</tr>"
@@ -83,7 +113,8 @@ def grid_html(model: RunModel) -> str:
     """A row per rank; from ``COMPACT_RANKS`` ranks on, a strip plus the slowest and failed ranks."""
     if model.ranks >= COMPACT_RANKS:
         return _compact_html(model)
-    rows = "".join(_row(p) for p in model.progress)
+    now = time.monotonic()
+    rows = "".join(_row(p, now) for p in model.progress)
     style = "font-size:12px;border-collapse:collapse"
     return f'<table class="hvd-grid" style="{style}"><tr>{_HEAD}</tr>{rows}</table>'
 
@@ -99,7 +130,8 @@ def _compact_html(model: RunModel) -> str:
     counts = ", ".join(f"{n} {state}" for state, n in model.counts().items() if n)
     slowest = sorted((p for p in model.progress if p.state != "failed"), key=lambda p: p.fraction or 0)[:5]
     failed = [p for p in model.progress if p.state == "failed"]
-    rows = "".join(_row(p) for p in failed + slowest)
+    now = time.monotonic()
+    rows = "".join(_row(p, now) for p in failed + slowest)
     return (
         f'<div class="hvd-compact" style="font-size:12px">{model.ranks} ranks: {counts}; progress min '
         f"{min(fractions):.0%}, median {statistics.median(fractions):.0%}, max {max(fractions):.0%}</div>"

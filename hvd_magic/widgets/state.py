@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..protocol import Exit, Log, LogDecoder, Message, RankError, Reports, Stall, Started
+from ..protocol import Exit, Log, LogDecoder, Message, RankError, RankStatus, Reports, Stall, Started
 
 __all__ = ["RankProgress", "RunModel", "TerminalLog"]
 
@@ -65,6 +65,9 @@ class RankProgress:
     epoch: int | None = None
     rate: float | None = None  # steps per second, smoothed
     metrics: dict[str, float] = field(default_factory=dict)
+    resources: RankStatus | None = None  # its latest CPU, memory and GPU figures
+    peak_rss: int = 0
+    step_seen: float | None = None  # when (the notebook's monotonic clock) its step last grew
     _last: tuple[float, int] | None = None
 
     @property
@@ -75,10 +78,19 @@ class RankProgress:
             return None
         return min(1.0, self.step / self.total)
 
-    @property
-    def eta(self) -> float | None:
-        if self.rate and self.total and self.step is not None and self.state == "running":
-            return max(0.0, (self.total - self.step) / self.rate)
+    def rate_at(self, now: float) -> float | None:
+        """Steps/s as shown at ``now``: the smoothed rate, but never more than one step in the
+        time since the last one came, so a rank that reports nothing (it waits in a collective)
+        decays rather than showing its last rate for ever."""
+        if self.rate is None or self.step_seen is None or self.state != "running":
+            return self.rate
+        quiet = now - self.step_seen
+        return min(self.rate, 1.0 / quiet) if quiet > 0 else self.rate
+
+    def eta_at(self, now: float) -> float | None:
+        rate = self.rate_at(now)
+        if rate and self.total and self.step is not None and self.state == "running":
+            return max(0.0, (self.total - self.step) / rate)
         return None
 
     def update(self, record: dict[str, Any]) -> None:
@@ -94,6 +106,8 @@ class RankProgress:
                 instant = (step - self._last[1]) / (now - self._last[0])
                 self.rate = instant if self.rate is None else 0.8 * self.rate + 0.2 * instant
             self._last = (now, step)
+            if self.step is None or step > self.step:
+                self.step_seen = time.monotonic()
             self.step = step
         self.metrics.update(record.get("metrics", {}))
 
@@ -154,6 +168,8 @@ class RunModel:
             progress.state = "failed"
         elif isinstance(record, Exit):
             progress.state = "done" if record.code == 0 else "failed"
+        elif isinstance(record, RankStatus):
+            progress.resources, progress.peak_rss = record, max(progress.peak_rss, record.rss)
         else:
             return
         self.version += 1

@@ -88,6 +88,9 @@ class LiveView:
             return
         if self.model.version != self._drawn_version:
             self.draw()
+        elif now - self._last_draw >= 1.0 and self.model.counts().get("running"):
+            self._last_draw = now  # quiet ranks: their steps/s and ETA decay, redrawn each second
+            self.grid.value = grid_html(self.model)
         elif (
             self._curves_version != self.model.version
             and now - self._last_curves >= 1 / CURVE_UPDATES_PER_SECOND
