@@ -66,7 +66,9 @@ def digits_estimator(net, optimizer, **extra):
 def test_torch_estimator_fits_mnist_and_transforms_held_out_digits(mnist, tmp_path, capsys):
     train_df, test_df = mnist
     model = torch_estimator(model_dir=str(tmp_path / "run")).fit(train_df)
-    assert [sorted(epoch) for epoch in model.history] == [["loss", "val_accuracy", "val_loss"]] * 2
+    assert [sorted(epoch) for epoch in model.history] == [
+        ["accuracy", "loss", "val_accuracy", "val_loss"]
+    ] * 2
     assert model.history[1]["val_loss"] < model.history[0]["val_loss"]
     predicted = model.transform(test_df)
     assert accuracy(predicted) >= 0.9
@@ -180,13 +182,19 @@ def test_cross_validator_runs_each_fit_as_one_job(spark):
             DataError,
             "label column 'image' is array<float>; a label must be a number",
         ),
-        ({"store": object()}, ValueError, "store= is horovod.spark's intermediate storage"),
-        ({"callbacks": [object()]}, ValueError, "TorchEstimator takes no callbacks"),
+        ({"store": object()}, TypeError, "store= takes horovod.spark's Store"),
+        ({"store": "/tmp/x", "model_dir": "/tmp/y"}, ValueError, "give store= or model_dir=, not both"),
+        ({"backend": object(), "num_proc": 2}, ValueError, "give num_proc= or backend=, not both"),
         ({"metrics": ["mae"]}, ValueError, "metric 'mae' is not one it computes"),
-        ({"validation": "is_val"}, TypeError, "a column marking validation rows is not supported"),
+        ({"validation": "is_val"}, DataError, "the DataFrame has no column 'is_val'"),
+        (
+            {"validation": "label"},
+            DataError,
+            "validation column 'label' is int; a validation column must be boolean",
+        ),
         ({"validation": 1.5}, ValueError, r"validation=1.5: give a share of the rows from 0 up to"),
-        ({"validation": 0.0}, ValueError, "metrics are computed on the rows held out for validation"),
-        ({"num_proc": None}, ValueError, "TorchEstimator needs num_proc=: N ranks on the Spark cluster"),
+        ({"backward_passes_per_step": 0}, ValueError, "backward_passes_per_step must be 1 or more"),
+        ({"loss_constructors": [lambda **_: None]}, ValueError, "needs one of loss= and loss_constructors="),
         ({"frobnicate": 1}, TypeError, "has no parameter frobnicate"),
     ],
 )

@@ -7,7 +7,15 @@ from typing import Any
 
 from ..errors import DataError
 
-__all__ = ["check_columns", "feature_array", "features_column", "label_array", "prediction_column"]
+__all__ = [
+    "check_columns",
+    "feature_array",
+    "features_column",
+    "input_shapes_of",
+    "label_array",
+    "model_inputs",
+    "prediction_column",
+]
 
 _NUMBERS = ("ByteType", "ShortType", "IntegerType", "LongType", "FloatType", "DoubleType", "BooleanType")
 
@@ -24,28 +32,34 @@ def _kind(data_type: Any) -> str:
     return data_type.simpleString()  # type: ignore[no-any-return]
 
 
-def check_columns(df: Any, features: list[str], labels: list[str]) -> None:
+def check_columns(df: Any, features: list[str], labels: list[str], validation: str | None = None) -> None:
     """A DataError naming what is missing or unusable, before anything launches."""
     if not features:
         raise DataError(
             "feature_cols is empty: name the column(s) the model reads, e.g. feature_cols=['features']"
         )
     types = {field.name: field.dataType for field in df.schema.fields}
-    missing = [name for name in [*features, *labels] if name not in types]
+    extra = [validation] if validation else []
+    missing = [name for name in [*features, *labels, *extra] if name not in types]
     if missing:
         raise DataError(
             f"the DataFrame has no column {', '.join(map(repr, missing))}; its columns: {', '.join(types)}"
         )
     for role, names, usable in (
         ("feature", features, ("number", "array", "vector")),
-        ("label", labels, ("number",)),
+        ("label", labels, ("number", "array", "vector")),
+        ("validation", extra, ("number",)),
     ):
         for name in names:
             if _kind(types[name]) not in usable:
                 raise DataError(
-                    f"{role} column {name!r} is {types[name].simpleString()}; a {role} must be "
-                    + ("a number, an array of numbers or an ML vector" if role == "feature" else "a number")
-                    + " (cast or index it first, e.g. with StringIndexer)"
+                    f"{role} column {name!r} is {types[name].simpleString()}; a {role} column must be "
+                    + (
+                        "a number, an array of numbers or an ML vector (cast or index it first, e.g. "
+                        "with StringIndexer)"
+                        if role != "validation"
+                        else "boolean (or 0/1): true marks a validation row"
+                    )
                 )
 
 
@@ -89,11 +103,64 @@ def feature_array(table: Any, features: list[str]) -> Any:
 
 
 def label_array(table: Any, labels: list[str]) -> Any:
-    """On a rank: labels as int64 (integer columns: classes) or float32, one column per label."""
+    """On a rank: labels as int64 (integer columns: classes) or float32; one scalar label as a
+    vector of rows, else a matrix (vector labels, e.g. one-hot, flattened and side by side)."""
     import numpy
 
-    columns = [table.column(name).to_numpy(zero_copy_only=False) for name in labels]
-    values = columns[0] if len(columns) == 1 else numpy.stack(columns, axis=1)
+    columns = [table.column(name).combine_chunks() for name in labels]
+    if len(columns) > 1 or _is_list(columns[0]):
+        values = feature_array(table, labels)
+        return values.astype(numpy.int64) if _integers(columns) else values
+    values = columns[0].to_numpy(zero_copy_only=False)
     if numpy.issubdtype(values.dtype, numpy.integer) or values.dtype == bool:
         return values.astype(numpy.int64)
     return values.astype(numpy.float32)
+
+
+def _is_list(column: Any) -> bool:
+    import pyarrow as pa
+
+    return bool(pa.types.is_list(column.type) or pa.types.is_large_list(column.type))
+
+
+def _integers(columns: list[Any]) -> bool:
+    import pyarrow as pa
+
+    return all(pa.types.is_integer(column.type) or pa.types.is_boolean(column.type) for column in columns)
+
+
+def input_shapes_of(shapes: Any) -> list[list[int]] | None:
+    """``input_shapes`` as lists of ints (batch first), or a ValueError saying what to give."""
+    if shapes is None:
+        return None
+    try:
+        found = [[int(dim) for dim in shape] for shape in shapes]
+    except (TypeError, ValueError):
+        found = []
+    if not found or any(len(shape) < 2 for shape in found):
+        raise ValueError(
+            f"input_shapes={shapes!r}: give one shape a model input, batch first, e.g. [[-1, 1, 28, 28]]"
+        )
+    return found
+
+
+def model_inputs(x: Any, shapes: list[list[int]] | None) -> list[Any]:
+    """A batch of flat feature rows as the model's inputs: as it is without shapes; reshaped to
+    the one shape; or cut into one part a shape (each as wide as its shape holds) and reshaped."""
+    if not shapes:
+        return [x]
+    if len(shapes) == 1:
+        return [x.reshape(len(x), *shapes[0][1:])]
+    import numpy
+
+    widths = [int(numpy.prod(shape[1:])) for shape in shapes]
+    if min(widths) <= 0 or sum(widths) != x.shape[1]:
+        raise DataError(
+            f"input_shapes {shapes} hold {'+'.join(map(str, widths))} features a row, the feature "
+            f"columns {x.shape[1]}: give each input's whole shape (one -1, for the batch, first)"
+        )
+    cuts = numpy.cumsum(widths)[:-1]
+    return [
+        part.reshape(len(x), *shape[1:])
+        for part, shape in zip(numpy.split(x, cuts, axis=1), shapes, strict=True)
+    ]

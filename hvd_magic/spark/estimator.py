@@ -19,8 +19,9 @@ from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
 from ..capture import capture_function
 from ..engine import execute
 from ..options import OptionError, make_options
-from . import persistence
+from . import callback_files, compat, estimator_io, persistence
 from .columns import check_columns, features_column, prediction_column
+from .compat_params import UNUSED, UnusedParams, legacy_accessors, unused_notes
 from .params import EstimatorParams, ModelParams
 from .training import TrainSpec, is_accuracy
 
@@ -95,27 +96,33 @@ class _ModelReader(MLReader[HorovodModel]):
         return persistence.load(self.cls, path)
 
 
-class HorovodEstimator(Estimator[HorovodModel], EstimatorParams):
+@legacy_accessors
+class HorovodEstimator(Estimator[HorovodModel], EstimatorParams, UnusedParams, MLWritable, MLReadable[Any]):
     """``fit(df)`` trains on ``num_proc`` Horovod ranks, each with its equal shard of
-    ``df[feature_cols + label_cols]``, and returns the fitted model. With ``model_dir``, rank 0
-    sends a checkpoint each epoch into ``model_dir/checkpoints`` (no shared file system needed),
-    a new fit resumes from the latest one, and the exported model lands in ``model_dir/model``.
-    ``model_dir`` is a local folder or a URI that pyarrow's file systems open (``s3://``,
-    ``gs://``, ``hdfs://``, ``file://``).
+    ``df[feature_cols + label_cols]``, and returns the fitted model. With ``model_dir`` (or
+    horovod.spark's ``store``: its run folder), rank 0 sends a checkpoint each epoch into
+    ``model_dir/checkpoints`` (no shared file system needed), a new fit resumes from the latest
+    one, the files callbacks write arrive in ``model_dir``, and the exported model lands in
+    ``model_dir/model``. ``model_dir`` is a local folder or a URL (pyarrow's file systems, else
+    fsspec's: ``s3://``, ``gs://``, ``hdfs://``, ``file://``, ``memory://`` ...). Every
+    argument of horovod.spark's estimators is taken; those with no use here are named in a
+    note when the fit starts.
     """
 
-    def __init__(self, *, store: Any = None, **params: Any) -> None:
+    framework = "horovod"  # the start of a run_id horovod.spark would make (pytorch_..., keras_...)
+    unused_here: dict[str, tuple[Any, str]] = UNUSED  # arguments with no use here: (default, why)
+
+    def __init__(self, **params: Any) -> None:
         super().__init__()
-        if store is not None:
-            raise ValueError(
-                "store= is horovod.spark's intermediate storage; hvd_magic hands each rank its shard "
-                "directly and needs none. Drop store= (model_dir= keeps checkpoints and the exported model)."
-            )
+        self.setParams(**params)
+
+    def setParams(self, **params: Any) -> HorovodEstimator:  # noqa: N802 - Spark's name
+        """Set several parameters at once, by name (as horovod.spark's ``setParams``)."""
         unknown = sorted(name for name in params if not self.hasParam(name))
         if unknown:
             known = ", ".join(sorted(p.name for p in self.params))
             raise TypeError(f"{type(self).__name__} has no parameter {', '.join(unknown)}; it has: {known}")
-        self._set(**{name: value for name, value in params.items() if value is not None})
+        return self._set(**{name: value for name, value in params.items() if value is not None})
 
     # --- framework hooks (a subclass with its own training loop gives these) ------------------
     def train_function(self) -> Callable[[TrainSpec], Any]:
@@ -133,43 +140,73 @@ class HorovodEstimator(Estimator[HorovodModel], EstimatorParams):
         """The fitted model, from rank 0's return value."""
         raise NotImplementedError
 
+    def notes(self) -> list[str]:
+        """Lines said once when a fit starts: horovod.spark arguments given that have no use here."""
+        return compat.backend_notes(self) + unused_notes(self, self.unused_here)
+
     # --- Spark ML ----------------------------------------------------------------------------
     def _fit(self, dataset: Any) -> HorovodModel:
+        validation = self.getOrDefault("validation")
+        column = validation if isinstance(validation, str) else None
         features, labels = self.getOrDefault("feature_cols"), self.getOrDefault("label_cols")
-        if not self.isDefined("num_proc"):
-            raise ValueError(
-                f"{type(self).__name__} needs num_proc=: N ranks on the Spark cluster, or -N on this machine"
-            )
-        if self.getOrDefault("metrics") and not self.getOrDefault("validation"):
-            raise ValueError(
-                f"{type(self).__name__}: metrics are computed on the rows held out for validation each "
-                "epoch, and validation=0 holds out none: set validation= (e.g. 0.1) or drop metrics="
-            )
-        check_columns(dataset, features, labels)
-        try:
-            options = make_options(
-                self.getOrDefault("num_proc"),
-                self.getOrDefault("launcher") if self.isDefined("launcher") else None,
-                data=dataset.select(*features, *labels),
-                data_name="(the DataFrame given to fit)",
-            )
-        except OptionError as err:
-            raise ValueError(f"{type(self).__name__}: {err}") from None
-        model_dir = self.getOrDefault("model_dir") if self.isDefined("model_dir") else None
-        with persistence.local_folder(model_dir) as folder:  # a URI's files come and go through it
+        check_columns(dataset, features, labels, column)
+        options = self._options(
+            dataset.select(*dict.fromkeys([*features, *labels, *([column] if column else [])]))
+        )
+        where = compat.destination(self, self.framework)
+        with persistence.local_folder(
+            where.location, filesystem=where.filesystem
+        ) as folder:  # a URL's, through a copy
             checkpoints = os.path.join(folder, CHECKPOINTS) if folder else None
             if checkpoints:
                 os.makedirs(checkpoints, exist_ok=True)
                 options.files_dir = checkpoints
+            elif callback_files.writes_files(self.getOrDefault("callbacks")):
+                options.notices.append(
+                    f"{type(self).__name__}: the callbacks' files stay where the ranks run; give "
+                    "model_dir= (or store=) to have them here."
+                )
             spec = self.train_spec(persistence.latest_checkpoint(checkpoints))
             spec.save_checkpoints = checkpoints is not None
-            value, _ = execute(capture_function(self.train_function(), {"spec": spec}), options)
-            width = value.get("width", 0) if isinstance(value, dict) else 0  # as the ranks saw it
-            model = self.make_model(value, int(width))
-            model._set(**{p.name: self.getOrDefault(p.name) for p in model.params if self.isDefined(p.name)})
+            try:
+                value, _ = execute(capture_function(self.train_function(), {"spec": spec}), options)
+            finally:
+                if folder and checkpoints:
+                    callback_files.place(checkpoints, folder)
+            model = self._fitted(value, where.run_id)
             if folder:
                 model.write().overwrite().save(os.path.join(folder, EXPORT))
         return model
+
+    def _options(self, data: Any) -> Any:
+        try:
+            options = make_options(
+                compat.num_proc(self, data),
+                self.getOrDefault("launcher") if self.isDefined("launcher") else None,
+                env=compat.rank_env(self) or None,
+                data=data,
+                data_name="(the DataFrame given to fit)",
+            )
+        except OptionError as err:
+            raise ValueError(f"{type(self).__name__}: {err}") from None
+        options.notices += self.notes()
+        return options
+
+    def _fitted(self, value: Any, run_id: str | None) -> HorovodModel:
+        width = value.get("width", 0) if isinstance(value, dict) else 0  # as the ranks saw it
+        model = self.make_model(value, int(width))
+        model._set(**{p.name: self.getOrDefault(p.name) for p in model.params if self.isDefined(p.name)})
+        if run_id:
+            model._set(run_id=run_id)
+        return model
+
+    def write(self) -> MLWriter:
+        """An unfitted estimator saves too (a ``Pipeline`` holding it saves and loads before fit)."""
+        return estimator_io.EstimatorWriter(self)
+
+    @classmethod
+    def read(cls) -> MLReader[Any]:
+        return estimator_io.EstimatorReader(cls)
 
     def check_metric(self, metric: Any) -> Any:
         """A metric as the ranks take it; a ValueError for one they cannot compute."""
@@ -203,4 +240,10 @@ class HorovodEstimator(Estimator[HorovodModel], EstimatorParams):
             verbose=get("verbose"),
             checkpoint=checkpoint,
             callbacks=list(get("callbacks")),
+            val_batch_size=get("val_batch_size") or 0,
+            train_steps=get("train_steps_per_epoch"),
+            val_steps=get("validation_steps_per_epoch"),
+            backward_passes=get("backward_passes_per_step"),
+            compression=get("gradient_compression"),
+            hide_gpus=not get("use_gpu"),
         )

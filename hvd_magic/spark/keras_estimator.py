@@ -14,8 +14,11 @@ from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
+from pyspark.ml.param import Param, Params
 
+from .compat_params import UNUSED
 from .estimator import HorovodEstimator, HorovodModel
+from .params import accessors
 from .training import TrainSpec, is_accuracy
 
 __all__ = ["KerasEstimator", "KerasModel"]
@@ -36,7 +39,7 @@ class KerasModel(HorovodModel):
         return self.keras_model
 
     def make_predict_fn(self) -> Callable[[], Callable[[Any], Any]]:
-        from .keras_training import make_predictor, model_bytes
+        from .keras_io import make_predictor, model_bytes
 
         blob = model_bytes(self.keras_model)
         return functools.partial(make_predictor, blob, cloudpickle.dumps(self.custom_objects))
@@ -57,6 +60,7 @@ class KerasModel(HorovodModel):
         self.keras_model = keras.saving.load_model(path, compile=False, custom_objects=self.custom_objects)
 
 
+@accessors
 class KerasEstimator(HorovodEstimator):
     """Trains a Keras 3 model with Horovod on ``num_proc`` ranks: ``fit(df)`` gives a
     ``KerasModel``. ``optimizer`` is a Keras optimizer (its config travels), ``loss`` a name or
@@ -64,9 +68,30 @@ class KerasEstimator(HorovodEstimator):
     epoch and batch hooks; ``model.optimizer`` is the optimizer that trains), with the epoch's
     metrics averaged over the ranks; what they add to the epoch's logs (e.g. the learning rate)
     goes into ``history``. A stop asked on any rank (``model.stop_training``, as EarlyStopping
-    does) ends training after that epoch on all of them."""
+    does) ends training after that epoch on all of them. Features in one flat column are reshaped
+    to the model's input shape (e.g. 784 values to (28, 28, 1)), as horovod.spark did."""
 
+    checkpoint_callback: Param[Any] = Param(
+        Params._dummy(),
+        "checkpoint_callback",
+        "a ModelCheckpoint run on rank 0 into model_dir (checkpoint.keras); the fitted model is the one "
+        "it kept",
+    )
+    backend_env: Param[Any] = Param(Params._dummy(), "backend_env", "environment variables for the ranks")
+    framework = "keras"
+    unused_here = UNUSED | {
+        "backward_passes_per_step": (
+            1,
+            "KerasEstimator does not accumulate gradients (nor did horovod.spark's)",
+        ),
+        "input_shapes": (None, "KerasEstimator reshapes the features to the model's own input shape"),
+    }
     _restored: tuple[Any, dict[str, Any]]  # this fit's model, loaded back from its file, and what that took
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__()
+        self._setDefault(checkpoint_callback=None, backend_env=None)
+        self.setParams(**params)
 
     def train_function(self) -> Callable[[TrainSpec], Any]:
         from .keras_training import train
@@ -76,16 +101,21 @@ class KerasEstimator(HorovodEstimator):
     def train_spec(self, checkpoint: bytes | None) -> TrainSpec:
         import keras
 
-        from .keras_training import load_model, model_bytes
+        from .keras_io import load_model, model_bytes
 
-        self.require("model", "optimizer", "loss")
+        self.require("model", "loss")
         model = self.getOrDefault("model")
         if not isinstance(model, keras.Model):
             raise TypeError(
                 f"KerasEstimator takes a Keras 3 model (keras.Model), got {type(model).__module__}."
                 f"{type(model).__qualname__}; build it with `import keras` (here tf.keras may be tf-keras)."
             )
-        optimizer = keras.optimizers.serialize(self.getOrDefault("optimizer"))
+        given = self.getOrDefault("optimizer") if self.isDefined("optimizer") else None
+        if given is None and getattr(model, "optimizer", None) is None:
+            raise ValueError(
+                "KerasEstimator needs optimizer= (or a model compiled with one, as horovod.spark)"
+            )
+        optimizer = keras.optimizers.serialize(given if given is not None else model.optimizer)
         blob, custom = model_bytes(model), self.custom_objects_of(model)
         try:  # here, as it will on the ranks: with what custom holds, from the notebook's code
             self._restored = load_model(blob, custom), custom  # make_model's starting point
@@ -98,6 +128,7 @@ class KerasEstimator(HorovodEstimator):
             ) from None
         spec = self.common_spec(blob, optimizer, self.getOrDefault("loss"), checkpoint)
         spec.custom_objects = custom
+        spec.extra = {"checkpoint_callback": self.getOrDefault("checkpoint_callback")}
         return spec
 
     def custom_objects_of(self, model: Any) -> dict[str, Any]:
@@ -105,7 +136,7 @@ class KerasEstimator(HorovodEstimator):
         what was registered with Keras in the notebook, and the ``custom_objects`` given."""
         import keras
 
-        from .keras_training import custom_classes
+        from .keras_io import custom_classes
 
         found = custom_classes(model)
         for metric in self.getOrDefault("metrics"):

@@ -1,7 +1,8 @@
 """KerasEstimator on the ranks: a Keras 3 model (TensorFlow backend) trained with Horovod's
-TensorFlow ops (gradients averaged by a grouped allreduce; Horovod's own Keras binding
-needs the legacy tf-keras, the notebook's model is Keras 3), a checkpoint per epoch from rank 0, and (on the
-executors) the predict function ``transform`` uses."""
+TensorFlow ops (gradients averaged by a grouped allreduce; Horovod's own Keras binding needs
+the legacy tf-keras, the notebook's model is Keras 3), Keras' callbacks called as ``fit`` calls
+them (their files sent to ``model_dir``), metrics on the training batches and the validation
+rows as Keras reports them, and a checkpoint per epoch from rank 0."""
 
 from __future__ import annotations
 
@@ -14,98 +15,146 @@ from typing import Any
 import cloudpickle
 
 from .. import reporting
+from .callback_files import RankFolder
+from .epoch_metrics import Averages
+from .keras_io import as_model_input, input_shapes, load_model, reduced_loss
+from .keras_metrics import Meters, metric_names
 from .training import (
     Rows,
     TrainSpec,
-    accuracy,
     batches,
     checkpoint_name,
     end_of_epoch,
-    is_accuracy,
     load_rows,
+    steps_per_epoch,
+    validation_batches,
 )
 
-__all__ = ["custom_classes", "load_model", "make_predictor", "model_bytes", "train"]
-
-
-def model_bytes(model: Any) -> bytes:
-    """A Keras model as the bytes of its ``.keras`` file (architecture, weights, compile)."""
-    with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, "model.keras")
-        model.save(path)
-        with open(path, "rb") as saved:
-            return saved.read()
-
-
-def load_model(blob: bytes, custom_objects: dict[str, Any] | None = None) -> Any:
-    import keras
-
-    with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, "model.keras")
-        with open(path, "wb") as out:
-            out.write(blob)
-        return keras.saving.load_model(path, compile=False, custom_objects=custom_objects)
-
-
-def custom_classes(model: Any) -> dict[str, Any]:
-    """The classes of the model and its layers (nested ones too) that are not Keras' own, by
-    the name its file gives them: a process without the notebook's code needs them to load it."""
-    import keras
-
-    found, stack = {}, [model]
-    while stack:
-        layer = stack.pop()
-        if not type(layer).__module__.startswith("keras."):
-            found[keras.saving.get_registered_name(type(layer))] = type(layer)
-        stack.extend(getattr(layer, "layers", []))
-    return found
+__all__ = ["train"]
 
 
 def train(spec: TrainSpec) -> dict[str, Any]:
     """Runs on every rank; rank 0's value (weights, history) is the fit's result."""
     import horovod.tensorflow as hvd
     import keras
+    import tensorflow as tf
 
     hvd.init()
+    if spec.hide_gpus:  # use_gpu=False
+        tf.config.set_visible_devices([], "GPU")
     keras.utils.set_random_seed(spec.seed)
-    rows = load_rows(spec)
-    model = load_model(spec.model, spec.custom_objects)
-    optimizer = keras.optimizers.deserialize(spec.optimizer, custom_objects=spec.custom_objects)
-    optimizer.build(model.trainable_variables)
-    loss = keras.losses.get(spec.loss) if isinstance(spec.loss, (str, dict)) else spec.loss
-    start, history = 0, []
-    if spec.checkpoint is not None:
-        state = cloudpickle.loads(spec.checkpoint)
-        model.set_weights(state["weights"])
-        start, history = int(state["epoch"]), list(state["history"])
-    for index, variable in enumerate(model.weights):
-        variable.assign(hvd.broadcast(variable.value, root_rank=0, name=f"weight.{index}"))
-    step = _step_function(model, optimizer, loss)
-    model.compile(optimizer=optimizer, loss=loss)  # callbacks reach it as model.optimizer (LR schedules)
-    steps = -(-len(rows.x) // spec.batch_size)
-    logs = _epoch_logs()  # last, where Keras puts its History: it sees what the others added
-    callbacks = keras.callbacks.CallbackList(
-        [*spec.callbacks, logs], model=model, epochs=spec.epochs, steps=steps, verbose=spec.verbose
-    )
-    callbacks.on_train_begin()
-    for epoch in range(start + 1, spec.epochs + 1):
-        callbacks.on_epoch_begin(epoch - 1)
-        metrics = {"loss": _train_epoch(spec, step, rows, epoch, callbacks)}
-        if len(rows.val_x):
-            metrics |= _evaluate(spec, model, loss, rows)
-        metrics = {name: _average(hvd, name, value) for name, value in metrics.items()}
-        callbacks.on_epoch_end(epoch - 1, metrics)  # as in Keras, they may add to the logs
-        metrics = _numbers(logs.last)
-        history.append(metrics)
-        end_of_epoch(epoch, metrics, spec.verbose, hvd.rank())
-        if hvd.rank() == 0 and spec.save_checkpoints:
-            state = {"epoch": epoch, "history": history, "weights": model.get_weights()}
-            reporting.send_file(checkpoint_name(epoch) + ".pkl", cloudpickle.dumps(state))
-        if _stop_agreed(hvd, model):
-            break
-    callbacks.on_train_end(history[-1] if history else {})
-    weights = cloudpickle.dumps(model.get_weights())
-    return {"weights": weights, "history": history, "width": int(rows.x.shape[1])}
+    trainer = Trainer(spec, load_rows(spec))
+    folder = RankFolder(spec.callbacks, hvd.rank()) if spec.save_checkpoints else None
+    try:
+        history = trainer.fit(folder)
+    finally:
+        if folder is not None:
+            folder.close()
+    weights = cloudpickle.dumps(trainer.model.get_weights())
+    return {"weights": weights, "history": history, "width": int(trainer.rows.x.shape[1])}
+
+
+class Trainer:
+    """The model, its step and what an epoch needs, built the same way on every rank."""
+
+    def __init__(self, spec: TrainSpec, rows: Rows) -> None:
+        import horovod.tensorflow as hvd
+        import keras
+
+        self.spec, self.rows, self.rank = spec, rows, hvd.rank()
+        self.model = load_model(spec.model, spec.custom_objects)
+        optimizer = keras.optimizers.deserialize(spec.optimizer, custom_objects=spec.custom_objects)
+        optimizer.build(self.model.trainable_variables)
+        self.loss = reduced_loss(spec.loss, spec.custom_objects)
+        self.start, self.history = 0, []
+        if spec.checkpoint is not None:
+            state = cloudpickle.loads(spec.checkpoint)
+            self.model.set_weights(state["weights"])
+            self.start, self.history = int(state["epoch"]), list(state["history"])
+        for index, variable in enumerate(self.model.weights):
+            variable.assign(hvd.broadcast(variable.value, root_rank=0, name=f"weight.{index}"))
+        self.step = _step_function(self.model, optimizer, self.loss, spec.compression)
+        self.model.compile(optimizer=optimizer, loss=self.loss)  # callbacks reach it as model.optimizer
+        self.shapes = input_shapes(self.model)
+        self.steps = steps_per_epoch(spec, int(_sum([len(rows.x)], "train.rows")[0]), hvd.size())
+        self.validating = isinstance(spec.validation, str) or spec.validation > 0
+
+    def fit(self, folder: RankFolder | None) -> list[dict[str, float]]:
+        import keras
+
+        spec = self.spec
+        saved = self._checkpoint_callback()
+        logs = _epoch_logs()  # last, where Keras puts its History: it sees what the others added
+        callbacks = keras.callbacks.CallbackList(
+            [*spec.callbacks, *([saved] if saved else []), logs],
+            model=self.model,
+            epochs=spec.epochs,
+            steps=self.steps,
+            verbose=spec.verbose,
+        )
+        callbacks.on_train_begin()
+        for epoch in range(self.start + 1, spec.epochs + 1):
+            callbacks.on_epoch_begin(epoch - 1)
+            callbacks.on_epoch_end(
+                epoch - 1, self._epoch(epoch, callbacks)
+            )  # as in Keras, they may add to the logs
+            self.history.append(_numbers(logs.last))
+            end_of_epoch(epoch, self.history[-1], spec.verbose, self.rank)
+            if self.rank == 0 and spec.save_checkpoints:
+                state = {"epoch": epoch, "history": self.history, "weights": self.model.get_weights()}
+                reporting.send_file(checkpoint_name(epoch) + ".pkl", cloudpickle.dumps(state))
+            if folder is not None:
+                folder.send()
+            if _stop_agreed(self.model):
+                break
+        callbacks.on_train_end(self.history[-1] if self.history else {})
+        if saved is not None and os.path.exists(saved.filepath):
+            self.model.load_weights(saved.filepath)  # the model it kept (e.g. the best), as horovod.spark
+        return self.history
+
+    def _checkpoint_callback(self) -> Any:
+        """``checkpoint_callback`` on rank 0, writing into the rank's folder (as horovod.spark
+        pointed it at its run's checkpoint file); None elsewhere."""
+        saved = self.spec.extra.get("checkpoint_callback")
+        if saved is None or self.rank != 0:
+            return None
+        name = "checkpoint.weights.h5" if getattr(saved, "save_weights_only", False) else "checkpoint.keras"
+        folder = (
+            os.getcwd() if self.spec.save_checkpoints else tempfile.mkdtemp(prefix="hvd_magic-checkpoint-")
+        )
+        saved.filepath = os.path.join(folder, name)
+        return saved
+
+    def _epoch(self, epoch: int, callbacks: Any) -> dict[str, float]:
+        spec, rows = self.spec, self.rows
+        averages = Averages(
+            ["loss", *metric_names(spec, "")]
+            + (["val_loss", *metric_names(spec, "val_")] if self.validating else [])
+        )
+        meters = Meters(spec, "", averages)
+        order = batches(len(rows.x), spec.batch_size, spec.seed, epoch, self.rank, spec.shuffle, self.steps)
+        for number, index in enumerate(order):
+            callbacks.on_train_batch_begin(number)
+            value, output = self.step(as_model_input(rows.x[index], self.shapes), rows.y[index])
+            averages.add("loss", float(value), len(index))
+            meters.update(rows.y[index], output)
+            callbacks.on_train_batch_end(number, {"loss": float(value)})
+            reporting.report(step=number + 1, total=self.steps, epoch=epoch, loss=float(value))
+        meters.finish()
+        if self.validating:
+            self._evaluate(averages)
+        return averages.reduce(lambda sums: _sum(sums, "epoch.metrics"))
+
+    def _evaluate(self, averages: Averages) -> None:
+        spec, rows = self.spec, self.rows
+        meters = Meters(spec, "val_", averages)
+        for part in validation_batches(
+            len(rows.val_x), spec.val_batch_size or spec.batch_size, spec.val_steps
+        ):
+            output = self.model(as_model_input(rows.val_x[part], self.shapes), training=False)
+            averages.add("val_loss", float(self.loss(rows.val_y[part], output)), len(rows.val_y[part]))
+            meters.update(rows.val_y[part], output)
+        meters.finish()
 
 
 def _epoch_logs() -> Any:
@@ -130,9 +179,10 @@ def _numbers(logs: dict[str, Any]) -> dict[str, float]:
     return kept
 
 
-def _stop_agreed(hvd: Any, model: Any) -> bool:
+def _stop_agreed(model: Any) -> bool:
     """A callback asked to stop (``model.stop_training``, e.g. EarlyStopping) on any rank: all
     ranks stop after this epoch, together (a rank going on alone would wait forever)."""
+    import horovod.tensorflow as hvd
     import tensorflow as tf
 
     asked = tf.constant(1.0 if model.stop_training else 0.0, tf.float64)
@@ -141,86 +191,29 @@ def _stop_agreed(hvd: Any, model: Any) -> bool:
     return stop
 
 
-def _average(hvd: Any, name: str, value: float) -> float:
-    import tensorflow as tf
-
-    return float(hvd.allreduce(tf.constant(value, tf.float64), name=f"epoch.{name}").numpy())
-
-
-def _step_function(model: Any, optimizer: Any, loss: Any) -> Callable[[Any, Any], Any]:
-    """One training step as a graph: gradients averaged over the ranks (grouped allreduce:
-    Horovod's DistributedGradientTape needs tf.Variables, Keras 3 has its own)."""
+def _sum(values: Any, name: str) -> Any:
     import horovod.tensorflow as hvd
     import tensorflow as tf
+
+    return hvd.allreduce(tf.constant(values, tf.float64), op=hvd.Sum, name=name).numpy()
+
+
+def _step_function(model: Any, optimizer: Any, loss: Any, compression: Any) -> Callable[[Any, Any], Any]:
+    """One training step as a graph, giving the loss and the outputs: gradients averaged over
+    the ranks (grouped allreduce: Horovod's DistributedGradientTape needs tf.Variables, Keras 3
+    has its own)."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    compressed = {"compression": compression} if compression is not None else {}
 
     def step(x: Any, y: Any) -> Any:
         with tf.GradientTape() as tape:
-            value = loss(y, model(x, training=True))
-        gradients = hvd.grouped_allreduce(tape.gradient(value, model.trainable_variables), op=hvd.Average)
+            output = model(x, training=True)
+            value = loss(y, output)
+        gradients = tape.gradient(value, model.trainable_variables)
+        gradients = hvd.grouped_allreduce(gradients, op=hvd.Average, **compressed)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-        return value
+        return value, output
 
     return tf.function(step, autograph=False)  # type: ignore[no-any-return]
-
-
-def _train_epoch(
-    spec: TrainSpec, step: Callable[[Any, Any], Any], rows: Rows, epoch: int, callbacks: Any
-) -> float:
-    import horovod.tensorflow as hvd
-
-    order = list(batches(len(rows.x), spec.batch_size, spec.seed, epoch, hvd.rank(), spec.shuffle))
-    total = 0.0
-    for number, index in enumerate(order, 1):
-        callbacks.on_train_batch_begin(number - 1)
-        value = float(step(rows.x[index], rows.y[index]).numpy())
-        total += value
-        callbacks.on_train_batch_end(number - 1, {"loss": value})
-        reporting.report(step=number, total=len(order), epoch=epoch, loss=value)
-    return total / max(len(order), 1)
-
-
-def _evaluate(spec: TrainSpec, model: Any, loss: Any, rows: Rows) -> dict[str, float]:
-    import numpy
-
-    output = model(rows.val_x, training=False)
-    found = {"val_loss": float(numpy.mean(loss(rows.val_y, output)))}
-    for metric in spec.metrics:
-        if is_accuracy(metric):
-            found[f"val_{metric}"] = accuracy(numpy.asarray(output), rows.val_y)
-        else:
-            name, value = _keras_metric(metric, rows.val_y, output, spec.custom_objects)
-            found[f"val_{name}"] = value
-    return found
-
-
-def _keras_metric(metric: Any, target: Any, output: Any, custom_objects: dict[str, Any]) -> tuple[str, float]:
-    """A metric's name and value: a Keras Metric (its config), a name Keras knows (logged as
-    given, as Keras' compile does: 'mse', not 'mean_squared_error') or a function of (target,
-    output)."""
-    import keras
-    import numpy
-
-    name = metric if isinstance(metric, str) else getattr(metric, "__name__", "metric")
-    if isinstance(metric, dict):
-        metric = keras.metrics.deserialize(metric, custom_objects=custom_objects)
-        name = str(metric.name)
-    elif isinstance(metric, str):
-        metric = keras.metrics.get(metric)
-    if isinstance(metric, keras.metrics.Metric):
-        metric.reset_state()
-        metric.update_state(target, output)
-        return name, float(metric.result())
-    return name, float(numpy.mean(metric(target, output)))
-
-
-def make_predictor(blob: bytes, custom_objects: bytes) -> Callable[[Any], Any]:
-    """For ``predict_batch_udf``: load the model once per Python worker, predict in batches."""
-    import numpy
-
-    model = load_model(blob, cloudpickle.loads(custom_objects))
-
-    def predict(inputs: Any) -> Any:
-        output = numpy.asarray(model(numpy.asarray(inputs, dtype=numpy.float32), training=False))
-        return output.reshape(len(inputs), -1)
-
-    return predict

@@ -17,14 +17,13 @@ def _param(name: str, doc: str, converter: Any = None) -> Param[Any]:
     return Param(Params._dummy(), name, doc, typeConverter=converter or TypeConverters.identity)
 
 
-def _share(value: Any) -> float:
-    """``validation``: a share of the rows (horovod.spark also took a column's name)."""
+def _share(value: Any) -> float | str:
+    """``validation``: a share of the rows, or (as in horovod.spark) the name of a column whose
+    true (or 1) rows are the validation rows."""
     if isinstance(value, str):
-        raise TypeError(
-            f"validation={value!r}: hvd_magic holds out a share of each rank's rows (e.g. "
-            "validation=0.1); a column marking validation rows is not supported. Drop those rows "
-            "from the DataFrame given to fit, and evaluate on them with model.transform."
-        )
+        if not value:
+            raise ValueError("validation='': give a share of the rows (e.g. 0.1) or a column's name")
+        return value
     share = TypeConverters.toFloat(value)
     if not 0 <= share < 1:
         raise ValueError(f"validation={value!r}: give a share of the rows from 0 up to (not including) 1")
@@ -66,11 +65,22 @@ class ModelParams(Params):
         TypeConverters.toString,
     )
     batch_size = _param("batch_size", "rows per batch (training and inference)", TypeConverters.toInt)
+    input_shapes = _param(
+        "input_shapes",
+        "shape of each model input, batch first (e.g. [[-1, 1, 28, 28]]): one shape for all the "
+        "feature columns, or one per column (the model then takes one argument per column)",
+    )
+    run_id = _param("run_id", "the run's name: its folder under store= (default: framework_time)")
 
     def __init__(self) -> None:
         super().__init__()
         self._setDefault(
-            output_cols=["rawPrediction"], prediction_col="prediction", batch_size=32, label_cols=[]
+            output_cols=["rawPrediction"],
+            prediction_col="prediction",
+            batch_size=32,
+            label_cols=[],
+            input_shapes=None,
+            run_id=None,
         )
 
 
@@ -98,7 +108,12 @@ class EstimatorParams(ModelParams):
         "are found without it)",
     )
     epochs = _param("epochs", "passes over the data", TypeConverters.toInt)
-    validation = _param("validation", "share of each rank's rows held out for validation (0 to < 1)", _share)
+    validation = _param(
+        "validation",
+        "share of each rank's rows held out for validation (0 to < 1), or a boolean column marking "
+        "the validation rows",
+        _share,
+    )
     verbose = _param("verbose", "0: quiet; 1: one line per epoch on rank 0", TypeConverters.toInt)
     model_dir = _param(
         "model_dir",
@@ -110,10 +125,58 @@ class EstimatorParams(ModelParams):
     )
     launcher = _param("launcher", "mpi or gloo (default: mpi when mpirun exists)", TypeConverters.toString)
     shuffle = _param("shuffle", "shuffle each rank's rows every epoch", TypeConverters.toBoolean)
+    backend = _param(
+        "backend", "horovod.spark's Backend (e.g. SparkBackend(num_proc=4)): its num_proc is used"
+    )
+    store = _param(
+        "store",
+        "horovod.spark's Store (Store.create(path)), or a path or URL: checkpoints, callbacks' files and "
+        "the model go to its run folder (prefix/runs/run_id)",
+    )
+    val_batch_size = _param(
+        "val_batch_size", "rows per validation batch (default: batch_size)", TypeConverters.toInt
+    )
+    train_steps_per_epoch = _param(
+        "train_steps_per_epoch",
+        "batches per epoch on each rank (default: the rows over batch_size and ranks; a rank with "
+        "fewer rows goes round its rows again)",
+        TypeConverters.toInt,
+    )
+    validation_steps_per_epoch = _param(
+        "validation_steps_per_epoch",
+        "validation batches per epoch on each rank (default: all)",
+        TypeConverters.toInt,
+    )
+    backward_passes_per_step = _param(
+        "backward_passes_per_step",
+        "TorchEstimator: batches whose gradients add up locally before one allreduce and step",
+        TypeConverters.toInt,
+    )
+    gradient_compression = _param(
+        "gradient_compression",
+        "Horovod's compression of the allreduced gradients (e.g. hvd.Compression.fp16)",
+    )
+    inmemory_cache_all = _param(
+        "inmemory_cache_all",
+        "kept for horovod.spark: each rank always holds its rows in memory",
+        TypeConverters.toBoolean,
+    )
+    use_gpu = _param(
+        "use_gpu", "False: KerasEstimator's ranks hide their GPU from TensorFlow", TypeConverters.toBoolean
+    )
 
     def __init__(self) -> None:
         super().__init__()
         self._setDefault(
+            backend=None,
+            store=None,
+            val_batch_size=None,
+            train_steps_per_epoch=None,
+            validation_steps_per_epoch=None,
+            gradient_compression=None,
+            backward_passes_per_step=1,
+            inmemory_cache_all=False,
+            use_gpu=True,
             metrics=[],
             callbacks=[],
             custom_objects={},

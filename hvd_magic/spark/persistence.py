@@ -17,23 +17,42 @@ import time
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
-__all__ = ["latest_checkpoint", "load", "local_folder", "save"]
+__all__ = ["latest_checkpoint", "load", "local_folder", "open_location", "save"]
 
 M = TypeVar("M")  # a HorovodModel subclass (not imported here: the estimator imports this module)
 _OWN = "hvd_magic.json"
 
 
+def open_location(location: str, filesystem: Any = None) -> tuple[Any, str]:
+    """A pyarrow file system and the path in it: ``filesystem`` (an fsspec one, e.g. a horovod
+    Store's, with its storage options) if given, else pyarrow's own for the URI (s3://, gs://,
+    hdfs://, file://), else fsspec's (any URL an installed fsspec implementation knows)."""
+    from pyarrow import fs
+
+    if filesystem is None:
+        try:
+            return fs.FileSystem.from_uri(location)  # type: ignore[no-any-return]
+        except Exception:  # noqa: BLE001 - ArrowInvalid for a scheme pyarrow has no file system for
+            import fsspec
+
+            filesystem, path = fsspec.core.url_to_fs(location)
+            return fs.PyFileSystem(fs.FSSpecHandler(filesystem)), path
+    return fs.PyFileSystem(fs.FSSpecHandler(filesystem)), filesystem._strip_protocol(location)
+
+
 @contextlib.contextmanager
-def local_folder(location: str | None, download: bool = True, upload: bool = True) -> Iterator[str | None]:
-    """``location`` as a local folder: a path is itself; for a URI that pyarrow's file systems
-    open (s3://, gs://, hdfs://, file://) a local copy, fetched first and sent back after,
-    even when the block fails (the checkpoints a failed fit made are kept)."""
-    if not location or "://" not in location:
+def local_folder(
+    location: str | None, download: bool = True, upload: bool = True, filesystem: Any = None
+) -> Iterator[str | None]:
+    """``location`` as a local folder: a path is itself; for a URL (``open_location``) a local
+    copy, fetched first and sent back after, even when the block fails (the checkpoints a
+    failed fit made are kept)."""
+    if not location or ("://" not in location and filesystem is None):
         yield os.path.abspath(location) if location else None
         return
     from pyarrow import fs
 
-    remote, path = fs.FileSystem.from_uri(location)
+    remote, path = open_location(location, filesystem)
     here, local = fs.LocalFileSystem(), tempfile.mkdtemp(prefix="hvd_magic-model_dir-")
     try:
         if download and remote.get_file_info(path).type == fs.FileType.Directory:
@@ -50,7 +69,7 @@ def save(model: Any, location: str, overwrite: bool = False) -> None:
     if "://" in location:
         from pyarrow import fs
 
-        remote, path = fs.FileSystem.from_uri(location)
+        remote, path = open_location(location)
         if remote.get_file_info(path).type != fs.FileType.NotFound:
             if not overwrite:
                 raise FileExistsError(f"{location} already exists: use model.write().overwrite().save(path)")

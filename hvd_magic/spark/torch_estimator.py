@@ -16,9 +16,13 @@ from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
+from pyspark.ml.param import Param, Params
 
 from ..errors import CaptureError
+from .columns import input_shapes_of
+from .compat_params import UNUSED
 from .estimator import HorovodEstimator, HorovodModel
+from .params import accessors
 from .training import TrainSpec
 
 __all__ = ["TorchEstimator", "TorchModel"]
@@ -38,7 +42,8 @@ class TorchModel(HorovodModel):
     def make_predict_fn(self) -> Callable[[], Callable[[Any], Any]]:
         from .torch_training import make_predictor
 
-        return functools.partial(make_predictor, cloudpickle.dumps(self.module))
+        shapes = input_shapes_of(self.getOrDefault("input_shapes"))
+        return functools.partial(make_predictor, cloudpickle.dumps(self.module), shapes)
 
     def save_artifacts(self, folder: str) -> None:
         import torch
@@ -52,11 +57,33 @@ class TorchModel(HorovodModel):
             self.module = cloudpickle.load(blob)
 
 
+@accessors
 class TorchEstimator(HorovodEstimator):
     """Trains a ``torch.nn.Module`` with Horovod on ``num_proc`` ranks: ``fit(df)`` gives a
-    ``TorchModel``. Parameters as in horovod.spark (``model``, ``optimizer``, ``loss``,
-    ``metrics``, ``feature_cols``, ``label_cols``, ``batch_size``, ``epochs``, ``validation``,
-    ``model_dir``, ...). The optimizer's class and settings are rebuilt on every rank."""
+    ``TorchModel``. Parameters as in horovod.spark (``model``, ``optimizer``, ``loss`` or
+    ``loss_constructors``, ``metrics``, ``feature_cols``, ``input_shapes``, ``label_cols``,
+    ``batch_size``, ``epochs``, ``validation``, ``backward_passes_per_step``,
+    ``train_minibatch_fn``, ``store`` or ``model_dir``, ...). The optimizer's class and settings
+    are rebuilt on every rank."""
+
+    loss_constructors: Param[Any] = Param(
+        Params._dummy(), "loss_constructors", "functions that make the loss on each rank (instead of loss=)"
+    )
+    train_minibatch_fn: Param[Any] = Param(
+        Params._dummy(),
+        "train_minibatch_fn",
+        "trains one batch, with horovod.spark's signature (model, optimizer, transform_outputs, loss_fn, "
+        "inputs, labels, sample_weights, backward_passes_per_step, batch_idx) -> (outputs, loss)",
+    )
+    framework = "pytorch"
+    unused_here = UNUSED | {
+        "callbacks": ([], "TorchEstimator calls no callbacks (horovod.spark's did not either)"),
+    }
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__()
+        self._setDefault(loss_constructors=None, train_minibatch_fn=None)
+        self.setParams(**params)
 
     def train_function(self) -> Callable[[TrainSpec], Any]:
         from .torch_training import train
@@ -64,22 +91,27 @@ class TorchEstimator(HorovodEstimator):
         return train
 
     def train_spec(self, checkpoint: bytes | None) -> TrainSpec:
-        self.require("model", "optimizer", "loss")
-        if self.getOrDefault("callbacks"):
-            raise ValueError(
-                "TorchEstimator takes no callbacks (they are Keras callbacks, for KerasEstimator; "
-                "horovod.spark's TorchEstimator has none either). Per-epoch metrics reach the live "
-                "view and model.history without them; for your own loop, subclass HorovodEstimator."
-            )
-        spec = self.common_spec(
-            self.getOrDefault("model"), self.getOrDefault("optimizer"), self.getOrDefault("loss"), checkpoint
-        )
+        self.require("model", "optimizer")
+        constructors = self.getOrDefault("loss_constructors")
+        if bool(constructors) == self.isDefined("loss"):
+            raise ValueError("TorchEstimator needs one of loss= and loss_constructors= (as horovod.spark)")
+        if constructors is not None and len(constructors) != 1:
+            raise ValueError("TorchEstimator trains one output: give one function in loss_constructors=")
+        if self.getOrDefault("backward_passes_per_step") < 1:
+            raise ValueError("TorchEstimator: backward_passes_per_step must be 1 or more (batches a step)")
+        loss = self.getOrDefault("loss") if self.isDefined("loss") else None
+        spec = self.common_spec(self.getOrDefault("model"), self.getOrDefault("optimizer"), loss, checkpoint)
+        spec.input_shapes = input_shapes_of(self.getOrDefault("input_shapes"))
+        spec.extra = {
+            "loss_constructors": constructors,
+            "train_minibatch_fn": self.getOrDefault("train_minibatch_fn"),
+        }
         try:
-            cloudpickle.dumps(spec.model)
+            cloudpickle.dumps(spec)
         except Exception as err:  # noqa: BLE001 - whatever the model holds that cannot travel
             raise CaptureError(
-                f"the model ({type(spec.model).__qualname__}) cannot be pickled to the ranks: "
-                f"{type(err).__name__}: {err}. Keep locks, files and sessions out of the module."
+                f"the model ({type(spec.model).__qualname__}) or a function given cannot be pickled to the "
+                f"ranks: {type(err).__name__}: {err}. Keep locks, files and sessions out of the module."
             ) from None
         return spec
 

@@ -1,13 +1,22 @@
 """TorchEstimator on the ranks: Horovod training of the shard, a checkpoint per epoch from rank 0,
-and (on the executors) the predict function ``transform`` uses."""
+and (on the executors) the predict function ``transform`` uses.
+
+A batch is trained by a function with horovod.spark's ``train_minibatch`` signature (ours, or
+the user's ``train_minibatch_fn``): ``(model, optimizer, transform_outputs, loss_fn, inputs,
+labels, sample_weights, backward_passes_per_step, batch_idx) -> (outputs, loss)``; the
+optimizer steps every ``backward_passes_per_step`` batches and at the end of the epoch, as
+Horovod's ``DistributedOptimizer(backward_passes_per_step=N)`` expects."""
 
 from __future__ import annotations
 
+import inspect
 import io
 from collections.abc import Callable
 from typing import Any
 
 from .. import reporting
+from .columns import model_inputs
+from .epoch_metrics import Averages
 from .training import (
     Rows,
     TrainSpec,
@@ -17,9 +26,11 @@ from .training import (
     end_of_epoch,
     is_accuracy,
     load_rows,
+    steps_per_epoch,
+    validation_batches,
 )
 
-__all__ = ["make_predictor", "train"]
+__all__ = ["make_predictor", "train", "train_minibatch"]
 
 
 def train(spec: TrainSpec) -> dict[str, Any]:
@@ -31,19 +42,25 @@ def train(spec: TrainSpec) -> dict[str, Any]:
     torch.manual_seed(spec.seed)
     rows = load_rows(spec)
     model = spec.model
+    loss = _loss_function(spec, model)
     optimizer = type(spec.optimizer)(model.parameters(), **spec.optimizer.defaults)
     start, history = _resume(spec, model, optimizer)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    compression = {"compression": spec.compression} if spec.compression is not None else {}
+    optimizer = hvd.DistributedOptimizer(
+        optimizer,
+        named_parameters=model.named_parameters(),
+        backward_passes_per_step=spec.backward_passes,
+        **compression,
+    )
+    steps = steps_per_epoch(spec, int(_sum(hvd, [len(rows.x)], "train.rows")[0]), hvd.size())
     for epoch in range(start + 1, spec.epochs + 1):
-        metrics = {"loss": _train_epoch(spec, model, optimizer, rows, epoch)}
-        if len(rows.val_x):
-            metrics |= _evaluate(spec, model, rows)
-        metrics = {
-            name: hvd.allreduce(torch.tensor(value), name=f"epoch.{name}").item()
-            for name, value in metrics.items()
-        }
+        averages = Averages(_names(spec))
+        _train_epoch(spec, model, optimizer, loss, rows, epoch, steps, averages)
+        if _validating(spec):
+            _evaluate(spec, model, loss, rows, averages)
+        metrics = averages.reduce(lambda sums: _sum(hvd, sums, "epoch.metrics"))
         history.append(metrics)
         end_of_epoch(epoch, metrics, spec.verbose, hvd.rank())
         if hvd.rank() == 0 and spec.save_checkpoints:
@@ -57,6 +74,33 @@ def train(spec: TrainSpec) -> dict[str, Any]:
     return {"state": _to_bytes(model.state_dict()), "history": history, "width": int(rows.x.shape[1])}
 
 
+def _sum(hvd: Any, values: Any, name: str) -> Any:
+    import numpy
+    import torch
+
+    vector = torch.from_numpy(numpy.asarray(values, dtype=numpy.float64))
+    return hvd.allreduce(vector, op=hvd.Sum, name=name).numpy()
+
+
+def _validating(spec: TrainSpec) -> bool:
+    return isinstance(spec.validation, str) or spec.validation > 0
+
+
+def _names(spec: TrainSpec) -> list[str]:
+    names = [_metric_name(metric) for metric in spec.metrics]
+    return ["loss", *names, *(["val_loss", *(f"val_{name}" for name in names)] if _validating(spec) else [])]
+
+
+def _loss_function(spec: TrainSpec, model: Any) -> Any:
+    """``loss``, or what the first of ``loss_constructors`` makes (called as horovod.spark
+    calls them, with keyword arguments, here ``model``; or with none if it takes none)."""
+    constructors = spec.extra.get("loss_constructors")
+    if not constructors:
+        return spec.loss
+    make = constructors[0]
+    return make(model=model) if inspect.signature(make).parameters else make()
+
+
 def _resume(spec: TrainSpec, model: Any, optimizer: Any) -> tuple[int, list[dict[str, float]]]:
     if spec.checkpoint is None:
         return 0, []
@@ -68,53 +112,111 @@ def _resume(spec: TrainSpec, model: Any, optimizer: Any) -> tuple[int, list[dict
     return int(state["epoch"]), list(state["history"])
 
 
-def _tensors(x: Any, y: Any) -> tuple[Any, Any]:
+def _batch(spec: TrainSpec, x: Any, y: Any) -> tuple[list[Any], list[Any]]:
     import torch
 
-    return torch.from_numpy(x), torch.from_numpy(y)
+    return [torch.from_numpy(part) for part in model_inputs(x, spec.input_shapes)], [torch.from_numpy(y)]
 
 
-def _loss(spec: TrainSpec, output: Any, target: Any) -> Any:
-    if output.dim() == 2 and output.shape[1] == 1 and target.dim() == 1 and target.is_floating_point():
-        target = target.unsqueeze(1)  # a one-value regression output against a scalar label
-    return spec.loss(output, target)
+def transform_outputs(outputs: Any, labels: list[Any]) -> tuple[list[Any], list[Any]]:
+    """Outputs as a list; each label reshaped to its output's shape when they hold as many
+    values (a regression's (rows,) label against its (rows, 1) output), as horovod.spark does."""
+    outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+    shaped = [
+        label.reshape(output.shape) if output.shape.numel() == label.shape.numel() else label
+        for output, label in zip(outputs, labels, strict=False)
+    ]
+    return outputs, shaped
 
 
-def _train_epoch(spec: TrainSpec, model: Any, optimizer: Any, rows: Rows, epoch: int) -> float:
+def train_minibatch(
+    model: Any,
+    optimizer: Any,
+    transform: Callable[[Any, list[Any]], tuple[list[Any], list[Any]]],
+    loss_fn: Callable[[list[Any], list[Any], Any], Any],
+    inputs: list[Any],
+    labels: list[Any],
+    sample_weights: Any,
+    backward_passes_per_step: int,
+    batch_idx: int,
+) -> tuple[list[Any], Any]:
+    """One batch: a step for the previous group of ``backward_passes_per_step`` batches when a
+    group begins, then this batch's gradients (its loss divided by the group's size) added."""
+    if batch_idx % backward_passes_per_step == 0:
+        if batch_idx:
+            optimizer.step()
+        optimizer.zero_grad()
+    outputs, labels = transform(model(*inputs), labels)
+    loss = loss_fn(outputs, labels, sample_weights)
+    (loss / backward_passes_per_step if backward_passes_per_step > 1 else loss).backward()
+    return outputs, loss
+
+
+def _train_epoch(
+    spec: TrainSpec,
+    model: Any,
+    optimizer: Any,
+    loss: Any,
+    rows: Rows,
+    epoch: int,
+    steps: int,
+    averages: Averages,
+) -> None:
     import horovod.torch as hvd
 
     model.train()
-    order = list(batches(len(rows.x), spec.batch_size, spec.seed, epoch, hvd.rank(), spec.shuffle))
-    total = 0.0
-    for step, index in enumerate(order, 1):
-        x, y = _tensors(rows.x[index], rows.y[index])
-        optimizer.zero_grad()
-        loss = _loss(spec, model(x), y)
-        loss.backward()
-        optimizer.step()
-        total += float(loss.item())
-        reporting.report(step=step, total=len(order), epoch=epoch, loss=float(loss.item()))
-    return total / max(len(order), 1)
+    minibatch = spec.extra.get("train_minibatch_fn") or train_minibatch
+    order = batches(len(rows.x), spec.batch_size, spec.seed, epoch, hvd.rank(), spec.shuffle, steps)
+    for step, index in enumerate(order):
+        inputs, labels = _batch(spec, rows.x[index], rows.y[index])
+        outputs, value = minibatch(
+            model,
+            optimizer,
+            transform_outputs,
+            _loss_fn(loss),
+            inputs,
+            labels,
+            None,
+            spec.backward_passes,
+            step,
+        )
+        averages.add("loss", float(value.item()), len(index))
+        _add_metrics(spec, averages, "", outputs[0].detach(), labels[0])
+        reporting.report(step=step + 1, total=steps, epoch=epoch, loss=float(value.item()))
+    optimizer.step()  # the last group's gradients
 
 
-def _evaluate(spec: TrainSpec, model: Any, rows: Rows) -> dict[str, float]:
+def _loss_fn(loss: Any) -> Callable[[list[Any], list[Any], Any], Any]:
+    def loss_fn(outputs: list[Any], labels: list[Any], sample_weights: Any) -> Any:
+        return loss(outputs[0], labels[0])
+
+    return loss_fn
+
+
+def _evaluate(spec: TrainSpec, model: Any, loss: Any, rows: Rows, averages: Averages) -> None:
     import torch
 
     model.eval()
+    size = spec.val_batch_size or spec.batch_size
     with torch.no_grad():
-        x, y = _tensors(rows.val_x, rows.val_y)
-        output = model(x)
-        found = {"val_loss": float(_loss(spec, output, y).item())}
-        for metric in spec.metrics:
-            name, value = _metric(metric, output, y)
-            found[f"val_{name}"] = value
-    return found
+        for part in validation_batches(len(rows.val_x), size, spec.val_steps):
+            inputs, labels = _batch(spec, rows.val_x[part], rows.val_y[part])
+            outputs, labels = transform_outputs(model(*inputs), labels)
+            averages.add("val_loss", float(loss(outputs[0], labels[0]).item()), len(labels[0]))
+            _add_metrics(spec, averages, "val_", outputs[0], labels[0])
 
 
-def _metric(metric: Any, output: Any, target: Any) -> tuple[str, float]:
-    if is_accuracy(metric):
-        return str(metric), accuracy(output.numpy(), target.numpy())
-    return getattr(metric, "__name__", type(metric).__name__), float(metric(output, target))
+def _add_metrics(spec: TrainSpec, averages: Averages, prefix: str, output: Any, target: Any) -> None:
+    for metric in spec.metrics:
+        if is_accuracy(metric):
+            value = accuracy(output.numpy(), target.numpy())
+        else:
+            value = float(metric(output, target))
+        averages.add(prefix + _metric_name(metric), value, len(output))
+
+
+def _metric_name(metric: Any) -> str:
+    return str(metric) if is_accuracy(metric) else getattr(metric, "__name__", type(metric).__name__)
 
 
 def _to_bytes(value: Any) -> bytes:
@@ -125,7 +227,7 @@ def _to_bytes(value: Any) -> bytes:
     return buffer.getvalue()
 
 
-def make_predictor(module_blob: bytes) -> Callable[[Any], Any]:
+def make_predictor(module_blob: bytes, shapes: list[list[int]] | None = None) -> Callable[[Any], Any]:
     """For ``predict_batch_udf``: load the module once per Python worker, predict in batches."""
     import cloudpickle
     import numpy
@@ -135,8 +237,9 @@ def make_predictor(module_blob: bytes) -> Callable[[Any], Any]:
     module.eval()
 
     def predict(inputs: Any) -> Any:
+        flat = numpy.ascontiguousarray(inputs, dtype=numpy.float32)
         with torch.no_grad():
-            output = module(torch.from_numpy(numpy.ascontiguousarray(inputs, dtype=numpy.float32)))
+            output = module(*[torch.from_numpy(part) for part in model_inputs(flat, shapes)])
         return output.reshape(len(inputs), -1).numpy()
 
     return predict

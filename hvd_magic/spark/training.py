@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from .. import reporting
+from ..errors import DataError
 from .columns import feature_array, label_array
 
 __all__ = [
@@ -19,6 +20,8 @@ __all__ = [
     "checkpoint_name",
     "end_of_epoch",
     "load_rows",
+    "steps_per_epoch",
+    "validation_batches",
 ]
 
 
@@ -34,7 +37,7 @@ class TrainSpec:
     label_cols: list[str]
     batch_size: int
     epochs: int
-    validation: float
+    validation: float | str  # a share of each rank's rows, or a column marking validation rows
     seed: int
     shuffle: bool
     verbose: int
@@ -42,6 +45,14 @@ class TrainSpec:
     save_checkpoints: bool = True  # rank 0 sends one per epoch (only when there is a model_dir)
     callbacks: list[Any] = field(default_factory=list)
     custom_objects: dict[str, Any] = field(default_factory=dict)  # Keras: what its model's file names
+    input_shapes: list[list[int]] | None = None  # per model input, batch first (columns.model_inputs)
+    val_batch_size: int = 0  # 0: batch_size
+    train_steps: int | None = None  # batches per epoch on each rank; None: the rows over batch_size
+    val_steps: int | None = None  # validation batches per epoch on each rank; None: all
+    backward_passes: int = 1  # torch: batches whose gradients add up before one allreduce
+    compression: Any = None  # Horovod's gradient compression
+    hide_gpus: bool = False  # use_gpu=False
+    extra: dict[str, Any] = field(default_factory=dict)  # a framework's own (loss constructors ...)
 
 
 @dataclass
@@ -53,26 +64,56 @@ class Rows:
 
 
 def load_rows(spec: TrainSpec) -> Rows:
-    """This rank's shard as numpy arrays; the last ``validation`` share held out (every rank
-    holds as many rows, so every rank takes as many steps)."""
+    """This rank's shard as numpy arrays, validation rows apart: those the ``validation`` column
+    marks, or the last ``validation`` share (every rank then holds as many rows)."""
     from ..data import shard
 
     table = shard("arrow")
     x, y = feature_array(table, spec.feature_cols), label_array(table, spec.label_cols)
-    held = int(round(len(x) * spec.validation))
-    cut = len(x) - held
+    if isinstance(spec.validation, str):
+        held = table.column(spec.validation).to_numpy(zero_copy_only=False).astype(bool)
+        return Rows(x[~held], y[~held], x[held], y[held])
+    cut = len(x) - int(round(len(x) * spec.validation))
     return Rows(x[:cut], y[:cut], x[cut:], y[cut:])
 
 
-def batches(rows: int, batch_size: int, seed: int, epoch: int, rank: int, shuffle: bool) -> Iterator[Any]:
-    """Index arrays of each batch of one epoch: a new order per epoch (and per rank)."""
+def steps_per_epoch(spec: TrainSpec, total_rows: int, ranks: int) -> int:
+    """Batches every rank takes each epoch (they must agree: each step is an allreduce):
+    ``train_steps``, else all rows over the batch size and the ranks, as horovod.spark counts."""
+    return spec.train_steps or max(1, -(-total_rows // (spec.batch_size * ranks)))
+
+
+def batches(
+    rows: int, batch_size: int, seed: int, epoch: int, rank: int, shuffle: bool, steps: int = 0
+) -> Iterator[Any]:
+    """Index arrays of one epoch's ``steps`` batches (default: one pass over the rows): a new
+    order per epoch, rank and pass; a rank whose rows run out before its steps goes round again."""
     import numpy
 
-    order = numpy.arange(rows)
-    if shuffle:
-        numpy.random.default_rng([seed, epoch, rank]).shuffle(order)
-    for start in range(0, rows, batch_size):
-        yield order[start : start + batch_size]
+    if rows == 0:
+        raise DataError(
+            f"rank {rank} has no training rows (its rows are all validation rows, or its shard is "
+            "empty): mark fewer rows with the validation column, or give more rows"
+        )
+    steps, taken, turn = steps or -(-rows // batch_size), 0, 0
+    while taken < steps:
+        order = numpy.arange(rows)
+        if shuffle:
+            numpy.random.default_rng([seed, epoch, rank] + ([turn] if turn else [])).shuffle(order)
+        for start in range(0, rows, batch_size):
+            if taken == steps:
+                return
+            yield order[start : start + batch_size]
+            taken += 1
+        turn += 1
+
+
+def validation_batches(rows: int, batch_size: int, steps: int | None) -> Iterator[slice]:
+    """The validation rows in order, ``batch_size`` at a time, at most ``steps`` batches."""
+    for number, start in enumerate(range(0, rows, batch_size)):
+        if steps is not None and number == steps:
+            return
+        yield slice(start, start + batch_size)
 
 
 def is_accuracy(metric: Any) -> bool:
@@ -82,12 +123,15 @@ def is_accuracy(metric: Any) -> bool:
 
 def accuracy(output: Any, target: Any) -> float:
     """The share of rows whose predicted class is the label: the largest output's index, or
-    for a single output (a probability) whether it is at least 0.5."""
+    for a single output (a probability) whether it is at least 0.5; a one-hot (or
+    probability) label's class is its largest entry, as Keras' categorical accuracy takes it."""
     import numpy
 
     output = numpy.asarray(output).reshape(len(output), -1)
+    target = numpy.asarray(target).reshape(len(output), -1)
     predicted = output.argmax(axis=1) if output.shape[1] > 1 else (output[:, 0] >= 0.5)
-    return float(numpy.mean(predicted.astype(numpy.int64) == numpy.asarray(target).reshape(-1)))
+    expected = target.argmax(axis=1) if target.shape[1] > 1 else target[:, 0]
+    return float(numpy.mean(predicted.astype(numpy.int64) == expected))
 
 
 def checkpoint_name(epoch: int) -> str:
