@@ -176,32 +176,55 @@ def test_pytorch_spark_mnist_as_horovods_example_writes_it(spark, tmp_path, caps
     assert leftover_processes() == []
 
 
-def test_backward_passes_per_step_accumulates_as_one_larger_batch(spark):
-    """Two batches of 448 rows accumulated into one step are one batch of 896 (a rank's rows:
-    one step an epoch, whatever the rows' order in the shard); stepping every batch differs."""
+def test_accumulation_compression_loss_constructors_and_a_minibatch_function(spark):
+    """Full-batch descent, whatever the rows' order in a shard: two batches of 448 rows
+    accumulated (backward_passes_per_step=2) whose gradients a compression halves, at lr 1.0,
+    are one batch of 896 at lr 0.5 (its loss from loss_constructors); a train_minibatch_fn
+    that steps every batch (horovod.spark's signature) is used instead of ours."""
     import pandas as pd
     import torch
+    from horovod.torch.compression import Compressor
     from sklearn.datasets import load_digits
 
     from hvd_magic.spark import TorchEstimator
+
+    class Halves(Compressor):
+        @staticmethod
+        def compress(tensor):
+            return tensor * 0.5, None
+
+        @staticmethod
+        def decompress(tensor, ctx):
+            return tensor
+
+    def every_batch(model, optimizer, transform_outputs, loss_fn, inputs, labels, weights, passes, index):
+        optimizer.zero_grad()
+        outputs, labels = transform_outputs(model(*inputs), labels)
+        loss = loss_fn(outputs, labels, weights)
+        loss.backward()
+        optimizer.step()
+        return outputs, loss
 
     digits = load_digits()
     frame = pd.DataFrame({"features": list(digits.data[:1792] / 16.0), "label": digits.target[:1792]})
     df = spark.createDataFrame(frame)  # 896 rows a rank
 
-    def fitted(batch_size, passes):
+    def fitted(batch_size, passes, lr, **given):
         torch.manual_seed(0)
         net = torch.nn.Linear(64, 10)
         estimator = TorchEstimator(
-            num_proc=2, model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.5),
-            loss=torch.nn.functional.cross_entropy, feature_cols=["features"], label_cols=["label"],
-            batch_size=batch_size, backward_passes_per_step=passes, epochs=3, verbose=0,
+            num_proc=2, model=net, optimizer=torch.optim.SGD(net.parameters(), lr=lr),
+            feature_cols=["features"], label_cols=["label"], batch_size=batch_size, epochs=3, verbose=0,
+            backward_passes_per_step=passes,
+            **({"loss": torch.nn.functional.cross_entropy} | given),
         )  # fmt: skip
         return estimator.fit(df).getModel().weight.detach()
 
-    large = fitted(896, 1)
-    torch.testing.assert_close(fitted(448, 2), large, rtol=1e-4, atol=1e-6)
-    assert not torch.allclose(fitted(448, 1), large, atol=1e-3)  # a step every batch descends further
+    one_batch = fitted(896, 1, 0.5, loss=None, loss_constructors=[lambda **_: torch.nn.CrossEntropyLoss()])
+    torch.testing.assert_close(
+        fitted(448, 2, 1.0, gradient_compression=Halves), one_batch, rtol=1e-4, atol=1e-6
+    )
+    assert not torch.allclose(fitted(448, 2, 0.5, train_minibatch_fn=every_batch), one_batch, atol=1e-3)
     assert leftover_processes() == []
 
 
@@ -269,10 +292,11 @@ def test_keras_spark_mnist_as_horovods_example_writes_it(spark, tmp_path, capsys
 
 def test_keras_callbacks_files_validation_column_and_an_unfitted_pipeline(spark, tmp_path):
     """A Pipeline holding the estimator saves and loads before fit; validation= names a boolean
-    column (the last epoch's val_accuracy is the fitted model's accuracy on exactly those
-    rows); keras.losses.sparse_categorical_crossentropy (a function) trains; callbacks'
-    files (a relative ModelCheckpoint pattern, a CSVLogger in a given folder, and the
-    checkpoint_callback keeping the best model) arrive in model_dir."""
+    column (the kept epoch's val_accuracy, over batches of val_batch_size, is the fitted
+    model's accuracy on exactly those rows); keras.losses.sparse_categorical_crossentropy (a
+    function) trains; train_steps_per_epoch= (past one pass) and backend_env= reach the ranks;
+    callbacks' files (a relative ModelCheckpoint pattern, a CSVLogger in a given folder, and
+    checkpoint_callback's, which keeps the best model) arrive in model_dir."""
     import keras
     from pyspark.ml import Pipeline
     from pyspark.sql import functions as F
@@ -291,11 +315,24 @@ def test_keras_callbacks_files_validation_column_and_an_unfitted_pipeline(spark,
     given_dir = tmp_path / "given"
     given_dir.mkdir()
     best = keras.callbacks.ModelCheckpoint("x.keras", monitor="val_loss", save_best_only=True)
+
+    class Batches(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.seen = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.seen += 1
+
+        def on_epoch_end(self, epoch, logs=None):
+            logs.update(batches=self.seen, marked=float(os.environ.get("HVD_MAGIC_MARK") == "on"))
+
     estimator = KerasEstimator(
         num_proc=2, model=net, optimizer=keras.optimizers.Adam(2e-3), metrics=["accuracy"],
         loss=keras.losses.sparse_categorical_crossentropy, feature_cols=["image"], label_cols=["label"],
         validation="is_val", batch_size=32, epochs=2, verbose=0, model_dir=str(tmp_path / "run"),
+        train_steps_per_epoch=45, val_batch_size=50, use_gpu=False, backend_env={"HVD_MAGIC_MARK": "on"},
         callbacks=[
+            Batches(),
             keras.callbacks.ModelCheckpoint("checkpoints/model-{epoch:02d}.keras"),
             keras.callbacks.CSVLogger(str(given_dir / "history.csv")),
         ],
@@ -304,8 +341,9 @@ def test_keras_callbacks_files_validation_column_and_an_unfitted_pipeline(spark,
     Pipeline(stages=[estimator]).save(str(tmp_path / "pipeline"))
     fitted = Pipeline.load(str(tmp_path / "pipeline")).fit(df).stages[0]
     assert [sorted(epoch) for epoch in fitted.history] == [
-        ["accuracy", "loss", "val_accuracy", "val_loss"]
+        ["accuracy", "batches", "loss", "marked", "val_accuracy", "val_loss"]
     ] * 2
+    assert [(epoch["batches"], epoch["marked"]) for epoch in fitted.history] == [(45, 1.0)] * 2  # 38 a pass
     assert fitted.history[-1]["accuracy"] > 0.85
     kept = min(fitted.history, key=lambda epoch: epoch["val_loss"])  # what checkpoint_callback kept
     held = fitted.transform(df.where("is_val")).select("label", "prediction").toPandas()

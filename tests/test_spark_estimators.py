@@ -177,20 +177,15 @@ def test_cross_validator_runs_each_fit_as_one_job(spark):
     ("change", "error", "message"),
     [
         ({"feature_cols": ["pixels"]}, DataError, "no column 'pixels'; its columns: image, label"),
-        (
-            {"label_cols": ["image"]},
-            DataError,
-            "label column 'image' is array<float>; a label must be a number",
-        ),
         ({"store": object()}, TypeError, "store= takes horovod.spark's Store"),
         ({"store": "/tmp/x", "model_dir": "/tmp/y"}, ValueError, "give store= or model_dir=, not both"),
         ({"backend": object(), "num_proc": 2}, ValueError, "give num_proc= or backend=, not both"),
         ({"metrics": ["mae"]}, ValueError, "metric 'mae' is not one it computes"),
         ({"validation": "is_val"}, DataError, "the DataFrame has no column 'is_val'"),
         (
-            {"validation": "label"},
+            {"validation": "image"},
             DataError,
-            "validation column 'label' is int; a validation column must be boolean",
+            "validation column 'image' is array<float>; a validation column must be boolean",
         ),
         ({"validation": 1.5}, ValueError, r"validation=1.5: give a share of the rows from 0 up to"),
         ({"backward_passes_per_step": 0}, ValueError, "backward_passes_per_step must be 1 or more"),

@@ -110,6 +110,7 @@ class HorovodEstimator(Estimator[HorovodModel], EstimatorParams, UnusedParams, M
     """
 
     framework = "horovod"  # the start of a run_id horovod.spark would make (pytorch_..., keras_...)
+    calls_callbacks = False  # whether the ranks call ``callbacks`` (Keras' do)
     unused_here: dict[str, tuple[Any, str]] = UNUSED  # arguments with no use here: (default, why)
 
     def __init__(self, **params: Any) -> None:
@@ -161,7 +162,7 @@ class HorovodEstimator(Estimator[HorovodModel], EstimatorParams, UnusedParams, M
             if checkpoints:
                 os.makedirs(checkpoints, exist_ok=True)
                 options.files_dir = checkpoints
-            elif callback_files.writes_files(self.getOrDefault("callbacks")):
+            elif self.calls_callbacks and callback_files.writes_files(self.getOrDefault("callbacks")):
                 options.notices.append(
                     f"{type(self).__name__}: the callbacks' files stay where the ranks run; give "
                     "model_dir= (or store=) to have them here."

@@ -79,6 +79,7 @@ class KerasEstimator(HorovodEstimator):
     )
     backend_env: Param[Any] = Param(Params._dummy(), "backend_env", "environment variables for the ranks")
     framework = "keras"
+    calls_callbacks = True
     unused_here = UNUSED | {
         "backward_passes_per_step": (
             1,
