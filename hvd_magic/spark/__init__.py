@@ -1,11 +1,12 @@
 """Spark ML estimators that train with Horovod, for people leaving horovod.spark's estimators
-(which no longer import on today's stack): change the import, keep the parameters.
+(which need Petastorm and pyarrow<11): change the import, keep the arguments.
 
     estimator        HorovodEstimator / HorovodModel: fit = one run with data=df; transform
-                     with predict_batch_udf; persistence
+                     with predict_batch_udf; persistence (estimator_io: before fit)
     torch_estimator  TorchEstimator / TorchModel       (torch_training: on the ranks)
-    keras_estimator  KerasEstimator / KerasModel       (keras_training: on the ranks)
-    params, columns, training, persistence: what they share
+    keras_estimator  KerasEstimator / KerasModel       (keras_training, keras_metrics, keras_io)
+    compat, compat_params  horovod.spark's arguments: backend, store, run_id ... and the unused
+    params, columns, training, epoch_metrics, callback_files, persistence: what they share
 """
 
 from __future__ import annotations

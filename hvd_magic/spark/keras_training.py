@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from typing import Any
@@ -110,6 +111,8 @@ class Trainer:
         callbacks.on_train_end(self.history[-1] if self.history else {})
         if saved is not None and os.path.exists(saved.filepath):
             self.model.load_weights(saved.filepath)  # the model it kept (e.g. the best), as horovod.spark
+        if saved is not None and not spec.save_checkpoints:
+            shutil.rmtree(os.path.dirname(saved.filepath), ignore_errors=True)  # its temporary folder
         return self.history
 
     def _checkpoint_callback(self) -> Any:
