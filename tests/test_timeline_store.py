@@ -128,7 +128,8 @@ def test_a_tensor_written_out_of_time_order_is_sorted_with_its_marks(tmp_path):
     store = read(write_events(tmp_path / "t.json", events)).store
     assert store.start.tolist() == [10, 100] and store.duration.tolist() == [10, 10]
     assert [store.kind_names[k] for k in store.kind] == ["ALLREDUCE", "NEGOTIATE_ALLREDUCE"]
-    assert store.ready_start.tolist() == [100] and store.kind_names[store.ready_kind[0]] == "NEGOTIATE_ALLREDUCE"
+    assert store.ready_start.tolist() == [100]
+    assert store.kind_names[store.ready_kind[0]] == "NEGOTIATE_ALLREDUCE"
 
 
 def spans_timeline(
