@@ -17,6 +17,8 @@ import psutil
 
 __all__ = ["GpuProbe", "GpuSample", "NvmlProbe", "ResourceSampler", "gpu_probe"]
 
+TREE_EVERY = 5  # samples between two scans for the rank's child processes
+
 
 @dataclass(frozen=True)
 class GpuSample:
@@ -75,6 +77,7 @@ class ResourceSampler:
         self.process = process or psutil.Process()
         self.gpu = gpu
         self._children: dict[int, psutil.Process] = {}
+        self._samples = 0
         self.process.cpu_percent()
 
     def sample(self) -> dict[str, float]:
@@ -99,7 +102,11 @@ class ResourceSampler:
 
     def _tree(self) -> list[psutil.Process]:
         """The children, the same Process objects from sample to sample (psutil's CPU % is
-        measured between two calls on one object)."""
+        measured between two calls on one object). Finding them scans every process of the
+        machine, so the list is renewed every ``TREE_EVERY`` samples, not at each."""
+        self._samples += 1
+        if self._samples % TREE_EVERY != 1:
+            return list(self._children.values())
         try:
             current = {child.pid: child for child in self.process.children(recursive=True)}
         except psutil.Error:
