@@ -29,3 +29,4 @@ bench: setup
 	$(PY) bench/doctor.py
 	$(PY) bench/session.py --spark
 	$(PY) bench/recovery.py
+	$(PY) bench/telemetry.py
