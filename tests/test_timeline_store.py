@@ -4,6 +4,7 @@ viewer's window requests answered from the kernel."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import random
 from pathlib import Path
@@ -12,12 +13,13 @@ import numpy as np
 import pytest
 
 from hvd_magic.timeline import levels as levels_module
-from hvd_magic.timeline import read
+from hvd_magic.timeline import merging, read
 from hvd_magic.timeline import viewer as viewer_module
-from hvd_magic.timeline.detail import window
+from hvd_magic.timeline.detail import Marks, window
 from hvd_magic.timeline.levels import MERGE, build_levels
 from hvd_magic.timeline.live import Growing, LiveTimeline
 from hvd_magic.timeline.matching import Matched, PyMatcher, matched, new_matcher, tensors
+from hvd_magic.timeline.merging import Items, merge, merge_numpy
 from hvd_magic.timeline.reader import read_general
 
 from .timeline_fixtures import reference_spans, write_events
@@ -249,18 +251,49 @@ def test_levels_of_detail_answer_wide_windows_as_the_spans_would(tmp_path, monke
         marks = window(store, t0, t0 + 300 * finest, 300, rows, 0, origin, levels_used)
         starts = (marks.start + origin).astype(np.int64)
         assert ((starts == store.start[long]) & (marks.count == 1) & (marks.row == store.row[long])).any()
-    # levels built in small chunks are the same levels (a merge cut by a chunk's end is made whole)
-    monkeypatch.setattr(levels_module, "CHUNK", 1_000)
+    # levels merged by numpy a few rows at a time are the same levels
+    monkeypatch.setattr(merging, "BATCH", 1_000)
+    monkeypatch.setattr(levels_module, "merge", merging._in_batches)
     for small, whole in zip(build_levels(store, smallest=500), levels, strict=True):
         assert small.bucket == whole.bucket and np.array_equal(small.offsets, whole.offsets)
         columns = zip(vars(small.items).values(), vars(whole.items).values(), strict=True)
-        assert all(np.array_equal(a, b) for a, b in columns)
-    # and the level is what answers: a window's items come from the coarsest level that fits
-    coarse = levels[-1]
-    assert (
-        len(coarse.select(list(range(len(coarse.offsets) - 1)), origin, int(store.end.max())))
-        < len(store) / 8
+        assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in columns)
+    # and the level is what answers: the coarsest holds far fewer items than the spans
+    assert len(levels[-1].items) < len(store) / 8
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_c_merge_matches_numpys(seed):
+    """Per pixel of a window (clipped, joined) and per bucket of a level, spans or merged items,
+    rows asked in any order: the one-pass C merge gives what the numpy one gives."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(0, 400, 6)
+    n = int(sizes.sum())
+    start = np.concatenate([np.sort(rng.integers(0, 100_000, s)) for s in sizes]).astype(np.int64)
+    duration = rng.integers(0, 3_000, n).astype(np.uint32 if seed % 2 else np.int64)
+    merged = seed % 3 == 0  # items that stand for several spans, as a level's
+    items = Items(
+        start=start,
+        duration=duration,
+        longest=(duration * rng.random(n)).astype(duration.dtype) if merged else None,
+        kind=rng.integers(0, 5, n).astype([np.uint8, np.uint16, np.uint32][seed % 3]),
+        depth=rng.integers(0, 3, n).astype(np.uint8),
+        count=rng.integers(1, 4, n).astype(np.uint32) if merged else None,
     )
+    offsets = np.r_[0, np.cumsum(sizes)].tolist()
+    rows = [(offsets[r], offsets[r + 1]) for r in rng.permutation(6).tolist()]
+    rows.append((offsets[2] + 1, max(offsets[2] + 1, offsets[3] - 1)))  # part of a row
+    assert hasattr(importlib.import_module("hvd_magic.timeline._match"), "merge")  # the C merge is built
+    asked = sum(hi - lo for lo, hi in rows)
+    for t0, pixel, width in ((0, 700.0, 0), (20_000, 137.5, 300), (-5_000, 2_000.0, 40)):
+        got, got_rows = merge(items, rows, t0, pixel, width)
+        expected, expected_rows = merge_numpy(items, rows, t0, pixel, width)
+        assert got_rows.tolist() == expected_rows.tolist() and 0 < len(got) < asked
+        for key, value in vars(expected).items():
+            assert np.array_equal(getattr(got, key), value), (key, t0, width)
+        assert got.kind.dtype == items.kind.dtype
+        if width == 0:  # a level: every item is in one merged item
+            assert got.count.sum() == sum(int(items.counts()[lo:hi].sum()) for lo, hi in rows)
 
 
 def test_a_window_with_few_spans_gets_them_all(tmp_path):
@@ -269,6 +302,23 @@ def test_a_window_with_few_spans_gets_them_all(tmp_path):
     marks = window(store, origin, end, 100, [0, 1], limit=len(store), origin=origin)
     assert len(marks) == len(store) and set(marks.count.tolist()) == {1}
     assert sorted(marks.start + origin) == sorted(store.start.tolist())
+
+
+def test_a_reply_counts_starts_from_its_first_in_32_bits_unless_they_do_not_fit():
+    def marks(*starts: float) -> Marks:
+        n = len(starts)
+        return Marks(np.array(starts), np.ones(n, np.float32), np.array([0, 2, 2][:n], np.int32),
+                     np.zeros(n, np.uint16), np.zeros(n, np.uint8), np.ones(n, np.uint32))  # fmt: skip
+
+    fields, buffers = marks(7.0, 9.0, 2.0**32 + 6).packed([0, 1, 2])
+    assert fields == {"base": 7, "start_bits": 32} and np.frombuffer(buffers[0], np.uint32).tolist() == [
+        0,
+        2,
+        2**32 - 1,
+    ]
+    assert np.frombuffer(buffers[2], np.int32).tolist() == [1, 0, 2]  # marks per row asked
+    fields, buffers = marks(7.0, 9.0, 2.0**32 + 7).packed([0, 2])
+    assert fields == {"base": 0, "start_bits": 64} and np.frombuffer(buffers[0]).tolist() == [7, 9, 2**32 + 7]
 
 
 class Sent(list):
@@ -290,9 +340,22 @@ def test_a_large_timeline_is_sent_as_an_overview_and_windows_on_request(tmp_path
         viewer, {"type": "window", "id": 4, "t0": third, "t1": 2 * third, "width": 300, "rows": [1, 4]}, []
     )
     ((content, buffers),) = sent
-    assert content == {"type": "spans", "id": 4, "t0": 0.0, "t1": viewer.end_us, "rows": [1, 4]}
-    rows = np.frombuffer(buffers[2], np.int32)
-    assert set(rows.tolist()) == {1, 4} and len(buffers) == 6
+    assert content.pop("kernel_ms") >= 0  # the kernel's time, which the front end records
+    base = content.pop("base")
+    # the window and half of it on each side, starts in 32 bits after the first one's
+    assert content == {
+        "type": "spans",
+        "id": 4,
+        "t0": third / 2,
+        "t1": 2.5 * third,
+        "rows": [1, 4],
+        "start_bits": 32,
+    }
+    starts = base + np.frombuffer(buffers[0], np.uint32).astype(np.float64)
+    per_row, counts = np.frombuffer(buffers[2], np.int32), np.frombuffer(buffers[5], np.uint32)
+    assert len(buffers) == 6 and per_row.sum() == len(starts) == len(counts) and (per_row > 0).all()
+    reply, marks = viewer.detail(third, 2 * third, 300, [1, 4])
+    assert starts.tolist() == marks.start.tolist() and counts.sum() < len(timeline.store)
     for bad in ({"type": "window", "id": 5, "t0": 2, "t1": 1, "width": 10, "rows": [0]},
                 {"type": "window", "id": 6, "t0": 0, "t1": 1, "width": 10, "rows": [99]},
                 {"type": "window", "id": 7, "rows": "all"}):  # fmt: skip
@@ -376,7 +439,7 @@ def test_window_requests_far_outside_the_run_are_answered(tmp_path, monkeypatch)
         viewer, {"type": "window", "id": 1, "t0": -1e300, "t1": 1e300, "width": 100, "rows": [0]}, []
     )
     ((content, buffers),) = sent
-    assert content["rows"] == [0] and len(np.frombuffer(buffers[0], np.float64)) == timeline.store.offsets[1]
+    assert content["rows"] == [0] and len(np.frombuffer(buffers[0], np.uint32)) == timeline.store.offsets[1]
 
 
 def test_the_live_view_waits_for_this_runs_file_and_never_stops_the_run(tmp_path, monkeypatch):

@@ -17,6 +17,8 @@
  *   ready_name (int32, the last mark's name: the rank ready last), ready_wait (int64: the time
  *   since the mark before it, 0 with a single mark). The matcher starts over afterwards.
  * Matcher().snapshot(order) -> the same, and the matcher goes on (a file still growing).
+ * merge(...) -> items merged per pixel of a window, or per bucket of a level of detail: see
+ *   the comment above merge() below.
  * trim() -> whether memory went back: gives the heap's free pages back to the system (glibc's
  *   malloc_trim; elsewhere nothing). glibc keeps what a large job freed in the heap, where
  *   scattered live blocks pin it: a kernel that read a large timeline would hold it for good.
@@ -419,6 +421,262 @@ static PyTypeObject MatcherType = {
     .tp_methods = matcher_methods,
 };
 
+
+/* ---- merge(): items per pixel (a window of the viewer) or per bucket (a level of detail) ----
+ *
+ * merge(start, duration, longest, kind, depth, count, ranges, t0, pixel, width)
+ *   -> (start, duration, longest, kind, depth, count, per_range)
+ * Items in rows: start int64; duration and longest (None: the duration) uint32 or int64; kind
+ * uint8, uint16 or uint32; depth uint8; count (None: 1 each) uint32. ranges: int64 (lo, hi)
+ * pairs, each a row's items, by start. Per range and depth, an item at least a pixel long that
+ * stands for one span stays itself; the others that start in the same cell (of pixel µs from
+ * t0) merge into one: first start to last end, their counts summed, the longest member's
+ * length and kind (ties: the larger kind). With width > 0 (a window of width pixels) items
+ * that end before t0 are left out, cells are clipped to the window, and neighbouring merged
+ * items of one kind less than a pixel apart join into one block. Out: start (int64), duration
+ * and longest (int64), kind (as given), depth, count (uint32) of the merged items, a range's
+ * by the position of their first item (so by start), one range after the other, and how many
+ * each range got (int64). levels.merge_numpy is the same in numpy (many passes where this
+ * takes one): the fallback and the reference of the tests.
+ */
+
+typedef struct {
+    const char *data;
+    int size; /* bytes an item; 0: absent */
+} Field;
+
+static inline int64_t get(Field f, Py_ssize_t i, int64_t absent) {
+    switch (f.size) {
+    case 0: return absent;
+    case 1: return ((const uint8_t *)f.data)[i];
+    case 2: return ((const uint16_t *)f.data)[i];
+    case 4: return ((const uint32_t *)f.data)[i];
+    default: return ((const int64_t *)f.data)[i];
+    }
+}
+
+typedef struct { /* items being merged (a group), or groups joined (a block) */
+    Py_ssize_t slot; /* its place among the range's outputs: where its first item came */
+    int64_t start, end, longest, kind, count, cell;
+    int wide; /* one span a pixel long or more: it stays itself */
+} Group;
+
+typedef struct { /* one depth of the range being merged */
+    Group group, block;
+    int64_t last_end, last_kind; /* of the group before, which a join compares with */
+    int last_wide, grouping, blocking;
+} Lane;
+
+typedef struct {
+    int64_t start, end, longest, kind, count;
+    uint8_t depth, hole; /* hole: a group joined into the block before it */
+} Slot;
+
+typedef struct {
+    Field start, duration, longest, kind, depth, count;
+    int64_t t0, width;
+    double pixel;
+    Slot *slots;
+    Py_ssize_t used;
+    Lane lanes[256];
+    uint8_t active[256];
+    int actives;
+} Merge;
+
+static inline void heavier(int64_t *longest, int64_t *kind, int64_t other_longest, int64_t other_kind) {
+    if (other_longest > *longest || (other_longest == *longest && other_kind > *kind)) {
+        *longest = other_longest;
+        *kind = other_kind;
+    }
+}
+
+static void write_block(Merge *m, const Group *b, uint8_t depth) {
+    m->slots[b->slot] = (Slot){b->start, b->end, b->longest, b->kind, b->count, depth, 0};
+}
+
+static void close_group(Merge *m, Lane *lane, uint8_t depth) {
+    Group *g = &lane->group, *b = &lane->block;
+    lane->grouping = 0;
+    if (m->width > 0 && lane->blocking && g->kind == lane->last_kind && !g->wide && !lane->last_wide &&
+        (double)(g->start - lane->last_end) < m->pixel) {
+        if (g->end > b->end) b->end = g->end;
+        heavier(&b->longest, &b->kind, g->longest, g->kind);
+        b->count += g->count;
+        m->slots[g->slot].hole = 1;
+    } else {
+        if (lane->blocking) write_block(m, b, depth);
+        *b = *g;
+        lane->blocking = 1;
+    }
+    lane->last_end = g->end;
+    lane->last_kind = g->kind;
+    lane->last_wide = g->wide;
+}
+
+static void take(Merge *m, Py_ssize_t i) {
+    int64_t start = get(m->start, i, 0), duration = get(m->duration, i, 0), end = start + duration;
+    if (m->width > 0 && end < m->t0) return; /* ends before the window */
+    int64_t count = get(m->count, i, 1), longest = get(m->longest, i, duration), kind = get(m->kind, i, 0);
+    uint8_t depth = (uint8_t)get(m->depth, i, 0);
+    double at = (double)(start - m->t0) / m->pixel;
+    int64_t cell = at >= 9e18 ? INT64_MAX : at <= -9e18 ? INT64_MIN : (int64_t)at;
+    if (m->width > 0) cell = cell < 0 ? 0 : cell >= m->width ? m->width - 1 : cell;
+    int wide = count == 1 && (double)duration >= m->pixel;
+    Lane *lane = &m->lanes[depth];
+    Group *g = &lane->group;
+    if (lane->grouping && !wide && !g->wide && cell == g->cell) {
+        if (end > g->end) g->end = end;
+        heavier(&g->longest, &g->kind, longest, kind);
+        g->count += count;
+        return;
+    }
+    if (lane->grouping) close_group(m, lane, depth);
+    else if (!lane->blocking) m->active[m->actives++] = depth;
+    *g = (Group){m->used, start, end, longest, kind, count, cell, wide};
+    m->slots[m->used++].hole = 0;
+    lane->grouping = 1;
+}
+
+typedef struct {
+    char *start, *duration, *longest, *kind, *depth, *count;
+    Py_ssize_t size;
+} Merged;
+
+static void end_range(Merge *m, Merged *out) {
+    for (int a = 0; a < m->actives; a++) {
+        Lane *lane = &m->lanes[m->active[a]];
+        if (lane->grouping) close_group(m, lane, m->active[a]);
+        if (lane->blocking) write_block(m, &lane->block, m->active[a]);
+        lane->blocking = 0;
+    }
+    m->actives = 0;
+    for (Py_ssize_t k = 0; k < m->used; k++) {
+        const Slot *s = &m->slots[k];
+        if (s->hole) continue;
+        Py_ssize_t j = out->size++;
+        ((int64_t *)out->start)[j] = s->start;
+        ((int64_t *)out->duration)[j] = s->end - s->start;
+        ((int64_t *)out->longest)[j] = s->longest;
+        if (m->kind.size == 1) ((uint8_t *)out->kind)[j] = (uint8_t)s->kind;
+        else if (m->kind.size == 2) ((uint16_t *)out->kind)[j] = (uint16_t)s->kind;
+        else ((uint32_t *)out->kind)[j] = (uint32_t)s->kind;
+        ((uint8_t *)out->depth)[j] = s->depth;
+        ((uint32_t *)out->count)[j] = (uint32_t)s->count;
+    }
+    m->used = 0;
+}
+
+
+/* Field of a column of n items: None (absent, where allowed) or a buffer of 1, 2, 4 or 8 bytes an item. */
+static int field_of(PyObject *object, Py_buffer *view, Py_ssize_t n, int optional, int usual, Field *field) {
+    *field = (Field){NULL, 0};
+    if (optional && object == Py_None) return 0;
+    if (PyObject_GetBuffer(object, view, PyBUF_SIMPLE) < 0) return -1;
+    Py_ssize_t size = n ? view->len / n : usual; /* no items: any column will do */
+    if ((n && view->len % n) || (size != 1 && size != 2 && size != 4 && size != 8)) {
+        PyBuffer_Release(view);
+        view->obj = NULL;
+        PyErr_SetString(PyExc_ValueError, "merge: columns of 1, 2, 4 or 8 bytes an item, as many as start has");
+        return -1;
+    }
+    *field = (Field){view->buf, (int)size};
+    return 0;
+}
+
+/* The columns' Fields; n: items. -1 with an exception set. */
+static int fields_of(Merge *m, PyObject **objects, Py_buffer *views, Py_ssize_t *n) {
+    Field *fields[6] = {&m->start, &m->duration, &m->longest, &m->kind, &m->depth, &m->count};
+    const int optional[6] = {0, 0, 1, 0, 0, 1}, usual[6] = {8, 8, 8, 1, 1, 4};
+    if (PyObject_GetBuffer(objects[0], &views[0], PyBUF_SIMPLE) < 0) return -1;
+    *n = views[0].len / 8;
+    PyBuffer_Release(&views[0]);
+    views[0].obj = NULL;
+    for (int c = 0; c < 6; c++)
+        if (field_of(objects[c], &views[c], *n, optional[c], usual[c], fields[c]) < 0) return -1;
+    if (m->start.size != 8 || m->duration.size < 4 || (m->longest.size && m->longest.size < 4) ||
+        m->kind.size > 4 || m->depth.size != 1 || (m->count.size && m->count.size != 4)) {
+        PyErr_SetString(PyExc_ValueError, "merge: start int64, duration and longest uint32 or int64, kind "
+                                          "uint8/16/32, depth uint8, count uint32");
+        return -1;
+    }
+    return 0;
+}
+
+/* Checks the ranges against n items: the items they hold in all and in the longest; -1: bad. */
+static int ranges_of(const Py_buffer *ranges, Py_ssize_t n, Py_ssize_t *total, Py_ssize_t *longest) {
+    const int64_t *pairs = ranges->buf;
+    *total = *longest = 0;
+    if (ranges->len % 16) return -1;
+    for (Py_ssize_t r = 0; r < ranges->len / 16; r++) {
+        if (pairs[2 * r] < 0 || pairs[2 * r] > pairs[2 * r + 1] || pairs[2 * r + 1] > n) return -1;
+        *total += pairs[2 * r + 1] - pairs[2 * r];
+        if (pairs[2 * r + 1] - pairs[2 * r] > *longest) *longest = pairs[2 * r + 1] - pairs[2 * r];
+    }
+    return 0;
+}
+
+static PyObject *merged_columns(const Merge *m, const Merged *out, PyObject *per_range) {
+    Py_ssize_t n = out->size;
+    return Py_BuildValue("(y#y#y#y#y#y#N)", out->start, n * 8, out->duration, n * 8, out->longest, n * 8,
+                         out->kind, n * (m->kind.size ? m->kind.size : 1), out->depth, n, out->count, n * 4, per_range);
+}
+
+static PyObject *merge(PyObject *Py_UNUSED(module), PyObject *args) {
+    PyObject *objects[6], *result = NULL, *per_range = NULL;
+    Py_buffer views[6], ranges;
+    long long t0, width;
+    double pixel;
+    for (int c = 0; c < 6; c++) views[c].obj = NULL;
+    if (!PyArg_ParseTuple(args, "OOOOOOy*LdL", &objects[0], &objects[1], &objects[2], &objects[3], &objects[4],
+                          &objects[5], &ranges, &t0, &pixel, &width))
+        return NULL;
+    Merge *m = PyMem_RawCalloc(1, sizeof(Merge));
+    Merged out = {NULL, NULL, NULL, NULL, NULL, NULL, 0};
+    Py_ssize_t n = 0, total = 0, longest = 0;
+    if (!m) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (fields_of(m, objects, views, &n) < 0) goto done;
+    if (!(pixel > 0) || ranges_of(&ranges, n, &total, &longest) < 0) {
+        PyErr_SetString(PyExc_ValueError, "merge: ranges are int64 (lo, hi) pairs within the items; pixel > 0");
+        goto done;
+    }
+    *m = (Merge){m->start, m->duration, m->longest, m->kind, m->depth, m->count, t0, width, pixel};
+    m->slots = PyMem_RawMalloc((longest + 1) * sizeof(Slot));
+    char **columns[6] = {&out.start, &out.duration, &out.longest, &out.kind, &out.depth, &out.count};
+    const int widths[6] = {8, 8, 8, 4, 1, 4};
+    for (int c = 0; c < 6; c++) *columns[c] = PyMem_RawMalloc((total + 1) * widths[c]);
+    per_range = PyBytes_FromStringAndSize(NULL, ranges.len / 2);
+    if (!m->slots || !out.start || !out.duration || !out.longest || !out.kind || !out.depth || !out.count) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (!per_range) goto done;
+    const int64_t *pairs = ranges.buf;
+    int64_t *got = (int64_t *)PyBytes_AS_STRING(per_range);
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r = 0; r < ranges.len / 16; r++) {
+        Py_ssize_t before = out.size;
+        for (Py_ssize_t i = pairs[2 * r]; i < pairs[2 * r + 1]; i++) take(m, i);
+        end_range(m, &out);
+        got[r] = out.size - before;
+    }
+    Py_END_ALLOW_THREADS
+    result = merged_columns(m, &out, per_range);
+    per_range = NULL;
+done:
+    Py_XDECREF(per_range);
+    for (int c = 0; c < 6; c++)
+        if (views[c].obj) PyBuffer_Release(&views[c]);
+    PyBuffer_Release(&ranges);
+    PyMem_RawFree(out.start); PyMem_RawFree(out.duration); PyMem_RawFree(out.longest);
+    PyMem_RawFree(out.kind); PyMem_RawFree(out.depth); PyMem_RawFree(out.count);
+    if (m) PyMem_RawFree(m->slots);
+    PyMem_RawFree(m);
+    return result;
+}
+
 static PyObject *trim(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
     int released = 0;
 #ifdef __GLIBC__
@@ -431,6 +689,7 @@ static PyObject *trim(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
 
 static PyMethodDef module_methods[] = {
     {"trim", trim, METH_NOARGS, "Give the heap's free pages back to the system (glibc), where it can."},
+    {"merge", merge, METH_VARARGS, "Items merged per pixel or per bucket (see the comment above merge)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -3,10 +3,11 @@
 A level keeps, per row and depth, every span at least ``bucket`` µs long as itself and merges the
 narrower ones that start in the same bucket (buckets of ``bucket`` µs from the timeline's start)
 into one item: first start to last end, how many spans, and the longest span's length and kind
-(which gives a mark its kind). Buckets double from level to level, each level merged from the
-one below it. The finest level has the narrowest bucket that still merges about eight spans into
-one: a window finer than that is answered from the spans themselves, a few per pixel. An item
-takes 32 bytes; all levels together hold about half as many items as there are spans.
+(``merging.merge``). Buckets double from level to level, each level merged from the one below
+it. The finest level has the narrowest bucket that still merges about eight spans into one: a
+window finer than that is answered from the spans themselves. A level is laid out as the store
+is (each row's items by start), and an item takes about 22 bytes (durations in 32 bits where they
+fit); all levels together hold about half as many items as there are spans.
 """
 
 from __future__ import annotations
@@ -15,114 +16,55 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .merging import Items, merge
 from .store import SpanStore
 
-__all__ = [
-    "Items",
-    "Level",
-    "bucket_edges",
-    "build_levels",
-    "kind_count",
-    "merge_edges",
-    "ranges_index",
-    "span_items",
-]
+__all__ = ["Level", "build_levels", "kind_count", "store_items"]
 
 MERGE = 8  # the finest level holds at most 1/MERGE as many items as there are spans
-CHUNK = 1 << 19  # spans merged at a time when the finest level is built (bounds the scratch memory)
-
-
-@dataclass
-class Items:
-    """Spans or merged items in runs (a run is a depth and a row: ``depth * rows + row``), each
-    run's items by start. ``lead`` is the longest member span's duration * kinds + its kind:
-    the largest ``lead`` of a merge names the merged item's kind."""
-
-    start: np.ndarray  # int64, absolute µs
-    duration: np.ndarray  # int64: first start to last end
-    lead: np.ndarray  # int64
-    count: np.ndarray  # uint32: spans in the item
-    run: np.ndarray  # int32
-
-    def __len__(self) -> int:
-        return len(self.start)
-
-    def take(self, index: np.ndarray) -> Items:
-        return Items(*(c[index] for c in (self.start, self.duration, self.lead, self.count, self.run)))
+CHUNK = 1 << 21  # spans counted at a time when the finest bucket is sought (bounds the scratch memory)
 
 
 @dataclass
 class Level:
-    """One resolution: items sorted by run then start; run ``k``'s are ``offsets[k]:offsets[k + 1]``."""
+    """One resolution: row ``r``'s items are ``offsets[r]:offsets[r + 1]``, by start."""
 
     bucket: int
     items: Items
     offsets: np.ndarray
-    reach: np.ndarray  # per run: its longest item (how far before a window one that reaches it starts)
+    reach: np.ndarray  # per row: its longest item (how far before a window one that reaches it starts)
 
-    def select(self, runs: list[int], t0: int, t1: int) -> Items:
-        """The items of ``runs`` (ascending) that may reach into [t0, t1], in run order."""
-        ranges = []
-        for run in runs:
-            lo, hi = int(self.offsets[run]), int(self.offsets[run + 1])
-            starts = self.items.start[lo:hi]
-            first = lo + int(np.searchsorted(starts, t0 - self.reach[run], side="left"))
-            ranges.append((first, lo + int(np.searchsorted(starts, t1, side="right"))))
-        return self.items.take(ranges_index(ranges))
+    def rows(self) -> list[tuple[int, int]]:
+        """Each row's range of items."""
+        return list(zip(self.offsets[:-1].tolist(), self.offsets[1:].tolist(), strict=True))
 
 
-def ranges_index(ranges: list[tuple[int, int]]) -> np.ndarray:
-    """The indices of the ranges ``[lo, hi)``, one after another."""
-    return np.concatenate([np.arange(lo, hi) for lo, hi in ranges] or [np.empty(0, np.int64)])
+def store_items(store: SpanStore) -> Items:
+    """The store's spans as items of one span each."""
+    return Items(store.start, store.duration, None, store.kind, store.depth, None)
 
 
-def merge_edges(items: Items, edge: np.ndarray) -> Items:
-    """Merges each group of consecutive items that starts where ``edge`` is True (items sorted by
-    run then start; a group never crosses runs)."""
-    if not len(items):
-        return items
-    firsts = np.flatnonzero(edge)
-    start = items.start[firsts]
-    end = np.maximum.reduceat(items.start + items.duration, firsts)
-    return Items(
-        start=start,
-        duration=end - start,
-        lead=np.maximum.reduceat(items.lead, firsts),
-        count=np.add.reduceat(items.count, firsts, dtype=np.uint32),
-        run=items.run[firsts],
-    )
+def kind_count(store: SpanStore) -> int:
+    """How many kinds the store's spans have (at least 1)."""
+    return max(len(store.kind_names), 1)
 
 
-def bucket_edges(items: Items, cell: np.ndarray, width: float) -> np.ndarray:
-    """Where a group starts: a new run or cell, or a span at least ``width`` long (which stays
-    on its own). Merged items merge on, however far they reach: their spans are all narrower."""
-    wide = (items.count == 1) & (items.duration >= width)
-    edge = np.ones(len(items), bool)
-    edge[1:] = (items.run[1:] != items.run[:-1]) | (cell[1:] != cell[:-1]) | wide[1:] | wide[:-1]
-    return edge
+def _narrow(column: np.ndarray) -> np.ndarray:
+    """An int64 column in 32 bits when every value fits."""
+    if len(column) and 0 <= int(column.min()) and int(column.max()) <= np.iinfo(np.uint32).max:
+        return column.astype(np.uint32)
+    return column
 
 
-def _level(items: Items, bucket: int, origin: int, runs: int) -> Level:
-    cell = (items.start - origin) // bucket
-    merged = merge_edges(items, bucket_edges(items, cell, bucket))
-    offsets = np.searchsorted(merged.run, np.arange(runs + 1)).astype(np.int64)
-    reach = np.zeros(runs, np.int64)
-    filled = np.flatnonzero(np.diff(offsets))
+def _level(items: Items, rows: list[tuple[int, int]], origin: int, bucket: int) -> Level:
+    merged, per_row = merge(items, rows, origin, bucket)
+    merged.duration, merged.longest = _narrow(merged.duration), _narrow(merged.longest)  # type: ignore[arg-type]
+    offsets = np.r_[0, np.cumsum(per_row)].astype(np.int64)
+    reach = np.zeros(len(rows), np.int64)
+    filled = np.flatnonzero(per_row)
     if len(filled):
         reach[filled] = np.maximum.reduceat(merged.duration, offsets[filled])
     return Level(bucket, merged, offsets, reach)
-
-
-def span_items(store: SpanStore, index: np.ndarray) -> Items:
-    """The store's spans at ``index`` (in run order: depth, row, start) as items of one span."""
-    duration = store.duration[index].astype(np.int64)
-    return Items(
-        start=store.start[index],
-        duration=duration,
-        lead=duration * kind_count(store) + store.kind[index],
-        count=np.ones(len(index), np.uint32),
-        run=store.depth[index].astype(np.int32) * len(store.row_names) + store.row[index],
-    )
 
 
 def _cells(store: SpanStore, bucket: int, origin: int) -> int:
@@ -151,24 +93,6 @@ def _finest_bucket(store: SpanStore, origin: int, length: int) -> int | None:
     return 1 << exponents[lo]
 
 
-def _joined(pieces: list[Items]) -> Items:
-    """The pieces as one, a column at a time, each piece's column dropped once copied (the
-    pieces are held once, not twice). Empties ``pieces``."""
-    columns = [list(c) for c in zip(*(vars(p).values() for p in pieces), strict=True)]
-    pieces.clear()
-    joined = []
-    while columns:
-        parts = columns.pop(0)
-        joined.append(np.concatenate(parts))
-        parts.clear()
-    return Items(*joined)
-
-
-def kind_count(store: SpanStore) -> int:
-    """The ``kinds`` of an item's ``lead`` (longest * kinds + kind)."""
-    return max(len(store.kind_names), 1)
-
-
 def build_levels(store: SpanStore, smallest: int) -> list[Level]:
     """Levels from finest to coarsest, until one holds about ``smallest`` items; [] when no level
     would merge enough to be worth its memory."""
@@ -179,14 +103,9 @@ def build_levels(store: SpanStore, smallest: int) -> list[Level]:
     bucket = _finest_bucket(store, origin, length)
     if bucket is None:
         return []
-    depths = int(store.depth.max()) + 1
-    runs = depths * len(store.row_names)
-    pieces = []
-    for depth in range(depths):  # runs are depth-major: one depth after another
-        for lo in range(0, len(store), CHUNK):
-            chunk = span_items(store, lo + np.flatnonzero(store.depth[lo : lo + CHUNK] == depth))
-            pieces.append(merge_edges(chunk, bucket_edges(chunk, (chunk.start - origin) // bucket, bucket)))
-    levels = [_level(_joined(pieces), bucket, origin, runs)]  # merges what the chunk borders cut apart
+    rows = list(zip(store.offsets[:-1].tolist(), store.offsets[1:].tolist(), strict=True))
+    levels = [_level(store_items(store), rows, origin, bucket)]
     while len(levels[-1].items) > smallest and levels[-1].bucket < length:
-        levels.append(_level(levels[-1].items, 2 * levels[-1].bucket, origin, runs))
+        finer = levels[-1]
+        levels.append(_level(finer.items, finer.rows(), origin, 2 * finer.bucket))
     return levels

@@ -10,6 +10,7 @@ saved notebook holds, is bounded by the screen, not by the file.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -110,12 +111,12 @@ class TimelineViewer(anywidget.AnyWidget):
 
     def detail(self, t0: float, t1: float, width: int, rows: list[int]) -> tuple[dict[str, Any], Marks]:
         """The reply to a window request (times relative to the timeline's start): the marks of
-        ``rows`` for the window widened by its own length on each side, so that panning by up
-        to a window needs no new request."""
-        span = max(t1 - t0, 1.0)
-        low, high = t0 - span, t1 + span
+        ``rows`` for the window widened by half its length on each side, so that panning by up
+        to half a window needs no new request."""
+        margin = max(t1 - t0, 1.0) / 2
+        low, high = t0 - margin, t1 + margin
         marks = window(
-            self._store, int(self._origin + low), int(self._origin + high) + 1, 3 * width, rows,
+            self._store, int(self._origin + low), int(self._origin + high) + 1, 2 * width, rows,
             DETAIL_SPANS, self._origin, self._levels,
         )  # fmt: skip
         return {"type": "spans", "t0": low, "t1": high, "rows": rows}, self._mapped(marks)
@@ -126,10 +127,13 @@ class TimelineViewer(anywidget.AnyWidget):
         request = _window_request(content, len(self._store.row_names), self.end_us)
         # a malformed request (rows of an overview replaced meanwhile) gets an empty reply: the
         # front end keeps one request in flight and waits for it
+        began = time.perf_counter()
         reply, marks = {"type": "spans", "t0": 0, "t1": 0, "rows": []}, _NONE
         if request is not None:
             reply, marks = self.detail(*request)
-        self.send({**reply, "id": content.get("id")}, buffers=marks.buffers())
+        fields, buffers = marks.packed(request[3] if request is not None else [])
+        kernel_ms = round(1000 * (time.perf_counter() - began), 1)  # what the front end reports
+        self.send({**reply, **fields, "id": content.get("id"), "kernel_ms": kernel_ms}, buffers=buffers)
 
     def summary(self) -> str:
         """One line on what the viewer shows: the text form of its display (a terminal, an

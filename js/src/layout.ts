@@ -101,6 +101,23 @@ export function layoutRow(spans: Spans, row: number, view: View, visibleKinds?: 
   return marks;
 }
 
+/**
+ * The pixels (0 .. width - 1, ascending) of the view where marks sorted in time (cycle starts)
+ * fall, each once: jumps over the rest of a pixel's marks, so a frame costs its pixels, not the
+ * marks in the window.
+ */
+export function cyclePixels(marks: Float64Array, view: View): number[] {
+  const scale = view.width / (view.t1 - view.t0);
+  const pixels: number[] = [];
+  let i = lowerBound(marks, 0, marks.length, view.t0);
+  while (i < marks.length && marks[i] <= view.t1) {
+    const x = Math.min(view.width - 1, Math.floor((marks[i] - view.t0) * scale));
+    if (pixels[pixels.length - 1] !== x) pixels.push(x); // (rounding may land a mark on the pixel before)
+    i = lowerBound(marks, i + 1, marks.length, view.t0 + (x + 1) / scale);
+  }
+  return pixels;
+}
+
 /** Zoom by ``factor`` (< 1 zooms in) keeping the time under pixel ``anchorX`` in place. */
 export function zoom(view: View, anchorX: number, factor: number, bounds: [number, number]): View {
   const anchor = view.t0 + ((view.t1 - view.t0) * anchorX) / view.width;

@@ -4,6 +4,7 @@
 // For big timelines (`lod` true) the traits hold only an overview the kernel aggregated, and the
 // viewer asks the kernel for the detail of the window it shows (see requestDetail / onReply).
 import {
+  cyclePixels,
   hitTest,
   layerFor,
   layoutRow,
@@ -36,8 +37,9 @@ export interface WindowRequest {
 }
 
 /**
- * The kernel's reply; its buffers are the marks' columns, sorted by row then start:
- * starts (Float64), durations (Float32), rows (Int32), kinds (Uint16), depths (Uint8), counts (Uint32).
+ * The kernel's reply; its buffers are the marks' columns, sorted by row then start: starts
+ * (Uint32: whole µs after `base`; Float64 µs when `start_bits` is 64), durations (Float32), how
+ * many marks each of `rows` has (Int32), kinds (Uint16), depths (Uint8), counts (Uint32).
  */
 export interface SpansReply {
   type: "spans";
@@ -45,6 +47,9 @@ export interface SpansReply {
   t0: number; // the window the marks cover (may be wider than asked)
   t1: number;
   rows: number[]; // the rows the marks are complete for, sorted
+  base?: number; // what the starts count from
+  start_bits?: number; // 32 (the default) or 64
+  kernel_ms?: number; // the kernel's time to answer (recorded in data-last-kernel-ms)
 }
 
 /** A binary column as the model (DataView) or a custom message (DataView or buffer) hands it over. */
@@ -166,7 +171,35 @@ export function loadTimeline(model: Model): Timeline {
 export function loadDetail(reply: SpansReply, buffers: Column[], rowCount: number): Detail {
   const rows = reply.rows ?? [];
   const count = rows.reduce((n, row) => Math.max(n, row + 1), rowCount);
-  return { spans: decodeSpans(buffers, count), rows: new Set(rows), t0: reply.t0, t1: reply.t1 };
+  return { spans: decodeReply(reply, buffers, count), rows: new Set(rows), t0: reply.t0, t1: reply.t1 };
+}
+
+/** A reply's marks (see SpansReply) as spans whose row offsets cover `rowCount` rows. */
+export function decodeReply(reply: SpansReply, buffers: Column[], rowCount: number): Spans {
+  const [starts, durations, perRow, kinds, depths, counts] = buffers;
+  let startArray: Float64Array;
+  if (reply.start_bits === 64) startArray = typed(Float64Array, starts);
+  else {
+    const after = typed(Uint32Array, starts);
+    const base = reply.base ?? 0;
+    startArray = new Float64Array(after.length);
+    for (let i = 0; i < after.length; i++) startArray[i] = base + after[i];
+  }
+  const offsets = new Int32Array(rowCount + 1);
+  const got = typed(Int32Array, perRow);
+  (reply.rows ?? []).forEach((row, i) => (offsets[row + 1] = got[i] ?? 0));
+  for (let r = 0; r < rowCount; r++) offsets[r + 1] += offsets[r];
+  const durationArray = typed(Float32Array, durations);
+  const countArray = typed(Uint32Array, counts);
+  return {
+    starts: startArray,
+    durations: durationArray,
+    kinds: typed(Uint16Array, kinds),
+    depths: typed(Uint8Array, depths),
+    rowOffsets: offsets,
+    maxDuration: maxDurations(durationArray, offsets),
+    counts: countArray.length === startArray.length ? countArray : undefined,
+  };
 }
 
 /** What a reload compares to tell a new overview from the one shown. */
@@ -274,7 +307,9 @@ function drawFrame(v: Viewer): void {
   v.context.clearRect(0, 0, v.canvas.width, v.canvas.height);
   v.context.font = "11px sans-serif";
   const count = visibleRowCount(v);
-  for (let slot = 0; slot < count && v.firstRow + slot < v.shownRows.length; slot++) drawRow(v, slot);
+  const rects = new Map<number, number[]>();
+  for (let slot = 0; slot < count && v.firstRow + slot < v.shownRows.length; slot++) drawRow(v, slot, rects);
+  fillRects(v, rects);
   drawCycleMarks(v, count);
   drawAxis(v, count);
   const span = format(v.view.t1 - v.view.t0);
@@ -283,8 +318,11 @@ function drawFrame(v: Viewer): void {
   v.el.dataset.endUs = v.data.bounds[1].toFixed(0); // grows while a run still writes the timeline
 }
 
-/** The row in visible slot `slot`: striped background, tensor name, its marks. */
-function drawRow(v: Viewer, slot: number): void {
+/**
+ * The row in visible slot `slot`: striped background and tensor name drawn, its marks added to
+ * `rects` (x, y, width, height by style: see fillRects).
+ */
+function drawRow(v: Viewer, slot: number, rects: Map<number, number[]>): void {
   const { context, canvas } = v;
   const row = v.shownRows[v.firstRow + slot];
   const y = slot * ROW_HEIGHT;
@@ -292,30 +330,47 @@ function drawRow(v: Viewer, slot: number): void {
   context.fillRect(0, y, canvas.width, ROW_HEIGHT);
   context.fillStyle = "#333";
   context.fillText(v.data.rowNames[row].slice(0, 28), 4, y + 13);
+  const kinds = Math.max(1, v.data.activityNames.length);
   for (const mark of layoutRow(layerFor(v.data.spans, v.detail, row, v.view), row, v.view, v.visibleKinds)) {
     const x0 = Math.max(LABEL_WIDTH, LABEL_WIDTH + mark.x);
     const x1 = Math.min(canvas.width, LABEL_WIDTH + mark.x + mark.w);
     if (x1 <= x0) continue;
-    context.fillStyle = colour(mark.kind);
-    context.globalAlpha = mark.count > 1 ? 0.6 : 1;
-    context.fillRect(x0, y + 1 + mark.depth * DEPTH_HEIGHT, Math.max(1, x1 - x0), ROW_HEIGHT - 2 - mark.depth * DEPTH_HEIGHT);
+    // depth first (children over their parents), then kind; merged marks before spans
+    const style = ((mark.depth * kinds + mark.kind) * 2 + (mark.count > 1 ? 0 : 1)) | 0;
+    let list = rects.get(style);
+    if (!list) rects.set(style, (list = []));
+    list.push(x0, y + 1 + mark.depth * DEPTH_HEIGHT, Math.max(1, x1 - x0), ROW_HEIGHT - 2 - mark.depth * DEPTH_HEIGHT);
+  }
+}
+
+/**
+ * Fill the frame's marks one style at a time (a colour, and faint for merged marks): a few
+ * style changes a frame rather than one a mark, which the canvas pays for on every fill.
+ */
+function fillRects(v: Viewer, rects: Map<number, number[]>): void {
+  const { context } = v;
+  const kinds = Math.max(1, v.data.activityNames.length);
+  for (const style of [...rects.keys()].sort((a, b) => a - b)) {
+    context.fillStyle = colour(Math.floor(style / 2) % kinds);
+    context.globalAlpha = style % 2 ? 1 : 0.6;
+    const list = rects.get(style)!;
+    for (let i = 0; i < list.length; i += 4) context.fillRect(list[i], list[i + 1], list[i + 2], list[i + 3]);
   }
   context.globalAlpha = 1;
 }
 
-/** A vertical line at each CYCLE_START inside the window. */
+/** A vertical line at each pixel of the window where a CYCLE_START falls: one path, one stroke. */
 function drawCycleMarks(v: Viewer, count: number): void {
-  const { context, view, data } = v;
+  const { context } = v;
+  const pixels = cyclePixels(v.data.cycles, v.view);
+  if (!pixels.length) return;
   context.strokeStyle = "rgba(0,0,0,0.25)";
-  const scale = view.width / (view.t1 - view.t0);
-  for (let i = 0; i < data.cycles.length; i++) {
-    if (data.cycles[i] < view.t0 || data.cycles[i] > view.t1) continue;
-    const x = LABEL_WIDTH + (data.cycles[i] - view.t0) * scale;
-    context.beginPath();
-    context.moveTo(x, 0);
-    context.lineTo(x, count * ROW_HEIGHT);
-    context.stroke();
+  context.beginPath();
+  for (const x of pixels) {
+    context.moveTo(LABEL_WIDTH + x + 0.5, 0);
+    context.lineTo(LABEL_WIDTH + x + 0.5, count * ROW_HEIGHT);
   }
+  context.stroke();
 }
 
 /** The window's start and end times under the rows. */
@@ -414,7 +469,10 @@ function onReply(v: Viewer, content: SpansReply | { type?: unknown }, buffers: C
   const { inFlight } = v.requests;
   if (content?.type !== "spans" || !inFlight || (content as SpansReply).id !== inFlight.id) return;
   v.requests.inFlight = null;
+  const decodeStart = performance.now();
   v.detail = loadDetail(content as SpansReply, buffers ?? [], v.data.rowNames.length);
+  v.el.dataset.lastDecodeMs = (performance.now() - decodeStart).toFixed(2);
+  v.el.dataset.lastKernelMs = String((content as SpansReply).kernel_ms ?? "");
   drawFrame(v);
   v.el.dataset.lastRoundTripMs = (performance.now() - inFlight.sentAt).toFixed(1);
   v.el.dataset.detailReplies = String(++v.requests.replies);
@@ -521,7 +579,8 @@ function bindModel(v: Viewer, toolbar: Toolbar, listeners: Listeners): void {
  * anywidget's render: draw the model into `el`, record `data-first-paint-ms`, ask for the
  * window's detail (when `lod`), and return the cleanup anywidget calls when the view goes away,
  * which removes every listener render added (including the one on `host`, the window, and the
- * model's) and the tooltip. Replies set `data-last-round-trip-ms` and count `data-detail-replies`.
+ * model's) and the tooltip. Replies set `data-last-round-trip-ms` (and its parts: `data-last-kernel-ms`,
+ * `data-last-decode-ms`, `data-last-frame-ms`) and count `data-detail-replies`.
  */
 export function render({ model, el }: { model: Model; el: HTMLElement }, host: EventTargetLike = window): () => void {
   const started = performance.now();

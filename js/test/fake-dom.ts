@@ -180,15 +180,22 @@ export interface FakeMark {
   count?: number;
 }
 
-/** The six buffers of a "spans" reply (DataViews, as anywidget delivers them). */
-export function spanBuffers(marks: FakeMark[]): DataView[] {
+/**
+ * A "spans" reply's extra fields and its six buffers (DataViews, as anywidget delivers them) for
+ * these marks of `rows`, as the kernel packs them: starts after a base in 32 bits, marks per row.
+ */
+export function spanReply(marks: FakeMark[], rows: number[]): { fields: { base: number; start_bits: number }; buffers: DataView[] } {
   const sorted = [...marks].sort((a, b) => a.row - b.row || a.start - b.start);
-  return [
-    bytes(Float64Array.from(sorted.map((m) => m.start))),
-    bytes(Float32Array.from(sorted.map((m) => m.duration))),
-    bytes(Int32Array.from(sorted.map((m) => m.row))),
-    bytes(Uint16Array.from(sorted.map((m) => m.kind ?? 0))),
-    bytes(Uint8Array.from(sorted.map((m) => m.depth ?? 0))),
-    bytes(Uint32Array.from(sorted.map((m) => m.count ?? 1))),
-  ];
+  const base = sorted.length ? Math.min(...sorted.map((m) => m.start)) : 0;
+  return {
+    fields: { base, start_bits: 32 },
+    buffers: [
+      bytes(Uint32Array.from(sorted.map((m) => m.start - base))),
+      bytes(Float32Array.from(sorted.map((m) => m.duration))),
+      bytes(Int32Array.from(rows.map((row) => sorted.filter((m) => m.row === row).length))),
+      bytes(Uint16Array.from(sorted.map((m) => m.kind ?? 0))),
+      bytes(Uint8Array.from(sorted.map((m) => m.depth ?? 0))),
+      bytes(Uint32Array.from(sorted.map((m) => m.count ?? 1))),
+    ],
+  };
 }

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { hitTest, layerFor, layoutRow, lowerBound, maxDurations, pan, rowOffsets, zoom, type Spans } from "../src/layout";
+import { cyclePixels, hitTest, layerFor, layoutRow, lowerBound, maxDurations, pan, rowOffsets, zoom, type Spans } from "../src/layout";
 
 function spans(rows: number[], starts: number[], durations: number[], depths?: number[]): Spans {
   const rowArray = Int32Array.from(rows);
@@ -103,5 +103,17 @@ describe("hitTest", () => {
     expect(hitTest(s, 0, view, 125, 1)).toBe(2);
     expect(hitTest(s, 0, view, 125, 0)).toBe(0);
     expect(hitTest(s, 0, view, 380, 0)).toBe(-1);
+  });
+});
+
+describe("cyclePixels", () => {
+  it("gives each pixel with marks once, in order, and only those in the view", () => {
+    const marks = Float64Array.from([-5, 0, 0.2, 0.9, 1, 4.5, 4.99, 9.99, 10, 11]);
+    expect(cyclePixels(marks, { t0: 0, t1: 10, width: 10 })).toEqual([0, 1, 4, 9]);
+    expect(cyclePixels(marks, { t0: 20, t1: 30, width: 10 })).toEqual([]);
+  });
+  it("costs the pixels, not the marks: a million marks on a 100-pixel view", () => {
+    const marks = Float64Array.from({ length: 1_000_000 }, (_, i) => i);
+    expect(cyclePixels(marks, { t0: 0, t1: 1_000_000, width: 100 })).toEqual(Array.from({ length: 100 }, (_, i) => i));
   });
 });

@@ -3,7 +3,7 @@ import { Listeners } from "../src/listeners";
 import viewer from "../src/viewer"; // the default export, as anywidget loads it
 
 const { render } = viewer;
-import { FakeDocument, FakeElement, FakeTarget, bytes, fakeModel, spanBuffers, type FakeMark } from "./fake-dom";
+import { FakeDocument, FakeElement, FakeTarget, bytes, fakeModel, spanReply, type FakeMark } from "./fake-dom";
 
 let fakeWindow: FakeTarget;
 let fakeDocument: FakeDocument;
@@ -101,7 +101,10 @@ describe("viewer behaviour", () => {
     expect(info.textContent).toBe("40 tensors, rows 1–30, window 1.00 ms");
     expect([canvas.width, canvas.height]).toEqual([898, 30 * 18 + 16]);
     expect(frame.filter((d) => d.op === "fillRect" && d.fillStyle === "#1e88e5")).toHaveLength(30);
-    expect(frame.filter((d) => d.op === "stroke")).toHaveLength(2);
+    const styles = frame.filter((d) => d.op === "fillRect" && (d.args[0] as number) >= LABEL_WIDTH).map((d) => d.fillStyle);
+    expect(styles).toEqual([...new Array(30).fill("#1e88e5"), ...new Array(30).fill("#43a047")]); // depth by depth, a style at a time
+    expect(frame.filter((d) => d.op === "stroke")).toHaveLength(1); // every cycle mark in one path
+    expect(frame.filter((d) => d.op === "moveTo").map((d) => d.args[0])).toEqual([180.5, 180.5 + 359]);
     expect(boxes.map((b) => [b.type, b.checked])).toEqual([["checkbox", true], ["checkbox", true]]);
   });
 
@@ -181,8 +184,10 @@ describe("detail served by the kernel (lod)", () => {
 
   /** Play the kernel: answer request `request` with these marks for `rows` over [t0, t1]. */
   function answer(model: ReturnType<typeof fakeModel>, request: any, marks: FakeMark[], window?: { t0: number; t1: number; rows?: number[] }) {
-    const content = { type: "spans", id: request.id, t0: window?.t0 ?? request.t0, t1: window?.t1 ?? request.t1, rows: window?.rows ?? request.rows };
-    model.emit("msg:custom", content, spanBuffers(marks));
+    const rows = window?.rows ?? request.rows;
+    const { fields, buffers } = spanReply(marks, rows);
+    const content = { type: "spans", id: request.id, t0: window?.t0 ?? request.t0, t1: window?.t1 ?? request.t1, rows, ...fields };
+    model.emit("msg:custom", content, buffers);
   }
 
   const showLod = (traits: Record<string, unknown> = {}) => show(fakeModel(40, { lod: true, ...traits }));
@@ -254,8 +259,9 @@ describe("detail served by the kernel (lod)", () => {
 
   it("takes a reply's buffers as ArrayBuffers too", () => {
     const { el, model } = showLod();
-    const buffers = spanBuffers([{ row: 0, start: 600, duration: 100, kind: 1 }]).map((b) => b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength));
-    model.emit("msg:custom", { type: "spans", id: model.sent[0].id, t0: 0, t1: 1000, rows: [0] }, buffers);
+    const { fields, buffers } = spanReply([{ row: 0, start: 600, duration: 100, kind: 1 }], [0]);
+    const raw = buffers.map((b) => b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength));
+    model.emit("msg:custom", { type: "spans", id: model.sent[0].id, t0: 0, t1: 1000, rows: [0], ...fields }, raw);
     expect(marksIn(el, 0)).toEqual([[LABEL_WIDTH + 430.8, 1, 71.8, "#43a047"]]);
   });
 
@@ -299,7 +305,7 @@ describe("detail served by the kernel (lod)", () => {
     const other = show(model); // a second view of the same model receives every reply too
     expect([el.dataset.detailReplies, el.dataset.lastRoundTripMs]).toEqual(["0", undefined]);
     model.emit("msg:custom", { type: "progress", id: model.sent[0].id }, []);
-    model.emit("msg:custom", { type: "spans", id: -1, t0: 0, t1: 1000, rows: [0] }, spanBuffers([]));
+    model.emit("msg:custom", { type: "spans", id: -1, t0: 0, t1: 1000, rows: [0] }, spanReply([], [0]).buffers);
     expect(el.dataset.detailReplies).toBe("0");
     answer(model, model.sent[0], [{ row: 0, start: 600, duration: 100, kind: 1 }]);
     expect(el.dataset.detailReplies).toBe("1");
@@ -337,7 +343,7 @@ describe("detail served by the kernel (lod)", () => {
     expect(["msg:custom", "change:starts", "change:end_us"].map((e) => model.subscriptions.count(e))).toEqual([1, 1, 1]);
     cleanup();
     expect(model.subscriptions.count()).toBe(0);
-    model.emit("msg:custom", { type: "spans", id: model.sent[0].id, t0: 0, t1: 1000, rows: [] }, spanBuffers([])); // no error, no listener
+    model.emit("msg:custom", { type: "spans", id: model.sent[0].id, t0: 0, t1: 1000, rows: [] }, spanReply([], []).buffers); // no error, no listener
   });
 });
 
@@ -356,5 +362,24 @@ describe("activity kinds", () => {
       1,
     );
     expect(Array.from(spans.kinds)).toEqual([255, 299]);
+  });
+});
+
+describe("window replies", () => {
+  it("decode starts counted from a base (or 64-bit starts) and marks per row", async () => {
+    const { decodeReply } = await import("../src/viewer");
+    const marks = [
+      { row: 3, start: 5e12, duration: 1 },
+      { row: 1, start: 5e12 + 7, duration: 2 },
+      { row: 3, start: 5e12 + 4e9, duration: 3 }, // 4e9 µs after the first: still 32 bits
+    ];
+    const { fields, buffers } = spanReply(marks, [1, 3]);
+    const spans = decodeReply({ type: "spans", id: 1, t0: 0, t1: 1, rows: [1, 3], ...fields }, buffers, 5);
+    expect(Array.from(spans.starts)).toEqual([5e12 + 7, 5e12, 5e12 + 4e9]);
+    expect(Array.from(spans.rowOffsets)).toEqual([0, 0, 1, 1, 3, 3]);
+    expect(Array.from(spans.durations)).toEqual([2, 1, 3]);
+    const columns = [Float64Array.from([-3, 1e15]), Float32Array.from([1, 1]), Int32Array.from([2]), new Uint16Array(2), new Uint8Array(2), Uint32Array.from([1, 1])];
+    const far = decodeReply({ type: "spans", id: 1, t0: 0, t1: 1, rows: [0], start_bits: 64 }, columns.map(bytes), 1);
+    expect([Array.from(far.starts), Array.from(far.rowOffsets)]).toEqual([[-3, 1e15], [0, 2]]);
   });
 });
