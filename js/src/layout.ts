@@ -65,40 +65,89 @@ export function spanCount(spans: Spans, i: number): number {
 }
 
 /**
- * The marks to draw for one row. Spans at least a pixel wide are drawn as they are; narrower
- * ones that fall on the same pixel and depth merge into one 1-pixel mark, so the work per frame
- * is bounded by the pixels, not by the events (millions of spans stay smooth). A mark the kernel
- * already aggregated counts as the spans it stands for, so it is drawn as a merged mark too.
+ * Marks in reusable columns, one entry a mark: what a frame lays out and draws without an object
+ * a mark (the first frames run before the engine has compiled the loop, where every allocation
+ * shows).
  */
-export function layoutRow(spans: Spans, row: number, view: View, visibleKinds?: Set<number>): Mark[] {
+export class MarkColumns {
+  length = 0;
+  x = new Float64Array(256);
+  w = new Float64Array(256);
+  depth = new Uint8Array(256);
+  kind = new Uint32Array(256);
+  count = new Float64Array(256);
+  index = new Int32Array(256);
+  private open = new Int32Array(256); // per depth: the 1-pixel mark being filled (-1: none)
+
+  /** Empty, with room for `n` marks. */
+  reset(n: number): void {
+    this.length = 0;
+    this.open.fill(-1);
+    if (n <= this.x.length) return;
+    const size = Math.max(n, 2 * this.x.length);
+    this.x = new Float64Array(size);
+    this.w = new Float64Array(size);
+    this.depth = new Uint8Array(size);
+    this.kind = new Uint32Array(size);
+    this.count = new Float64Array(size);
+    this.index = new Int32Array(size);
+  }
+
+  /** Counts span `i` (of `count` spans) into a 1-pixel mark at `pixel`, or adds one. */
+  addTiny(pixel: number, depth: number, kind: number, count: number, i: number): void {
+    const open = this.open[depth];
+    if (open >= 0 && this.x[open] === pixel) this.count[open] += count;
+    else this.open[depth] = this.add(pixel, 1, depth, kind, count, i);
+  }
+
+  add(x: number, w: number, depth: number, kind: number, count: number, i: number): number {
+    const at = this.length++;
+    this.x[at] = x;
+    this.w[at] = w;
+    this.depth[at] = depth;
+    this.kind[at] = kind;
+    this.count[at] = count;
+    this.index[at] = i;
+    return at;
+  }
+}
+
+/**
+ * The marks to draw for one row, into `out`. Spans at least a pixel wide are drawn as they are;
+ * narrower ones that fall on the same pixel and depth merge into one 1-pixel mark, so the work
+ * per frame is bounded by the pixels, not by the events (millions of spans stay smooth). A mark
+ * the kernel already aggregated counts as the spans it stands for, so it is drawn as a merged
+ * mark too.
+ */
+export function layoutRowInto(spans: Spans, row: number, view: View, out: MarkColumns, visibleKinds?: Set<number>): void {
   const scale = view.width / (view.t1 - view.t0);
   const lo = lowerBound(spans.starts, spans.rowOffsets[row], spans.rowOffsets[row + 1], view.t0 - spans.maxDuration[row]);
   const hi = lowerBound(spans.starts, lo, spans.rowOffsets[row + 1], view.t1);
-  const marks: Mark[] = [];
-  const lastTiny = new Map<number, Mark>(); // depth -> the 1-pixel mark being filled
+  out.reset(hi - lo);
+  const { starts, durations, depths, kinds, counts } = spans;
   for (let i = lo; i < hi; i++) {
-    if (visibleKinds && !visibleKinds.has(spans.kinds[i])) continue;
-    const end = spans.starts[i] + spans.durations[i];
-    if (end < view.t0) continue;
-    const x = (spans.starts[i] - view.t0) * scale;
-    const w = spans.durations[i] * scale;
-    const depth = spans.depths[i];
-    const count = spanCount(spans, i);
-    if (w >= 1) {
-      marks.push({ x, w, depth, kind: spans.kinds[i], count, index: i });
-      continue;
-    }
-    const pixel = Math.floor(x);
-    const open = lastTiny.get(depth);
-    if (open && open.x === pixel) {
-      open.count += count;
-    } else {
-      const mark = { x: pixel, w: 1, depth, kind: spans.kinds[i], count, index: i };
-      lastTiny.set(depth, mark);
-      marks.push(mark);
-    }
+    if (visibleKinds && !visibleKinds.has(kinds[i])) continue;
+    if (starts[i] + durations[i] < view.t0) continue;
+    const x = (starts[i] - view.t0) * scale;
+    const w = durations[i] * scale;
+    const count = counts ? Math.max(1, counts[i]) : 1;
+    if (w >= 1) out.add(x, w, depths[i], kinds[i], count, i);
+    else out.addTiny(Math.floor(x), depths[i], kinds[i], count, i);
   }
-  return marks;
+}
+
+/** The marks of one row as objects (see layoutRowInto). */
+export function layoutRow(spans: Spans, row: number, view: View, visibleKinds?: Set<number>): Mark[] {
+  const out = new MarkColumns();
+  layoutRowInto(spans, row, view, out, visibleKinds);
+  return Array.from({ length: out.length }, (_, i) => ({
+    x: out.x[i],
+    w: out.w[i],
+    depth: out.depth[i],
+    kind: out.kind[i],
+    count: out.count[i],
+    index: out.index[i],
+  }));
 }
 
 /**

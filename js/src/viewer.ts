@@ -7,7 +7,8 @@ import {
   cyclePixels,
   hitTest,
   layerFor,
-  layoutRow,
+  layoutRowInto,
+  MarkColumns,
   maxDurations,
   pan,
   rowOffsets,
@@ -107,6 +108,7 @@ interface Viewer {
   firstRow: number;
   view: View;
   dragging: number | null; // clientX of the last drag position, null when not dragging
+  marks: MarkColumns; // a row's marks while a frame is drawn (reused)
 }
 
 /** A copy of a binary column as typed array `kind` (a DataView, any other view, or a buffer). */
@@ -281,6 +283,7 @@ function createViewer(el: HTMLElement, model: Model, data: Timeline, toolbar: To
     firstRow: 0,
     view: { t0: data.bounds[0], t1: data.bounds[1], width: width - LABEL_WIDTH },
     dragging: null,
+    marks: new MarkColumns(),
   };
   fitCanvasHeight(viewer);
   return viewer;
@@ -331,15 +334,18 @@ function drawRow(v: Viewer, slot: number, rects: Map<number, number[]>): void {
   context.fillStyle = "#333";
   context.fillText(v.data.rowNames[row].slice(0, 28), 4, y + 13);
   const kinds = Math.max(1, v.data.activityNames.length);
-  for (const mark of layoutRow(layerFor(v.data.spans, v.detail, row, v.view), row, v.view, v.visibleKinds)) {
-    const x0 = Math.max(LABEL_WIDTH, LABEL_WIDTH + mark.x);
-    const x1 = Math.min(canvas.width, LABEL_WIDTH + mark.x + mark.w);
+  const marks = v.marks;
+  layoutRowInto(layerFor(v.data.spans, v.detail, row, v.view), row, v.view, marks, v.visibleKinds);
+  for (let m = 0; m < marks.length; m++) {
+    const x0 = Math.max(LABEL_WIDTH, LABEL_WIDTH + marks.x[m]);
+    const x1 = Math.min(canvas.width, LABEL_WIDTH + marks.x[m] + marks.w[m]);
     if (x1 <= x0) continue;
+    const depth = marks.depth[m];
     // depth first (children over their parents), then kind; merged marks before spans
-    const style = ((mark.depth * kinds + mark.kind) * 2 + (mark.count > 1 ? 0 : 1)) | 0;
+    const style = ((depth * kinds + marks.kind[m]) * 2 + (marks.count[m] > 1 ? 0 : 1)) | 0;
     let list = rects.get(style);
     if (!list) rects.set(style, (list = []));
-    list.push(x0, y + 1 + mark.depth * DEPTH_HEIGHT, Math.max(1, x1 - x0), ROW_HEIGHT - 2 - mark.depth * DEPTH_HEIGHT);
+    list.push(x0, y + 1 + depth * DEPTH_HEIGHT, Math.max(1, x1 - x0), ROW_HEIGHT - 2 - depth * DEPTH_HEIGHT);
   }
 }
 

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { cyclePixels, hitTest, layerFor, layoutRow, lowerBound, maxDurations, pan, rowOffsets, zoom, type Spans } from "../src/layout";
+import { MarkColumns, cyclePixels, hitTest, layerFor, layoutRow, layoutRowInto, lowerBound, maxDurations, pan, rowOffsets, zoom, type Spans } from "../src/layout";
 
 function spans(rows: number[], starts: number[], durations: number[], depths?: number[]): Spans {
   const rowArray = Int32Array.from(rows);
@@ -115,5 +115,18 @@ describe("cyclePixels", () => {
   it("costs the pixels, not the marks: a million marks on a 100-pixel view", () => {
     const marks = Float64Array.from({ length: 1_000_000 }, (_, i) => i);
     expect(cyclePixels(marks, { t0: 0, t1: 1_000_000, width: 100 })).toEqual(Array.from({ length: 100 }, (_, i) => i));
+  });
+});
+
+describe("layoutRowInto", () => {
+  it("reuses its columns from row to row, growing them when a row has more marks", () => {
+    const n = 1000;
+    const s = spans([...new Array(n).fill(0), 1, 1], [...Array.from({ length: n }, (_, i) => 10 * i), 0, 50], [...new Array(n).fill(5), 20, 20]);
+    const out = new MarkColumns();
+    layoutRowInto(s, 0, { t0: 0, t1: 10 * n, width: 2 * n }, out);
+    expect([out.length, out.x[n - 1], out.index[n - 1]]).toEqual([n, 2 * n - 2, n - 1]);
+    layoutRowInto(s, 1, { t0: 0, t1: 100, width: 100 }, out);
+    expect(Array.from(out.x.subarray(0, out.length))).toEqual([0, 50]);
+    expect(layoutRow(s, 1, { t0: 0, t1: 100, width: 100 }).map((m) => m.index)).toEqual([n, n + 1]);
   });
 });
