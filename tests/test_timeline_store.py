@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import json
 import random
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -294,6 +295,32 @@ def test_the_c_merge_matches_numpys(seed):
         assert got.kind.dtype == items.kind.dtype
         if width == 0:  # a level: every item is in one merged item
             assert got.count.sum() == sum(int(items.counts()[lo:hi].sum()) for lo, hi in rows)
+
+
+def test_without_the_c_extension_the_store_levels_and_windows_are_the_same(tmp_path, monkeypatch):
+    """An install without a C compiler: the Python matcher and numpy's merge give what C gives."""
+    path = spans_timeline(tmp_path / "t.json", random.Random(11), rows=3, per_row=1_500, long_every=50)
+    fast = read(path).store
+    fast_levels = build_levels(fast, smallest=200)
+    monkeypatch.setitem(sys.modules, "hvd_magic.timeline._match", None)  # imports of it fail
+    slow = read(path).store
+    assert type(new_matcher()) is PyMatcher
+    for key in ("start", "duration", "row", "kind", "depth", "offsets", "max_duration", "ready_start"):
+        assert (
+            np.array_equal(getattr(slow, key), getattr(fast, key))
+            and getattr(slow, key).dtype == getattr(fast, key).dtype
+        )
+    slow_levels = build_levels(slow, smallest=200)
+    assert [lv.bucket for lv in slow_levels] == [lv.bucket for lv in fast_levels] and len(slow_levels) >= 2
+    for a, b in zip(slow_levels, fast_levels, strict=True):
+        assert all(
+            np.array_equal(x, y) for x, y in zip(vars(a.items).values(), vars(b.items).values(), strict=True)
+        )
+    origin, end = slow.first_start, slow.last_end
+    for levels in ((), slow_levels):
+        got = window(slow, origin, end, 300, [0, 2], 0, origin, levels)
+        expected = window(fast, origin, end, 300, [0, 2], 0, origin, fast_levels if levels else ())
+        assert mark_tuples(slow, got, origin) == mark_tuples(fast, expected, origin)
 
 
 def test_a_window_with_few_spans_gets_them_all(tmp_path):
