@@ -8,7 +8,10 @@ window's detail), and the kernel's side of a zoom (answering a window request). 
 --browser, the same file in a real JupyterLab in headless Chromium (`%horovod_timeline PATH`):
 from "Run All" to the painted viewer, and zoom round trips (wheel to the window's detail drawn).
 Targets (issue 15): first viewer <= 15 s, analysis <= 15 s, peak <= 0.6x the file, <= 20 MB
-to the browser, zoom round trip <= 100 ms.
+to the browser, zoom round trip <= 100 ms. Issue 25, on the 1.2 GB file (--gb 1.2): the whole of
+`%horovod_timeline` (read, viewer, analysis) <= 10 s, peak <= 0.5x the file, the first zoom step
+(the first wheel's round trip in JupyterLab, with its parts: the kernel, decoding, the frame; the
+rest is the way there and back) <= 50 ms.
 
 Usage: python bench/timeline_scale.py [--gb 3] [--keep PATH] [--browser]
 """
@@ -128,8 +131,10 @@ def main() -> None:
     peak_share = ours["peak_kb"] * 1024 / size
     print(f"  first viewer (read + overview)  {ours['first_view']:6.1f} s   (target <= 15)")
     print(f"  full analysis                   {ours['analysis']:6.1f} s   (target <= 15)")
+    total = ours["first_view"] + ours["analysis"]
+    print(f"  %horovod_timeline in all        {total:6.1f} s   (target <= 10 at 1.2 GB)")
     peak_gb = ours["peak_kb"] / 1024**2
-    print(f"  kernel peak memory              {peak_gb:6.2f} GB = {peak_share:.2f}x the file (target <= 0.6)")
+    print(f"  kernel peak memory              {peak_gb:6.2f} GB = {peak_share:.2f}x the file (target <= 0.5)")
     print(f"  sent to the browser: overview {ours['overview'] / 1e6:.1f} MB, the largest window's detail "
           f"{ours['detail'] / 1e6:.2f} MB (target <= 20)")  # fmt: skip
     print(
