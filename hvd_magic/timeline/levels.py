@@ -19,7 +19,7 @@ import numpy as np
 from .merging import Items, merge
 from .store import SpanStore
 
-__all__ = ["Level", "build_levels", "kind_count", "store_items"]
+__all__ = ["Level", "build_levels", "store_items"]
 
 MERGE = 8  # the finest level holds at most 1/MERGE as many items as there are spans
 CHUNK = 1 << 21  # spans counted at a time when the finest bucket is sought (bounds the scratch memory)
@@ -42,11 +42,6 @@ class Level:
 def store_items(store: SpanStore) -> Items:
     """The store's spans as items of one span each."""
     return Items(store.start, store.duration, None, store.kind, store.depth, None)
-
-
-def kind_count(store: SpanStore) -> int:
-    """How many kinds the store's spans have (at least 1)."""
-    return max(len(store.kind_names), 1)
 
 
 def _narrow(column: np.ndarray) -> np.ndarray:

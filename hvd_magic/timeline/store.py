@@ -157,7 +157,7 @@ class StoreBuilder:
         row_of_ready = np.searchsorted(offsets, spans.ready_span, side="right") - 1
         rank_of, ranks = self._ranks(names)
         return SpanStore(
-            row_pids=pids[present[by_name]].copy(),
+            row_pids=pids[present[by_name]],
             row_names=[labels[i] for i in by_name],
             row_tensors=[row_tensors[i] for i in by_name],
             row_bytes=np.array([sizes.get(int(pids[present[i]]), 0) for i in by_name], np.int64),
