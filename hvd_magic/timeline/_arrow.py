@@ -165,7 +165,8 @@ def _locate(body: bytes, message: str, offset: int) -> str:
             try:
                 json.loads(line)
             except ValueError:
-                return f"byte {offset + position}: {line[:60]!r} is not a JSON event"
+                at = body.find(line, position)  # past the line's indent (events may be on lines of their own)
+                return f"byte {offset + at}: {line[:60]!r} is not a JSON event"
         position = end + 1
     return f"bytes {offset}..{offset + len(body)}: {message.splitlines()[0]}"
 
