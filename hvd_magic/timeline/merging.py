@@ -74,10 +74,9 @@ def merge(items: Items, ranges: Ranges, t0: int, pixel: float, width: int = 0) -
     except ImportError:
         return _in_batches(items, ranges, t0, pixel, width)
     pairs = np.asarray(ranges, np.int64).reshape(-1, 2)
-    longest, count = items.longest, items.count
     out = merge_in_c(
-        items.start, items.duration, longest, items.kind, items.depth, count, pairs.tobytes(), int(t0),
-        float(pixel), int(width),
+        items.start, items.duration, items.longest, items.kind, items.depth, items.count, pairs.tobytes(),
+        int(t0), float(pixel), int(width),
     )  # fmt: skip
     dtypes: tuple[Any, ...] = (np.int64, np.int64, np.int64, items.kind.dtype, np.uint8, np.uint32, np.int64)
     start, duration, longest, kind, depth, count, per_range = (
