@@ -25,8 +25,8 @@ launcher_exit  task → driver            ``LauncherExit``    —
 release        driver → task            ``Release``         —
 abort          driver → task            ``Abort``           —
 stopped        task → driver            ``Stopped``         —
-store          task → driver            ``StoreRequest``    a Gloo store PUT body
-stored         driver → task            ``StoreAnswer``     the stored value
+store_request  task → driver            ``StoreRequest``    a Gloo store PUT body
+store_answer   driver → task            ``StoreAnswer``     the stored value
 exec           rsh client → agent       ``Exec``            —
 output         agent → rsh client       ``Output``          the command's output bytes
 ping, pong     rsh client ⇄ agent       ``Ping``, ``Pong``  —
@@ -36,8 +36,8 @@ cell_done      session rank → hub       ``CellDone``        —
 interrupt      hub → session rank       ``Interrupt``       —
 beat           hub → session rank       ``Beat``            —
 rank_status    session rank → hub       ``RankStatus``      —
-resume         rank → hub               ``ResumeRequest``   —
-resumed        hub → rank               ``ResumeAnswer``    the latest checkpoint
+resume_ask     rank → hub               ``ResumeRequest``   —
+resume_reply   hub → rank               ``ResumeAnswer``    the latest checkpoint
 stop_asked     hub → rank               ``StopAsked``       —
 polling        rank → hub               ``Polling``         —
 =============  =======================  ==================  ================================
@@ -80,8 +80,8 @@ class Kind(str, Enum):
     RELEASE = "release"
     ABORT = "abort"
     STOPPED = "stopped"
-    STORE = "store"
-    STORED = "stored"
+    STORE = "store_request"
+    STORED = "store_answer"
     EXEC = "exec"
     OUTPUT = "output"
     PING = "ping"
@@ -92,8 +92,8 @@ class Kind(str, Enum):
     INTERRUPT = "interrupt"
     BEAT = "beat"
     RANK_STATUS = "rank_status"
-    RESUME = "resume"
-    RESUMED = "resumed"
+    RESUME = "resume_ask"
+    RESUMED = "resume_reply"
     STOP_ASKED = "stop_asked"
     POLLING = "polling"
 
