@@ -49,8 +49,8 @@ mount -o remount,bind,ro /etc/hosts
 mount -o remount,bind,ro /etc/resolv.conf
 mount -o remount,bind,ro /
 mount -t sysfs -o ro sysfs /sys
-for dir in /tmp /var/tmp /dev/shm; do mount -t tmpfs -o mode=1777,size=4g tmpfs "$dir"; done
-mkdir -p /tmp/home /tmp/work
+{hold}for dir in /tmp /var/tmp /dev/shm; do mount -t tmpfs -o mode=1777,size=4g tmpfs "$dir"; done
+{keep}mkdir -p /tmp/home /tmp/work
 hostname {name}
 ip link set lo up
 echo ready
@@ -177,9 +177,27 @@ def _read_until_ready(init: subprocess.Popen[bytes]) -> str:
     return " / ".join(said) or f"nothing within {INIT_SECONDS:.0f} s"
 
 
+def _kept_paths(name: str) -> tuple[str, str]:
+    """Mounts that bring the checkout and its venv back, read-only, when they live under a folder
+    the hosts get a private tmpfs on (a clone in /tmp, as CI may make): the image, as on a real
+    host. Each is held on a folder of the bed's before the tmpfs covers it, then moved back."""
+    private = ("/tmp/", "/var/tmp/", "/dev/shm/")
+    paths = {str(Path(__file__).resolve().parents[1]), sys.prefix}
+    kept = [p for p in sorted(paths) if p.startswith(private)]
+    kept = [p for p in kept if not any(p.startswith(f"{other}/") for other in kept)]  # the outermost
+    hold, keep = [], []
+    for index, path in enumerate(kept):
+        holder = BED_DIR / "keep" / name / str(index)
+        holder.mkdir(parents=True, exist_ok=True)
+        hold.append(f"mount --bind {path} {holder}")
+        keep += [f"mkdir -p {path}", f"mount --move {holder} {path}", f"mount -o remount,bind,ro {path}"]
+    return "".join(f"{line}\n" for line in hold), "".join(f"{line}\n" for line in keep)
+
+
 def _start_init(name: str, bed_id: str) -> subprocess.Popen[bytes]:
     """The host's init process, once its mounts, hostname and loopback are set up."""
-    script = INIT_SCRIPT.format(dir=BED_DIR, name=name)
+    hold, keep = _kept_paths(name)
+    script = INIT_SCRIPT.format(dir=BED_DIR, name=name, hold=hold, keep=keep)
     init = subprocess.Popen(
         ["unshare", "--net", "--mount", "--uts", "--propagation", "private", "--", "sh", "-c", script],
         env={"PATH": HOST_PATH, MARKER: bed_id},
