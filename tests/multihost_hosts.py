@@ -189,8 +189,9 @@ def _kept_paths(name: str) -> tuple[str, str]:
     for index, path in enumerate(kept):
         holder = BED_DIR / "keep" / name / str(index)
         holder.mkdir(parents=True, exist_ok=True)
-        hold.append(f"mount --bind {path} {holder}")
-        keep += [f"mkdir -p {path}", f"mount --move {holder} {path}", f"mount -o remount,bind,ro {path}"]
+        hold.append(f"mount -n --bind {path} {holder}")  # -n: the disk is read-only by now
+        keep += [f"mkdir -p {path}", f"mount -n --move {holder} {path}"]
+        keep.append(f"mount -n -o remount,bind,ro {path}")
     return "".join(f"{line}\n" for line in hold), "".join(f"{line}\n" for line in keep)
 
 
