@@ -196,7 +196,7 @@ class Run:
 
     def _beat(self) -> None:
         now = self.clock()
-        if self.beats and now - self.last_beat >= BEAT_SECONDS and hasattr(self.hub, "tell_all"):
+        if self.beats and now - self.last_beat >= BEAT_SECONDS:
             self.last_beat = now
             self.hub.tell_all(Beat())  # each rank answers with a RankStatus: its CPU, memory, GPU
 

@@ -32,9 +32,7 @@ class GracefulStop:
         self.hub, self.view, self.store, self.clock = hub, view, store, clock
         self.polls = False  # a rank called stopping(): this run can stop at a step boundary
         self.asked_at: float | None = None
-        taps = getattr(hub, "taps", None)
-        if taps is not None:  # a real hub (tests drive Run with in-memory ones)
-            taps[Polling] = self._polling
+        hub.taps[Polling] = self._polling
 
     def _polling(self, message: Message) -> None:
         self.polls = True

@@ -124,12 +124,21 @@ def parse_logdir(value: str | None) -> str | None:
     return folder
 
 
+def parse_yes_no(name: str, value: object) -> bool | None:
+    """yes/no (or True/False, 1/0) as a bool; None when not given."""
+    if value is None or isinstance(value, bool):
+        return value
+    text = str(value).lower()
+    if text in ("yes", "true", "1", "no", "false", "0"):
+        return text in ("yes", "true", "1")
+    raise OptionError(f"{name} must be yes or no, got {value!r}")
+
+
 def parse_mlflow(value: object) -> bool | None:
     """yes (log, starting an MLflow run if none is active), no (never), or None (when one is)."""
-    if value is None or value is False or str(value).lower() in ("no", "false", "0"):
-        return None if value is None else False
-    if value is not True and str(value).lower() not in ("yes", "true", "1"):
-        raise OptionError(f"mlflow must be yes or no, got {value!r}")
+    wanted = parse_yes_no("mlflow", value)
+    if not wanted:
+        return wanted
     try:
         mlflow_module()
     except ImportError as err:
@@ -138,13 +147,7 @@ def parse_mlflow(value: object) -> bool | None:
 
 
 def parse_oversubscribe(value: object) -> bool:
-    if value is None or value is False:
-        return False
-    if value is True or str(value).lower() in ("yes", "true", "1"):
-        return True
-    if str(value).lower() in ("no", "false", "0"):
-        return False
-    raise OptionError(f"oversubscribe must be yes or no, got {value!r}")
+    return bool(parse_yes_no("oversubscribe", value))
 
 
 def parse_env(text: str | dict[str, str] | None) -> dict[str, str]:

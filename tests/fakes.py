@@ -22,6 +22,11 @@ class FakeHub:
         self.address = "inproc://fake-hub"
         self.keys = RunKeys.generate()
         self.closed = False
+        self.taps: dict[type, object] = {}
+        self.told: list[Record] = []
+
+    def tell_all(self, record: Record) -> None:
+        self.told.append(record)
 
     def put(self, rank: int, record: Record, blob: bytes = b"") -> None:
         self.events.put(Message(record, rank, blob))
