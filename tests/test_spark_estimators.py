@@ -63,9 +63,43 @@ def digits_estimator(net, optimizer, **extra):
     )
 
 
-def test_torch_estimator_fits_mnist_and_transforms_held_out_digits(mnist, tmp_path, capsys):
+@pytest.fixture
+def live_views(monkeypatch):
+    """The live views the runs draw into (real ``LiveView``s on ipywidgets' test comm, as in a
+    kernel): the estimator's fit has no cell to show them in here."""
+    from ipywidgets.widgets.tests.utils import setup_test_comm, teardown_test_comm
+
+    from hvd_magic import engine
+    from hvd_magic.widgets.view import LiveView
+
+    views: list[LiveView] = []
+
+    def make_view(ranks: int) -> LiveView:
+        views.append(LiveView(ranks, show=False))
+        return views[-1]
+
+    setup_test_comm()
+    monkeypatch.setattr(engine, "make_view", make_view)
+    yield views
+    teardown_test_comm()
+
+
+def test_torch_estimator_fits_mnist_and_transforms_held_out_digits(mnist, tmp_path, live_views):
     train_df, test_df = mnist
     model = torch_estimator(model_dir=str(tmp_path / "run")).fit(train_df)
+    (view,) = live_views  # each epoch's metrics reached the live view, named as in the history
+    for name in ("loss", "accuracy", "val_loss", "val_accuracy"):
+        for rank in (0, 1):
+            curve = view.model.series[name][rank]
+            assert curve.values == pytest.approx([epoch[name] for epoch in model.history], rel=1e-5)
+            assert len(set(curve.steps)) == 2 and curve.steps == sorted(curve.steps)
+    batches = view.model.series["batch_loss"][0]  # and each batch's loss, its step counting on
+    assert (
+        batches.steps == sorted(set(batches.steps))
+        and batches.steps[-1] == view.model.series["loss"][0].steps[-1]
+    )
+    assert [progress.epoch for progress in view.model.progress] == [2, 2]
+    assert {trace.name for trace in view.figure.data} >= {"rank 0", "rank 1"}  # a curve was drawn
     assert [sorted(epoch) for epoch in model.history] == [
         ["accuracy", "loss", "val_accuracy", "val_loss"]
     ] * 2
@@ -78,7 +112,7 @@ def test_torch_estimator_fits_mnist_and_transforms_held_out_digits(mnist, tmp_pa
         "checkpoint-0002.pt",
     ]
     assert {"state_dict.pt", "module.pkl", "metadata"} <= set(os.listdir(tmp_path / "run" / "model"))
-    assert "epoch 2: loss" in capsys.readouterr().out  # rank 0's line per epoch
+    assert "epoch 2: loss" in view.model.logs[0].text()  # rank 0's line per epoch
     assert run_processes_anywhere() == []
 
 

@@ -25,6 +25,7 @@ from .training import (
     TrainSpec,
     batches,
     checkpoint_name,
+    end_of_batch,
     end_of_epoch,
     load_rows,
     steps_per_epoch,
@@ -100,7 +101,7 @@ class Trainer:
                 epoch - 1, self._epoch(epoch, callbacks)
             )  # as in Keras, they may add to the logs
             self.history.append(_numbers(logs.last))
-            end_of_epoch(epoch, self.history[-1], spec.verbose, self.rank)
+            end_of_epoch(epoch, self.steps, self.history[-1], spec.verbose, self.rank)
             if self.rank == 0 and spec.save_checkpoints:
                 state = {"epoch": epoch, "history": self.history, "weights": self.model.get_weights()}
                 reporting.send_file(checkpoint_name(epoch) + ".pkl", cloudpickle.dumps(state))
@@ -142,7 +143,7 @@ class Trainer:
             averages.add("loss", float(value), len(index))
             meters.update(rows.y[index], output)
             callbacks.on_train_batch_end(number, {"loss": float(value)})
-            reporting.report(step=number + 1, total=self.steps, epoch=epoch, loss=float(value))
+            end_of_batch(self.spec, epoch, number, self.steps, float(value))
         meters.finish()
         if self.validating:
             self._evaluate(averages)

@@ -23,6 +23,7 @@ from .training import (
     accuracy,
     batches,
     checkpoint_name,
+    end_of_batch,
     end_of_epoch,
     is_accuracy,
     load_rows,
@@ -62,7 +63,7 @@ def train(spec: TrainSpec) -> dict[str, Any]:
             _evaluate(spec, model, loss, rows, averages)
         metrics = averages.reduce(lambda sums: _sum(hvd, sums, "epoch.metrics"))
         history.append(metrics)
-        end_of_epoch(epoch, metrics, spec.verbose, hvd.rank())
+        end_of_epoch(epoch, steps, metrics, spec.verbose, hvd.rank())
         if hvd.rank() == 0 and spec.save_checkpoints:
             state = {
                 "epoch": epoch,
@@ -182,7 +183,7 @@ def _train_epoch(
         )
         averages.add("loss", float(value.item()), len(index))
         _add_metrics(spec, averages, "", outputs[0].detach(), labels[0])
-        reporting.report(step=step + 1, total=steps, epoch=epoch, loss=float(value.item()))
+        end_of_batch(spec, epoch, step, steps, float(value.item()))
     optimizer.step()  # the last group's gradients
 
 

@@ -18,6 +18,7 @@ __all__ = [
     "is_accuracy",
     "batches",
     "checkpoint_name",
+    "end_of_batch",
     "end_of_epoch",
     "load_rows",
     "steps_per_epoch",
@@ -138,9 +139,18 @@ def checkpoint_name(epoch: int) -> str:
     return f"checkpoint-{epoch:04d}"
 
 
-def end_of_epoch(epoch: int, metrics: dict[str, float], verbose: int, rank: int) -> None:
-    """The epoch's metrics (already averaged over ranks) to the live view, and a line on rank 0."""
-    reporting.report(epoch=epoch, **cast(dict[str, Any], metrics))
+def end_of_batch(spec: TrainSpec, epoch: int, number: int, steps: int, loss: float) -> None:
+    """A training batch's loss to the live view as ``batch_loss``, at the fit's own step (steps
+    count on across epochs, so the progress bar and ETA cover the whole fit)."""
+    reporting.report(
+        step=(epoch - 1) * steps + number + 1, total=spec.epochs * steps, epoch=epoch, batch_loss=loss
+    )
+
+
+def end_of_epoch(epoch: int, steps: int, metrics: dict[str, float], verbose: int, rank: int) -> None:
+    """The epoch's metrics (already averaged over ranks), named as in the history, to the live
+    view at the epoch's last step, and a line on rank 0."""
+    reporting.report(step=epoch * steps, epoch=epoch, **cast(dict[str, Any], metrics))
     if verbose and rank == 0:
         shown = ", ".join(f"{name} {value:.4f}" for name, value in metrics.items())
         print(f"epoch {epoch}: {shown}", flush=True)
