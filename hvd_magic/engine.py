@@ -12,10 +12,8 @@ import contextlib
 import os
 import queue
 import signal
-import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,7 +27,8 @@ from .graceful import GracefulStop
 from .hub import Hub
 from .launch import Launcher
 from .options import RunOptions
-from .protocol import ENV_HUB, ENV_TOKEN, Beat, Message, ResumeRequest
+from .protocol import Beat, Message, ResumeRequest
+from .rank_env import rank_env, stall_seconds
 from .rank_files import RankFiles
 from .retry import Attempts, HeldView
 from .run_record import RunRecord
@@ -37,34 +36,13 @@ from .sinks import Sinks, make_sinks
 from .timeline.live import live_timeline
 from .views import RunView, make_view
 
-__all__ = ["Run", "execute", "rank_env"]
+__all__ = ["Run", "execute"]
 
 DRAIN_SECONDS = 5.0  # after the launcher exits: how long to wait for messages still in flight
 PUMP_BATCH = 2000
 BEAT_SECONDS = 1.0
 START_TIMEOUT = float(os.environ.get("HVD_MAGIC_START_TIMEOUT", "300"))
-STALL_CHECK_SECONDS = 15
-STALL_VARIABLE = "HOROVOD_STALL_CHECK_TIME_SECONDS"  # also how long torch ranks wait before a stall
 CAUSE_GRACE = 3.0  # seconds to look for the cause behind a "Horovod has been shut down" error
-
-
-def rank_env(options: RunOptions, hub: Hub) -> dict[str, str]:
-    """What every rank gets in its environment: the user's, the hub's address and keys, and
-    what Horovod needs for the options (timeline, tf-keras)."""
-    env = dict(options.env)
-    defaults = {
-        "TF_USE_LEGACY_KERAS": "1",  # Horovod's Keras binding needs tf-keras on TensorFlow >= 2.16
-        STALL_VARIABLE: str(STALL_CHECK_SECONDS),  # Horovod's 60 s is long to stare at
-    }
-    env |= {name: value for name, value in defaults.items() if name not in env and name not in os.environ}
-    if options.timeline:
-        # Written on rank 0's host (maybe an executor), streamed back by the worker at the end.
-        env["HOROVOD_TIMELINE"] = os.path.join(
-            tempfile.gettempdir(), f"hvd_magic-timeline-{uuid.uuid4().hex}.json"
-        )
-        if options.mark_cycles:
-            env["HOROVOD_TIMELINE_MARK_CYCLES"] = "1"
-    return env | {ENV_HUB: hub.address, ENV_TOKEN: hub.keys.client_token()}
 
 
 def execute(captured: Captured, options: RunOptions, view: RunView | None = None) -> Any:
@@ -275,15 +253,6 @@ class Run:
                 f"could not be loaded in the notebook: {type(err).__name__}: {str(err)[:300]}. End the "
                 "cell with ';' or return plain data (numbers, lists, arrays, state_dicts)."
             ) from None
-
-
-def stall_seconds(options: RunOptions) -> float:
-    """How long ranks wait for others before it is a stall (Horovod's variable, for both backends)."""
-    value = options.env.get(STALL_VARIABLE) or os.environ.get(STALL_VARIABLE) or STALL_CHECK_SECONDS
-    try:
-        return max(1.0, float(value))
-    except ValueError:
-        return float(STALL_CHECK_SECONDS)
 
 
 @contextlib.contextmanager

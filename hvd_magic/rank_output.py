@@ -10,6 +10,7 @@ import threading
 from .hub import HubClient
 from .protocol import Log
 from .stalls import StallFilter
+from .tf_logs import TF_LEVEL_VARIABLE, TfLogFilter, min_level
 
 __all__ = ["OutputForwarder", "take_token"]
 
@@ -53,11 +54,14 @@ class OutputForwarder:
     def _pump(self, fd: int, stream: str) -> None:
         # Horovod's stall warnings (stderr) become Stall messages instead of log text.
         stalls = StallFilter() if stream == "stderr" else None
+        tf_logs = TfLogFilter(min_level(os.environ.get(TF_LEVEL_VARIABLE)) if stream == "stderr" else 0)
         held = b""
         while chunk := os.read(fd, _CHUNK):
             chunk, held, synced = take_token(held + chunk, self._tokens[stream])
+            chunk = tf_logs.feed(chunk)
             if synced:
                 self._tokens[stream] = None
+                chunk += tf_logs.flush()  # a sync ends what was written: nothing waits behind it
             if stalls is not None:
                 chunk, found = stalls.feed(chunk)
                 for stall in found:
@@ -66,7 +70,10 @@ class OutputForwarder:
                 self.client.send(Log(stream), chunk)
             if synced:
                 self._synced[stream].set()
-        if stalls is not None and (rest := stalls.flush()):
+        rest = tf_logs.flush()
+        if stalls is not None:
+            rest = stalls.feed(rest)[0] + stalls.flush()
+        if rest:
             self.client.send(Log(stream), rest)
         os.close(fd)
 

@@ -191,9 +191,11 @@ def test_trailing_semicolon_suppresses_the_value(ip):
     assert ip.run_cell_magic("horovod", "np=-2", "41 + 1;") is None
 
 
-def test_tensorflow_keras_ranks(ip):
+def test_tensorflow_keras_ranks(ip, capsys):
     cell = """
+import sys
 import tensorflow as tf
+print("the rank's own stderr line", file=sys.stderr)
 import horovod.tensorflow.keras as hvd
 hvd.init()
 model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])
@@ -203,6 +205,9 @@ model.fit(tf.ones((8, 2)), tf.ones((8, 1)), epochs=1, verbose=0,
 float(hvd.allreduce(tf.constant(float(hvd.rank() + 1)), op=hvd.Sum))
 """
     assert ip.run_cell_magic("horovod", "np=-2", cell) == 3.0
+    shown = capsys.readouterr().err  # TensorFlow's start-up INFO lines stay out of the cell, as in a notebook
+    assert "the rank's own stderr line" in shown
+    assert "oneDNN" not in shown and "absl::InitializeLog" not in shown
 
 
 def test_gloo_ranks_can_shut_down_and_init_again(ip):
