@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from typing import Any
@@ -34,10 +32,13 @@ from ..protocol import (
     Pong,
 )
 from .processes import die_with_parent, spawn, stop_tree
+from .scratch import HeldDir
 
-__all__ = ["ExecAgent", "main"]
+__all__ = ["ExecAgent", "main", "open_mpi_dirs"]
 PING_SECONDS = 1.0
-PING_TIMEOUT = 20.0  # generous: a loaded machine can starve a thread for seconds
+# Generous (a loaded machine can starve a thread for seconds), yet short enough that a host cut
+# off from the others is reported, and its ranks stopped, within 30 s of the cut.
+PING_TIMEOUT = 15.0
 
 
 class ExecAgent(CurveServer):
@@ -50,7 +51,7 @@ class ExecAgent(CurveServer):
         self._children: dict[bytes, subprocess.Popen[bytes]] = {}
         self._last_ping: dict[bytes, float] = {}
         self._lock = threading.Lock()
-        self._shm_dir: str | None = None
+        self._scratch: HeldDir | None = None
         super().__init__(bind_host, keys, "hvd_magic-agent")
         self._watchdog = threading.Thread(target=self._watch, daemon=True)
         self._watchdog.start()
@@ -67,16 +68,22 @@ class ExecAgent(CurveServer):
         elif isinstance(record, Kill):
             self._kill(message.identity)
 
+    def scratch(self) -> str:
+        """This executor's own directory for Open MPI's session and shared-memory files.
+
+        Executors sharing a machine get one "host" each; Open MPI names its shared-memory
+        files and its session directories by the real hostname, so each gets its own
+        directory. Two orteds creating the same session directory at once race, and the
+        loser fails orte_init ("mkdir ... File exists"; mpirun exits 213). It is a
+        ``HeldDir``: gone with the agent, or, if the task was killed, at the next task's start.
+        """
+        if self._scratch is None:
+            self._scratch = HeldDir.claim()
+        return self._scratch.path
+
     def _start(self, identity: bytes, command: str) -> None:
-        if self._shm_dir is None:
-            self._shm_dir = tempfile.mkdtemp(prefix="hvd_magic-shm-")
         env = dict(os.environ) | self.host_env | {ENV_VIA_AGENT: self.host_token}
-        # Executors sharing a machine get one "host" each; Open MPI names its shared-memory
-        # files and its session directories by the real hostname, so give each its own
-        # directory. Two orteds creating the same session directory at once race, and the
-        # loser fails orte_init ("mkdir ... File exists"; mpirun exits 213).
-        env["OMPI_MCA_btl_vader_backing_directory"] = self._shm_dir
-        env["OMPI_MCA_orte_tmpdir_base"] = self._shm_dir
+        env |= open_mpi_dirs(self.scratch())
         child = spawn(["/bin/sh", "-c", command], env, stderr=subprocess.PIPE)
         with self._lock:
             self.launches += 1
@@ -122,8 +129,13 @@ class ExecAgent(CurveServer):
         for child in children:
             stop_tree(child.pid)
         super().close()
-        if self._shm_dir is not None:
-            shutil.rmtree(self._shm_dir, ignore_errors=True)
+        if self._scratch is not None:
+            self._scratch.remove()
+
+
+def open_mpi_dirs(folder: str) -> dict[str, str]:
+    """Open MPI's session directories and shared-memory files under ``folder``."""
+    return {"OMPI_MCA_btl_vader_backing_directory": folder, "OMPI_MCA_orte_tmpdir_base": folder}
 
 
 def main(argv: list[str]) -> int:
@@ -143,12 +155,12 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     client.send(Exec(command))
-    code = _relay(client, stopping)
+    code = _relay(client, stopping, f"{host} at {agents[host]}")
     client.close()
     return code
 
 
-def _relay(client: HubClient, stopping: threading.Event) -> int:
+def _relay(client: HubClient, stopping: threading.Event, where: str) -> int:
     next_ping, heard = 0.0, time.monotonic()
     while not stopping.is_set():
         now = time.monotonic()
@@ -159,7 +171,8 @@ def _relay(client: HubClient, stopping: threading.Event) -> int:
         if message is None:
             if now - heard > PING_TIMEOUT:
                 print(
-                    f"hvd_magic: the exec agent stopped answering for {PING_TIMEOUT:.0f} s", file=sys.stderr
+                    f"hvd_magic: the exec agent on {where} stopped answering for {PING_TIMEOUT:.0f} s",
+                    file=sys.stderr,
                 )
                 return 255
             continue

@@ -45,7 +45,7 @@ from ..protocol import (
     StoreRequest,
 )
 from ..protocol.plan import gpu_for_local_rank
-from .agent import ExecAgent
+from .agent import ExecAgent, open_mpi_dirs
 from .gloo import LoopbackStoreServer, gloo_env
 from .mpirun import mpirun_argv
 from .processes import describe, spawn, stop_and_confirm, stop_tree, thread_budget_env, worker_command
@@ -201,11 +201,12 @@ def _mpi_task(spec: TaskSpec, plan: SparkPlan, partition: int, agent: ExecAgent,
         local_ranks = len(host.partitions)
         agent.host_env = {ENV_SLOT_GPUS: json.dumps(host.gpus), ENV_SHARDS: json.dumps(host.shards)}
         agent.host_env |= thread_budget_env(local_ranks, local_ranks * spec.task_cpus, spec.env)
-    process = _start_mpirun(spec, plan) if partition == plan.mpirun_partition else None
+    process = _start_mpirun(spec, plan, agent.scratch()) if partition == plan.mpirun_partition else None
     return _hold_slot(client, process)
 
 
-def _start_mpirun(spec: TaskSpec, plan: SparkPlan) -> subprocess.Popen[bytes]:
+def _start_mpirun(spec: TaskSpec, plan: SparkPlan, scratch: str) -> subprocess.Popen[bytes]:
+    """mpirun, its session directory in this executor's scratch (see ``ExecAgent.scratch``)."""
     agents = {host.token: host.agent for host in plan.hosts}
     argv = mpirun_argv(
         spec.np,
@@ -216,7 +217,9 @@ def _start_mpirun(spec: TaskSpec, plan: SparkPlan) -> subprocess.Popen[bytes]:
         export_env=sorted(spec.env),
     )
     secrets = {ENV_AGENTS: json.dumps(agents), ENV_AGENT_TOKEN: spec.agent_keys.client_token()}
-    return spawn(argv, dict(os.environ) | spec.env | secrets)
+    own = os.path.join(scratch, "mpirun")  # not the session directory its local orted makes
+    os.makedirs(own, exist_ok=True)
+    return spawn(argv, dict(os.environ) | spec.env | secrets | open_mpi_dirs(own))
 
 
 def _rank_env(spec: TaskSpec, plan: SparkPlan, partition: int) -> dict[str, str]:
