@@ -2,13 +2,18 @@ from __future__ import annotations
 
 import os
 import signal
+import uuid
 from collections.abc import Iterator
 
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from .helpers import leftover_processes
+from .helpers import SUITE_VARIABLE, leftover_processes
 from .multihost import multihost  # noqa: F401 - the multi-host bed's fixture, for any test module
+
+# This suite's mark, inherited by every process it starts (Spark's workers and executors, ranks,
+# the bed's hosts), so that the checks for processes left behind skip another suite's.
+os.environ[SUITE_VARIABLE] = uuid.uuid4().hex
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -3,6 +3,7 @@ marked themselves started, cells that wait, and forged keys."""
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -15,6 +16,7 @@ from hvd_magic.hub import RunKeys
 from hvd_magic.protocol import Message
 
 RUN_MARKERS = ("hvd_magic.worker", "mpirun", "orted", "hvd_magic.launch.agent")
+SUITE_VARIABLE = "HVD_MAGIC_TEST_SUITE"  # every process a suite starts inherits its mark (conftest)
 SLEEP_FOREVER = "while True:\n    time.sleep(0.1)\n"
 ALLREDUCE_FOREVER = "for _ in range(3000):\n    hvd.allreduce(torch.tensor([1.0]))\n    time.sleep(0.1)\n"
 
@@ -81,13 +83,23 @@ def leftover_processes(root: psutil.Process | None = None) -> list[str]:
 
 
 def run_processes_anywhere() -> list[str]:
-    """Rank-side processes anywhere on the machine (on Spark they are the executors' children)."""
+    """Rank-side processes anywhere on the machine (on Spark they are the executors' children),
+    except those of another test suite running beside this one (a process carrying another
+    suite's mark in its environment; one without any mark counts)."""
     found = []
     for process in psutil.process_iter():
         cmdline = _cmdline(process)
-        if any(marker in cmdline for marker in RUN_MARKERS):
+        if any(marker in cmdline for marker in RUN_MARKERS) and not _of_another_suite(process):
             found.append(f"{process.pid}: {cmdline[:200]}")
     return found
+
+
+def _of_another_suite(process: psutil.Process) -> bool:
+    try:
+        mark = process.environ().get(SUITE_VARIABLE)
+    except psutil.Error:
+        return False
+    return mark is not None and mark != os.environ.get(SUITE_VARIABLE)
 
 
 def gone_within(seconds: float) -> list[str]:
