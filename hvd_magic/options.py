@@ -31,6 +31,7 @@ class RunOptions:
     notices: list[str] = field(default_factory=list)  # told in the cell before the run starts
     retries: int = 0  # times a run that lost a rank (not to the user's code) starts again
     checkpoint_dir: str | None = None  # where hvd_magic.checkpoint() keeps them; None: a temporary folder
+    checkpoint_unit: str = "step"  # what a checkpoint's number counts, in the view (estimators: "epoch")
     logdir: str | None = None  # TensorBoard event files: a folder per run in it
     mlflow: bool | None = None  # log to MLflow: None when a run is active, True starts one, False never
     params: dict[str, Any] = field(default_factory=dict)  # more to log as MLflow params (estimators')

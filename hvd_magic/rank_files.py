@@ -4,8 +4,8 @@
   to the path the user asked for, as a JSON array that is always whole but for its closing
   ``]``, which ``close`` writes when the run ends, whether or not rank 0 lived to say so;
 - ``hvd_magic.checkpoint``'s go to the run's ``CheckpointStore``, which keeps the last;
-- other files (``reporting.send_file``: an estimator's checkpoints) go into the run's
-  ``files_dir``.
+- other files (``reporting.send_file``: the files an estimator's Keras callbacks wrote) go into
+  the run's ``files_dir``.
 Both under a temporary name until their last chunk arrived: a torn file never has its name.
 """
 

@@ -67,6 +67,7 @@ class HeldView:
 class Attempts:
     def __init__(self, options: RunOptions, view: RunView, store: CheckpointStore) -> None:
         self.retries, self.view, self.store = options.retries, view, store
+        self.unit = options.checkpoint_unit
         self.causes: list[str] = []
 
     def launcher(
@@ -94,7 +95,7 @@ class Attempts:
             raise error
         self.causes.append(cause)
         steps = self.store.steps()
-        start = f"from step {steps[-1]:,}" if steps else "from the start (no checkpoint yet)"
+        start = f"from {self.unit} {steps[-1]:,}" if steps else "from the start (no checkpoint yet)"
         self.view.notice(f"{cause}: attempt {len(self.causes) + 1} of {self.retries + 1} {start}")
 
     def succeeded(self) -> None:

@@ -13,6 +13,8 @@ import sys
 import numpy as np
 import pytest
 
+from hvd_magic.checkpoint_store import checkpoint_name
+
 from .estimator_fixtures import libsvm_mnist, mnist_frames
 from .helpers import leftover_processes
 from .spark_fixtures import spark_session
@@ -167,7 +169,7 @@ def test_pytorch_spark_mnist_as_horovods_example_writes_it(spark, tmp_path, caps
     torch_model = torch_estimator.fit(train_df)
     assert evaluate_like_horovods_examples(torch_model, test_df) >= 0.85
     run = tmp_path / "work" / "runs" / "mnist"  # the Store's run path for run_id
-    assert sorted(os.listdir(run / "checkpoints")) == ["checkpoint-0001.pt", "checkpoint-0002.pt"]
+    assert sorted(os.listdir(run / "checkpoints")) == [checkpoint_name(1), checkpoint_name(2)]
     assert TorchModel.load(str(run / "model")).history == torch_model.history
     assert torch_model.getRunId() == "mnist"
     said = capsys.readouterr().err
@@ -280,8 +282,8 @@ def test_keras_spark_mnist_as_horovods_example_writes_it(spark, tmp_path, capsys
     files = [path[len(root) :] for path in store.fs.find(root)]
     assert any(path.startswith("/logs/train/events.out.tfevents") for path in files)  # TensorBoard's logs
     assert {
-        "/checkpoints/checkpoint-0001.pkl",
-        "/checkpoints/checkpoint-0002.pkl",
+        f"/checkpoints/{checkpoint_name(1)}",
+        f"/checkpoints/{checkpoint_name(2)}",
         "/model/model.keras",
     } <= set(files)
     exported = KerasModel.load(f"{run}/model")  # through fsspec

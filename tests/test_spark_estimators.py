@@ -8,7 +8,8 @@ import os
 
 import pytest
 
-from hvd_magic import CaptureError, DataError
+from hvd_magic import CaptureError, DataError, RankFailedError
+from hvd_magic.checkpoint_store import checkpoint_name
 
 from .estimator_fixtures import accuracy, mnist_frames, mnist_net
 from .helpers import run_processes_anywhere
@@ -107,10 +108,7 @@ def test_torch_estimator_fits_mnist_and_transforms_held_out_digits(mnist, tmp_pa
     predicted = model.transform(test_df)
     assert accuracy(predicted) >= 0.9
     assert predicted.schema["rawPrediction"].dataType.simpleString() == "array<float>"
-    assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == [
-        "checkpoint-0001.pt",
-        "checkpoint-0002.pt",
-    ]
+    assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == [checkpoint_name(1), checkpoint_name(2)]
     assert {"state_dict.pt", "module.pkl", "metadata"} <= set(os.listdir(tmp_path / "run" / "model"))
     assert "epoch 2: loss" in view.model.logs[0].text()  # rank 0's line per epoch
     assert run_processes_anywhere() == []
@@ -156,13 +154,87 @@ def test_a_second_fit_resumes_from_the_latest_checkpoint(mnist, tmp_path, kind, 
     assert len(second.history) == 2
     assert second.history[0] == first.history[0]  # epoch 1 came from the checkpoint, not retrained
     stored = tmp_path if kind == "folder" else tmp_path / "remote"
-    assert sorted(os.listdir(stored / "checkpoints")) == ["checkpoint-0001.pt", "checkpoint-0002.pt"]
+    assert sorted(os.listdir(stored / "checkpoints")) == [checkpoint_name(1), checkpoint_name(2)]
     exported = TorchModel.load(f"{model_dir}/model")  # the fitted model, exported into model_dir
     assert exported.history == second.history
     assert (
         exported.transform(test_df).select("prediction").collect()
         == second.transform(test_df).select("prediction").collect()
     )
+
+
+def fragile_net(marks, fault: str, after=None):
+    """mnist_net, whose rank 1 has ``fault`` at its 11th training batch (the first of epoch 2
+    with train_steps_per_epoch=10), once ``after`` exists (epoch 1's checkpoint, landed whole):
+    'kill' kills its own process (SIGKILL), else it raises ValueError. Once: the marker file
+    ``marks/hit`` is there for a retry's ranks, and for transform on the executors."""
+    import torch
+
+    class Fragile(torch.nn.Module):
+        def __init__(self, net):
+            super().__init__()
+            self.net, self.batches = net, 0
+
+        def forward(self, x):
+            hit = os.path.join(str(marks), "hit")
+            if self.training and not os.path.exists(hit):
+                import horovod.torch as hvd
+
+                self.batches += 1
+                if self.batches == 11 and hvd.rank() == 1:
+                    import signal
+                    import time
+
+                    deadline = time.monotonic() + 120
+                    while after is not None and not os.path.exists(after) and time.monotonic() < deadline:
+                        time.sleep(0.02)  # rank 0 sends epoch 1's checkpoint in the background
+                    open(hit, "w").close()
+                    if fault == "kill":
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    raise ValueError("bad batch")
+            return self.net(x)
+
+    return Fragile(mnist_net())  # made here: the ranks cannot import this module's functions
+
+
+def test_a_fit_that_loses_a_rank_starts_again_on_its_own_from_the_last_epoch(mnist, tmp_path, capsys):
+    """retries (default 2): rank 1 killed at epoch 2's first batch; the fit finishes on its
+    second attempt, which resumes from epoch 1's checkpoint in model_dir (not trained again)."""
+    import cloudpickle
+    import torch
+
+    train_df, _ = mnist
+    checkpoints = tmp_path / "run" / "checkpoints"
+    net = fragile_net(tmp_path, "kill", after=checkpoints / checkpoint_name(1))
+    estimator = torch_estimator(
+        model=net, optimizer=torch.optim.Adam(net.parameters(), lr=2e-3), epochs=3,
+        train_steps_per_epoch=10, model_dir=str(tmp_path / "run"),
+    )  # fmt: skip
+    model = estimator.fit(train_df.limit(2000))
+    shown = capsys.readouterr()
+    assert "rank 1 lost" in shown.err and "attempt 2 of 3 from epoch 1" in shown.err
+    assert "finished on attempt 2 of 3" in shown.err
+    trained = [shown.out.count(f"epoch {epoch}: loss") for epoch in (1, 2, 3)]  # rank 0's lines
+    assert trained == [1, 1, 1]  # epoch 1 once: the second attempt resumed after it
+    assert len(model.history) == 3
+    assert sorted(os.listdir(checkpoints)) == [checkpoint_name(epoch) for epoch in (1, 2, 3)]
+    first = cloudpickle.loads((checkpoints / checkpoint_name(1)).read_bytes())
+    assert model.history[0] == first["history"][0] and first["epoch"] == 1
+    assert run_processes_anywhere() == []
+
+
+def test_an_exception_of_the_model_is_not_retried(mnist, tmp_path, capsys):
+    import torch
+
+    train_df, _ = mnist
+    net = fragile_net(tmp_path, "raise")
+    estimator = torch_estimator(
+        model=net, optimizer=torch.optim.Adam(net.parameters()), epochs=2, train_steps_per_epoch=10
+    )
+    with pytest.raises(RankFailedError, match="ValueError: bad batch"):
+        estimator.fit(train_df.limit(2000))
+    assert "attempt 2" not in capsys.readouterr().err  # retries=2 by default, none used
+    assert run_processes_anywhere() == []
 
 
 def test_pipeline_with_a_vector_assembler_fits_transforms_saves_and_loads(spark, tmp_path):
@@ -225,6 +297,7 @@ def test_cross_validator_runs_each_fit_as_one_job(spark):
         ({"backward_passes_per_step": 0}, ValueError, "backward_passes_per_step must be 1 or more"),
         ({"loss_constructors": [lambda **_: None]}, ValueError, "needs one of loss= and loss_constructors="),
         ({"frobnicate": 1}, TypeError, "has no parameter frobnicate"),
+        ({"retries": -1}, ValueError, "TorchEstimator: retries must be 0 or more, got -1"),
     ],
 )
 def test_bad_input_is_refused_before_launch(mnist, change, error, message):
@@ -290,10 +363,7 @@ def test_keras_estimator_fits_mnist_transforms_saves_and_loads(mnist, tmp_path):
     before = predicted.select("rawPrediction").toPandas()["rawPrediction"].tolist()
     after = loaded.transform(test_df).select("rawPrediction").toPandas()["rawPrediction"].tolist()
     assert [list(row) for row in after] == [list(row) for row in before]
-    assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == [
-        "checkpoint-0001.pkl",
-        "checkpoint-0002.pkl",
-    ]
+    assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == [checkpoint_name(1), checkpoint_name(2)]
     assert run_processes_anywhere() == []
 
 
@@ -345,7 +415,7 @@ def test_keras_callbacks_get_keras_lifecycle_and_one_rank_stopping_stops_all(mni
     assert [epoch["began"] for epoch in model.history] == [1.0, 1.0]
     assert [epoch["learning_rate"] for epoch in model.history] == pytest.approx([0.01, 0.0])
     checkpoints = sorted(os.listdir(tmp_path / "checkpoints"))
-    assert checkpoints == ["checkpoint-0001.pkl", "checkpoint-0002.pkl"]
+    assert checkpoints == [checkpoint_name(1), checkpoint_name(2)]
     first = cloudpickle.loads((tmp_path / "checkpoints" / checkpoints[0]).read_bytes())["weights"]
     for after, before in zip(model.getModel().get_weights(), first, strict=True):
         numpy.testing.assert_array_equal(after, before)  # epoch 2 trained at rate 0
@@ -397,8 +467,8 @@ def test_a_users_own_estimator_subclass_fits_transforms_saves_and_loads(spark, t
         def train_function(self):
             return solve
 
-        def train_spec(self, checkpoint):
-            return self.common_spec(None, None, None, checkpoint)
+        def train_spec(self):
+            return self.common_spec(None, None, None)
 
         def make_model(self, result, feature_width):
             model = LeastSquaresModel(feature_width=feature_width)

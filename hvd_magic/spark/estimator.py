@@ -101,12 +101,14 @@ class HorovodEstimator(Estimator[HorovodModel], EstimatorParams, UnusedParams, M
     """``fit(df)`` trains on ``num_proc`` Horovod ranks, each with its equal shard of
     ``df[feature_cols + label_cols]``, and returns the fitted model. With ``model_dir`` (or
     horovod.spark's ``store``: its run folder), rank 0 sends a checkpoint each epoch into
-    ``model_dir/checkpoints`` (no shared file system needed), a new fit resumes from the latest
-    one, the files callbacks write arrive in ``model_dir``, and the exported model lands in
-    ``model_dir/model``. ``model_dir`` is a local folder or a URL (pyarrow's file systems, else
-    fsspec's: ``s3://``, ``gs://``, ``hdfs://``, ``file://``, ``memory://`` ...). Every
-    argument of horovod.spark's estimators is taken; those with no use here are named in a
-    note when the fit starts.
+    ``model_dir/checkpoints`` (no shared file system needed; the last 3 kept), a new fit resumes
+    from the latest one, the files callbacks write arrive in ``model_dir``, and the exported
+    model lands in ``model_dir/model``. ``model_dir`` is a local folder or a URL (pyarrow's file
+    systems, else fsspec's: ``s3://``, ``gs://``, ``hdfs://``, ``file://``, ``memory://`` ...).
+    A fit that loses a rank's process or its executor starts again on its own, from the last
+    epoch's checkpoint, up to ``retries`` times (default 2; an exception of the model's or the
+    loss's code is never retried). Every argument of horovod.spark's estimators is taken; those
+    with no use here are named in a note when the fit starts.
     """
 
     framework = "horovod"  # the start of a run_id horovod.spark would make (pytorch_..., keras_...)
@@ -129,12 +131,13 @@ class HorovodEstimator(Estimator[HorovodModel], EstimatorParams, UnusedParams, M
     def train_function(self) -> Callable[[TrainSpec], Any]:
         """The function every rank runs with the ``TrainSpec``: ``hvd.init()``, then its rows
         from ``training.load_rows(spec)``. Rank 0's return value goes to ``make_model``; a dict
-        with ``"width"`` (the rows' feature width) lets ``transform`` check its input's shape."""
+        with ``"width"`` (the rows' feature width) lets ``transform`` check its input's shape.
+        To resume (a retry, or a new fit with ``model_dir``): ``hvd_magic.resume()`` first, and
+        ``hvd_magic.checkpoint(state, step=epoch)`` each epoch when ``spec.save_checkpoints``."""
         raise NotImplementedError
 
-    def train_spec(self, checkpoint: bytes | None) -> TrainSpec:
-        """What the ranks get (``common_spec`` fills it from the Params); ``checkpoint``: the
-        latest one in ``model_dir``, to resume from."""
+    def train_spec(self) -> TrainSpec:
+        """What the ranks get (``common_spec`` fills it from the Params)."""
         raise NotImplementedError
 
     def make_model(self, result: Any, feature_width: int) -> HorovodModel:
@@ -158,17 +161,10 @@ class HorovodEstimator(Estimator[HorovodModel], EstimatorParams, UnusedParams, M
         with persistence.local_folder(
             where.location, filesystem=where.filesystem
         ) as folder:  # a URL's, through a copy
-            checkpoints = os.path.join(folder, CHECKPOINTS) if folder else None
-            if checkpoints:
-                os.makedirs(checkpoints, exist_ok=True)
-                options.files_dir = checkpoints
-            elif self.calls_callbacks and callback_files.writes_files(self.getOrDefault("callbacks")):
-                options.notices.append(
-                    f"{type(self).__name__}: the callbacks' files stay where the ranks run; give "
-                    "model_dir= (or store=) to have them here."
-                )
-            spec = self.train_spec(persistence.latest_checkpoint(checkpoints))
-            spec.save_checkpoints = checkpoints is not None
+            checkpoints = self._checkpoints_in(folder, options)
+            spec = self.train_spec()
+            spec.save_checkpoints = checkpoints is not None or options.retries > 0
+            spec.send_files = checkpoints is not None
             try:
                 value, _ = execute(capture_function(self.train_function(), {"spec": spec}), options)
             finally:
@@ -179,6 +175,22 @@ class HorovodEstimator(Estimator[HorovodModel], EstimatorParams, UnusedParams, M
                 model.write().overwrite().save(os.path.join(folder, EXPORT))
         return model
 
+    def _checkpoints_in(self, folder: str | None, options: Any) -> str | None:
+        """``model_dir/checkpoints``, made: the run's checkpoint store (a retry within this fit
+        and a new fit resume from its latest), where the callbacks' files arrive too; None
+        without a ``model_dir`` (retries then resume from a temporary store)."""
+        if not folder:
+            if self.calls_callbacks and callback_files.writes_files(self.getOrDefault("callbacks")):
+                options.notices.append(
+                    f"{type(self).__name__}: the callbacks' files stay where the ranks run; give "
+                    "model_dir= (or store=) to have them here."
+                )
+            return None
+        checkpoints = os.path.join(folder, CHECKPOINTS)
+        os.makedirs(checkpoints, exist_ok=True)
+        options.files_dir = options.checkpoint_dir = checkpoints
+        return checkpoints
+
     def _options(self, data: Any) -> Any:
         try:
             options = make_options(
@@ -187,10 +199,12 @@ class HorovodEstimator(Estimator[HorovodModel], EstimatorParams, UnusedParams, M
                 env=compat.rank_env(self) or None,
                 data=data,
                 data_name="(the DataFrame given to fit)",
+                retries=self.getOrDefault("retries"),
             )
         except OptionError as err:
             raise ValueError(f"{type(self).__name__}: {err}") from None
         options.notices += self.notes()
+        options.checkpoint_unit = "epoch"  # a retry says "attempt 2 of 3 from epoch 4"
         return options
 
     def _fitted(self, value: Any, run_id: str | None) -> HorovodModel:
@@ -224,7 +238,7 @@ class HorovodEstimator(Estimator[HorovodModel], EstimatorParams, UnusedParams, M
         if missing:
             raise ValueError(f"{type(self).__name__} needs {', '.join(f'{name}=' for name in missing)}")
 
-    def common_spec(self, model: Any, optimizer: Any, loss: Any, checkpoint: bytes | None) -> TrainSpec:
+    def common_spec(self, model: Any, optimizer: Any, loss: Any) -> TrainSpec:
         get = self.getOrDefault
         return TrainSpec(
             model=model,
@@ -239,7 +253,6 @@ class HorovodEstimator(Estimator[HorovodModel], EstimatorParams, UnusedParams, M
             seed=get("random_seed"),
             shuffle=get("shuffle"),
             verbose=get("verbose"),
-            checkpoint=checkpoint,
             callbacks=list(get("callbacks")),
             val_batch_size=get("val_batch_size") or 0,
             train_steps=get("train_steps_per_epoch"),

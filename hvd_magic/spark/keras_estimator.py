@@ -99,7 +99,7 @@ class KerasEstimator(HorovodEstimator):
 
         return train
 
-    def train_spec(self, checkpoint: bytes | None) -> TrainSpec:
+    def train_spec(self) -> TrainSpec:
         import keras
 
         from .keras_io import load_model, model_bytes
@@ -127,7 +127,7 @@ class KerasEstimator(HorovodEstimator):
                 f"{sorted(custom) or 'no custom objects'} ({type(err).__name__}: {said}). "
                 "Give the functions and classes of your own it uses as custom_objects={'name': object}."
             ) from None
-        spec = self.common_spec(blob, optimizer, self.getOrDefault("loss"), checkpoint)
+        spec = self.common_spec(blob, optimizer, self.getOrDefault("loss"))
         spec.custom_objects = custom
         spec.extra = {"checkpoint_callback": self.getOrDefault("checkpoint_callback")}
         return spec

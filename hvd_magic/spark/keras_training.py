@@ -2,7 +2,8 @@
 TensorFlow ops (gradients averaged by a grouped allreduce; Horovod's own Keras binding needs
 the legacy tf-keras, the notebook's model is Keras 3), Keras' callbacks called as ``fit`` calls
 them (their files sent to ``model_dir``), metrics on the training batches and the validation
-rows as Keras reports them, and a checkpoint per epoch from rank 0."""
+rows as Keras reports them, resumed from the latest checkpoint and checkpointed each epoch
+(``hvd_magic.resume`` / ``checkpoint``)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any
 
 import cloudpickle
 
-from .. import reporting
+from ..checkpoints import checkpoint, resume
 from .callback_files import RankFolder
 from .epoch_metrics import Averages
 from .keras_io import as_model_input, input_shapes, load_model, reduced_loss
@@ -24,7 +25,6 @@ from .training import (
     Rows,
     TrainSpec,
     batches,
-    checkpoint_name,
     end_of_batch,
     end_of_epoch,
     load_rows,
@@ -46,7 +46,7 @@ def train(spec: TrainSpec) -> dict[str, Any]:
         tf.config.set_visible_devices([], "GPU")
     keras.utils.set_random_seed(spec.seed)
     trainer = Trainer(spec, load_rows(spec))
-    folder = RankFolder(spec.callbacks, hvd.rank()) if spec.save_checkpoints else None
+    folder = RankFolder(spec.callbacks, hvd.rank()) if spec.send_files else None
     try:
         history = trainer.fit(folder)
     finally:
@@ -69,8 +69,8 @@ class Trainer:
         optimizer.build(self.model.trainable_variables)
         self.loss = reduced_loss(spec.loss, spec.custom_objects)
         self.start, self.history = 0, []
-        if spec.checkpoint is not None:
-            state = cloudpickle.loads(spec.checkpoint)
+        state = resume()  # this fit's latest (a retry), or an earlier fit's in model_dir
+        if state is not None:
             self.model.set_weights(state["weights"])
             self.start, self.history = int(state["epoch"]), list(state["history"])
         for index, variable in enumerate(self.model.weights):
@@ -104,7 +104,7 @@ class Trainer:
             end_of_epoch(epoch, self.steps, self.history[-1], spec.verbose, self.rank)
             if self.rank == 0 and spec.save_checkpoints:
                 state = {"epoch": epoch, "history": self.history, "weights": self.model.get_weights()}
-                reporting.send_file(checkpoint_name(epoch) + ".pkl", cloudpickle.dumps(state))
+                checkpoint(state, step=epoch)
             if folder is not None:
                 folder.send()
             if _stop_agreed(self.model):
@@ -112,7 +112,7 @@ class Trainer:
         callbacks.on_train_end(self.history[-1] if self.history else {})
         if saved is not None and os.path.exists(saved.filepath):
             self.model.load_weights(saved.filepath)  # the model it kept (e.g. the best), as horovod.spark
-        if saved is not None and not spec.save_checkpoints:
+        if saved is not None and not spec.send_files:
             shutil.rmtree(os.path.dirname(saved.filepath), ignore_errors=True)  # its temporary folder
         return self.history
 
@@ -123,9 +123,7 @@ class Trainer:
         if saved is None or self.rank != 0:
             return None
         name = "checkpoint.weights.h5" if getattr(saved, "save_weights_only", False) else "checkpoint.keras"
-        folder = (
-            os.getcwd() if self.spec.save_checkpoints else tempfile.mkdtemp(prefix="hvd_magic-checkpoint-")
-        )
+        folder = os.getcwd() if self.spec.send_files else tempfile.mkdtemp(prefix="hvd_magic-checkpoint-")
         saved.filepath = os.path.join(folder, name)
         return saved
 

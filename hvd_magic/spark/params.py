@@ -8,7 +8,9 @@ from typing import Any, TypeVar
 
 from pyspark.ml.param import Param, Params, TypeConverters
 
-__all__ = ["EstimatorParams", "ModelParams", "accessors"]
+__all__ = ["DEFAULT_RETRIES", "EstimatorParams", "ModelParams", "accessors"]
+
+DEFAULT_RETRIES = 2  # a fit outlives two lost ranks or executors (rank 0 checkpoints every epoch)
 
 P = TypeVar("P", bound=type[Params])
 
@@ -164,6 +166,13 @@ class EstimatorParams(ModelParams):
     use_gpu = _param(
         "use_gpu", "False: KerasEstimator's ranks hide their GPU from TensorFlow", TypeConverters.toBoolean
     )
+    retries = _param(
+        "retries",
+        "hvd_magic's own (horovod.spark has none): times a fit that lost a rank's process or its "
+        "executor (not to an exception of its code) starts again, from the last epoch's checkpoint "
+        f"(default {DEFAULT_RETRIES})",
+        TypeConverters.toInt,
+    )
 
     def __init__(self) -> None:
         super().__init__()
@@ -177,6 +186,7 @@ class EstimatorParams(ModelParams):
             backward_passes_per_step=1,
             inmemory_cache_all=False,
             use_gpu=True,
+            retries=DEFAULT_RETRIES,
             metrics=[],
             callbacks=[],
             custom_objects={},

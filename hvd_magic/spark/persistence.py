@@ -1,4 +1,4 @@
-"""A fitted model in a folder, and the checkpoints a fit resumes from.
+"""A fitted model in a folder.
 
 The folder holds ``metadata/part-00000`` in Spark ML's own format (class, uid, params), so a
 saved ``PipelineModel`` finds and loads the stage, ``hvd_magic.json`` (history, input width)
@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
-__all__ = ["latest_checkpoint", "load", "local_folder", "open_location", "save"]
+__all__ = ["load", "local_folder", "open_location", "save"]
 
 M = TypeVar("M")  # a HorovodModel subclass (not imported here: the estimator imports this module)
 _OWN = "hvd_magic.json"
@@ -122,18 +122,3 @@ def _load_here(cls: type[M], path: str) -> M:
     model._set(**metadata["paramMap"])
     model.load_artifacts(path)
     return model  # type: ignore[no-any-return]
-
-
-def latest_checkpoint(folder: str | None) -> bytes | None:
-    """The newest ``checkpoint-NNNN.*`` a rank 0 sent into ``folder``, if any."""
-    if not folder or not os.path.isdir(folder):
-        return None
-    found = sorted(
-        name
-        for name in os.listdir(folder)
-        if name.startswith("checkpoint-") and not name.endswith(".partial")
-    )
-    if not found:
-        return None
-    with open(os.path.join(folder, found[-1]), "rb") as checkpoint:
-        return checkpoint.read()

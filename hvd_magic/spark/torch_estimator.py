@@ -90,7 +90,7 @@ class TorchEstimator(HorovodEstimator):
 
         return train
 
-    def train_spec(self, checkpoint: bytes | None) -> TrainSpec:
+    def train_spec(self) -> TrainSpec:
         self.require("model", "optimizer")
         constructors = self.getOrDefault("loss_constructors")
         if bool(constructors) == self.isDefined("loss"):
@@ -100,7 +100,7 @@ class TorchEstimator(HorovodEstimator):
         if self.getOrDefault("backward_passes_per_step") < 1:
             raise ValueError("TorchEstimator: backward_passes_per_step must be 1 or more (batches a step)")
         loss = self.getOrDefault("loss") if self.isDefined("loss") else None
-        spec = self.common_spec(self.getOrDefault("model"), self.getOrDefault("optimizer"), loss, checkpoint)
+        spec = self.common_spec(self.getOrDefault("model"), self.getOrDefault("optimizer"), loss)
         spec.input_shapes = input_shapes_of(self.getOrDefault("input_shapes"))
         spec.extra = {
             "loss_constructors": constructors,

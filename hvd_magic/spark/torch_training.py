@@ -1,5 +1,6 @@
-"""TorchEstimator on the ranks: Horovod training of the shard, a checkpoint per epoch from rank 0,
-and (on the executors) the predict function ``transform`` uses.
+"""TorchEstimator on the ranks: Horovod training of the shard, resumed from the latest checkpoint
+and checkpointed each epoch (``hvd_magic.resume`` / ``checkpoint``), and (on the executors) the
+predict function ``transform`` uses.
 
 A batch is trained by a function with horovod.spark's ``train_minibatch`` signature (ours, or
 the user's ``train_minibatch_fn``): ``(model, optimizer, transform_outputs, loss_fn, inputs,
@@ -14,7 +15,7 @@ import io
 from collections.abc import Callable
 from typing import Any
 
-from .. import reporting
+from ..checkpoints import checkpoint, resume
 from .columns import model_inputs
 from .epoch_metrics import Averages
 from .training import (
@@ -22,7 +23,6 @@ from .training import (
     TrainSpec,
     accuracy,
     batches,
-    checkpoint_name,
     end_of_batch,
     end_of_epoch,
     is_accuracy,
@@ -45,7 +45,7 @@ def train(spec: TrainSpec) -> dict[str, Any]:
     model = spec.model
     loss = _loss_function(spec, model)
     optimizer = type(spec.optimizer)(model.parameters(), **spec.optimizer.defaults)
-    start, history = _resume(spec, model, optimizer)
+    start, history = _resume(model, optimizer)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     compression = {"compression": spec.compression} if spec.compression is not None else {}
@@ -65,13 +65,8 @@ def train(spec: TrainSpec) -> dict[str, Any]:
         history.append(metrics)
         end_of_epoch(epoch, steps, metrics, spec.verbose, hvd.rank())
         if hvd.rank() == 0 and spec.save_checkpoints:
-            state = {
-                "epoch": epoch,
-                "history": history,
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-            }
-            reporting.send_file(checkpoint_name(epoch) + ".pt", _to_bytes(state))
+            state = {"epoch": epoch, "history": history, "model": model.state_dict()}
+            checkpoint(state | {"optimizer": optimizer.state_dict()}, step=epoch)
     return {"state": _to_bytes(model.state_dict()), "history": history, "width": int(rows.x.shape[1])}
 
 
@@ -102,12 +97,12 @@ def _loss_function(spec: TrainSpec, model: Any) -> Any:
     return make(model=model) if inspect.signature(make).parameters else make()
 
 
-def _resume(spec: TrainSpec, model: Any, optimizer: Any) -> tuple[int, list[dict[str, float]]]:
-    if spec.checkpoint is None:
+def _resume(model: Any, optimizer: Any) -> tuple[int, list[dict[str, float]]]:
+    """The epoch and history of the latest checkpoint (this fit's, on a retry, or an earlier
+    fit's in model_dir), its weights and optimizer state loaded; (0, []) on a fresh start."""
+    state = resume()
+    if state is None:
         return 0, []
-    import torch
-
-    state = torch.load(io.BytesIO(spec.checkpoint), weights_only=False)
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     return int(state["epoch"]), list(state["history"])

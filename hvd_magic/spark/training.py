@@ -1,5 +1,7 @@
 """What the estimators' training loops share on the ranks: the rank's rows as numpy arrays, the
-validation hold-out, each epoch's order, and the per-epoch report and checkpoint."""
+validation hold-out, each epoch's order, and the per-epoch report. Their checkpoints are
+``hvd_magic.checkpoint`` / ``hvd_magic.resume``, as a cell's: the run's store, in
+``model_dir/checkpoints`` when there is one, serves a retry within the fit and a new fit alike."""
 
 from __future__ import annotations
 
@@ -17,7 +19,6 @@ __all__ = [
     "accuracy",
     "is_accuracy",
     "batches",
-    "checkpoint_name",
     "end_of_batch",
     "end_of_epoch",
     "load_rows",
@@ -42,8 +43,8 @@ class TrainSpec:
     seed: int
     shuffle: bool
     verbose: int
-    checkpoint: bytes | None = None  # the latest checkpoint in model_dir: training resumes from it
-    save_checkpoints: bool = True  # rank 0 sends one per epoch (only when there is a model_dir)
+    save_checkpoints: bool = True  # rank 0 checkpoints each epoch (for model_dir, or for retries)
+    send_files: bool = False  # rank 0 sends the callbacks' files (to model_dir)
     callbacks: list[Any] = field(default_factory=list)
     custom_objects: dict[str, Any] = field(default_factory=dict)  # Keras: what its model's file names
     input_shapes: list[list[int]] | None = None  # per model input, batch first (columns.model_inputs)
@@ -133,10 +134,6 @@ def accuracy(output: Any, target: Any) -> float:
     predicted = output.argmax(axis=1) if output.shape[1] > 1 else (output[:, 0] >= 0.5)
     expected = target.argmax(axis=1) if target.shape[1] > 1 else target[:, 0]
     return float(numpy.mean(predicted.astype(numpy.int64) == expected))
-
-
-def checkpoint_name(epoch: int) -> str:
-    return f"checkpoint-{epoch:04d}"
 
 
 def end_of_batch(spec: TrainSpec, epoch: int, number: int, steps: int, loss: float) -> None:
