@@ -33,6 +33,7 @@ from .rank_files import RankFiles
 from .retry import Attempts, HeldView
 from .run_record import RunRecord
 from .sinks import Sinks, make_sinks
+from .stragglers import StragglerWatch
 from .timeline.live import live_timeline
 from .views import RunView, make_view
 
@@ -112,6 +113,7 @@ class Run:
         if store is not None:
             hub.responders[ResumeRequest] = store.answer
         self.stall_seconds = stall_seconds(options)
+        self.stragglers = StragglerWatch(options.stragglers)
         self.live_timeline = live_timeline(options.timeline, view, self.files.writing_timeline, options.env)
 
     def execute(self) -> Any:
@@ -164,6 +166,7 @@ class Run:
             if self.live_timeline is not None and self.live_timeline.tick():
                 self._pump(wait=0)  # what came in while it refreshed, before the time checks
             self._watch_waits()
+            self._watch_stragglers()
             if self.record.errors:
                 raise diagnosis.rank_failed(self.record, self._find_cause())  # decided before the stop
             code = self.launcher.poll()
@@ -192,11 +195,20 @@ class Run:
                 self.record.stall = None  # the waits ended
             return
         if stall != current:
-            message = Message(stall)
-            self.record.apply(message, now)
-            self.view.message(message)
+            self._own(Message(stall), now)
         if all(rank in self.record.exited for rank in stall.ranks):
             raise diagnosis.left_waiting(self.record, now)
+
+    def _watch_stragglers(self) -> None:
+        now = self.clock()
+        for straggler in self.stragglers.check(now):  # named once, and when it recovers
+            self._own(Message(straggler, straggler.slow_rank), now)
+
+    def _own(self, message: Message, now: float) -> None:
+        """A message of the run's own making (a stall in torch ranks' waits, a straggler)."""
+        self.record.apply(message, now)
+        self.view.message(message)
+        self.sinks.message(message)
 
     def _check_time_limits(self) -> None:
         now = self.clock()
@@ -216,7 +228,9 @@ class Run:
                 )
             except queue.Empty:
                 return
-            self.record.apply(message, self.clock())
+            now = self.clock()
+            self.record.apply(message, now)
+            self.stragglers.take(message, now)
             self.files.take(message)
             self.view.message(message)
             self.sinks.message(message)

@@ -38,11 +38,12 @@ OPTIONS = (
     "checkpoint_dir",
     "logdir",
     "mlflow",
+    "stragglers",
 )
 USAGE = (
     "usage: %%horovod np=N [launcher=mpi|gloo | backend=torch] [env=K=V,...] [return=a,b] [timeout=SECONDS] "
     "[timeline=on|cycles|PATH] [data=DATAFRAME [remainder=drop|keep]] [oversubscribe=yes] [logdir=DIR] "
-    "[mlflow=yes|no]\n"
+    "[mlflow=yes|no] [stragglers=0.7/10|off]\n"
     "np=-N runs N ranks on this machine, np=N on Spark; %%horovod? shows the full help."
 )
 
@@ -103,6 +104,11 @@ class HorovodMagics(Magics):
         "--mlflow",
         choices=["yes", "no"],
         help="log to MLflow: yes starts an MLflow run if none is active; default: log when one is active",
+    )
+    @argument(
+        "--stragglers",
+        help="name a rank whose steps/s stays below FRACTION of the median for SECONDS: FRACTION/SECONDS "
+        "(default 0.7/10, also 70%%/10s), or off",
     )
     @argument("--rank", help="live session: run the cell on this rank only (it must not call collectives)")
     @argument("--ranks", help="live session: run the cell on these ranks only: 0,2")
@@ -177,6 +183,7 @@ class HorovodMagics(Magics):
             checkpoint_dir=args.checkpoint_dir,
             logdir=args.logdir,
             mlflow=args.mlflow,
+            stragglers=args.stragglers,
         )
 
     def _session_verb(self, line: str) -> Any:

@@ -11,6 +11,7 @@ from typing import Any
 from .data.source import check_source
 from .errors import DataError
 from .sinks.extras import mlflow_module, tensorboard_record_writer
+from .stragglers import StragglerRule, parse_rule
 
 __all__ = ["RunOptions", "OptionError", "make_options", "parse_env", "parse_names"]
 
@@ -35,6 +36,7 @@ class RunOptions:
     logdir: str | None = None  # TensorBoard event files: a folder per run in it
     mlflow: bool | None = None  # log to MLflow: None when a run is active, True starts one, False never
     params: dict[str, Any] = field(default_factory=dict)  # more to log as MLflow params (estimators')
+    stragglers: StragglerRule | None = field(default_factory=StragglerRule)  # None: not watched
 
     @property
     def ranks(self) -> int:
@@ -147,6 +149,13 @@ def parse_mlflow(value: object) -> bool | None:
     return True
 
 
+def parse_stragglers(value: object) -> StragglerRule | None:
+    try:
+        return parse_rule(value)
+    except ValueError as err:
+        raise OptionError(str(err)) from None
+
+
 def parse_oversubscribe(value: object) -> bool:
     return bool(parse_yes_no("oversubscribe", value))
 
@@ -245,6 +254,7 @@ def make_options(
     checkpoint_dir: str | None = None,
     logdir: str | None = None,
     mlflow: object = None,
+    stragglers: object = None,
 ) -> RunOptions:
     np_value = parse_np(np)
     notices = check_local_ranks(np_value, parse_oversubscribe(oversubscribe), machine_cores())
@@ -274,6 +284,7 @@ def make_options(
         checkpoint_dir=parse_checkpoint_dir(checkpoint_dir),
         logdir=parse_logdir(logdir),
         mlflow=parse_mlflow(mlflow),
+        stragglers=parse_stragglers(stragglers),
     )
 
 

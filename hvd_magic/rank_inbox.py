@@ -78,6 +78,9 @@ class Inbox:
             gpu_memory=int(figures.get("gpu_memory", 0)),
             gpu_memory_total=int(figures.get("gpu_memory_total", 0)),
             gpu_temperature=figures.get("gpu_temperature", -1.0),
+            cores=int(figures["cores"]),
+            host_cpu=figures["host_cpu"],
+            swapped=int(figures["swapped"]),
         )
 
     def _notebook_gone(self) -> None:

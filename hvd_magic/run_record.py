@@ -1,13 +1,24 @@
 """What a run's ranks said, folded into what the diagnosis needs (pure): who started where,
 who exited, errors in arrival order, rank 0's result, when each rank last spoke, a stall
-Horovod reported, where torch.distributed ranks wait; and which errors are only consequences
-of another rank's."""
+Horovod reported, where torch.distributed ranks wait, the stragglers named; and which errors
+are only consequences of another rank's."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .protocol import Exit, Message, RankError, RankStatus, Reports, Result, Stall, Started, Waiting
+from .protocol import (
+    Exit,
+    Message,
+    RankError,
+    RankStatus,
+    Reports,
+    Result,
+    Stall,
+    Started,
+    Straggler,
+    Waiting,
+)
 from .stalls import WaitSeen
 
 __all__ = ["Failure", "RunRecord", "StallSeen", "is_consequence", "timed_out"]
@@ -52,6 +63,7 @@ class RunRecord:
     stall: StallSeen | None = None
     waits: dict[int, WaitSeen] = field(default_factory=dict)  # torch.distributed ranks waiting
     resources: dict[int, list[tuple[float, RankStatus]]] = field(default_factory=dict)  # per rank, in time
+    stragglers: list[Straggler] = field(default_factory=list)  # named and recovered, in time
 
     def apply(self, message: Message, at: float) -> None:
         """Fold in ``message``, which arrived at ``at`` (the run's clock). A stall report is
@@ -63,6 +75,9 @@ class RunRecord:
             return
         if isinstance(record, RankStatus):  # a rank's resources, not progress
             self.resources.setdefault(message.rank, []).append((at, record))
+            return
+        if isinstance(record, Straggler):  # the notebook's own finding
+            self.stragglers.append(record)
             return
         if isinstance(record, Waiting):  # not progress either
             if record.call:

@@ -28,7 +28,9 @@ class HorovodRunner:
     pandas or Arrow DataFrame) gives each rank its shard: ``hvd_magic.shard()`` in ``main``.
     ``logdir="logs"`` writes the reported metrics as TensorBoard event files (a folder per run);
     ``mlflow=True`` logs the run to MLflow (starting an MLflow run if none is active; by default
-    it logs when one is). ``driver_log_verbosity`` is accepted for compatibility with sparkdl
+    it logs when one is). ``stragglers="0.7/10"`` (the default) names a rank whose steps/s stays
+    below 70 % of the ranks' median for 10 s, with its likely reason; ``"off"`` does not watch.
+    ``driver_log_verbosity`` is accepted for compatibility with sparkdl
     and ignored: rank output is always streamed.
     """
 
@@ -49,6 +51,7 @@ class HorovodRunner:
         checkpoint_dir: str | None = None,
         logdir: str | None = None,
         mlflow: bool | None = None,
+        stragglers: str | None = None,
     ) -> None:
         try:
             self.options = make_options(
@@ -67,6 +70,7 @@ class HorovodRunner:
                 checkpoint_dir=checkpoint_dir,
                 logdir=logdir,
                 mlflow=mlflow,
+                stragglers=stragglers,
             )
         except OptionError as err:
             raise ValueError(str(err)) from None

@@ -1,7 +1,8 @@
 """Per-rank resources, sampled on the rank when the notebook's beat asks (about once a second):
-its process tree's CPU % and RSS, and where a GPU is present, its device's utilisation, memory
-and temperature. NVML (``nvidia-ml-py``) is imported only when installed, and a machine without
-a GPU or a driver simply has none to report; ``GpuProbe`` is the interface (tests give a fake).
+its process tree's CPU % and RSS, its host's CPU and swapping (what tells a rank starved by its
+host), and where a GPU is present, its device's utilisation, memory and temperature. NVML
+(``nvidia-ml-py``) is imported only when installed, and a machine without a GPU or a driver
+simply has none to report; ``GpuProbe`` is the interface (tests give a fake).
 
 A sample costs a few system calls (psutil's process tree, one NVML query): nothing a step of
 training notices (``bench/telemetry.py``).
@@ -78,7 +79,9 @@ class ResourceSampler:
         self.gpu = gpu
         self._children: dict[int, psutil.Process] = {}
         self._samples = 0
+        self.cores = _cores()
         self.process.cpu_percent()
+        psutil.cpu_percent()
 
     def sample(self) -> dict[str, float]:
         tree = [self.process, *self._tree()]
@@ -89,7 +92,7 @@ class ResourceSampler:
                 rss += process.memory_info().rss
             except psutil.Error:
                 continue
-        figures = {"cpu": cpu, "rss": rss}
+        figures = {"cpu": cpu, "rss": rss, **self._host()}
         sample = self.gpu.sample() if self.gpu is not None else None
         if sample is not None:
             figures |= {
@@ -99,6 +102,16 @@ class ResourceSampler:
                 "gpu_temperature": sample.temperature,
             }
         return figures
+
+    def _host(self) -> dict[str, float]:
+        """What tells a rank starved by its host from one slow of its own: the host's CPUs
+        (busy since the last sample), the cores the rank may use, the host's swapping."""
+        swap = psutil.swap_memory()
+        return {
+            "host_cpu": psutil.cpu_percent(),
+            "cores": float(self.cores),
+            "swapped": float(swap.sin + swap.sout),
+        }
 
     def _tree(self) -> list[psutil.Process]:
         """The children, the same Process objects from sample to sample (psutil's CPU % is
@@ -113,3 +126,10 @@ class ResourceSampler:
             return []
         self._children = {pid: self._children.get(pid, child) for pid, child in current.items()}
         return list(self._children.values())
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Protocol, TextIO
 
-from .protocol import Log, LogDecoder, Message, Stall
+from .protocol import Log, LogDecoder, Message, Stall, Straggler
 
 __all__ = ["ConsoleView", "RunView", "make_view"]
 
@@ -42,6 +42,8 @@ class ConsoleView:
     def message(self, message: Message) -> None:
         if isinstance(message.record, Stall):
             self._stalled(message.record)
+        if isinstance(message.record, Straggler):
+            self.notice(f"hvd_magic: {message.record.text()}")
         if not isinstance(message.record, Log):
             return
         stream, rank = message.record.stream, message.rank

@@ -40,6 +40,7 @@ EXAMPLES = {
     Kind.ERROR: protocol.RankError("vm", "ValueError", "bad ✓", "Traceback ..."),
     Kind.STALL: protocol.Stall([0, 2], [["allreduce.t3"], ["allreduce.t3", "allreduce.t4"]], 15.0),
     Kind.WAITING: protocol.Waiting("all_reduce", "line 5 of the cell", 2.5),
+    Kind.STRAGGLER: protocol.Straggler(1, "vm", 0.4, 1.2, 0.7, 10.0, "data wait", recovered=True),
     Kind.RESULT: protocol.Result(),
     Kind.FILE: protocol.FileChunk("timeline", last=True),
     Kind.EXIT: protocol.Exit(130),
@@ -61,7 +62,9 @@ EXAMPLES = {
     Kind.CELL_DONE: protocol.CellDone(7, ok=False),
     Kind.INTERRUPT: protocol.Interrupt(7),
     Kind.BEAT: protocol.Beat(),
-    Kind.RANK_STATUS: protocol.RankStatus(busy=7, cells=3, rss=123_456_789, cpu=87.5),
+    Kind.RANK_STATUS: protocol.RankStatus(
+        busy=7, cells=3, rss=123_456_789, cpu=87.5, cores=2, host_cpu=93.0, swapped=4096
+    ),
     Kind.RESUME: protocol.ResumeRequest(4),
     Kind.RESUMED: protocol.ResumeAnswer(4, step=1200, found=True),
     Kind.STOP_ASKED: protocol.StopAsked(),

@@ -12,6 +12,7 @@ from hvd_magic import CaptureError, DataError, RankFailedError
 from hvd_magic.checkpoint_store import checkpoint_name
 
 from .estimator_fixtures import accuracy, mnist_frames, mnist_net
+from .estimator_records import active_mlflow_run, check_fit_records
 from .helpers import run_processes_anywhere
 from .spark_fixtures import spark_session
 
@@ -87,7 +88,9 @@ def live_views(monkeypatch):
 
 def test_torch_estimator_fits_mnist_and_transforms_held_out_digits(mnist, tmp_path, live_views):
     train_df, test_df = mnist
-    model = torch_estimator(model_dir=str(tmp_path / "run")).fit(train_df)
+    with active_mlflow_run(tmp_path) as (mlflow_client, run_id):  # a notebook's mlflow.start_run()
+        model = torch_estimator(model_dir=str(tmp_path / "run")).fit(train_df)
+    check_fit_records(tmp_path / "run", mlflow_client, run_id, model)  # TensorBoard's files, MLflow's run
     (view,) = live_views  # each epoch's metrics reached the live view, named as in the history
     for name in ("loss", "accuracy", "val_loss", "val_accuracy"):
         for rank in (0, 1):

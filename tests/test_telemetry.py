@@ -35,6 +35,7 @@ def test_a_sample_has_the_process_trees_figures_and_the_gpus():
     assert (figures["gpu"], figures["gpu_memory"], figures["gpu_temperature"]) == (87.0, 3 * 2**30, 71.0)
     assert figures["gpu_memory_total"] == 16 * 2**30 and fake.calls == 1
     assert "gpu" not in ResourceSampler(None).sample()
+    assert figures["cores"] >= 1 and 0 <= figures["host_cpu"] <= 100 and figures["swapped"] >= 0
 
 
 def test_without_a_gpu_there_is_no_probe():

@@ -35,6 +35,7 @@ from .messages import (
     Result,
     Stall,
     Started,
+    Straggler,
     Waiting,
     record_type,
 )
@@ -137,5 +138,6 @@ __all__ = [
     "Stopped",
     "StoreAnswer",
     "StoreRequest",
+    "Straggler",
     "Waiting",
 ]

@@ -15,6 +15,7 @@ reports        rank → hub               ``Reports``         JSON list of ``rep
 error          rank → hub               ``RankError``       —
 stall          rank 0 → hub             ``Stall``           —
 waiting        rank → hub               ``Waiting``         —
+straggler      run → view, sinks        ``Straggler``       — (the notebook's own, never sent)
 result         rank 0 → hub             ``Result``          pickled (value, returned names)
 file           rank 0 → hub             ``FileChunk``       whole timeline events, or a piece of a file
 exit           rank → hub, agent → rsh  ``Exit``            —
@@ -57,7 +58,7 @@ from typing import Any, ClassVar, TypeVar, cast
 
 __all__ = [
     "Exit", "FileChunk", "Hello", "Kind", "Log", "Payload", "RankError", "Record", "Reports",
-    "Result", "Stall", "Started", "Waiting", "record_type",
+    "Result", "Stall", "Started", "Straggler", "Waiting", "record_type",
 ]  # fmt: skip
 
 
@@ -70,6 +71,7 @@ class Kind(str, Enum):
     ERROR = "error"
     STALL = "stall"
     WAITING = "waiting"
+    STRAGGLER = "straggler"
     RESULT = "result"
     FILE = "file"
     EXIT = "exit"
@@ -201,6 +203,32 @@ class Waiting(Record):
     call: str = ""
     where: str = ""
     seconds: float = 0.0
+
+
+@_kind(Kind.STRAGGLER)
+@dataclass(frozen=True)
+class Straggler(Record):
+    """Rank ``slow_rank`` (on ``host``) has made ``rate`` steps/s, below ``fraction`` of the
+    ranks' median ``median``, for ``seconds``; ``reason`` is its likely cause from what its
+    resources show. ``recovered``: it is back at or above the fraction (the same rank, named
+    earlier). (Not ``rank``: a message's header has the sender's.)"""
+
+    slow_rank: int
+    host: str
+    rate: float
+    median: float
+    fraction: float
+    seconds: float
+    reason: str = ""
+    recovered: bool = False
+
+    def text(self) -> str:
+        who = f"rank {self.slow_rank}" + (f" ({self.host})" if self.host else "")
+        speeds = f"{self.rate:.2f} steps/s, the ranks' median {self.median:.2f}"
+        if self.recovered:
+            return f"{who} caught up: {speeds}"
+        share = f"{self.fraction:.0%} of the median for {self.seconds:g} s"
+        return f"{who} is a straggler: {speeds} (below {share}); likely {self.reason}"
 
 
 @_kind(Kind.RESULT)

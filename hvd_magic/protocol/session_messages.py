@@ -58,3 +58,6 @@ class RankStatus(Record):
     gpu_memory: int = 0  # bytes used on its GPU
     gpu_memory_total: int = 0
     gpu_temperature: float = -1.0  # degrees Celsius
+    cores: int = 0  # CPU cores the rank may run on (its affinity)
+    host_cpu: float = -1.0  # percent of its host's CPUs busy since the last beat, all processes
+    swapped: int = 0  # bytes its host swapped in and out since it booted

@@ -7,6 +7,7 @@
     keras_estimator  KerasEstimator / KerasModel       (keras_training, keras_metrics, keras_io)
     compat, compat_params  horovod.spark's arguments: backend, store, run_id ... and the unused
     params, columns, training, epoch_metrics, callback_files, persistence: what they share
+    fit_records      a fit's TensorBoard files (model_dir/logs) and MLflow params and model
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
 from ..capture import capture_function
 from ..engine import execute
 from ..options import OptionError, make_options
-from . import callback_files, compat, estimator_io, persistence
+from . import callback_files, compat, estimator_io, fit_records, persistence
 from .columns import check_columns, features_column, prediction_column
 from .compat_params import UNUSED, UnusedParams, legacy_accessors, unused_notes
 from .params import EstimatorParams, ModelParams
@@ -162,6 +162,7 @@ class HorovodEstimator(Estimator[HorovodModel], EstimatorParams, UnusedParams, M
             where.location, filesystem=where.filesystem
         ) as folder:  # a URL's, through a copy
             checkpoints = self._checkpoints_in(folder, options)
+            fit_records.before_fit(self, options, folder)
             spec = self.train_spec()
             spec.save_checkpoints = checkpoints is not None or options.retries > 0
             spec.send_files = checkpoints is not None
@@ -173,6 +174,7 @@ class HorovodEstimator(Estimator[HorovodModel], EstimatorParams, UnusedParams, M
             model = self._fitted(value, where.run_id)
             if folder:
                 model.write().overwrite().save(os.path.join(folder, EXPORT))
+            fit_records.after_fit(model, os.path.join(folder, EXPORT) if folder else None)
         return model
 
     def _checkpoints_in(self, folder: str | None, options: Any) -> str | None:

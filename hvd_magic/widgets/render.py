@@ -106,6 +106,8 @@ def _state(progress: RankProgress) -> str:
     if progress.state == "stalled" and progress.stalled_on:
         text += f": never {progress.stalled_action} " + ", ".join(progress.stalled_on[:3])
         text += f" (+{len(progress.stalled_on) - 3})" if len(progress.stalled_on) > 3 else ""
+    if progress.straggling is not None:
+        text += f" · straggler: {progress.straggling.reason.partition(':')[0]}"
     return f'<span class="hvd-state" style="color:{STATE_COLOURS[progress.state]}">{html.escape(text)}</span>'
 
 
@@ -130,6 +132,7 @@ def _compact_html(model: RunModel) -> str:
     counts = ", ".join(f"{n} {state}" for state, n in model.counts().items() if n)
     slowest = sorted((p for p in model.progress if p.state != "failed"), key=lambda p: p.fraction or 0)[:5]
     failed = [p for p in model.progress if p.state == "failed"]
+    failed += [p for p in model.progress if p.straggling is not None and p not in slowest + failed]
     now = time.monotonic()
     rows = "".join(_row(p, now) for p in failed + slowest)
     return (

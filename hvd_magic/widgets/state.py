@@ -12,7 +12,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..protocol import Exit, Log, LogDecoder, Message, RankError, RankStatus, Reports, Stall, Started
+from ..protocol import (
+    Exit,
+    Log,
+    LogDecoder,
+    Message,
+    RankError,
+    RankStatus,
+    Reports,
+    Stall,
+    Started,
+    Straggler,
+)
+from ..step_rate import StepRate
 
 __all__ = ["RankProgress", "RunModel", "TerminalLog"]
 
@@ -63,12 +75,21 @@ class RankProgress:
     step: int | None = None
     total: int | None = None
     epoch: int | None = None
-    rate: float | None = None  # steps per second, smoothed
     metrics: dict[str, float] = field(default_factory=dict)
     resources: RankStatus | None = None  # its latest CPU, memory and GPU figures
     peak_rss: int = 0
-    step_seen: float | None = None  # when (the notebook's monotonic clock) its step last grew
-    _last: tuple[float, int] | None = None
+    straggling: Straggler | None = None  # named a straggler (until it recovers)
+    steps: StepRate = field(default_factory=StepRate)
+
+    @property
+    def rate(self) -> float | None:
+        """Steps per second, smoothed."""
+        return self.steps.rate
+
+    @property
+    def step_seen(self) -> float | None:
+        """When (the notebook's monotonic clock) its step last grew."""
+        return self.steps.seen
 
     @property
     def fraction(self) -> float | None:
@@ -82,10 +103,7 @@ class RankProgress:
         """Steps/s as shown at ``now``: the smoothed rate, but never more than one step in the
         time since the last one came, so a rank that reports nothing (it waits in a collective)
         decays rather than showing its last rate for ever."""
-        if self.rate is None or self.step_seen is None or self.state != "running":
-            return self.rate
-        quiet = now - self.step_seen
-        return min(self.rate, 1.0 / quiet) if quiet > 0 else self.rate
+        return self.steps.at(now) if self.state == "running" else self.rate
 
     def eta_at(self, now: float) -> float | None:
         rate = self.rate_at(now)
@@ -101,13 +119,8 @@ class RankProgress:
         if "epoch" in record:
             self.epoch = int(record["epoch"])
         if "step" in record:
-            step, now = int(record["step"]), float(record.get("t", time.time()))
-            if self._last is not None and now > self._last[0] and step > self._last[1]:
-                instant = (step - self._last[1]) / (now - self._last[0])
-                self.rate = instant if self.rate is None else 0.8 * self.rate + 0.2 * instant
-            self._last = (now, step)
-            if self.step is None or step > self.step:
-                self.step_seen = time.monotonic()
+            step = int(record["step"])
+            self.steps.add(step, float(record.get("t", time.time())), time.monotonic())
             self.step = step
         self.metrics.update(record.get("metrics", {}))
 
@@ -168,8 +181,11 @@ class RunModel:
             progress.state = "failed"
         elif isinstance(record, Exit):
             progress.state = "done" if record.code == 0 else "failed"
+            progress.straggling = None
         elif isinstance(record, RankStatus):
             progress.resources, progress.peak_rss = record, max(progress.peak_rss, record.rss)
+        elif isinstance(record, Straggler):
+            progress.straggling = None if record.recovered else record
         else:
             return
         self.version += 1
@@ -249,6 +265,7 @@ class RunModel:
                 finals.append(f"{name} {sum(last) / len(last):.4g}")
         if finals:
             parts.append("mean of latest: " + ", ".join(finals))
+        parts += [p.straggling.text() for p in self.progress if p.straggling is not None]
         if self.dropped_reports:
             parts.append(f"{self.dropped_reports} reports dropped (buffer full)")
         return " · ".join(parts + self.notices)
