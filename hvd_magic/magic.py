@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from collections.abc import Mapping
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -14,7 +13,6 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from .capture import capture_cell
 from .engine import execute
-from .errors import HorovodMagicError
 from .options import OptionError, RunOptions, make_options, parse_timeout
 from .session import magics as sessions
 
@@ -87,7 +85,11 @@ class HorovodMagics(Magics):
     @argument("--env", help="extra environment for the ranks: KEY=VALUE,KEY2=VALUE2")
     @argument("--return", dest="return_names", help="rank 0 variables to copy back: a,b")
     @argument("--timeout", help="end the run when no rank reports anything for this many seconds")
-    @argument("--timeline", help="record a Horovod Timeline: on, cycles (mark cycles) or a file path")
+    @argument(
+        "--timeline",
+        help="record a Horovod Timeline: on, cycles (mark cycles) or a file path; %%horovod start "
+        "timeline=yes: the live session's cells may record theirs",
+    )
     @argument("--data", help="a DataFrame of the notebook: each rank reads its shard with hvd_magic.shard()")
     @argument(
         "--remainder", choices=["drop", "keep"], help="rows that do not split evenly: drop (default), keep"
@@ -129,6 +131,7 @@ class HorovodMagics(Magics):
             %horovod start np=-2        # same options as a cell; Horovod is initialised once
             %%horovod                   # no np=: runs on the session's ranks
             %%horovod rank=0            # on rank 0 only (no collectives in such a cell)
+            %%horovod timeline=on       # its own timeline (start ... timeline=yes); logdir=, mlflow=
             %horovod status             # ranks, hosts, pids, memory, CPU, busy or idle
             %horovod stop               # ends the ranks, frees their slots
         """
@@ -139,10 +142,6 @@ class HorovodMagics(Magics):
         except UsageError as err:
             raise UsageError(f"{err}\n{USAGE}") from None
         if args.np is None:
-            if args.logdir or args.mlflow:
-                raise UsageError(
-                    "logdir= and mlflow= are for a job of its own (np=N), not a live session's cell"
-                )
             if sessions.current() is None:
                 raise UsageError(
                     "np= is required, e.g. %%horovod np=-2 (ranks on this machine) or np=4 (Spark); or "
@@ -198,17 +197,19 @@ class HorovodMagics(Magics):
             raise UsageError(f"usage: %horovod {sessions.VERBS} [options]; a cell: %%horovod np=N\n{USAGE}")
         try:
             args = parse_argstring(self.horovod, normalize_line(rest))
+            timeline, args.timeline = args.timeline, None  # at start: whether cells may record one
             options = self._options(args)
             idle = parse_timeout(args.idle)
         except (UsageError, OptionError) as err:
             raise UsageError(f"{err}\n{USAGE}") from None
-        if args.rank is not None or args.ranks is not None or args.return_names or args.timeline:
-            raise UsageError("rank=, ranks=, return= and timeline= are per cell, not for %horovod start")
+        if args.rank is not None or args.ranks is not None or args.return_names:
+            raise UsageError("rank=, ranks= and return= are per cell, not for %horovod start")
         if args.logdir or args.mlflow:
             raise UsageError(
-                "logdir= and mlflow= are for a job of its own (np=N); a live session writes neither"
+                "logdir= and mlflow= are for a job of its own or a session's cell (a run of its own each), "
+                "not for %horovod start: give them on the %%horovod cells to log"
             )
-        print(sessions.start(options, idle), file=sys.stderr)
+        print(sessions.start(options, idle, sessions.timeline_ready(timeline, options)), file=sys.stderr)
         return None
 
     def _cold(self, options: RunOptions, cell: str) -> Any:
@@ -223,7 +224,9 @@ class HorovodMagics(Magics):
             value, returned = execute(captured, options)
         finally:
             if options.timeline and os.path.exists(options.timeline):
-                _show_run_timeline(options.timeline, options.env)
+                from .timeline.shown import show_run_timeline
+
+                show_run_timeline(options.timeline, options.env)
         self.shell.user_ns.update(returned)  # type: ignore[union-attr]
         return value
 
@@ -267,16 +270,3 @@ class HorovodMagics(Magics):
             show_timeline(path)
         except TimelineError as err:
             raise UsageError(str(err)) from None
-
-
-def _show_run_timeline(path: str, env: Mapping[str, str]) -> None:
-    """The run's own timeline, after the run, whatever its outcome: a timeline that cannot be
-    read is reported on stderr, never in place of the run's own error. ``env``: the run's (its
-    fusion threshold is what the analysis measures the collectives against)."""
-    from .timeline.analysis import fusion_threshold
-    from .timeline.shown import show_timeline
-
-    try:
-        show_timeline(path, fusion_threshold(env))
-    except HorovodMagicError as err:  # TimelineError among them
-        print(f"hvd_magic: the run's timeline could not be shown: {err}", file=sys.stderr)

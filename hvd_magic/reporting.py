@@ -30,6 +30,7 @@ class _Reporter:
         self.buffer: list[dict[str, Any]] = []
         self.dropped = 0
         self._lock = threading.Lock()
+        self._sending = threading.Lock()  # a flush returns once what it took is sent
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hvd_magic-report", daemon=True)
         self._thread.start()
@@ -47,13 +48,19 @@ class _Reporter:
             self.buffer.append(record)
 
     def flush(self) -> None:
-        with self._lock:
-            records, self.buffer = self.buffer, []
-            dropped = self.dropped
-        if records:
-            if not self.client.send(Reports(dropped), json.dumps(records).encode()):
+        with self._sending:
+            with self._lock:
+                records, self.buffer = self.buffer, []
+                dropped = self.dropped
+            if records and not self.client.send(Reports(dropped), json.dumps(records).encode()):
                 with self._lock:
                     self.dropped += len(records)
+
+    def settle(self) -> None:
+        """Send what was reported and handed over so far: a message sent after this is behind it
+        on the wire (a live session's cell, then its end)."""
+        self.files.join()
+        self.flush()
 
     def _run(self) -> None:
         while not self._stop.wait(FLUSH_SECONDS):

@@ -56,6 +56,7 @@ class RunRecord:
     began: float = 0.0
     started: dict[int, str] = field(default_factory=dict)  # rank -> host
     exited: dict[int, int] = field(default_factory=dict)  # rank -> exit code
+    skipped: set[int] = field(default_factory=set)  # a live session's ranks not in the cell
     errors: list[Failure] = field(default_factory=list)  # in arrival order
     result: bytes | None = None
     last_message: float = 0.0
@@ -99,10 +100,12 @@ class RunRecord:
         elif isinstance(record, Exit):
             self.exited[message.rank] = record.code
             self.waits.pop(message.rank, None)
+            if record.skipped:
+                self.skipped.add(message.rank)
 
     def finished(self) -> list[int]:
-        """Ranks that ended normally (exit code 0)."""
-        return sorted(rank for rank, code in self.exited.items() if code == 0)
+        """Ranks that ended normally (exit code 0), not counting those that skipped the cell."""
+        return sorted(rank for rank, code in self.exited.items() if code == 0 and rank not in self.skipped)
 
     def peak_rss(self) -> dict[int, int]:
         """Each rank's highest memory (its process tree's RSS, bytes) seen in the run."""

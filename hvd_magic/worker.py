@@ -34,7 +34,7 @@ from .rank_inbox import Inbox
 from .rank_output import OutputForwarder
 from .rank_run import load_payload, report_error, run_payload
 from .stalls import WaitWatch
-from .timeline.stream import TimelineStream
+from .timeline.stream import DYNAMIC, TimelineStream
 
 PAYLOAD_TIMEOUT = 120.0
 
@@ -116,7 +116,7 @@ def main() -> int:
         watch.start()
     timeline = (
         TimelineStream(client, os.environ["HOROVOD_TIMELINE"]).start()
-        if rank == 0 and os.environ.get("HOROVOD_TIMELINE")
+        if rank == 0 and os.environ.get("HOROVOD_TIMELINE") not in (None, "", DYNAMIC)
         else None
     )
     code = 1

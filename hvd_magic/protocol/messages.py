@@ -247,4 +247,9 @@ class FileChunk(Record):
 @_kind(Kind.EXIT)
 @dataclass(frozen=True)
 class Exit(Record):
+    """The rank ended (a live session's rank: ended its cell). ``skipped``: a live session's
+    rank that is not part of the cell (``rank=``/``ranks=``), done with it at once; only the
+    notebook makes these."""
+
     code: int
+    skipped: bool = False

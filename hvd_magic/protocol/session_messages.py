@@ -14,10 +14,14 @@ __all__ = ["Beat", "Cell", "CellDone", "Interrupt", "RankStatus"]
 @dataclass(frozen=True)
 class Cell(Record):
     """Run the pickled payload (the blob) in the rank's kept namespace. ``reply`` is the rank
-    that sends the value back (the lowest of the ranks the cell runs on)."""
+    that sends the value back (the lowest of the ranks the cell runs on). ``timeline``: rank 0
+    records a Horovod Timeline of the cell and streams it back (``mark_cycles``: with Horovod's
+    cycle marks)."""
 
     id: int
     reply: int = 0
+    timeline: bool = False
+    mark_cycles: bool = False
 
 
 @_kind(Kind.CELL_DONE)

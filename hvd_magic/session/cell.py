@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..engine import Run
 from ..errors import RunInterrupted
 from ..launch import Launcher, RankDeath
+from ..protocol import Cell
 
 if TYPE_CHECKING:
     from ..hub import Hub
@@ -27,7 +28,7 @@ class LiveSession(Protocol):
     launcher: Launcher
     lost: str | None
 
-    def dispatch(self, cell: int, targets: list[int], blob: bytes) -> None: ...
+    def dispatch(self, order: Cell, targets: list[int], blob: bytes) -> None: ...
 
     def finished(self, cell: int, ranks: list[int]) -> bool: ...
 
@@ -42,8 +43,9 @@ CELL_STOP_SECONDS = 3.0  # how long ranks get to leave an interrupted or failed 
 
 
 class CellLauncher(Launcher):
-    def __init__(self, session: LiveSession, cell: int, targets: list[int], blob: bytes) -> None:
-        self.session, self.cell, self.targets, self.blob = session, cell, targets, blob
+    def __init__(self, session: LiveSession, order: Cell, targets: list[int], blob: bytes) -> None:
+        self.session, self.order, self.targets, self.blob = session, order, targets, blob
+        self.cell = order.id
         self.bind_host = session.launcher.bind_host
         self.broke: str | None = None  # why the session had to end, if it had to
 
@@ -51,7 +53,7 @@ class CellLauncher(Launcher):
         if self.cell == 0:
             self.session.launcher.start(hub, env)  # the ranks run the set-up cell first
         else:
-            self.session.dispatch(self.cell, self.targets, self.blob)
+            self.session.dispatch(self.order, self.targets, self.blob)
 
     def poll(self) -> int | None:
         code = self.session.launcher.poll()

@@ -11,6 +11,7 @@ stops every process and frees the Spark slots.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import threading
@@ -36,6 +37,8 @@ from ..protocol import (
     SessionPayload,
     Started,
 )
+from ..sinks import make_sinks
+from ..timeline.stream import DYNAMIC
 from ..views import RunView, make_view
 from .cell import CellLauncher, CellRun
 
@@ -68,10 +71,11 @@ class RankInfo:
 
 
 class LiveSession:
-    """Ranks that stay up across cells. One per kernel (the magic keeps it)."""
+    """Ranks that stay up across cells. One per kernel (the magic keeps it). ``timeline``: the
+    ranks start with Horovod's dynamic timeline, so that a cell may record its own."""
 
-    def __init__(self, options: RunOptions, idle: float | None = None) -> None:
-        self.options, self.idle = options, idle
+    def __init__(self, options: RunOptions, idle: float | None = None, timeline: bool = False) -> None:
+        self.options, self.idle, self.timeline = options, idle, timeline
         self.size = options.ranks
         self.launcher = launch.create(options)
         self.hub: Hub | None = None
@@ -96,12 +100,15 @@ class LiveSession:
         self.hub.taps[Started] = self._started
         self.hub.taps[CellDone] = self._cell_done
         self.hub.taps[RankStatus] = self._status
-        cell = CellLauncher(self, 0, list(range(self.size)), b"")
+        cell = CellLauncher(self, Cell(0), list(range(self.size)), b"")
         view = view or make_view(self.size)
         for text in self.launcher.notices:
             view.notice(text)
+        options = self.options
+        if self.timeline:  # HOROVOD_TIMELINE is read once, by hvd.init()
+            options = dataclasses.replace(options, env={**options.env, "HOROVOD_TIMELINE": DYNAMIC})
         try:
-            CellRun(self.hub, cell, view, self.options).execute()
+            CellRun(self.hub, cell, view, options).execute()
         except BaseException:
             self.end()
             raise
@@ -140,22 +147,29 @@ class LiveSession:
     ) -> Any:
         """Run a captured cell or function on ``targets`` (all ranks by default); the value of
         the lowest of them, and its returned names. ``options``: the session's, or a copy with
-        this cell's ``timeout``."""
+        this cell's ``timeout``, ``timeline`` (rank 0 records it: the session must have been
+        started with ``timeline``), ``logdir`` and ``mlflow`` (a run folder, an MLflow run, per cell)."""
         assert self.hub is not None and self.live
         targets = sorted(targets if targets is not None else range(self.size))
+        options = options or self.options
         view = view or make_view(self.size)
         for text in captured.notices:
             view.notice(text)
+        if options.timeline:
+            view.notice(f"timeline of this cell, written to {options.timeline}")
+        order = Cell(next(self.cells), targets[0], bool(options.timeline), options.mark_cycles)
+        cell = CellLauncher(self, order, targets, captured.blob)
         self.running = True
-        cell = CellLauncher(self, next(self.cells), targets, captured.blob)
         try:
-            return CellRun(self.hub, cell, view, options or self.options).execute()
+            with make_sinks(options) as sinks:  # TensorBoard, MLflow: this cell's messages and outcome
+                return CellRun(self.hub, cell, view, options, sinks=sinks).execute()
         finally:
             self.running = False
             self.last_cell = time.monotonic()
 
-    def dispatch(self, cell: int, targets: list[int], blob: bytes) -> None:
-        """Send ``cell`` to its ranks; for the view they "start" now, as in a run of its own."""
+    def dispatch(self, order: Cell, targets: list[int], blob: bytes) -> None:
+        """Send the cell to its ranks; for the view they "start" now, as in a run of its own, and
+        the others are done with it at once (shown as not in the cell)."""
         assert self.hub is not None
         while not self.hub.events.empty():  # what came in between cells belongs to none
             self.hub.events.get_nowait()
@@ -164,9 +178,9 @@ class LiveSession:
             assert started is not None
             self.hub.events.put(Message(started, rank))
             if rank not in targets:  # not in this cell: done with it at once
-                self.hub.events.put(Message(Exit(0), rank))
+                self.hub.events.put(Message(Exit(0, skipped=True), rank))
         for rank in targets:
-            self.hub.send_to(self.ranks[rank].inbox, Cell(cell, reply=targets[0]), blob)
+            self.hub.send_to(self.ranks[rank].inbox, order, blob)
 
     def finished(self, cell: int, ranks: list[int]) -> bool:
         if cell == 0 and not all(self.ranks.get(rank, RankInfo()).inbox for rank in ranks):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import os
 import sys
 import time
 from typing import Any
@@ -12,10 +13,18 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from ..capture import capture_cell
-from ..options import OptionError, RunOptions, parse_names, parse_timeout
+from ..options import (
+    OptionError,
+    RunOptions,
+    parse_logdir,
+    parse_mlflow,
+    parse_names,
+    parse_timeline,
+    parse_timeout,
+)
 from .live import LiveSession
 
-__all__ = ["VERBS", "current", "run_cell", "start", "status_text", "stop"]
+__all__ = ["VERBS", "current", "run_cell", "start", "status_text", "stop", "timeline_ready"]
 
 VERBS = "start|status|stop"
 _session: LiveSession | None = None
@@ -25,14 +34,14 @@ def current() -> LiveSession | None:
     return _session
 
 
-def start(options: RunOptions, idle: float | None) -> str:
+def start(options: RunOptions, idle: float | None, timeline: bool = False) -> str:
     global _session
     if _session is not None and _session.live:
         raise UsageError(
             f"a live session is running ({_session.size} ranks): %horovod stop ends it, "
             "%horovod status shows it"
         )
-    session = LiveSession(options, idle)
+    session = LiveSession(options, idle, timeline)
     summary = session.start()
     _session = session
     return summary
@@ -69,43 +78,106 @@ def parse_ranks(rank: str | None, ranks: str | None, size: int) -> list[int] | N
     return chosen
 
 
+def timeline_ready(value: str | None, options: RunOptions) -> bool:
+    """``%horovod start timeline=yes``: the ranks start so that cells can record their timeline."""
+    text = (value or "no").lower()
+    if text in ("no", "off", "false", "0"):
+        return False
+    if text not in ("yes", "on", "true", "1"):
+        raise UsageError(
+            f"timeline={value}: at %horovod start, timeline=yes readies the ranks to record the timeline "
+            "of the cells that ask for one (timeline=on|cycles|PATH on the cell)"
+        )
+    if options.launcher == "torch":
+        raise UsageError("timeline= records Horovod's timeline; backend=torch ranks run torch.distributed")
+    return True
+
+
+FIXED = ("launcher", "backend", "env", "data", "oversubscribe")  # set when the session starts
+
+
 def run_cell(shell: Any, args: Any, cell: str) -> Any:
     """A ``%%horovod`` cell without np=: on the live session's ranks, in their namespaces."""
-    global _session
-    session = _session
-    if session is None:
+    if _session is None:
         raise UsageError(
             "np= is required, e.g. %%horovod np=-2 (ranks on this machine) or np=4 (Spark); or start a "
             "live session once with %horovod start np=N and run cells on it without np="
         )
-    for name in ("launcher", "backend", "env", "data", "timeline", "oversubscribe"):
+    for name in FIXED:
         if getattr(args, name, None) is not None:
             raise UsageError(
                 f"{name}= is set when the session starts (%horovod start ... {name}=...), not per cell"
             )
-    if not session.live:
-        reason = session.lost
-        session.end()
-        print(
-            f"hvd_magic: the live session ended ({reason}); starting a new one: what earlier cells "
-            "defined on the ranks is gone.",
-            file=sys.stderr,
-        )
-        _session = None
-        print(start(session.options, session.idle), file=sys.stderr)
-        session = _session
-        assert session is not None
+    session = _alive(_session)
     targets = parse_ranks(args.rank, args.ranks, session.size)
-    try:
-        names = parse_names(args.return_names)
-        options = dataclasses.replace(session.options, timeout=parse_timeout(args.timeout), notices=[])
-    except OptionError as err:
-        raise UsageError(str(err)) from None
+    options = cell_options(session, args, targets)
     source = shell.transform_cell(cell)
-    captured = capture_cell(source, shell.user_ns, set(shell.user_ns_hidden), names)
-    value, returned = session.run(captured, targets, options=options)
+    captured = capture_cell(source, shell.user_ns, set(shell.user_ns_hidden), options.return_names)
+    try:
+        value, returned = session.run(captured, targets, options=options)
+    finally:
+        if options.timeline and os.path.exists(options.timeline):
+            from ..timeline.shown import show_run_timeline
+
+            show_run_timeline(options.timeline, options.env)
     shell.user_ns.update(returned)
     return value
+
+
+def _alive(session: LiveSession) -> LiveSession:
+    """The session, or a new one in its place when it ended (said, with what that means)."""
+    global _session
+    if session.live:
+        return session
+    reason = session.lost
+    session.end()
+    print(
+        f"hvd_magic: the live session ended ({reason}); starting a new one: what earlier cells "
+        "defined on the ranks is gone.",
+        file=sys.stderr,
+    )
+    _session = None
+    print(start(session.options, session.idle, session.timeline), file=sys.stderr)
+    assert _session is not None
+    return _session
+
+
+def cell_options(session: LiveSession, args: Any, targets: list[int] | None) -> RunOptions:
+    """The session's options with this cell's: return=, timeout=, timeline=, logdir=, mlflow=."""
+    try:
+        timeline, cycles = parse_timeline(args.timeline)
+        options = dataclasses.replace(
+            session.options,
+            return_names=parse_names(args.return_names),
+            timeout=parse_timeout(args.timeout),
+            timeline=timeline,
+            mark_cycles=cycles,
+            logdir=parse_logdir(args.logdir),
+            mlflow=parse_mlflow(args.mlflow),
+            notices=[],
+        )
+    except OptionError as err:
+        raise UsageError(str(err)) from None
+    if timeline:
+        refusal = timeline_refusal(session, targets)
+        if refusal:
+            raise UsageError(refusal)
+    return options
+
+
+def timeline_refusal(session: LiveSession, targets: list[int] | None) -> str | None:
+    """Why this session's cell cannot record a timeline, or None when it can."""
+    if session.options.launcher == "torch":
+        return "timeline= records Horovod's timeline; this session's ranks run torch.distributed"
+    if not session.timeline:
+        return (
+            "this session's ranks cannot record a timeline: Horovod records one only when it starts "
+            "for it. %horovod stop, then %horovod start ... timeline=yes (rank 0 then keeps a thread "
+            "polling for timeline events while the session lives), and give timeline= on the cells"
+        )
+    if targets is not None and 0 not in targets:
+        return "timeline= is recorded by rank 0 (Horovod's coordinator), and this cell does not run on it"
+    return None
 
 
 def status_text(session: LiveSession | None) -> str:

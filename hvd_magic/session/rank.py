@@ -19,10 +19,12 @@ from typing import Any
 
 import cloudpickle
 
+from .. import reporting
 from ..hub import HubClient
-from ..protocol import CellDone, CellPayload, FunctionPayload, SessionPayload
+from ..protocol import Cell, CellDone, CellPayload, FunctionPayload, SessionPayload
 from ..rank_inbox import Inbox
 from ..rank_run import report_error, run_payload, user_call
+from .cell_timeline import CellTimeline
 
 __all__ = ["serve"]
 
@@ -89,7 +91,8 @@ def serve(
             loaded: Any = cloudpickle.loads(blob)
         except Exception as err:  # noqa: BLE001 - a cell whose names this rank cannot load
             loaded = err
-        loop.run_one(loaded, cell.id, reply=rank == cell.reply)
+        recorded = cell if rank == 0 and cell.timeline else None  # Horovod's coordinator writes it
+        loop.run_one(loaded, cell.id, reply=rank == cell.reply, timeline=recorded)
     return 0
 
 
@@ -98,19 +101,36 @@ class _Loop:
         self.inbox, self.client, self.host, self.sync = inbox, client, host, sync
         self.namespace = Namespace()
 
-    def run_one(self, payload: Any, cell: int, reply: bool) -> bool:
-        """Run one cell; its end (``CellDone``) is sent after all it printed."""
+    def run_one(self, payload: Any, cell: int, reply: bool, timeline: Cell | None = None) -> bool:
+        """Run one cell; its end (``CellDone``) is sent after all it printed (and, when
+        ``timeline`` asks for it on this rank 0, after its timeline)."""
         self.inbox.busy = cell
         try:
             if isinstance(payload, BaseException):
                 report_error(self.client, self.host, payload)
                 ok = False
             else:
-                ok = run_payload(self.client, self.namespace.prepare(payload), self.host, reply=reply) == 0
-                self.namespace.settle()
+                ok = self._run(payload, reply, timeline)
         finally:
             self.inbox.busy = 0
         self.inbox.finished += 1
+        reporter = reporting.current()
+        if reporter is not None:
+            reporter.settle()  # the cell's last reports (and files) before its end
         self.sync()
         self.client.send(CellDone(cell, ok))
+        return ok
+
+    def _run(self, payload: Any, reply: bool, timeline: Cell | None) -> bool:
+        try:
+            recording = CellTimeline(self.client, timeline.mark_cycles) if timeline is not None else None
+        except Exception as err:  # noqa: BLE001 - the cell's error: the session goes on
+            report_error(self.client, self.host, err)
+            return False
+        try:
+            ok = run_payload(self.client, self.namespace.prepare(payload), self.host, reply=reply) == 0
+            self.namespace.settle()
+        finally:
+            if recording is not None:
+                recording.finish()
         return ok

@@ -6,11 +6,15 @@ Each display carries a text form besides its HTML (or widget): what a terminal, 
 
 from __future__ import annotations
 
-from .analysis import analyze
+import sys
+from collections.abc import Mapping
+
+from ..errors import HorovodMagicError
+from .analysis import analyze, fusion_threshold
 from .hints import summary
 from .reader import read
 
-__all__ = ["show_timeline"]
+__all__ = ["show_run_timeline", "show_timeline"]
 
 
 def show_timeline(path: str, threshold: int | None = None) -> None:
@@ -39,3 +43,13 @@ def show_timeline(path: str, threshold: int | None = None) -> None:
     analysis = analyze(timeline, threshold)
     html = f"<div class='hvd-timeline'>{analysis.to_html()}</div>"
     display({"text/html": html, "text/plain": summary(analysis)}, raw=True)
+
+
+def show_run_timeline(path: str, env: Mapping[str, str]) -> None:
+    """A run's (or a live session's cell's) own timeline, after it, whatever its outcome: a
+    timeline that cannot be read is reported on stderr, never in place of the run's own error.
+    ``env``: the run's (its fusion threshold is what the analysis measures the collectives against)."""
+    try:
+        show_timeline(path, fusion_threshold(env))
+    except HorovodMagicError as err:  # TimelineError among them
+        print(f"hvd_magic: the run's timeline could not be shown: {err}", file=sys.stderr)

@@ -16,9 +16,12 @@ from ..hub import HubClient
 from ..protocol import FileChunk
 from .events import EventCutter
 
-__all__ = ["STREAM_SECONDS", "TimelineStream", "read_from"]
+__all__ = ["DYNAMIC", "STREAM_SECONDS", "TimelineStream", "read_from"]
 
 STREAM_SECONDS = 2.0  # how often rank 0 sends what Horovod added to its timeline
+# HOROVOD_TIMELINE's value for a timeline started and stopped by hvd.start_timeline/stop_timeline
+# (a live session's cells): no file of its own until then.
+DYNAMIC = "DYNAMIC"
 _FILE_CHUNK = 4 * 1024 * 1024
 
 

@@ -23,6 +23,7 @@ STATE_COLOURS = {
     "stalled": "#fb8c00",
     "done": "#43a047",
     "failed": "#e53935",
+    "skipped": "#bdbdbd",  # a live session's rank that is not part of the cell (rank=, ranks=)
 }
 
 
@@ -72,7 +73,7 @@ def _resources(progress: RankProgress) -> list[str]:
     status = progress.resources
     if status is None:
         return ["", "", ""]
-    live = progress.state in ("starting", "running", "stalled")
+    live = progress.state in ("starting", "running", "stalled", "skipped")
     memory = f"{status.rss / 2**20:,.0f} MB" if live else f"peak {progress.peak_rss / 2**20:,.0f} MB"
     gpu = ""
     if status.gpu >= 0:
@@ -102,7 +103,7 @@ def _row(progress: RankProgress, now: float) -> str:
 
 
 def _state(progress: RankProgress) -> str:
-    text = progress.state
+    text = "not in this cell" if progress.state == "skipped" else progress.state
     if progress.state == "stalled" and progress.stalled_on:
         text += f": never {progress.stalled_action} " + ", ".join(progress.stalled_on[:3])
         text += f" (+{len(progress.stalled_on) - 3})" if len(progress.stalled_on) > 3 else ""
@@ -130,7 +131,8 @@ def _compact_html(model: RunModel) -> str:
         for p in model.progress
     )
     counts = ", ".join(f"{n} {state}" for state, n in model.counts().items() if n)
-    slowest = sorted((p for p in model.progress if p.state != "failed"), key=lambda p: p.fraction or 0)[:5]
+    ranked = (p for p in model.progress if p.state not in ("failed", "skipped"))
+    slowest = sorted(ranked, key=lambda p: p.fraction or 0)[:5]
     failed = [p for p in model.progress if p.state == "failed"]
     failed += [p for p in model.progress if p.straggling is not None and p not in slowest + failed]
     now = time.monotonic()

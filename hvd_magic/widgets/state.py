@@ -69,7 +69,7 @@ class TerminalLog:
 class RankProgress:
     rank: int
     host: str = ""
-    state: str = "starting"  # starting, running, stalled, done, failed
+    state: str = "starting"  # starting, running, stalled, done, failed; skipped: not in the cell
     stalled_on: list[str] = field(default_factory=list)  # tensors (calls) the others wait on it for
     stalled_action: str = "submitted"  # torch.distributed ranks: "reached"
     step: int | None = None
@@ -180,7 +180,7 @@ class RunModel:
         elif isinstance(record, RankError):
             progress.state = "failed"
         elif isinstance(record, Exit):
-            progress.state = "done" if record.code == 0 else "failed"
+            progress.state = "skipped" if record.skipped else "done" if record.code == 0 else "failed"
             progress.straggling = None
         elif isinstance(record, RankStatus):
             progress.resources, progress.peak_rss = record, max(progress.peak_rss, record.rss)
@@ -248,7 +248,7 @@ class RunModel:
         )
 
     def counts(self) -> dict[str, int]:
-        counts = {"starting": 0, "running": 0, "stalled": 0, "done": 0, "failed": 0}
+        counts = {"starting": 0, "running": 0, "stalled": 0, "done": 0, "failed": 0, "skipped": 0}
         for progress in self.progress:
             counts[progress.state] += 1
         return counts
