@@ -66,6 +66,11 @@ def test_a_cell_on_some_ranks_and_the_notebooks_names(session):
         session.run_cell_magic("horovod", "rank=2", "1")
     with pytest.raises(UsageError, match="env= is set when the session starts"):
         session.run_cell_magic("horovod", "env=A=1", "1")
+    with pytest.raises(UsageError, match="retries= restarts a run's ranks from its latest checkpoint"):
+        session.run_cell_magic("horovod", "retries=2", "1")  # would be dropped silently: refused
+    with pytest.raises(UsageError, match="stragglers takes"):
+        session.run_cell_magic("horovod", "stragglers=fast", "1")  # the cell's own rule, checked
+    assert session.run_cell_magic("horovod", "stragglers=0.5/20", "w.item()") == 3.0
 
 
 def test_a_failed_cell_leaves_the_session_usable_when_the_ranks_are_in_step(session):

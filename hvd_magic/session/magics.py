@@ -19,6 +19,7 @@ from ..options import (
     parse_logdir,
     parse_mlflow,
     parse_names,
+    parse_stragglers,
     parse_timeline,
     parse_timeout,
 )
@@ -93,7 +94,8 @@ def timeline_ready(value: str | None, options: RunOptions) -> bool:
     return True
 
 
-FIXED = ("launcher", "backend", "env", "data", "oversubscribe")  # set when the session starts
+FIXED = ("launcher", "backend", "env", "data", "remainder", "oversubscribe")  # set when the session starts
+NOT_ON_CELLS = ("retries", "checkpoint_dir")  # a restart from a checkpoint would drop the ranks' state
 
 
 def run_cell(shell: Any, args: Any, cell: str) -> Any:
@@ -107,6 +109,13 @@ def run_cell(shell: Any, args: Any, cell: str) -> Any:
         if getattr(args, name, None) is not None:
             raise UsageError(
                 f"{name}= is set when the session starts (%horovod start ... {name}=...), not per cell"
+            )
+    for name in NOT_ON_CELLS:
+        if getattr(args, name, None) is not None:
+            raise UsageError(
+                f"{name}= restarts a run's ranks from its latest checkpoint; a live session's ranks keep "
+                f"state that a restart would lose. Give {name}= to a job of its own (%%horovod np=N "
+                f"{name}=...), or checkpoint from the cell with hvd_magic.checkpoint() and resume by hand"
             )
     session = _alive(_session)
     targets = parse_ranks(args.rank, args.ranks, session.size)
@@ -143,7 +152,8 @@ def _alive(session: LiveSession) -> LiveSession:
 
 
 def cell_options(session: LiveSession, args: Any, targets: list[int] | None) -> RunOptions:
-    """The session's options with this cell's: return=, timeout=, timeline=, logdir=, mlflow=."""
+    """The session's options with this cell's: return=, timeout=, timeline=, logdir=, mlflow=,
+    stragglers=."""
     try:
         timeline, cycles = parse_timeline(args.timeline)
         options = dataclasses.replace(
@@ -154,6 +164,9 @@ def cell_options(session: LiveSession, args: Any, targets: list[int] | None) -> 
             mark_cycles=cycles,
             logdir=parse_logdir(args.logdir),
             mlflow=parse_mlflow(args.mlflow),
+            stragglers=session.options.stragglers
+            if args.stragglers is None
+            else parse_stragglers(args.stragglers),
             notices=[],
         )
     except OptionError as err:
