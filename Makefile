@@ -30,3 +30,4 @@ bench: setup
 	$(PY) bench/session.py --spark
 	$(PY) bench/recovery.py
 	$(PY) bench/telemetry.py
+	$(PY) bench/launch_hosts.py --repeat 3

@@ -97,12 +97,14 @@ def failure_after_exit(record: RunRecord, code: int, deaths: list[RankDeath], ta
         problems.append(f"ranks {never_started} never started")
     death = silent_death(record, deaths)
     if death is not None:
-        problems.append(f"rank {death.rank} {death.what}")
-        unfinished = [rank for rank in unfinished if rank != death.rank]
+        problems.append(f"{_named(record, death)} {death.what}")
+        gone = {death.rank} | ({d.rank for d in deaths if d.host_lost} if death.host_lost else set())
+        unfinished = [rank for rank in unfinished if rank not in gone]  # its host's ranks: named
     if unfinished:
-        problems.append(
-            f"ranks {sorted(unfinished)} died without reporting (killed, or crashed in native code)"
-        )
+        how = "died without reporting (killed, or crashed in native code)"
+        if death is not None and death.host_lost:  # the launcher stops the others itself
+            how = "were stopped"
+        problems.append(f"ranks {sorted(unfinished)} {how}")
     if record.result is None and not problems:
         problems.append("rank 0 finished without sending its result")
     return RunError(
@@ -110,6 +112,12 @@ def failure_after_exit(record: RunRecord, code: int, deaths: list[RankDeath], ta
         + "; ".join(problems or ["see the output above"])
         + (f"\n\nlauncher output:\n{tail}" if tail else "")
     )
+
+
+def _named(record: RunRecord, death: RankDeath) -> str:
+    """'rank 2', and its host when the host is what was lost ('rank 2 on hostC')."""
+    host = death.host or record.started.get(death.rank, "")
+    return f"rank {death.rank} on {host}" if death.host_lost and host else f"rank {death.rank}"
 
 
 def start_timeout(record: RunRecord, limit: float) -> RunTimeout:

@@ -15,7 +15,9 @@ import psutil
 from hvd_magic.hub import RunKeys
 from hvd_magic.protocol import Message
 
-RUN_MARKERS = ("hvd_magic.worker", "mpirun", "orted", "hvd_magic.launch.agent")
+# A run's processes: Open MPI's launcher and daemons by their program, ours by their module.
+RUN_PROGRAMS = ("mpirun", "orted")
+RUN_MODULES = ("hvd_magic.worker", "hvd_magic.launch.agent")
 SUITE_VARIABLE = "HVD_MAGIC_TEST_SUITE"  # every process a suite starts inherits its mark (conftest)
 SLEEP_FOREVER = "while True:\n    time.sleep(0.1)\n"
 ALLREDUCE_FOREVER = "for _ in range(3000):\n    hvd.allreduce(torch.tensor([1.0]))\n    time.sleep(0.1)\n"
@@ -72,13 +74,29 @@ def _cmdline(process: psutil.Process) -> str:
         return ""
 
 
+def is_run_process(argv: list[str]) -> bool:
+    """A rank, an exec agent, mpirun or an orted: by program name or ``-m`` module, not by a
+    substring (a shell whose command line names tests/test_launch_mpirun.py is none of them)."""
+    if not argv:
+        return False
+    if os.path.basename(argv[0]) in RUN_PROGRAMS:
+        return True
+    return any(argv[i] == "-m" and argv[i + 1] in RUN_MODULES for i in range(len(argv) - 1))
+
+
+def _run_process(process: psutil.Process) -> bool:
+    try:
+        return is_run_process(process.cmdline())
+    except psutil.Error:
+        return False
+
+
 def leftover_processes(root: psutil.Process | None = None) -> list[str]:
     """Processes of a run below ``root`` (by default this process) that must not be left behind."""
     found = []
     for process in (root or psutil.Process()).children(recursive=True):
-        cmdline = _cmdline(process)
-        if any(marker in cmdline for marker in RUN_MARKERS):
-            found.append(f"{process.pid}: {cmdline[:200]}")
+        if _run_process(process):
+            found.append(f"{process.pid}: {_cmdline(process)[:200]}")
     return found
 
 
@@ -88,9 +106,8 @@ def run_processes_anywhere() -> list[str]:
     suite's mark in its environment; one without any mark counts)."""
     found = []
     for process in psutil.process_iter():
-        cmdline = _cmdline(process)
-        if any(marker in cmdline for marker in RUN_MARKERS) and not _of_another_suite(process):
-            found.append(f"{process.pid}: {cmdline[:200]}")
+        if _run_process(process) and not _of_another_suite(process):
+            found.append(f"{process.pid}: {_cmdline(process)[:200]}")
     return found
 
 

@@ -4,7 +4,8 @@ Four hosts, each a set of Linux namespaces (``tests.multihost_hosts``; root need
 of their own (``tests.multihost_net``): hostA runs the Spark standalone master, hostA, hostB and
 hostC one worker each (``cores`` slots, 1 by default), and hostD the notebook's kernel, which
 is Spark's driver (``tests.multihost_spark``). Tests drive the kernel by executing cells, as a
-notebook does (``tests.kernels.Kernel``).
+notebook does (``tests.kernels.Kernel``). ``tests.multihost_faults`` kills a host, cuts its link
+and lists what a run left on a host.
 
 In tests, the ``multihost`` fixture (module scope; ``tests/conftest.py`` makes it available):
 a ``Cluster`` whose kernel already holds ``spark``, a session with all workers' executors. The

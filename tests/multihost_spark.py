@@ -94,14 +94,19 @@ def start_spark(bed: Bed, master: str, workers: list[str], cores: int, log_dir: 
     url = f"spark://{ip}:{MASTER_PORT}"
     wait_for_port(ip, MASTER_PORT, f"the Spark master on {master} (log: {log})", process)
     for name in workers:
-        worker_ip = bed.host(name).ip
-        argv = [
-            spark_class, "org.apache.spark.deploy.worker.Worker",
-            "--host", worker_ip, "--cores", str(cores), "--memory", "1g",
-            "--webui-port", str(WORKER_WEB_PORT), "--work-dir", "/tmp/spark-work", url,
-        ]  # fmt: skip
-        bed.spawn(name, argv, log_dir / f"worker-{name}.log", spark_env(worker_ip))
+        start_worker(bed, name, url, cores, log_dir)
     return url
+
+
+def start_worker(bed: Bed, name: str, master_url: str, cores: int, log_dir: Path) -> subprocess.Popen[bytes]:
+    """The Spark worker of host ``name`` (not waited for)."""
+    worker_ip = bed.host(name).ip
+    argv = [
+        str(SPARK_HOME / "bin" / "spark-class"), "org.apache.spark.deploy.worker.Worker",
+        "--host", worker_ip, "--cores", str(cores), "--memory", "1g",
+        "--webui-port", str(WORKER_WEB_PORT), "--work-dir", "/tmp/spark-work", master_url,
+    ]  # fmt: skip
+    return bed.spawn(name, argv, log_dir / f"worker-{name}.log", spark_env(worker_ip))
 
 
 def alive_workers(master_ip: str) -> list[str]:

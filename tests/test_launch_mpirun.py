@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hvd_magic.launch.mpirun import mpirun_argv, mpirun_deaths
+from hvd_magic.launch.mpirun import lost_node, mpirun_argv, mpirun_deaths
 from hvd_magic.launch.processes import death_of
 
 
@@ -35,3 +35,12 @@ def test_mpirun_reports_name_the_rank_that_ended_first():
     code = "The first process to do so was:\n\n  Process name: [[5860,1],2]\n  Exit code:    3\n"
     assert mpirun_deaths(code) == [death_of(2, 3)]
     assert mpirun_deaths("Primary job  terminated normally") == []
+
+
+def test_a_lost_host_is_named_by_mpiruns_report_or_by_our_rsh_clients():
+    """Open MPI 4's node-died report, and the line our rsh client prints when the exec agent on
+    a host goes quiet (a host cut off: no connection breaks, nothing else is said)."""
+    assert lost_node("  Remote daemon: [[36402,0],3] on node hvd-host-2") == "hvd-host-2"
+    quiet = "hvd_magic: the exec agent on hvd-host-1 at tcp://10.0.0.2:4000 stopped answering for 15 s"
+    assert lost_node(quiet) == "hvd-host-1"
+    assert lost_node("  HNP daemon   : [[36402,0],0] on node hvd-host-0") is None

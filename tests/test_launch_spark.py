@@ -13,9 +13,11 @@ from types import SimpleNamespace
 import pytest
 
 from hvd_magic import HorovodRunner, LaunchError, RankFailedError, RunError, RunInterrupted, RunTimeout
+from hvd_magic.diagnosis import failure_after_exit
 from hvd_magic.launch import spark as spark_launch
 from hvd_magic.launch.spark_session import check_slots
 from hvd_magic.protocol import Join, SparkPlan
+from hvd_magic.run_record import RunRecord
 
 from .helpers import (
     ALLREDUCE_FOREVER,
@@ -209,6 +211,28 @@ def test_deaths_on_spark_leave_the_host_to_the_ranks_own_report():
     gloo._launcher_ended(b"task", -9)  # the task that started rank 2 saw it killed
     [death] = gloo.deaths()
     assert (death.rank, death.host) == (2, "") and "signal 9" in death.what
+
+
+def test_a_host_mpirun_lost_ends_the_run_naming_the_host_its_ranks_and_the_notebook():
+    """A host that dies or is cut off (found on the multi-host bed): mpirun may wait on for its
+    daemon, so the run ends on the report; every rank of that host is named, not blamed on others."""
+    session = SimpleNamespace(conf=SimpleNamespace(get=lambda key, default=None: "127.0.0.1"))
+    mpi = spark_launch.SparkLauncher(4, "mpi", session)
+    mpi.hub = SimpleNamespace(address="tcp://10.0.0.9:5000")  # type: ignore[assignment]
+    joins = [Join(p, f"10.0.0.{1 + p // 2}:7000", f"10.0.0.{1 + p // 2}") for p in range(4)]
+    mpi._plan = spark_launch.make_plan(joins, "mpi")
+    assert mpi.poll() is None
+    mpi._launcher_said("  Remote daemon: [[1,0],2] on node hvd-host-1")
+    assert mpi.poll() == 1
+    deaths = mpi.deaths()
+    assert [(d.rank, d.host_lost) for d in deaths] == [(2, True), (3, True)]
+    assert "host 10.0.0.2" in deaths[0].what and "ranks 2, 3" in deaths[0].what
+    assert "notebook at 10.0.0.9:5000" in deaths[0].what
+    record = RunRecord(4)
+    record.started = {0: "hostA", 1: "hostA", 2: "hostB", 3: "hostB"}
+    message = str(failure_after_exit(record, 1, deaths, ""))
+    assert "rank 2 on hostB was lost with its host 10.0.0.2" in message, message
+    assert "ranks [0, 1] were stopped" in message, message
 
 
 def rank_sum():

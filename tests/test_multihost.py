@@ -4,16 +4,27 @@ other hosts, each with its own name, address and disk."""
 from __future__ import annotations
 
 import ast
+import threading
+import time
 import uuid
 
 import pytest
 
-from .multihost import Cluster
+from .multihost import DRIVER, MASTER, WORKERS, Cluster
+from .multihost_faults import (
+    files_left,
+    kill_host,
+    restart_worker,
+    set_link,
+    wait_for_file,
+    wait_until_clean,
+    wait_until_gone,
+)
 
 pytestmark = pytest.mark.multihost
 
 WHERE_AM_I = """%%horovod np=3
-import json, socket, psutil, horovod.torch as hvd
+import json, os, socket, psutil, horovod.torch as hvd
 hvd.init()
 if hvd.rank() == 0:
     open({probe!r}, "w").write("written by rank 0")
@@ -24,7 +35,16 @@ me = {{
                   for a in addresses if a.family == socket.AF_INET),
     "resolved": socket.gethostbyname(socket.gethostname()),
 }}
-[json.loads(s) for s in hvd.allgather_object(json.dumps(me))]
+def this_runs_mpirun(process):  # the hosts share no pid namespace: rank 0 sees mpirun's /proc
+    try:  # the run's mpirun: on this host (its network namespace), started by a Spark task
+        return (os.path.basename(process.cmdline()[0]) == "mpirun"
+                and os.readlink(f"/proc/{{process.pid}}/ns/net") == os.readlink("/proc/self/ns/net")
+                and "HVD_MAGIC_AGENTS" in process.environ())
+    except (psutil.Error, OSError, IndexError):
+        return False
+mpirun = [[p.cmdline(), json.loads(p.environ()["HVD_MAGIC_AGENTS"])]
+          for p in psutil.process_iter() if hvd.rank() == 0 and this_runs_mpirun(p)]
+[json.loads(s) for s in hvd.allgather_object(json.dumps(me))], mpirun
 """
 
 
@@ -35,11 +55,15 @@ def test_a_cell_runs_on_three_hosts_with_their_own_names_addresses_and_disks(mul
     assert kernel.run("%load_ext hvd_magic").status == "ok"
     outcome = kernel.run(WHERE_AM_I.format(probe=probe), timeout=120)
     assert outcome.status == "ok", f"{outcome.ename}: {outcome.evalue}\n{''.join(outcome.shown)[-3000:]}"
-    ranks = sorted(ast.literal_eval(outcome.value), key=lambda rank: rank["rank"])
+    gathered, mpirun = ast.literal_eval(outcome.value)
+    ranks = sorted(gathered, key=lambda rank: rank["rank"])
     assert sorted(rank["host"] for rank in ranks) == ["hostA", "hostB", "hostC"]
     for rank in ranks:  # each rank sees exactly its host's bed address, and its name resolves to it
         assert rank["ips"] == [multihost.ip(rank["host"])], rank
         assert rank["resolved"] == multihost.ip(rank["host"]), rank
+    assert len(mpirun) == 1, mpirun  # this run's one mpirun, seen by rank 0 on its host
+    argv, agents = mpirun[0]
+    check_mpirun_hosts(multihost, argv, agents, [rank["host"] for rank in ranks])
     rank0_host = ranks[0]["host"]
     assert multihost.bed.run(rank0_host, ["cat", probe]).stdout == "written by rank 0"
     for host in {"hostA", "hostB", "hostC", "hostD"} - {rank0_host}:  # /tmp is each host's own
@@ -47,23 +71,63 @@ def test_a_cell_runs_on_three_hosts_with_their_own_names_addresses_and_disks(mul
     on_the_notebook = kernel.run(f"import os\nos.path.exists({probe!r})")
     assert on_the_notebook.value == "False"
     multihost.bed.run(rank0_host, ["rm", probe])  # a bed brought up by hand outlives the test
+    assert files_left(multihost.bed, WORKERS) == {}  # Open MPI's directories went with the run
 
 
-HOSTS_OF = {
-    "gloo": "%%horovod np=3 launcher=gloo\nimport socket, horovod.torch as hvd\nhvd.init()\n"
-    "sorted(hvd.allgather_object(socket.gethostname()))",
-    "torch": "%%horovod np=3 backend=torch\nimport socket, torch.distributed as dist\n"
-    "dist.init_process_group('gloo')\nnames = [None] * 3\n"
-    "dist.all_gather_object(names, socket.gethostname())\nsorted(names)",
-}
+def check_mpirun_hosts(multihost: Cluster, argv: list[str], agents: dict[str, str], hosts: list[str]) -> None:
+    """mpirun's host list (``-H``) names three hosts of one slot each, mapped by slot (rank i on
+    the i-th), and the exec agent that starts rank i's daemon listens on rank i's host."""
+    listed = argv[argv.index("-H") + 1].split(",")
+    assert [entry.rsplit(":", 1)[1] for entry in listed] == ["1", "1", "1"], argv
+    assert argv[argv.index("--map-by") + 1] == "slot", argv
+    names = [entry.rsplit(":", 1)[0] for entry in listed]
+    assert len(set(names)) == 3, argv
+    agent_ips = [agents[name].split("//")[-1].rsplit(":", 1)[0] for name in names]
+    assert agent_ips == [multihost.ip(host) for host in hosts], (argv, agents)
 
 
-@pytest.mark.parametrize("kind", ["gloo", "torch"])
-def test_gloo_and_torch_ranks_run_on_the_three_hosts(multihost: Cluster, kind: str) -> None:
+TORCH_HOSTS = """%%horovod np=3 backend=torch
+import socket, torch.distributed as dist
+dist.init_process_group('gloo')
+names = [None] * 3
+dist.all_gather_object(names, socket.gethostname())
+sorted(names)
+"""
+
+
+def test_torch_ranks_run_on_the_three_hosts(multihost: Cluster) -> None:
     kernel = multihost.kernel
     assert kernel is not None and kernel.run("%load_ext hvd_magic").status == "ok"
-    outcome = kernel.run(HOSTS_OF[kind], timeout=180)
+    outcome = kernel.run(TORCH_HOSTS, timeout=180)
     assert outcome.value == "['hostA', 'hostB', 'hostC']", f"{outcome.ename}: {outcome.evalue}"
+
+
+# Gloo ranks, each reading its shard of data= from the file its own host's task wrote.
+GLOO_SHARDS = """%%horovod np=3 launcher=gloo data=bed_df
+import os, socket, horovod.torch as hvd, hvd_magic
+hvd.init()
+table = hvd_magic.shard("arrow")
+writer = (table.schema.metadata or {}).get(b"hvd_magic.executor", b"").decode()
+me = [socket.gethostname(), table.column("id").to_pylist(), writer, os.environ["HVD_MAGIC_SHARD"]]
+sorted(hvd.allgather_object(me))
+"""
+
+
+def test_gloo_ranks_read_their_data_shards_where_their_hosts_tasks_wrote_them(multihost: Cluster) -> None:
+    kernel = multihost.kernel
+    assert kernel is not None and kernel.run("%load_ext hvd_magic").status == "ok"
+    assert kernel.run("bed_df = spark.range(0, 300, numPartitions=5)").status == "ok"
+    outcome = kernel.run(GLOO_SHARDS, timeout=180)
+    assert outcome.status == "ok", f"{outcome.ename}: {outcome.evalue}"
+    ranks = ast.literal_eval(outcome.value)
+    assert [rank[0] for rank in ranks] == ["hostA", "hostB", "hostC"]
+    assert sorted(i for rank in ranks for i in rank[1]) == list(range(300))
+    for host, ids, writer, path in ranks:
+        assert len(ids) == 100, (host, len(ids))
+        assert writer.rsplit(":", 1)[0] == multihost.ip(host), (host, writer)  # written on its host
+        for other in {"hostA", "hostB", "hostC", "hostD"} - {host}:  # and seen nowhere else
+            assert multihost.bed.run(other, ["test", "-e", path]).returncode == 1, (other, path)
+    assert files_left(multihost.bed, WORKERS) == {}
 
 
 def test_the_timeline_is_written_on_rank_0s_host_and_arrives_whole_on_the_notebooks(
@@ -71,9 +135,13 @@ def test_the_timeline_is_written_on_rank_0s_host_and_arrives_whole_on_the_notebo
 ) -> None:
     kernel = multihost.kernel
     assert kernel is not None and kernel.run("%load_ext hvd_magic").status == "ok"
-    cell = "%%horovod np=3 timeline=bed_timeline.json\nimport horovod.torch as hvd, torch\nhvd.init()\n"
+    cell = "%%horovod np=3 timeline=bed_timeline.json\nimport os, horovod.torch as hvd, torch\nhvd.init()\n"
     cell += "for _ in range(20):\n    hvd.allreduce(torch.ones(1000))\n"
-    assert kernel.run(cell, timeout=180).status == "ok"
+    cell += "hvd.allgather_object([hvd.rank(), os.path.exists(os.environ['HOROVOD_TIMELINE'])])"
+    ran = kernel.run(cell, timeout=180)
+    assert ran.status == "ok", f"{ran.ename}: {ran.evalue}"
+    assert ast.literal_eval(ran.value) == [[0, True], [1, False], [2, False]]  # on rank 0's host only
+    assert files_left(multihost.bed, WORKERS) == {}  # ... and gone from there after the run
     whole = kernel.run("import json, os\nlen(json.load(open('bed_timeline.json'))), os.getcwd()")
     count, folder = ast.literal_eval(whole.value)
     assert count > 60  # strict JSON, every allreduce's events
@@ -92,3 +160,122 @@ def test_a_live_session_spans_the_three_hosts(multihost: Cluster) -> None:
         assert names.value == "['hostA', 'hostB', 'hostC']", names
     finally:
         assert kernel.run("%horovod stop").status == "ok"
+
+
+def test_the_notebooks_second_interface_that_no_executor_reaches(multihost: Cluster) -> None:
+    """The address chosen is the one the executors reach; one they cannot reach, set by hand,
+    fails at once with an error that says where it tried and how to choose another."""
+    kernel, bed = multihost.kernel, multihost.bed
+    assert kernel is not None and kernel.run("%load_ext hvd_magic").status == "ok"
+    other = "ip link add other0 type veth peer name other1 && ip addr add 192.0.2.14/24 dev other0"
+    other += " && ip link set other1 up && ip link set other0 up"  # a second network, no executor on it
+    assert bed.run(DRIVER, ["sh", "-c", other]).returncode == 0
+    try:
+        chosen = kernel.run(
+            "from hvd_magic.launch.spark_session import driver_address\ndriver_address(spark)"
+        )
+        assert chosen.value == repr(multihost.ip(DRIVER)), chosen
+        assert kernel.run("import os\nos.environ['HVD_MAGIC_DRIVER_HOST'] = '192.0.2.14'").status == "ok"
+        outcome = kernel.run("%%horovod np=3\n1", timeout=120)
+    finally:
+        kernel.run("os.environ.pop('HVD_MAGIC_DRIVER_HOST', None)")
+        bed.run(DRIVER, ["ip", "link", "del", "other0"])
+    assert outcome.status == "error", outcome
+    assert "cannot reach the notebook at 192.0.2.14:" in outcome.evalue, outcome.evalue
+    assert "HVD_MAGIC_DRIVER_HOST" in outcome.evalue, outcome.evalue
+
+
+def forget_rank_files(multihost: Cluster) -> None:
+    for name in WORKERS:
+        multihost.bed.run(name, ["sh", "-c", "rm -f /tmp/hvd_magic-bed-rank-*"])
+
+
+def victim(multihost: Cluster) -> tuple[str, int]:
+    """Once the ranks run: a host with a rank that runs neither Spark's master nor mpirun (rank
+    0's host), and that rank."""
+    bed = multihost.bed
+    rank0 = wait_for_file(bed, WORKERS, "/tmp/hvd_magic-bed-rank-0", timeout=150)
+    host = next(name for name in WORKERS if name not in (MASTER, rank0))
+    listed = "ls /tmp/hvd_magic-bed-rank-* 2>/dev/null"
+    deadline = time.monotonic() + 60
+    while not (found := bed.run(host, ["sh", "-c", listed]).stdout.split()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert found, f"no rank wrote its file on {host} within 60 s"
+    return host, int(found[0].rsplit("-", 1)[1])
+
+
+KEEPS_RUNNING = """%%horovod np=3
+import socket, time, horovod.torch as hvd, torch
+hvd.init()
+hvd.allreduce(torch.ones(1))
+open(f"/tmp/hvd_magic-bed-rank-{hvd.rank()}", "w").write(socket.gethostname())
+deadline = time.monotonic() + 150
+while time.monotonic() < deadline:  # until a host dies under it
+    hvd.allreduce(torch.ones(10))
+    time.sleep(0.05)
+"""
+
+
+def test_a_host_cut_off_mid_run_is_named_with_the_notebooks_address_within_30_s(multihost: Cluster) -> None:
+    kernel, bed = multihost.kernel, multihost.bed
+    assert kernel is not None and kernel.run("%load_ext hvd_magic").status == "ok"
+    forget_rank_files(multihost)
+    cut: list[tuple[str, int, float]] = []
+
+    def cut_a_host() -> None:
+        host, rank = victim(multihost)
+        set_link(host, up=False)
+        cut.append((host, rank, time.monotonic()))
+
+    cutter = threading.Thread(target=cut_a_host, daemon=True)
+    cutter.start()
+    try:
+        outcome = kernel.run(KEEPS_RUNNING, timeout=240)
+        ended = time.monotonic()
+        cutter.join(timeout=30)
+    finally:
+        for name in WORKERS:
+            set_link(name, up=True)
+    ((host, rank, at),) = cut
+    print(f"cut {host} off; the cell ended {ended - at:.1f} s later: {outcome.evalue}")
+    assert outcome.status == "error", outcome
+    assert f"rank {rank} on {host}" in outcome.evalue and multihost.ip(host) in outcome.evalue, outcome.evalue
+    assert f"notebook at {multihost.ip(DRIVER)}:" in outcome.evalue, outcome.evalue
+    assert ended - at <= 30
+    # Once the host is back: its task hears the stop, and nothing of the run is left anywhere.
+    assert wait_until_gone(bed, timeout=90) == []
+    assert wait_until_clean(bed, WORKERS, timeout=90) == {}
+    forget_rank_files(multihost)
+
+
+# Last in the module: it kills a host's worker (brought back after, which takes a while).
+def test_a_host_killed_mid_run_is_named_with_its_ranks_and_the_others_are_stopped(multihost: Cluster) -> None:
+    kernel, bed = multihost.kernel, multihost.bed
+    assert kernel is not None and kernel.run("%load_ext hvd_magic").status == "ok"
+    forget_rank_files(multihost)
+    killed: list[tuple[str, int, float, list[str]]] = []  # the host, its rank, when, its processes
+
+    def kill_a_host() -> None:
+        host, rank = victim(multihost)
+        what = kill_host(bed, host)
+        killed.append((host, rank, time.monotonic(), what))
+
+    killer = threading.Thread(target=kill_a_host, daemon=True)
+    killer.start()
+    outcome = kernel.run(KEEPS_RUNNING, timeout=240)
+    ended = time.monotonic()
+    killer.join(timeout=30)
+    ((host, rank, at, what),) = killed
+    print(f"killed {host} ({len(what)} processes); the cell ended {ended - at:.1f} s later")
+    assert outcome.status == "error", outcome
+    assert f"rank {rank} on {host}" in outcome.evalue and multihost.ip(host) in outcome.evalue, outcome.evalue
+    assert ended - at < 60
+    assert wait_until_gone(bed) == []  # the other hosts' ranks and daemons were stopped
+    others = [name for name in WORKERS if name != host]
+    assert files_left(bed, others) == {}
+    assert files_left(bed, [host])  # a killed task cleans nothing up ...
+    forget_rank_files(multihost)
+    restart_worker(multihost, host, len(WORKERS))
+    again = kernel.run("%%horovod np=3\nimport socket\nsocket.gethostname()", timeout=180)
+    assert again.status == "ok", f"{again.ename}: {again.evalue}"
+    assert files_left(bed, WORKERS) == {}  # ... the next task on its host removes what it left

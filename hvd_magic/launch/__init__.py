@@ -5,14 +5,16 @@ or on a Spark cluster (np > 0). ``Launcher`` is the small interface the engine d
 
     base        the Launcher interface
     processes   spawn (parent-death signal), stop escalation, thread budget, RankDeath
-    mpirun      mpirun's command line, its report of a death
+    mpirun      mpirun's command line, its report of a death or of a lost host
     gloo        Horovod's Gloo layout, the ranks' environment, the loopback rendezvous store
     torch_dist  torch.distributed ranks (backend=torch): their env:// environment
     local       LocalMpiLauncher, LocalGlooLauncher, LocalTorchLauncher
     spark       SparkLauncher (the driver side of one barrier stage)
     spark_session  finding or starting the SparkSession, its slots
+    spark_plan  the plan the tasks get; which ranks a lost host took with it
     spark_task  what each barrier task runs on its executor
     agent       the exec agent in a task, and the rsh client mpirun calls instead of ssh
+    scratch     a task's directory for Open MPI's files, removed even if the task is SIGKILLed
 """
 
 from __future__ import annotations

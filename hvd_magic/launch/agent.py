@@ -38,7 +38,7 @@ __all__ = ["ExecAgent", "main", "open_mpi_dirs"]
 PING_SECONDS = 1.0
 # Generous (a loaded machine can starve a thread for seconds), yet short enough that a host cut
 # off from the others is reported, and its ranks stopped, within 30 s of the cut.
-PING_TIMEOUT = 15.0
+PING_TIMEOUT = 12.0
 
 
 class ExecAgent(CurveServer):

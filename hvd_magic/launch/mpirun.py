@@ -6,7 +6,7 @@ import re
 
 from .processes import RankDeath, death_of
 
-__all__ = ["mpirun_argv", "mpirun_deaths"]
+__all__ = ["lost_node", "mpirun_argv", "mpirun_deaths"]
 
 
 def mpirun_argv(
@@ -48,6 +48,17 @@ _MPIRUN_IMPROPER = re.compile(r"process rank (\d+) with PID \d+ on\s+node (\S+) 
 _MPIRUN_CODE = re.compile(
     r"The first process to do so was:\s+Process name:\s+\[\[\d+,\d+\],(\d+)\]\s+Exit code:\s+(\d+)"
 )
+
+
+# Open MPI 4's report when it loses a daemon ("Remote daemon: [[1,0],3] on node hvd-host-2"), and
+# our rsh client's when the exec agent it relays to goes quiet (``agent._relay``).
+_LOST_NODE = re.compile(r"Remote daemon\s*:\s*\S+ on node (\S+)|hvd_magic: the exec agent on (\S+) at ")
+
+
+def lost_node(line: str) -> str | None:
+    """The host (mpirun's name for it) that a line of mpirun's output says was lost, or None."""
+    found = _LOST_NODE.search(line)
+    return (found[1] or found[2]) if found else None
 
 
 def mpirun_deaths(output: str) -> list[RankDeath]:

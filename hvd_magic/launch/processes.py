@@ -179,6 +179,7 @@ class RankDeath:
     rank: int
     what: str  # "was killed by signal 9 (SIGKILL)", ...
     host: str = ""
+    host_lost: bool = False  # its whole host went (the launcher stopped the others itself)
 
 
 def death_of(rank: int, code: int, host: str = "") -> RankDeath:

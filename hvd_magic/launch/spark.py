@@ -37,9 +37,9 @@ from ..protocol import (
 )
 from .base import Launcher
 from .gloo import GlooStore
-from .mpirun import mpirun_deaths
+from .mpirun import lost_node, mpirun_deaths
 from .processes import RankDeath, death_of
-from .spark_plan import make_plan
+from .spark_plan import lost_host_deaths, make_plan, spark_failure, tasks_on
 from .spark_session import (
     active_or_embedded_session,
     check_dynamic_allocation,
@@ -63,22 +63,6 @@ PARQUET_NOTE = (
     "; read by the tasks straight from its Parquet files, each rank a contiguous run of rows in "
     "file order (shuffle within your shard)"
 )
-
-
-def spark_failure(text: str) -> str:
-    """The line of a failed job's (long, Java) error that says why: our own task's error, a lost
-    executor, else the stage failure, else the first line."""
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    for marker in (
-        "hvd_magic:",
-        "hvd_magic data:",
-        "ExecutorLostFailure",
-        "Job aborted due to stage failure",
-    ):
-        found = next((line for line in lines if marker in line), None)
-        if found is not None:
-            return found[found.index(marker) :][:500]
-    return lines[0][:500] if lines else "the Spark job failed"
 
 
 class SparkLauncher(Launcher):
@@ -112,6 +96,8 @@ class SparkLauncher(Launcher):
         self._ending: Release | Abort | None = None  # what the tasks were told to do
         self._closed = threading.Event()
         self._job: threading.Thread | None = None
+        self._plan: SparkPlan | None = None
+        self._lost: list[str] = []  # hosts (plan tokens) mpirun lost: their tasks cannot answer
 
     @classmethod
     def for_options(cls, options: RunOptions) -> SparkLauncher:
@@ -187,11 +173,16 @@ class SparkLauncher(Launcher):
             if isinstance(record, Join):
                 self._joined(message.identity, record)
             elif isinstance(record, LauncherLog):
-                self.log.append(message.blob.decode("utf-8", errors="replace").rstrip("\n"))
+                self._launcher_said(message.blob.decode("utf-8", errors="replace").rstrip("\n"))
             elif isinstance(record, LauncherExit):
                 self._launcher_ended(message.identity, record.code)
             elif isinstance(record, Stopped):
                 self._stopped[message.identity] = record
+
+    def _launcher_said(self, line: str) -> None:
+        self.log.append(line)
+        if (node := lost_node(line)) is not None and node not in self._lost:
+            self._lost.append(node)
 
     def _joined(self, identity: bytes, join: Join) -> None:
         self._joins[identity] = join
@@ -201,7 +192,7 @@ class SparkLauncher(Launcher):
             self._send_plan()
 
     def _send_plan(self) -> None:
-        plan = make_plan(list(self._joins.values()), self.launcher)
+        plan = self._plan = make_plan(list(self._joins.values()), self.launcher)
         if self.launcher == "gloo":
             self._serve_gloo_store(plan)
         if plan.slots:
@@ -246,6 +237,8 @@ class SparkLauncher(Launcher):
         # A failed launcher ends the run now: Spark may be busy retrying the barrier stage
         # (an executor was lost); stop() then cancels the job.
         failed = [code for code in self._launcher_exits if code]
+        if not failed and self._lost:  # mpirun may wait long for a daemon it cannot reach
+            return 1
         return failed[0] if failed else None
 
     def stop(self) -> list[str]:
@@ -254,7 +247,8 @@ class SparkLauncher(Launcher):
             return self._leftovers()
         self.release(Abort())
         self._wait_for_confirmations()
-        self._job.join(timeout=JOB_END_SECONDS)
+        if not self._lost:  # a lost host's task never ends by itself: cancel at once
+            self._job.join(timeout=JOB_END_SECONDS)
         if self._job.is_alive():  # tasks that never answered, or Spark retrying the stage
             self.session.interruptTag(self.tag)
             self._job.join(timeout=JOB_END_SECONDS)
@@ -263,12 +257,13 @@ class SparkLauncher(Launcher):
         return self._leftovers()
 
     def _wait_for_confirmations(self) -> None:
-        """Until all np tasks confirmed. Bounded: a task Spark killed (a lost executor, a
-        failed stage) never confirms, so the wait also ends when no confirmation came for
-        QUIET_SECONDS, and shortly after the job ended."""
+        """Until all np tasks confirmed (those on a host mpirun lost aside). Bounded: a task
+        Spark killed (a lost executor, a failed stage) never confirms, so the wait also ends
+        when no confirmation came for QUIET_SECONDS, and shortly after the job ended."""
         start = time.monotonic()
         deadline, confirmed = start + STOP_SECONDS, -1
-        while len(self._stopped) < self.np and (now := time.monotonic()) < deadline:
+        expected = self.np - len(tasks_on(self._plan, self._lost))  # a lost host's tasks cannot
+        while len(self._stopped) < expected and (now := time.monotonic()) < deadline:
             if len(self._stopped) != confirmed:
                 confirmed, deadline = len(self._stopped), min(start + STOP_SECONDS, now + QUIET_SECONDS)
             if self._job is not None and not self._job.is_alive():
@@ -280,16 +275,21 @@ class SparkLauncher(Launcher):
         for identity, join in self._joins.items():
             stopped = self._stopped.get(identity)
             if stopped is None:
+                lost = join.partition in tasks_on(self._plan, self._lost)
                 leftovers.append(
                     f"task {join.partition} on executor {join.executor} ({join.ip}) did not confirm"
+                    + (" (its host was lost)" if lost else "")
                 )
             else:
                 leftovers += [f"{item} (executor {stopped.executor})" for item in stopped.remaining]
         return leftovers
 
     def deaths(self) -> list[RankDeath]:
-        """Hostless: mpirun and the plan name hosts hvd-host-N; diagnosis takes the rank's own name."""
+        """Hostless: mpirun and the plan name hosts hvd-host-N; diagnosis takes the rank's own name.
+        A host whose daemon mpirun lost (the machine died, or its network) loses all its ranks."""
         if self.launcher == "mpi":
+            if self._plan is not None and self._lost:
+                return lost_host_deaths(self._plan, self._lost, self.hub.address.split("//")[-1])
             return [RankDeath(d.rank, d.what) for d in mpirun_deaths("\n".join(list(self.log)))]
         return list(self._deaths)
 

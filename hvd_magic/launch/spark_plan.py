@@ -1,4 +1,5 @@
-"""The plan the driver hands every barrier task: pure, from the tasks' ``Join`` records."""
+"""The plan the driver hands every barrier task, from the tasks' ``Join`` records, and what a
+failed stage or a lost host means for the run's ranks: pure."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import collections
 
 from ..protocol import Join, PlanHost, SparkPlan
 from .gloo import gloo_slots
+from .processes import RankDeath
 
-__all__ = ["make_plan"]
+__all__ = ["lost_host_deaths", "make_plan", "mpi_ranks", "spark_failure", "tasks_on"]
 
 
 def make_plan(joins: list[Join], launcher: str) -> SparkPlan:
@@ -34,3 +36,50 @@ def make_plan(joins: list[Join], launcher: str) -> SparkPlan:
         slots = dict(zip(partitions, layout, strict=True))
     master_port = next(join.port for join in joins if join.partition == first)
     return SparkPlan(hosts, mpirun_partition=first, slots=slots, master_port=master_port)
+
+
+def mpi_ranks(plan: SparkPlan) -> dict[str, list[int]]:
+    """Each host's ranks under mpirun (``-H token:slots --map-by slot``): host by host, in order."""
+    ranks, first = {}, 0
+    for host in plan.hosts:
+        ranks[host.token] = list(range(first, first + len(host.partitions)))
+        first += len(host.partitions)
+    return ranks
+
+
+def tasks_on(plan: SparkPlan | None, nodes: list[str]) -> list[int]:
+    """The partitions (tasks) on the hosts ``nodes`` (plan tokens)."""
+    return [p for host in plan.hosts if host.token in nodes for p in host.partitions] if plan else []
+
+
+def lost_host_deaths(plan: SparkPlan, nodes: list[str], notebook: str) -> list[RankDeath]:
+    """Every rank of each host (by mpirun's name for it, the plan's token) that mpirun lost;
+    ``notebook`` is the address its ranks report to (host:port)."""
+    ranks = mpi_ranks(plan)
+    deaths = []
+    for host in (h for h in plan.hosts if h.token in nodes):
+        lost = ranks[host.token]
+        listed = f"rank{'s' if len(lost) > 1 else ''} {', '.join(map(str, lost))}"
+        what = (
+            f"was lost with its host {host.ip} (executor {host.executor}, {listed}): mpirun lost "
+            "contact with its daemon there: the machine, its executor or its network went down (it "
+            f"must reach the other hosts and the notebook at {notebook})"
+        )
+        deaths += [RankDeath(rank, what, host_lost=True) for rank in ranks[host.token]]
+    return deaths
+
+
+def spark_failure(text: str) -> str:
+    """The line of a failed job's (long, Java) error that says why: our own task's error, a lost
+    executor, else the stage failure, else the first line."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    for marker in (
+        "hvd_magic:",
+        "hvd_magic data:",
+        "ExecutorLostFailure",
+        "Job aborted due to stage failure",
+    ):
+        found = next((line for line in lines if marker in line), None)
+        if found is not None:
+            return found[found.index(marker) :][:500]
+    return lines[0][:500] if lines else "the Spark job failed"

@@ -45,7 +45,7 @@ from ..protocol import (
     StoreRequest,
 )
 from ..protocol.plan import gpu_for_local_rank
-from .agent import ExecAgent, open_mpi_dirs
+from .agent import ExecAgent
 from .gloo import LoopbackStoreServer, gloo_env
 from .mpirun import mpirun_argv
 from .processes import describe, spawn, stop_and_confirm, stop_tree, thread_budget_env, worker_command
@@ -217,9 +217,11 @@ def _start_mpirun(spec: TaskSpec, plan: SparkPlan, scratch: str) -> subprocess.P
         export_env=sorted(spec.env),
     )
     secrets = {ENV_AGENTS: json.dumps(agents), ENV_AGENT_TOKEN: spec.agent_keys.client_token()}
-    own = os.path.join(scratch, "mpirun")  # not the session directory its local orted makes
+    # Its session directory under TMPDIR: mpirun hands its OMPI_MCA_* settings on to every
+    # orted, which would then make theirs under this path on their own hosts, held by no one.
+    own = os.path.join(scratch, "mpirun")
     os.makedirs(own, exist_ok=True)
-    return spawn(argv, dict(os.environ) | spec.env | secrets | open_mpi_dirs(own))
+    return spawn(argv, dict(os.environ) | spec.env | secrets | {"TMPDIR": own})
 
 
 def _rank_env(spec: TaskSpec, plan: SparkPlan, partition: int) -> dict[str, str]:

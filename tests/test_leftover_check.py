@@ -1,0 +1,33 @@
+"""The suite's check for a run's processes left behind: it names them by program or module."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+from .helpers import is_run_process, leftover_processes
+
+
+def test_run_processes_are_named_by_program_or_module_not_by_a_substring():
+    assert is_run_process(["/usr/bin/mpirun", "-np", "2", "python"])
+    assert is_run_process(["orted", "-mca", "ess", "env"])
+    assert is_run_process(["/venv/bin/python", "-m", "hvd_magic.worker"])
+    assert is_run_process(["python3", "-u", "-m", "hvd_magic.launch.agent", "hvd-host-1", "orted"])
+    assert not is_run_process(["timeout", "900", "python", "-m", "pytest", "tests/test_launch_mpirun.py"])
+    assert not is_run_process(["bash", "-c", "grep orted log"])
+    assert not is_run_process(["python", "-m"])
+    assert not is_run_process([])
+
+
+def test_a_real_process_left_running_is_found_and_its_end_seen():
+    """A live process that calls itself mpirun (exec -a) is a leftover until it is gone."""
+    child = subprocess.Popen(["bash", "-c", "exec -a mpirun sleep 600"])
+    try:
+        deadline = time.monotonic() + 30  # until bash has exec'd: its argv[0] is then mpirun
+        while not (found := leftover_processes()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert found and found[0].startswith(f"{child.pid}: mpirun"), found
+    finally:
+        child.kill()
+        child.wait()
+    assert leftover_processes() == []
