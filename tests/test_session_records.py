@@ -126,3 +126,50 @@ def test_ranks_a_cell_does_not_run_on_are_shown_as_not_in_it(
     assert some.counts()["skipped"] == 1 and some.counts()["done"] == 1
     assert "not in this cell" in grid_html(some) and "1 skipped" in some.summary()
     assert [progress.state for progress in every.progress] == ["done", "done"]  # the next cell: both
+
+
+def test_the_python_session_takes_a_calls_timeline_and_logdir(tmp_path: Path) -> None:
+    """hvd_magic.Session: timeline=True at start, then timeline= and logdir= per call, as a
+    session cell has them; what cannot be recorded is refused with the magic's reasons."""
+    from hvd_magic import Session
+
+    # nested: pickled by value, as a notebook's functions are
+    def allreduces(name: str) -> int:
+        import horovod.torch as hvd
+        import torch
+
+        for _ in range(3):
+            hvd.allreduce(torch.ones(4), name=name)
+        return hvd.rank()
+
+    def reports(seed: int) -> list[tuple[int, float]]:
+        import random
+
+        import horovod.torch as hvd
+
+        import hvd_magic
+
+        rng = random.Random(hvd.rank() + seed)
+        sent = [(step, rng.random()) for step in range(1, 4)]
+        for step, loss in sent:
+            hvd_magic.report(step=step, total=3, loss=loss)
+        return hvd.allgather_object(sent)
+
+    with pytest.raises(ValueError, match="backend=torch ranks run torch.distributed"):
+        Session(np=-2, backend="torch", timeline=True)  # refused before any rank starts
+    with Session(np=-2, launcher="gloo", timeline=True) as session:
+        path, logs = tmp_path / "call.json", tmp_path / "logs"
+        assert session.run(allreduces, timeline=str(path), name="in_the_call") == 0
+        timeline = read(path)
+        assert len(timeline) == len(json.loads(path.read_text())) and not timeline.truncated
+        assert set(timeline.tensors.values()) == {"allreduce.in_the_call"}
+        sent = session.run(reports, logdir=str(logs), seed=5)
+        (folder,) = logs.iterdir()
+        scalars = read_scalars(folder)
+        for rank, points in enumerate(sent):
+            assert same_points(scalars[f"loss/rank_{rank}"], [tuple(point) for point in points])
+        with pytest.raises(ValueError, match="recorded by rank 0"):
+            session.run(allreduces, ranks=[1], timeline=str(tmp_path / "no.json"), name="x")
+    with Session(np=-2, launcher="gloo") as plain, pytest.raises(ValueError, match="timeline=yes"):
+        plain.run(allreduces, timeline=str(tmp_path / "no.json"), name="x")
+    assert leftover_processes() == []

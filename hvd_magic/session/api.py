@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from types import TracebackType
+from types import SimpleNamespace, TracebackType
 from typing import Any
+
+from IPython.core.error import UsageError
 
 from ..capture import capture_function
 from ..errors import RunError
 from ..options import OptionError, make_options, parse_timeout
 from .live import LiveSession
-from .magics import status_text
+from .magics import cell_options, status_text, timeline_ready
 
 __all__ = ["Session"]
 
@@ -25,8 +27,9 @@ class Session:
 
     Horovod (or, with ``backend="torch"``, torch.distributed) is initialised once when the
     session starts. Options are ``HorovodRunner``'s; ``idle`` ends the session after that many
-    seconds without a call. A function's globals are the rank's ``__main__`` namespace, kept
-    between calls.
+    seconds without a call; ``timeline=True`` readies the ranks to record a call's Horovod
+    Timeline (``run(..., timeline="t.json")``; as ``%horovod start timeline=yes``). A function's
+    globals are the rank's ``__main__`` namespace, kept between calls.
     """
 
     def __init__(
@@ -41,22 +44,45 @@ class Session:
         remainder: str | None = None,
         idle: float | None = None,
         oversubscribe: bool = False,
+        timeline: bool = False,
+        stragglers: str | None = None,
     ) -> None:
         try:
             options = make_options(
-                np, launcher, env, None, timeout, None, data, "data", remainder, backend, oversubscribe
-            )
+                np, launcher, env, None, timeout, None, data, "data", remainder, backend, oversubscribe,
+                stragglers=stragglers,
+            )  # fmt: skip
             idle_seconds = parse_timeout(idle)
-        except OptionError as err:
+            timeline = timeline_ready("yes" if timeline else None, options)
+        except (OptionError, UsageError) as err:
             raise ValueError(str(err)) from None
-        self._live = LiveSession(options, idle_seconds)
+        self._live = LiveSession(options, idle_seconds, timeline)
         self.summary = self._live.start()
 
-    def run(self, main: Callable[..., Any], *, ranks: list[int] | None = None, **kwargs: Any) -> Any:
-        """``main(**kwargs)`` on every rank (or on ``ranks``); the value of the lowest of them."""
+    def run(
+        self,
+        main: Callable[..., Any],
+        *,
+        ranks: list[int] | None = None,
+        timeline: str | None = None,
+        logdir: str | None = None,
+        mlflow: bool | None = None,
+        stragglers: str | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """``main(**kwargs)`` on every rank (or on ``ranks``); the value of the lowest of them.
+        A call's own options, as a session cell's: ``timeline`` (a path, or "on"/"cycles"; the
+        session started with ``timeline=True``), ``logdir`` (a TensorBoard run folder for this
+        call), ``mlflow`` (an MLflow run for it), ``stragglers``."""
         if not self._live.live:
             raise RunError(f"the session ended ({self._live.lost}): start a new Session")
-        value, _ = self._live.run(capture_function(main, kwargs), ranks)
+        asked = SimpleNamespace(return_names=None, timeout=None, timeline=timeline, logdir=logdir)
+        asked.mlflow, asked.stragglers = mlflow, stragglers
+        try:
+            options = cell_options(self._live, asked, ranks)
+        except UsageError as err:
+            raise ValueError(str(err)) from None
+        value, _ = self._live.run(capture_function(main, kwargs), ranks, options=options)
         return value
 
     def status(self) -> str:
