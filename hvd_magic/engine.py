@@ -46,13 +46,18 @@ START_TIMEOUT = float(os.environ.get("HVD_MAGIC_START_TIMEOUT", "300"))
 CAUSE_GRACE = 3.0  # seconds to look for the cause behind a "Horovod has been shut down" error
 
 
-def execute(captured: Captured, options: RunOptions, view: RunView | None = None) -> Any:
-    """Run the payload on ``options.np`` ranks; return rank 0's value (and returned names)."""
+def execute(
+    captured: Captured, options: RunOptions, view: RunView | None = None, hosts: dict[int, str] | None = None
+) -> Any:
+    """Run the payload on ``options.np`` ranks; return rank 0's value (and returned names).
+    ``hosts``, if given, gets each rank's host (of the last attempt), whatever the outcome."""
     with make_sinks(options) as sinks:  # TensorBoard, MLflow: every attempt's messages, the outcome
-        return _attempts(captured, options, view, sinks)
+        return _attempts(captured, options, view, sinks, {} if hosts is None else hosts)
 
 
-def _attempts(captured: Captured, options: RunOptions, view: RunView | None, sinks: Sinks) -> Any:
+def _attempts(
+    captured: Captured, options: RunOptions, view: RunView | None, sinks: Sinks, hosts: dict[int, str]
+) -> Any:
     view = view or make_view(options.ranks)
     for text in [*options.notices, *captured.notices]:
         view.notice(text)
@@ -78,6 +83,9 @@ def _attempts(captured: Captured, options: RunOptions, view: RunView | None, sin
             except BaseException as err:  # noqa: BLE001 - raised again unless the run may start again
                 attempts.failed(err, run.record, launcher.deaths())
                 continue
+            finally:
+                hosts.clear()
+                hosts.update(run.record.started)
             attempts.succeeded()
             return value
     finally:

@@ -220,13 +220,14 @@ class HorovodMagics(Magics):
             set(self.shell.user_ns_hidden),  # type: ignore[union-attr]
             options.return_names,
         )
+        hosts: dict[int, str] = {}
         try:
-            value, returned = execute(captured, options)
+            value, returned = execute(captured, options, hosts=hosts)
         finally:
             if options.timeline and os.path.exists(options.timeline):
                 from .timeline.shown import show_run_timeline
 
-                show_run_timeline(options.timeline, options.env)
+                show_run_timeline(options.timeline, options.env, hosts)
         self.shell.user_ns.update(returned)  # type: ignore[union-attr]
         return value
 

@@ -103,6 +103,23 @@ def test_a_rank_late_most_of_the_time_is_named_with_its_evidence(tmp_path):
     assert "what to change" in analysis.to_html() and "rank 2 was the last" in analysis.to_html()
 
 
+def test_given_the_runs_hosts_the_analysis_names_each_ranks_host(tmp_path):
+    steps = 20
+    lateness = {0: [0] * steps, 1: [100] * steps, 2: [8_000 if s % 5 else 50 for s in range(steps)]}
+    hosts = {0: "hostA", 1: "hostB", 2: "hostC"}
+    analysis = analyze(read(built_timeline(tmp_path / "t.json", lateness)), hosts=hosts)
+    (hint,) = [h for h in analysis.hints if h.startswith("rank ")]
+    assert hint.startswith("rank 2 on hostC was the last to be ready in 80% of 40 negotiations"), hint
+    assert {rank: analysis.stragglers.loc[rank, "host"] for rank in "012"} == {
+        "0": "hostA",
+        "1": "hostB",
+        "2": "hostC",
+    }
+    assert set(analysis.worst["host"]) == {"hostC"} and "<th>host</th>" in analysis.to_html()
+    partial = analyze(read(built_timeline(tmp_path / "t.json", lateness)), hosts={0: "hostA"})
+    assert [h for h in partial.hints if h.startswith("rank 2 was the last")]  # no host known: none said
+
+
 def test_a_balanced_timeline_gives_no_hint(tmp_path):
     rng = random.Random(3)
     lateness = {rank: [rng.randrange(0, 200) for _ in range(40)] for rank in range(2)}

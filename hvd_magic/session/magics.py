@@ -128,7 +128,8 @@ def run_cell(shell: Any, args: Any, cell: str) -> Any:
         if options.timeline and os.path.exists(options.timeline):
             from ..timeline.shown import show_run_timeline
 
-            show_run_timeline(options.timeline, options.env)
+            hosts = {rank: info.started.host for rank, info in session.ranks.items() if info.started}
+            show_run_timeline(options.timeline, options.env, hosts)
     shell.user_ns.update(returned)
     return value
 

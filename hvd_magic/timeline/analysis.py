@@ -75,9 +75,12 @@ def fusion_threshold(env: Mapping[str, str] | None = None) -> int:
     return DEFAULT_FUSION_THRESHOLD
 
 
-def analyze(timeline: Timeline, threshold: int | None = None) -> Analysis:
+def analyze(
+    timeline: Timeline, threshold: int | None = None, hosts: Mapping[int, str] | None = None
+) -> Analysis:
     """Time per activity and per tensor, negotiation waits, stragglers, fusion (against the
-    run's fusion buffer, ``threshold`` bytes: see :func:`fusion_threshold`), communication."""
+    run's fusion buffer, ``threshold`` bytes: see :func:`fusion_threshold`), communication.
+    ``hosts``: each rank's host (the run's), named beside the rank in stragglers and waits."""
     store = timeline.store
     kind, depth, duration = store.kind, store.depth, store.duration
     top = depth == 0
@@ -120,7 +123,21 @@ def analyze(timeline: Timeline, threshold: int | None = None) -> Analysis:
         **_fusion(store, top & ~negotiate[kind], fusion_threshold() if threshold is None else threshold),
     )
     release_memory()  # what the sums over every span freed
+    _name_hosts(analysis, hosts or {})
     return analysis
+
+
+def _name_hosts(analysis: Analysis, hosts: Mapping[int, str]) -> None:
+    """A host column beside the ranks (the timeline itself names ranks only), if known."""
+    if not hosts:
+        return
+
+    def host(rank: object) -> str:
+        return hosts.get(int(str(rank)), "?") if str(rank).isdigit() else "?"
+
+    analysis.stragglers.insert(0, "host", [host(rank) for rank in analysis.stragglers.index])
+    if not analysis.worst.empty:
+        analysis.worst.insert(3, "host", [host(rank) for rank in analysis.worst["last rank"]])
 
 
 def _totals(

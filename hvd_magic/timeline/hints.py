@@ -76,12 +76,18 @@ def _straggler(analysis: Analysis) -> list[str]:
     for rank, row in frame.iterrows():
         if row["share"] >= bar and row["mean wait"] >= MIN_WAIT_US:
             found.append(
-                f"rank {rank} was the last to be ready in {row['share']:.0%} of {analysis.ranked} "
+                f"rank {rank}{_on(row)} was the last to be ready in {row['share']:.0%} of {analysis.ranked} "
                 f"negotiations; the others waited {duration(row['mean wait'])} for it each time on "
                 f"average ({duration(row['max wait'])} at most): check its input pipeline, its data "
                 "shard's size and what else runs on its host"
             )
     return found
+
+
+def _on(row: pd.Series) -> str:
+    """' on hostB' where the analysis knows the rank's host."""
+    host = row.get("host", "?")
+    return f" on {host}" if host != "?" else ""
 
 
 def _negotiation_heavy(analysis: Analysis) -> list[str]:

@@ -17,10 +17,10 @@ from .reader import read
 __all__ = ["show_run_timeline", "show_timeline"]
 
 
-def show_timeline(path: str, threshold: int | None = None) -> None:
+def show_timeline(path: str, threshold: int | None = None, hosts: Mapping[int, str] | None = None) -> None:
     """Display the timeline at ``path``; ``threshold``: the run's fusion buffer (bytes), which
-    the analysis measures the collectives against. Raises ``TimelineError`` for a file that is
-    not a Horovod Timeline.
+    the analysis measures the collectives against; ``hosts``: each rank's host. Raises
+    ``TimelineError`` for a file that is not a Horovod Timeline.
 
     >>> show_timeline("horovod_timeline.json")   # doctest: +SKIP
     """
@@ -40,16 +40,17 @@ def show_timeline(path: str, threshold: int | None = None) -> None:
         pass
     else:
         display(TimelineViewer.from_timeline(timeline))
-    analysis = analyze(timeline, threshold)
+    analysis = analyze(timeline, threshold, hosts)
     html = f"<div class='hvd-timeline'>{analysis.to_html()}</div>"
     display({"text/html": html, "text/plain": summary(analysis)}, raw=True)
 
 
-def show_run_timeline(path: str, env: Mapping[str, str]) -> None:
+def show_run_timeline(path: str, env: Mapping[str, str], hosts: Mapping[int, str] | None = None) -> None:
     """A run's (or a live session's cell's) own timeline, after it, whatever its outcome: a
     timeline that cannot be read is reported on stderr, never in place of the run's own error.
-    ``env``: the run's (its fusion threshold is what the analysis measures the collectives against)."""
+    ``env``: the run's (its fusion threshold is what the analysis measures the collectives against);
+    ``hosts``: where its ranks ran."""
     try:
-        show_timeline(path, fusion_threshold(env))
+        show_timeline(path, fusion_threshold(env), hosts)
     except HorovodMagicError as err:  # TimelineError among them
         print(f"hvd_magic: the run's timeline could not be shown: {err}", file=sys.stderr)
