@@ -64,7 +64,7 @@ def test_a_cell_logs_into_the_active_mlflow_run(ip, store, tmp_path):
     assert history(store, run.info.run_id, "loss") == [(1, 1.5), (2, 2.5), (3, 3.5), (4, 4.5)]
     files = artifacts(store, run.info.run_id)
     (page,) = [path for path in files if path.endswith("/run.html")]
-    assert re.fullmatch(rf"{ARTIFACTS}/\d{{8}}-\d{{6}}-[0-9a-f]{{6}}/run.html", page)
+    assert re.fullmatch(rf"{ARTIFACTS}/\d{{8}}-\d{{6}}\.\d{{3}}-[0-9a-f]{{6}}/run.html", page)
     html = store.download_artifacts(run.info.run_id, page, str(tmp_path))
     assert "loss" in open(html).read()  # the record's curves and summary
     assert page.replace("run.html", "timeline.json") in files

@@ -4,8 +4,13 @@ each step once every rank reported it, or after the grace, or at the end."""
 from __future__ import annotations
 
 import json
+import time
+
+import hypothesis
+import hypothesis.strategies as st
 
 from hvd_magic.protocol import Exit, Message, Reports
+from hvd_magic.sinks import run_name
 from hvd_magic.sinks.scalars import GRACE_SECONDS, Point, Scalars
 
 
@@ -73,3 +78,15 @@ def test_messages_other_than_reports_and_unknown_ranks_give_nothing():
     assert scalars.take(Message(Exit(0), 0), now=0.0) == []
     assert scalars.take(reports(5, {"t": 1.0, "step": 1, "metrics": {"loss": 1.0}}), now=0.0) == []
     assert scalars.rest() == []
+
+
+@hypothesis.settings(max_examples=60, deadline=None)
+@hypothesis.given(st.lists(st.floats(min_value=-3600, max_value=-10), min_size=2, max_size=20))
+def test_run_names_sort_in_the_order_the_runs_started_whatever_the_clock_says(offsets):
+    """Two cells in one second (their TensorBoard folders sorted at random once), a clock that
+    repeats or goes back: the names a process gives sort as it gave them, and differ."""
+    now = time.time()
+    names = [run_name(now + offset) for offset in sorted(offsets)]  # runs started in this order
+    assert sorted(names) == names and len(set(names)) == len(names)
+    later = [run_name(now + offset) for offset in offsets]  # the clock jumping back and forth
+    assert sorted(later) == later and later[0] > names[-1]

@@ -61,7 +61,7 @@ def without_tensorboard(monkeypatch: pytest.MonkeyPatch) -> None:
 def only_run(logdir: Path) -> Path:
     runs = list(logdir.iterdir())
     assert len(runs) == 1, runs
-    assert re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{6}", runs[0].name), runs[0].name
+    assert re.fullmatch(r"\d{8}-\d{6}\.\d{3}-[0-9a-f]{6}", runs[0].name), runs[0].name
     return runs[0]
 
 
