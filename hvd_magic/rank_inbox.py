@@ -14,7 +14,7 @@ import threading
 import time
 
 from .hub import HubClient
-from .protocol import Beat, Cell, Interrupt, RankStatus, StopAsked
+from .protocol import SILENT_EXIT, Beat, Cell, Interrupt, RankStatus, StopAsked
 from .telemetry import ResourceSampler, gpu_probe
 
 __all__ = ["EXIT_GRACE", "Inbox", "attach", "current"]
@@ -36,6 +36,7 @@ class Inbox:
         self.busy = 0  # the cell running, 0 between cells
         self.finished = 0
         self.interrupting = 0  # the cell an Interrupt asked to stop
+        self.gone = False  # the notebook went silent: no cell is read after that
         self.sampler = ResourceSampler(gpu_probe())
         self.client.send(self.status())
         self._thread = threading.Thread(target=self._loop, name="hvd_magic-inbox", daemon=True)
@@ -86,9 +87,10 @@ class Inbox:
     def _notebook_gone(self) -> None:
         """No beat for the silence limit: the notebook (its kernel) is gone. Stop the cell and
         leave; a cell stuck where no interrupt reaches (inside a collective) is not waited for."""
+        self.gone = True
         self.cells.put(None)
         self.interrupt(self.busy)
-        timer = threading.Timer(EXIT_GRACE, os._exit, args=(75,))
+        timer = threading.Timer(EXIT_GRACE, os._exit, args=(SILENT_EXIT,))
         timer.daemon = True
         timer.start()
 

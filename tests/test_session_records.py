@@ -133,6 +133,7 @@ def test_the_python_session_takes_a_calls_timeline_and_logdir(tmp_path: Path) ->
     session cell has them; what cannot be recorded is refused with the magic's reasons."""
     from hvd_magic import Session
 
+    others = set(leftover_processes())  # the module's own session's ranks, when it runs
     # nested: pickled by value, as a notebook's functions are
     def allreduces(name: str) -> int:
         import horovod.torch as hvd
@@ -172,4 +173,4 @@ def test_the_python_session_takes_a_calls_timeline_and_logdir(tmp_path: Path) ->
             session.run(allreduces, ranks=[1], timeline=str(tmp_path / "no.json"), name="x")
     with Session(np=-2, launcher="gloo") as plain, pytest.raises(ValueError, match="timeline=yes"):
         plain.run(allreduces, timeline=str(tmp_path / "no.json"), name="x")
-    assert leftover_processes() == []
+    assert set(leftover_processes()) <= others

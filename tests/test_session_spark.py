@@ -14,7 +14,7 @@ from jupyter_client.manager import start_new_kernel
 from hvd_magic.launch.spark_session import check_slots
 from hvd_magic.session import magics as sessions
 
-from .helpers import executor_processes, gone_within, run_processes_anywhere
+from .helpers import executor_processes, gone_within, run_processes_anywhere, wait_for_files
 from .kernels import Kernel
 from .spark_fixtures import spark_session
 
@@ -70,25 +70,46 @@ def test_a_run_that_loses_an_executor_resumes_on_the_one_spark_brings_back(ip, c
     assert gone_within(30) == []
 
 
-def test_ranks_leave_a_notebook_that_went_silent(tmp_path):
-    """A kernel that stops answering (stopped here; dead, on a cluster whose driver outlives it)
-    sends no beats: its ranks exit on their own after the silence limit."""
+# The ranks' exit held up (an atexit handler of the user's) until the next cell has been sent.
+SLOW_EXIT = """%%horovod
+import atexit, os, time
+def leaving():
+    open(os.path.join({folder!r}, f"leaving-{{hvd.rank()}}"), "w").close()
+    time.sleep(4)
+atexit.register(leaving)
+"""
+
+
+@pytest.mark.parametrize("when", ["gone", "leaving"])
+def test_ranks_leave_a_notebook_that_went_silent(tmp_path, when):
+    """A kernel that stops answering (stopped here; or busy holding the GIL) sends no beats: its
+    ranks exit on their own after the silence limit. The next cell runs on a new session, once,
+    whether they are gone when it is sent or still on their way out (it never runs on them)."""
     env = {**os.environ, "HVD_MAGIC_SESSION_SILENCE": "3"}
     manager, client = start_new_kernel(kernel_name="python3", cwd=str(tmp_path), env=env)
     kernel = Kernel(manager, client)
     try:
         assert kernel.run("%load_ext hvd_magic\n%horovod start np=-2 launcher=gloo").status == "ok"
-        assert kernel.run("%%horovod\nimport os\nos.getpid()").status == "ok"
+        assert kernel.run("%%horovod\nimport os\nw = os.getpid()").status == "ok"
+        if when == "leaving":
+            assert kernel.run(SLOW_EXIT.format(folder=str(tmp_path))).status == "ok"
         ranks = [p for p in kernel.processes() if "hvd_magic.worker" in " ".join(p.cmdline())]
         assert len(ranks) == 2
         os.kill(manager.provisioner.process.pid, signal.SIGSTOP)
         try:
-            assert gone_within(30) == []  # 3 s of silence, then the ranks leave
+            if when == "gone":
+                assert gone_within(30) == []  # 3 s of silence, then the ranks leave
+            else:  # both are leaving, and will be for seconds
+                marks = [tmp_path / f"leaving-{rank}" for rank in (0, 1)]
+                assert wait_for_files(marks, 30), "the ranks never started to leave"
         finally:
             os.kill(manager.provisioner.process.pid, signal.SIGCONT)
         outcome = kernel.run("%%horovod\n'w' in globals()")
-        assert outcome.status == "ok" and outcome.value == "False"  # the next cell starts anew
-        assert any("starting a new one" in text for text in outcome.shown)
+        assert outcome.status == "ok" and outcome.value == "False", outcome  # the next cell starts anew
+        shown = "".join(outcome.shown)
+        assert "starting a new one" in shown and "heard nothing from the notebook for 3 s" in shown, shown
+        if when == "leaving":  # sent to the ranks on their way out: it ran on the new session instead
+            assert "the cell did not run on the ranks that left: it runs on a new session" in shown, shown
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)

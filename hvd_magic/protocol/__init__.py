@@ -41,6 +41,7 @@ from .messages import (
 )
 from .payload import (
     CELL_FILENAME,
+    SILENT_EXIT,
     CellPayload,
     FunctionPayload,
     SessionPayload,
@@ -130,6 +131,7 @@ __all__ = [
     "Result",
     "ResumeAnswer",
     "ResumeRequest",
+    "SILENT_EXIT",
     "SessionPayload",
     "SparkPlan",
     "Stall",

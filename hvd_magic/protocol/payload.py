@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CELL_FILENAME", "CellPayload", "FunctionPayload", "SessionPayload"]
+__all__ = ["CELL_FILENAME", "SILENT_EXIT", "CellPayload", "FunctionPayload", "SessionPayload"]
 
 CELL_FILENAME = "<horovod cell>"  # the cell's name in tracebacks
 
@@ -23,6 +23,11 @@ class CellPayload:
 class FunctionPayload:
     function: Callable[..., Any]
     kwargs: dict[str, Any]
+
+
+# A session rank's exit code when it left because the notebook was silent: it ran no cell that
+# came after (its inbox stopped reading), so the notebook may run that cell on a new session.
+SILENT_EXIT = 75
 
 
 @dataclass

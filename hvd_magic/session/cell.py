@@ -14,9 +14,9 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..engine import Run
-from ..errors import RunInterrupted
+from ..errors import RunError, RunInterrupted
 from ..launch import Launcher, RankDeath
-from ..protocol import Cell
+from ..protocol import SILENT_EXIT, Cell
 
 if TYPE_CHECKING:
     from ..hub import Hub
@@ -35,6 +35,8 @@ class LiveSession(Protocol):
     def interrupt(self, cell: int, ranks: list[int]) -> None: ...
 
     def end(self) -> list[str]: ...
+
+    def why_ended(self, code: int) -> str: ...
 
 
 __all__ = ["CELL_STOP_SECONDS", "CellLauncher", "CellRun"]
@@ -58,7 +60,9 @@ class CellLauncher(Launcher):
     def poll(self) -> int | None:
         code = self.session.launcher.poll()
         if code is not None:  # a rank's process ended: the session is over
-            self.session.lost = f"its processes ended (exit code {code})"
+            self.session.lost = self.session.why_ended(code)
+            if code == SILENT_EXIT:  # not a death: they left before this cell came
+                raise RunError(f"the live session's {self.session.lost}")
             return code if code else 1
         return 0 if self.session.finished(self.cell, self.targets) else None
 

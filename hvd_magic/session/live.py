@@ -26,6 +26,7 @@ from ..capture import Captured
 from ..hub import Hub
 from ..options import RunOptions
 from ..protocol import (
+    SILENT_EXIT,
     Beat,
     Cell,
     CellDone,
@@ -123,7 +124,20 @@ class LiveSession:
 
     @property
     def live(self) -> bool:
+        """Asked before each cell: its processes are polled now, not only by the beat (a kernel
+        resumed after its ranks left would otherwise send its next cell to ranks long gone)."""
+        if self.lost is None and not self._ended.is_set() and (code := self.launcher.poll()) is not None:
+            self.lost = self.why_ended(code)
         return self.lost is None and not self._ended.is_set()
+
+    def why_ended(self, code: int) -> str:
+        if code == SILENT_EXIT:
+            return f"its ranks left: they heard nothing from the notebook for {SILENCE_SECONDS:.0f} s"
+        return f"its processes ended (exit code {code})"
+
+    def left_silent(self) -> bool:
+        """Its ranks left because the notebook was silent: none ran a cell sent after that."""
+        return self.launcher.poll() == SILENT_EXIT
 
     def end(self) -> list[str]:
         """Stop every process (and Spark task) of the session; what could not be stopped."""
@@ -149,7 +163,7 @@ class LiveSession:
         the lowest of them, and its returned names. ``options``: the session's, or a copy with
         this cell's ``timeout``, ``timeline`` (rank 0 records it: the session must have been
         started with ``timeline``), ``logdir`` and ``mlflow`` (a run folder, an MLflow run, per cell)."""
-        assert self.hub is not None and self.live
+        assert self.hub is not None and not self._ended.is_set()
         targets = sorted(targets if targets is not None else range(self.size))
         options = options or self.options
         view = view or make_view(self.size)
@@ -227,8 +241,8 @@ class LiveSession:
 
     def _beat(self) -> None:
         while not self._ended.wait(BEAT_SECONDS):
-            if self.launcher.poll() is not None and self.lost is None:
-                self.lost = "its processes ended"
+            if (code := self.launcher.poll()) is not None and self.lost is None:
+                self.lost = self.why_ended(code)
             if self.idle and not self.running and time.monotonic() - self.last_cell > self.idle:
                 self.lost = f"idle for {self.idle:.0f} s (idle=)"
                 self.end()

@@ -13,6 +13,7 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from ..capture import capture_cell
+from ..errors import RunError
 from ..options import (
     OptionError,
     RunOptions,
@@ -123,7 +124,7 @@ def run_cell(shell: Any, args: Any, cell: str) -> Any:
     source = shell.transform_cell(cell)
     captured = capture_cell(source, shell.user_ns, set(shell.user_ns_hidden), options.return_names)
     try:
-        value, returned = session.run(captured, targets, options=options)
+        value, returned = _run_on(session, captured, targets, options)
     finally:
         if options.timeline and os.path.exists(options.timeline):
             from ..timeline.shown import show_run_timeline
@@ -132,6 +133,22 @@ def run_cell(shell: Any, args: Any, cell: str) -> Any:
             show_run_timeline(options.timeline, options.env, hosts)
     shell.user_ns.update(returned)
     return value
+
+
+def _run_on(session: LiveSession, captured: Any, targets: list[int] | None, options: RunOptions) -> Any:
+    """The cell on the session; on a new one when its ranks turn out to have left a silent
+    notebook (a kernel stopped, or busy holding the GIL, for the silence limit) as the cell was
+    sent: they ran no cell after leaving, so it runs once, on the new session."""
+    try:
+        return session.run(captured, targets, options=options)
+    except RunError:
+        if not session.left_silent():
+            raise
+        print(
+            "hvd_magic: the cell did not run on the ranks that left: it runs on a new session",
+            file=sys.stderr,
+        )
+        return _alive(session).run(captured, targets, options=options)
 
 
 def _alive(session: LiveSession) -> LiveSession:

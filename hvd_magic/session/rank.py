@@ -21,7 +21,7 @@ import cloudpickle
 
 from .. import reporting
 from ..hub import HubClient
-from ..protocol import Cell, CellDone, CellPayload, FunctionPayload, SessionPayload
+from ..protocol import SILENT_EXIT, Cell, CellDone, CellPayload, FunctionPayload, SessionPayload
 from ..rank_inbox import Inbox
 from ..rank_run import report_error, run_payload, user_call
 from .cell_timeline import CellTimeline
@@ -93,7 +93,7 @@ def serve(
             loaded = err
         recorded = cell if rank == 0 and cell.timeline else None  # Horovod's coordinator writes it
         loop.run_one(loaded, cell.id, reply=rank == cell.reply, timeline=recorded)
-    return 0
+    return SILENT_EXIT if inbox.gone else 0
 
 
 class _Loop:
