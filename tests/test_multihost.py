@@ -10,7 +10,10 @@ import uuid
 
 import pytest
 
+from hvd_magic.checkpoint_store import checkpoint_name
+
 from .multihost import DRIVER, MASTER, WORKERS, Cluster
+from .multihost_cells import ESTIMATOR_FITS, GLOO_SHARDS, KEEPS_RUNNING, SLOW_RANK_2, TORCH_HOSTS, WHERE_AM_I
 from .multihost_faults import (
     files_left,
     kill_host,
@@ -22,30 +25,6 @@ from .multihost_faults import (
 )
 
 pytestmark = pytest.mark.multihost
-
-WHERE_AM_I = """%%horovod np=3
-import json, os, socket, psutil, horovod.torch as hvd
-hvd.init()
-if hvd.rank() == 0:
-    open({probe!r}, "w").write("written by rank 0")
-me = {{
-    "rank": hvd.rank(),
-    "host": socket.gethostname(),
-    "ips": sorted(a.address for name, addresses in psutil.net_if_addrs().items() if name != "lo"
-                  for a in addresses if a.family == socket.AF_INET),
-    "resolved": socket.gethostbyname(socket.gethostname()),
-}}
-def this_runs_mpirun(process):  # the hosts share no pid namespace: rank 0 sees mpirun's /proc
-    try:  # the run's mpirun: on this host (its network namespace), started by a Spark task
-        return (os.path.basename(process.cmdline()[0]) == "mpirun"
-                and os.readlink(f"/proc/{{process.pid}}/ns/net") == os.readlink("/proc/self/ns/net")
-                and "HVD_MAGIC_AGENTS" in process.environ())
-    except (psutil.Error, OSError, IndexError):
-        return False
-mpirun = [[p.cmdline(), json.loads(p.environ()["HVD_MAGIC_AGENTS"])]
-          for p in psutil.process_iter() if hvd.rank() == 0 and this_runs_mpirun(p)]
-[json.loads(s) for s in hvd.allgather_object(json.dumps(me))], mpirun
-"""
 
 
 def test_a_cell_runs_on_three_hosts_with_their_own_names_addresses_and_disks(multihost: Cluster) -> None:
@@ -86,31 +65,11 @@ def check_mpirun_hosts(multihost: Cluster, argv: list[str], agents: dict[str, st
     assert agent_ips == [multihost.ip(host) for host in hosts], (argv, agents)
 
 
-TORCH_HOSTS = """%%horovod np=3 backend=torch
-import socket, torch.distributed as dist
-dist.init_process_group('gloo')
-names = [None] * 3
-dist.all_gather_object(names, socket.gethostname())
-sorted(names)
-"""
-
-
 def test_torch_ranks_run_on_the_three_hosts(multihost: Cluster) -> None:
     kernel = multihost.kernel
     assert kernel is not None and kernel.run("%load_ext hvd_magic").status == "ok"
     outcome = kernel.run(TORCH_HOSTS, timeout=180)
     assert outcome.value == "['hostA', 'hostB', 'hostC']", f"{outcome.ename}: {outcome.evalue}"
-
-
-# Gloo ranks, each reading its shard of data= from the file its own host's task wrote.
-GLOO_SHARDS = """%%horovod np=3 launcher=gloo data=bed_df
-import os, socket, horovod.torch as hvd, hvd_magic
-hvd.init()
-table = hvd_magic.shard("arrow")
-writer = (table.schema.metadata or {}).get(b"hvd_magic.executor", b"").decode()
-me = [socket.gethostname(), table.column("id").to_pylist(), writer, os.environ["HVD_MAGIC_SHARD"]]
-sorted(hvd.allgather_object(me))
-"""
 
 
 def test_gloo_ranks_read_their_data_shards_where_their_hosts_tasks_wrote_them(multihost: Cluster) -> None:
@@ -135,12 +94,12 @@ def test_the_timeline_is_written_on_rank_0s_host_and_arrives_whole_on_the_notebo
 ) -> None:
     kernel = multihost.kernel
     assert kernel is not None and kernel.run("%load_ext hvd_magic").status == "ok"
-    cell = "%%horovod np=3 timeline=bed_timeline.json\nimport os, horovod.torch as hvd, torch\nhvd.init()\n"
-    cell += "for _ in range(20):\n    hvd.allreduce(torch.ones(1000))\n"
-    cell += "hvd.allgather_object([hvd.rank(), os.path.exists(os.environ['HOROVOD_TIMELINE'])])"
-    ran = kernel.run(cell, timeout=180)
+    ran = kernel.run(SLOW_RANK_2, timeout=180)
     assert ran.status == "ok", f"{ran.ename}: {ran.evalue}"
-    assert ast.literal_eval(ran.value) == [[0, True], [1, False], [2, False]]  # on rank 0's host only
+    ranks = ast.literal_eval(ran.value)
+    assert [rank[:2] for rank in ranks] == [[0, True], [1, False], [2, False]]  # on rank 0's host only
+    # the analysis shown under the cell names the straggler's host (the timeline names ranks only)
+    assert f"rank 2 on {ranks[2][2]} was the last to be ready" in "".join(ran.shown), ran.shown[-3:]
     assert files_left(multihost.bed, WORKERS) == {}  # ... and gone from there after the run
     whole = kernel.run("import json, os\nlen(json.load(open('bed_timeline.json'))), os.getcwd()")
     count, folder = ast.literal_eval(whole.value)
@@ -160,6 +119,24 @@ def test_a_live_session_spans_the_three_hosts(multihost: Cluster) -> None:
         assert names.value == "['hostA', 'hostB', 'hostC']", names
     finally:
         assert kernel.run("%horovod stop").status == "ok"
+
+
+def test_an_estimators_model_dir_lives_on_the_notebooks_host_only(multihost: Cluster) -> None:
+    """Checkpoints and the exported model arrive in model_dir on the driver's host (no executor
+    sees it); a second fit resumes from them; the Transformer runs on the executors."""
+    kernel, bed = multihost.kernel, multihost.bed
+    model_dir = f"/tmp/hvd_magic-bed-model-{uuid.uuid4().hex[:8]}"
+    assert kernel is not None
+    outcome = kernel.run(ESTIMATOR_FITS.format(model_dir=model_dir), timeout=300)
+    assert outcome.status == "ok", f"{outcome.ename}: {outcome.evalue}\n{''.join(outcome.shown)[-3000:]}"
+    after_first, after_second, exported, resumed, epochs, same = ast.literal_eval(outcome.value)
+    assert after_first == [checkpoint_name(1)]
+    assert after_second == [checkpoint_name(1), checkpoint_name(2)] and exported
+    assert resumed and epochs == 2  # epoch 1 came from the first fit's checkpoint
+    assert same  # the executors' predictions are the fitted network's
+    for host in WORKERS:  # model_dir is the driver's own: no executor's host has it
+        assert bed.run(host, ["test", "-e", model_dir]).returncode == 1, host
+    kernel.run(f"import shutil\nshutil.rmtree({model_dir!r})")
 
 
 def test_the_notebooks_second_interface_that_no_executor_reaches(multihost: Cluster) -> None:
@@ -202,18 +179,6 @@ def victim(multihost: Cluster) -> tuple[str, int]:
         time.sleep(0.2)
     assert found, f"no rank wrote its file on {host} within 60 s"
     return host, int(found[0].rsplit("-", 1)[1])
-
-
-KEEPS_RUNNING = """%%horovod np=3
-import socket, time, horovod.torch as hvd, torch
-hvd.init()
-hvd.allreduce(torch.ones(1))
-open(f"/tmp/hvd_magic-bed-rank-{hvd.rank()}", "w").write(socket.gethostname())
-deadline = time.monotonic() + 150
-while time.monotonic() < deadline:  # until a host dies under it
-    hvd.allreduce(torch.ones(10))
-    time.sleep(0.05)
-"""
 
 
 def test_a_host_cut_off_mid_run_is_named_with_the_notebooks_address_within_30_s(multihost: Cluster) -> None:

@@ -1,0 +1,104 @@
+"""The cells the multi-host tests run in the bed's notebook kernel (``tests.test_multihost``)."""
+
+WHERE_AM_I = """%%horovod np=3
+import json, os, socket, psutil, horovod.torch as hvd
+hvd.init()
+if hvd.rank() == 0:
+    open({probe!r}, "w").write("written by rank 0")
+me = {{
+    "rank": hvd.rank(),
+    "host": socket.gethostname(),
+    "ips": sorted(a.address for name, addresses in psutil.net_if_addrs().items() if name != "lo"
+                  for a in addresses if a.family == socket.AF_INET),
+    "resolved": socket.gethostbyname(socket.gethostname()),
+}}
+def this_runs_mpirun(process):  # the hosts share no pid namespace: rank 0 sees mpirun's /proc
+    try:  # the run's mpirun: on this host (its network namespace), started by a Spark task
+        return (os.path.basename(process.cmdline()[0]) == "mpirun"
+                and os.readlink(f"/proc/{{process.pid}}/ns/net") == os.readlink("/proc/self/ns/net")
+                and "HVD_MAGIC_AGENTS" in process.environ())
+    except (psutil.Error, OSError, IndexError):
+        return False
+mpirun = [[p.cmdline(), json.loads(p.environ()["HVD_MAGIC_AGENTS"])]
+          for p in psutil.process_iter() if hvd.rank() == 0 and this_runs_mpirun(p)]
+[json.loads(s) for s in hvd.allgather_object(json.dumps(me))], mpirun
+"""
+
+
+TORCH_HOSTS = """%%horovod np=3 backend=torch
+import socket, torch.distributed as dist
+dist.init_process_group('gloo')
+names = [None] * 3
+dist.all_gather_object(names, socket.gethostname())
+sorted(names)
+"""
+
+
+# Gloo ranks, each reading its shard of data= from the file its own host's task wrote.
+GLOO_SHARDS = """%%horovod np=3 launcher=gloo data=bed_df
+import os, socket, horovod.torch as hvd, hvd_magic
+hvd.init()
+table = hvd_magic.shard("arrow")
+writer = (table.schema.metadata or {}).get(b"hvd_magic.executor", b"").decode()
+me = [socket.gethostname(), table.column("id").to_pylist(), writer, os.environ["HVD_MAGIC_SHARD"]]
+sorted(hvd.allgather_object(me))
+"""
+
+
+# Rank 2 late to every allreduce; each negotiation names its last rank (no response cache).
+SLOW_RANK_2 = """%%horovod np=3 timeline=bed_timeline.json env=HOROVOD_CACHE_CAPACITY=0
+import os, socket, time, horovod.torch as hvd, torch
+hvd.init()
+for step in range(20):
+    if hvd.rank() == 2:
+        time.sleep(0.02)
+    hvd.allreduce(torch.ones(1000), name=f"step{step}")
+hvd.allgather_object([hvd.rank(), os.path.exists(os.environ["HOROVOD_TIMELINE"]), socket.gethostname()])
+"""
+
+
+KEEPS_RUNNING = """%%horovod np=3
+import socket, time, horovod.torch as hvd, torch
+hvd.init()
+hvd.allreduce(torch.ones(1))
+open(f"/tmp/hvd_magic-bed-rank-{hvd.rank()}", "w").write(socket.gethostname())
+deadline = time.monotonic() + 150
+while time.monotonic() < deadline:  # until a host dies under it
+    hvd.allreduce(torch.ones(10))
+    time.sleep(0.05)
+"""
+
+
+# Two fits of a TorchEstimator (1 epoch, then 2 from the first's checkpoint) on 3 executors,
+# model_dir on the notebook's host only; the second model's predictions on the executors and
+# here on the notebook's host, by the same network.
+ESTIMATOR_FITS = """
+import os, numpy as np, pandas as pd, torch
+from sklearn.datasets import load_digits
+from pyspark.ml.feature import VectorAssembler
+from hvd_magic.spark import TorchEstimator
+digits = load_digits()
+columns = [f"p{{i}}" for i in range(64)]
+frame = pd.DataFrame(digits.data[:600] / 16.0, columns=columns).assign(label=digits.target[:600])
+df = VectorAssembler(inputCols=columns, outputCol="features").transform(spark.createDataFrame(frame))
+
+def estimator(epochs):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    return TorchEstimator(
+        num_proc=3, model=net, optimizer=torch.optim.Adam(net.parameters(), lr=1e-2),
+        loss=torch.nn.functional.cross_entropy, feature_cols=["features"], label_cols=["label"],
+        batch_size=32, epochs=epochs, validation=0.0, verbose=0, model_dir={model_dir!r},
+    )
+
+first = estimator(1).fit(df)
+after_first = sorted(os.listdir({model_dir!r} + "/checkpoints"))
+second = estimator(2).fit(df)
+rows = second.transform(df.limit(50)).select("features", "prediction").collect()
+features = torch.tensor(np.array([r.features.toArray() for r in rows]), dtype=torch.float32)
+with torch.no_grad():
+    here = second.getModel()(features)
+[after_first, sorted(os.listdir({model_dir!r} + "/checkpoints")), os.path.isdir({model_dir!r} + "/model"),
+ first.history[0] == second.history[0], len(second.history),
+ [float(r.prediction) for r in rows] == [float(i) for i in here.argmax(1).tolist()]]
+"""
