@@ -102,3 +102,21 @@ with torch.no_grad():
  first.history[0] == second.history[0], len(second.history),
  [float(r.prediction) for r in rows] == [float(i) for i in here.argmax(1).tolist()]]
 """
+
+
+# 60 steps, a checkpoint every 5 into checkpoint_dir on the notebook's host, resumed from on a
+# retry; each rank marks its host with the step it started from.
+RESUMES = """%%horovod np=3 retries=1 checkpoint_dir={store}
+import socket, time, horovod.torch as hvd, torch, hvd_magic
+hvd.init()
+state = hvd_magic.resume() or {{"step": 0, "w": torch.zeros(1)}}
+w = state["w"]
+open(f"/tmp/hvd_magic-bed-rank-{{hvd.rank()}}", "w").write(str(state["step"]))
+for step in range(state["step"], 60):
+    w = w + hvd.allreduce(torch.ones(1), op=hvd.Sum)
+    if step % 5 == 4:
+        hvd_magic.checkpoint({{"step": step + 1, "w": w}}, step=step + 1)
+    hvd_magic.report(step=step + 1, total=60)
+    time.sleep(0.1)
+[w.item(), state["step"], sorted(hvd.allgather_object(socket.gethostname()))]
+"""

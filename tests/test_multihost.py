@@ -12,8 +12,8 @@ import pytest
 
 from hvd_magic.checkpoint_store import checkpoint_name
 
+from . import multihost_cells as cells
 from .multihost import DRIVER, MASTER, WORKERS, Cluster
-from .multihost_cells import ESTIMATOR_FITS, GLOO_SHARDS, KEEPS_RUNNING, SLOW_RANK_2, TORCH_HOSTS, WHERE_AM_I
 from .multihost_faults import (
     files_left,
     kill_host,
@@ -23,6 +23,7 @@ from .multihost_faults import (
     wait_until_clean,
     wait_until_gone,
 )
+from .multihost_spark import start_worker
 
 pytestmark = pytest.mark.multihost
 
@@ -32,7 +33,7 @@ def test_a_cell_runs_on_three_hosts_with_their_own_names_addresses_and_disks(mul
     assert kernel is not None
     probe = f"/tmp/hvd_magic-bed-probe-{uuid.uuid4().hex[:8]}"
     assert kernel.run("%load_ext hvd_magic").status == "ok"
-    outcome = kernel.run(WHERE_AM_I.format(probe=probe), timeout=120)
+    outcome = kernel.run(cells.WHERE_AM_I.format(probe=probe), timeout=120)
     assert outcome.status == "ok", f"{outcome.ename}: {outcome.evalue}\n{''.join(outcome.shown)[-3000:]}"
     gathered, mpirun = ast.literal_eval(outcome.value)
     ranks = sorted(gathered, key=lambda rank: rank["rank"])
@@ -68,7 +69,7 @@ def check_mpirun_hosts(multihost: Cluster, argv: list[str], agents: dict[str, st
 def test_torch_ranks_run_on_the_three_hosts(multihost: Cluster) -> None:
     kernel = multihost.kernel
     assert kernel is not None and kernel.run("%load_ext hvd_magic").status == "ok"
-    outcome = kernel.run(TORCH_HOSTS, timeout=180)
+    outcome = kernel.run(cells.TORCH_HOSTS, timeout=180)
     assert outcome.value == "['hostA', 'hostB', 'hostC']", f"{outcome.ename}: {outcome.evalue}"
 
 
@@ -76,7 +77,7 @@ def test_gloo_ranks_read_their_data_shards_where_their_hosts_tasks_wrote_them(mu
     kernel = multihost.kernel
     assert kernel is not None and kernel.run("%load_ext hvd_magic").status == "ok"
     assert kernel.run("bed_df = spark.range(0, 300, numPartitions=5)").status == "ok"
-    outcome = kernel.run(GLOO_SHARDS, timeout=180)
+    outcome = kernel.run(cells.GLOO_SHARDS, timeout=180)
     assert outcome.status == "ok", f"{outcome.ename}: {outcome.evalue}"
     ranks = ast.literal_eval(outcome.value)
     assert [rank[0] for rank in ranks] == ["hostA", "hostB", "hostC"]
@@ -94,7 +95,7 @@ def test_the_timeline_is_written_on_rank_0s_host_and_arrives_whole_on_the_notebo
 ) -> None:
     kernel = multihost.kernel
     assert kernel is not None and kernel.run("%load_ext hvd_magic").status == "ok"
-    ran = kernel.run(SLOW_RANK_2, timeout=180)
+    ran = kernel.run(cells.SLOW_RANK_2, timeout=180)
     assert ran.status == "ok", f"{ran.ename}: {ran.evalue}"
     ranks = ast.literal_eval(ran.value)
     assert [rank[:2] for rank in ranks] == [[0, True], [1, False], [2, False]]  # on rank 0's host only
@@ -127,7 +128,7 @@ def test_an_estimators_model_dir_lives_on_the_notebooks_host_only(multihost: Clu
     kernel, bed = multihost.kernel, multihost.bed
     model_dir = f"/tmp/hvd_magic-bed-model-{uuid.uuid4().hex[:8]}"
     assert kernel is not None
-    outcome = kernel.run(ESTIMATOR_FITS.format(model_dir=model_dir), timeout=300)
+    outcome = kernel.run(cells.ESTIMATOR_FITS.format(model_dir=model_dir), timeout=300)
     assert outcome.status == "ok", f"{outcome.ename}: {outcome.evalue}\n{''.join(outcome.shown)[-3000:]}"
     after_first, after_second, exported, resumed, epochs, same = ast.literal_eval(outcome.value)
     assert after_first == [checkpoint_name(1)]
@@ -195,7 +196,7 @@ def test_a_host_cut_off_mid_run_is_named_with_the_notebooks_address_within_30_s(
     cutter = threading.Thread(target=cut_a_host, daemon=True)
     cutter.start()
     try:
-        outcome = kernel.run(KEEPS_RUNNING, timeout=240)
+        outcome = kernel.run(cells.KEEPS_RUNNING, timeout=240)
         ended = time.monotonic()
         cutter.join(timeout=30)
     finally:
@@ -227,7 +228,7 @@ def test_a_host_killed_mid_run_is_named_with_its_ranks_and_the_others_are_stoppe
 
     killer = threading.Thread(target=kill_a_host, daemon=True)
     killer.start()
-    outcome = kernel.run(KEEPS_RUNNING, timeout=240)
+    outcome = kernel.run(cells.KEEPS_RUNNING, timeout=240)
     ended = time.monotonic()
     killer.join(timeout=30)
     ((host, rank, at, what),) = killed
@@ -244,3 +245,36 @@ def test_a_host_killed_mid_run_is_named_with_its_ranks_and_the_others_are_stoppe
     again = kernel.run("%%horovod np=3\nimport socket\nsocket.gethostname()", timeout=180)
     assert again.status == "ok", f"{again.ename}: {again.evalue}"
     assert files_left(bed, WORKERS) == {}  # ... the next task on its host removes what it left
+
+
+def test_a_run_with_retries_survives_a_host_killed_mid_run(multihost: Cluster) -> None:
+    """A spot host reclaimed: every process of a host killed after the run's checkpoint at step
+    10 reached the notebook's host; its worker comes back; the run's second attempt waits for the
+    slots, resumes from the latest checkpoint and ends as if never killed."""
+    kernel, bed = multihost.kernel, multihost.bed
+    assert kernel is not None and kernel.run("%load_ext hvd_magic").status == "ok"
+    forget_rank_files(multihost)
+    store = f"/tmp/hvd_magic-bed-checkpoints-{uuid.uuid4().hex[:8]}"  # the notebook's host's own
+    killed: list[str] = []
+
+    def reclaim_a_host() -> None:
+        host, _ = victim(multihost)
+        wait_for_file(bed, [DRIVER], f"{store}/{checkpoint_name(10)}", timeout=120)
+        kill_host(bed, host)
+        forget_rank_files(multihost)
+        start_worker(bed, host, multihost.master_url, 1, multihost.log_dir)
+        killed.append(host)
+
+    reclaimer = threading.Thread(target=reclaim_a_host, daemon=True)
+    reclaimer.start()
+    outcome = kernel.run(cells.RESUMES.format(store=store), timeout=400)
+    reclaimer.join(timeout=60)
+    assert outcome.status == "ok", f"{outcome.ename}: {outcome.evalue}\n{''.join(outcome.shown)[-3000:]}"
+    ((host,),) = [killed]
+    total, resumed_from, hosts = ast.literal_eval(outcome.value)
+    assert total == 3.0 * 60 and resumed_from >= 10 and hosts == ["hostA", "hostB", "hostC"]
+    said = [line for line in "".join(outcome.shown).splitlines() if "attempt 2 of 2 from step" in line]
+    assert said and f"on {host}" in said[0] and f"from step {resumed_from}" in said[0], said
+    assert wait_until_gone(bed) == [] and files_left(bed, [name for name in WORKERS if name != host]) == {}
+    forget_rank_files(multihost)
+    kernel.run(f"import shutil\nshutil.rmtree({store!r})")

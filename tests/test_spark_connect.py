@@ -19,6 +19,13 @@ from .kernels import NO_ABORT, Kernel
 MASTERS = ["local[2]", "local-cluster[2,1,1024]"]
 
 
+def on_executors_only(request: pytest.FixtureRequest) -> None:
+    """What a test checks of Connect does not change with the server's master: it runs against
+    local-cluster only (executor JVMs, as a cluster has), which keeps the suite's time down."""
+    if request.node.callspec.params.get("connect") == "local[2]":
+        pytest.skip("checked on local-cluster (the same Connect code path, with executor JVMs)")
+
+
 @pytest.fixture(scope="module", params=MASTERS)
 def connect(request, tmp_path_factory):
     """A kernel whose active session is a Spark Connect session to a local server."""
@@ -64,7 +71,8 @@ def test_allreduce_on_a_connect_session(connect, options, cell):
     assert run_processes_anywhere() == []
 
 
-def test_data_frame_shards_on_a_connect_session(connect):
+def test_data_frame_shards_on_a_connect_session(connect, request):
+    on_executors_only(request)
     assert connect.run("df = spark.range(0, 1001, 1, 3).selectExpr('id', 'id * 2.0 as x')").status == "ok"
     outcome = connect.run(
         "%%horovod np=2 data=df\nimport json, horovod.torch as hvd, hvd_magic\nhvd.init()\n"
@@ -78,7 +86,8 @@ def test_data_frame_shards_on_a_connect_session(connect):
     assert "1,001 rows into 2 shards of 500 rows; dropped the last 1" in "".join(outcome.shown)
 
 
-def test_a_parquet_scan_is_read_from_its_files_on_a_connect_session(connect, tmp_path):
+def test_a_parquet_scan_is_read_from_its_files_on_a_connect_session(connect, tmp_path, request):
+    on_executors_only(request)
     folder = str(tmp_path / "table")
     written = connect.run(
         f"spark.range(0, 1001, 1, 3).selectExpr('id', 'id * 2.0 as x').write.parquet({folder!r})\n"
@@ -107,7 +116,8 @@ def test_a_parquet_scan_is_read_from_its_files_on_a_connect_session(connect, tmp
     assert run_processes_anywhere() == []
 
 
-def test_a_failing_rank_is_named_on_a_connect_session(connect):
+def test_a_failing_rank_is_named_on_a_connect_session(connect, request):
+    on_executors_only(request)
     cell = "import horovod.torch as hvd, torch\nhvd.init()\n"
     cell += "if hvd.rank() == 1:\n    raise ValueError('bad row')\n"
     outcome = connect.run("%%horovod np=2\n" + cell + "hvd.allreduce(torch.tensor([1.0]))")
@@ -186,7 +196,8 @@ def test_executors_that_cannot_reach_the_notebook_fail_fast_on_a_connect_session
         connect.run("SparkLauncher.start = _real_start")
 
 
-def test_more_ranks_than_slots_fails_fast_on_a_connect_session(connect):
+def test_more_ranks_than_slots_fails_fast_on_a_connect_session(connect, request):
+    on_executors_only(request)
     started = time.monotonic()
     outcome = connect.run("%%horovod np=3\n1")
     assert outcome.ename == "LaunchError", outcome
@@ -228,7 +239,8 @@ round(model.transform(df).where("prediction = label").count() / df.count(), 3)
 """
 
 
-def test_an_estimator_fits_and_transforms_on_a_connect_session(connect):
+def test_an_estimator_fits_and_transforms_on_a_connect_session(connect, request):
+    on_executors_only(request)
     outcome = connect.run(ESTIMATOR)
     assert outcome.status == "ok", outcome
     assert float(outcome.value) >= 0.9
