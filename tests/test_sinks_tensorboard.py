@@ -75,7 +75,38 @@ def test_logdir_has_each_ranks_metrics_and_their_mean_at_each_step(ip, tmp_path)
     assert same_points(written["loss"], means)
     assert written["accuracy/rank_0"] == [(5, 0.75)]
     assert written["accuracy"] == [(5, 0.75)]  # the mean over the ranks that reported it
-    assert sorted(written) == ["accuracy", "accuracy/rank_0", "loss", "loss/rank_0", "loss/rank_1"]
+    reported = sorted(tag for tag in written if not tag.startswith("resources/"))
+    assert reported == ["accuracy", "accuracy/rank_0", "loss", "loss/rank_0", "loss/rank_1"]
+    for rank in (0, 1):  # each rank's resources, as it sampled them (its first sample at least)
+        assert written[f"resources/memory_mb/rank_{rank}"] and written[f"resources/cpu_percent/rank_{rank}"]
+        assert all(10 < mb < 100_000 for _, mb in written[f"resources/memory_mb/rank_{rank}"])
+    assert not [tag for tag in written if tag.startswith("resources/gpu")]  # no GPU here
+
+
+def test_each_ranks_resources_are_written_at_the_seconds_since_the_run_began(tmp_path):
+    """Fed as a run feeds the sink: RankStatus messages at known times (rank 1 with a GPU)."""
+    from hvd_magic.protocol import Message, RankStatus
+
+    now = [100.0]
+    sink = tensorboard_sink.TensorBoardSink(str(tmp_path / "run"), ranks=2, clock=lambda: now[0])
+    samples = [
+        (100.4, 0, RankStatus(rss=300 * 2**20, cpu=50.0)),
+        (101.6, 1, RankStatus(rss=2**30, cpu=90.0, gpu=75.0, gpu_memory=2**32, gpu_temperature=61.0)),
+        (102.2, 0, RankStatus(rss=310 * 2**20, cpu=100.0)),
+    ]
+    for at, rank, status in samples:
+        now[0] = at
+        sink.message(Message(status, rank))
+    sink.close(None)
+    assert read_scalars(tmp_path / "run") == {
+        "resources/cpu_percent/rank_0": [(0, 50.0), (2, 100.0)],
+        "resources/memory_mb/rank_0": [(0, 300.0), (2, 310.0)],
+        "resources/cpu_percent/rank_1": [(1, 90.0)],
+        "resources/memory_mb/rank_1": [(1, 1024.0)],
+        "resources/gpu_percent/rank_1": [(1, 75.0)],
+        "resources/gpu_memory_mb/rank_1": [(1, 4096.0)],
+        "resources/gpu_temperature_c/rank_1": [(1, 61.0)],
+    }
 
 
 def test_each_run_has_a_folder_of_its_own_and_a_failed_run_keeps_what_came_before(ip, tmp_path):

@@ -1,5 +1,8 @@
 """TensorBoard event files of a run (``logdir=``), written on the notebook's side from the
-ranks' reports: each metric per rank as ``name/rank_N`` and the mean across ranks as ``name``.
+ranks' reports: each metric per rank as ``name/rank_N`` and the mean across ranks as ``name``;
+and each rank's resources as it samples them (``resources/NAME/rank_N``: CPU %, memory MB, and
+its GPU's utilisation, memory and temperature where it has one), their step being the seconds
+since the run began (they are sampled in time, about once a second, not per training step).
 
 Written with TensorBoard's own protos and record framing (``event_file``), without importing
 TensorFlow or torch into the notebook: tensorboard is the one package needed, the one that
@@ -12,10 +15,10 @@ import os
 import time
 from collections.abc import Callable
 
-from ..protocol import Message
+from ..protocol import Message, RankStatus
 from .scalars import Point, Scalars
 
-__all__ = ["FLUSH_SECONDS", "TensorBoardSink"]
+__all__ = ["FLUSH_SECONDS", "TensorBoardSink", "resource_points"]
 
 FLUSH_SECONDS = 5.0  # how stale the files may be for a TensorBoard watching them during the run
 
@@ -32,12 +35,17 @@ class TensorBoardSink:
         self.scalars = Scalars(ranks)
         self.ranks = ranks
         self._described: set[str] = set()
+        self._began = clock()
         self._flushed = clock()
         self._unflushed = False
 
     def message(self, message: Message) -> None:
         now = self.clock()
-        for point in self.scalars.take(message, now):
+        if isinstance(message.record, RankStatus):
+            points = resource_points(message.rank, message.record, int(now - self._began), time.time())
+        else:
+            points = self.scalars.take(message, now)
+        for point in points:
             self._write(point)
         if self._unflushed and now - self._flushed >= FLUSH_SECONDS:  # any message: ranks beat each second
             self._flushed, self._unflushed = now, False
@@ -60,3 +68,13 @@ class TensorBoardSink:
                 else f"as rank {point.rank} reported it"
             )
         self.writer.scalar(tag, point.value, point.step, point.wall_time, description)
+
+
+def resource_points(rank: int, status: RankStatus, step: int, wall_time: float) -> list[Point]:
+    """What a rank's ``RankStatus`` says of its resources, as points of that rank at ``step``."""
+    values = {"cpu_percent": status.cpu, "memory_mb": status.rss / 2**20}
+    if status.gpu >= 0:  # -1: no GPU
+        values |= {"gpu_percent": status.gpu, "gpu_memory_mb": status.gpu_memory / 2**20}
+        if status.gpu_temperature >= 0:
+            values["gpu_temperature_c"] = status.gpu_temperature
+    return [Point(f"resources/{name}", step, float(value), wall_time, rank) for name, value in values.items()]
