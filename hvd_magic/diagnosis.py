@@ -14,6 +14,7 @@ from .protocol import CELL_FILENAME
 from .run_record import RunRecord, is_consequence, timed_out
 
 __all__ = [
+    "death_host",
     "explained",
     "failure_after_exit",
     "left_behind",
@@ -64,7 +65,7 @@ def rank_failed(record: RunRecord, death: RankDeath | None) -> RankFailedError:
     if record.cause is None and death is not None:
         return RankFailedError(
             rank=death.rank,
-            host=death.host or record.started.get(death.rank, ""),
+            host=death_host(record, death),
             exc_type="",
             message=f"it {death.what}; then rank {failure.rank} failed with {failure.error.exc_type}",
             remote_traceback="",
@@ -114,9 +115,14 @@ def failure_after_exit(record: RunRecord, code: int, deaths: list[RankDeath], ta
     )
 
 
+def death_host(record: RunRecord, death: RankDeath) -> str:
+    """Where a dead rank ran: the launcher's word for it, else the host the rank reported."""
+    return death.host or record.started.get(death.rank, "")
+
+
 def _named(record: RunRecord, death: RankDeath) -> str:
     """'rank 2', and its host when the host is what was lost ('rank 2 on hostC')."""
-    host = death.host or record.started.get(death.rank, "")
+    host = death_host(record, death)
     return f"rank {death.rank} on {host}" if death.host_lost and host else f"rank {death.rank}"
 
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 
 from .checkpoint_store import CheckpointStore
-from .diagnosis import silent_death
+from .diagnosis import death_host, silent_death
 from .errors import LaunchError, RunError, RunInterrupted, RunTimeout
 from .launch import Launcher, RankDeath
 from .options import RunOptions
@@ -33,7 +33,7 @@ def lost_cause(record: RunRecord, deaths: list[RankDeath]) -> str | None:
         return None  # a rank raised: the user's code
     death = silent_death(record, deaths)
     if death is not None:
-        host = death.host or record.started.get(death.rank, "")
+        host = death_host(record, death)
         return f"rank {death.rank} lost{f' on {host}' if host else ''} ({death.what})"
     gone = sorted(set(record.started) - set(record.exited))
     if gone:

@@ -271,11 +271,11 @@ class SparkLauncher(Launcher):
             time.sleep(0.02)
 
     def _leftovers(self) -> list[str]:
-        leftovers = []
+        leftovers, lost_tasks = [], tasks_on(self._plan, self._lost)
         for identity, join in self._joins.items():
             stopped = self._stopped.get(identity)
             if stopped is None:
-                lost = join.partition in tasks_on(self._plan, self._lost)
+                lost = join.partition in lost_tasks
                 leftovers.append(
                     f"task {join.partition} on executor {join.executor} ({join.ip}) did not confirm"
                     + (" (its host was lost)" if lost else "")

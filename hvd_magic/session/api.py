@@ -76,8 +76,10 @@ class Session:
         call), ``mlflow`` (an MLflow run for it), ``stragglers``."""
         if not self._live.live:
             raise RunError(f"the session ended ({self._live.lost}): start a new Session")
-        asked = SimpleNamespace(return_names=None, timeout=None, timeline=timeline, logdir=logdir)
-        asked.mlflow, asked.stragglers = mlflow, stragglers
+        asked = SimpleNamespace(
+            return_names=None, timeout=None, timeline=timeline, logdir=logdir, mlflow=mlflow,
+            stragglers=stragglers,
+        )  # fmt: skip
         try:
             options = cell_options(self._live, asked, ranks)
         except UsageError as err:

@@ -241,8 +241,7 @@ class LiveSession:
 
     def _beat(self) -> None:
         while not self._ended.wait(BEAT_SECONDS):
-            if (code := self.launcher.poll()) is not None and self.lost is None:
-                self.lost = self.why_ended(code)
+            self.live  # noqa: B018 - polls the processes, and says why the session ended if it did
             if self.idle and not self.running and time.monotonic() - self.last_cell > self.idle:
                 self.lost = f"idle for {self.idle:.0f} s (idle=)"
                 self.end()
