@@ -62,7 +62,7 @@ class CellLauncher(Launcher):
         if code is not None:  # a rank's process ended: the session is over
             self.session.lost = self.session.why_ended(code)
             if code == SILENT_EXIT:  # not a death: they left before this cell came
-                raise RunError(f"the live session's {self.session.lost}")
+                raise RunError(f"the live session ended: {self.session.lost}")
             return code if code else 1
         return 0 if self.session.finished(self.cell, self.targets) else None
 
