@@ -13,6 +13,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from . import collective_time
 from .protocol import FileChunk, Reports
 
 if TYPE_CHECKING:
@@ -121,6 +122,9 @@ def report(
     record: dict[str, Any] = {"t": time.time()}
     if step is not None:
         record["step"] = int(step)
+        waited = collective_time.waited()
+        if waited is not None:
+            record["w"] = round(waited, 6)  # its own time is "t" less this (see stragglers)
     if total is not None:
         record["total"] = int(total)
     if epoch is not None:

@@ -9,8 +9,11 @@ own ``StepRate`` (a rank that reports nothing decays), its host (``Started``) an
 (``RankStatus``), which give the likely reason (``likely_reason``).
 
 In lock-step training (an allreduce every step) every rank makes the same steps/s: the fast ones
-wait for the slow one inside the collective, so this names ranks whose steps are their own
-(independent work, uneven shards before a sync); the stall watch names a rank the others wait on.
+wait for the slow one inside the collective. Where a rank measures its waits in collectives
+(``collective_time``: Horovod's PyTorch binding), its steps are timed on its own clock, that
+time less its waits, so the rank the others wait for is the slow one; elsewhere steps/s are
+judged by wall time, which names ranks whose steps are their own (independent work, uneven
+shards before a sync), and the stall watch names a rank the others wait on.
 """
 
 from __future__ import annotations
@@ -128,24 +131,28 @@ class StragglerDetector:
         return False
 
 
-def likely_reason(status: RankStatus | None, swap_rate: float | None = None) -> str:
-    """Why a rank is slow, from its latest resources (and its host's swapping, bytes/s)."""
+def likely_reason(
+    status: RankStatus | None, swap_rate: float | None = None, outside: float | None = None
+) -> str:
+    """Why a rank is slow, from its latest resources (and its host's swapping, bytes/s, and the
+    share of its time spent outside collectives, where measured)."""
+    own = "" if outside is None else f"{outside:.0%} of its time is outside collectives; "
     if status is None:
-        return "unknown: no resource figures from it yet"
+        return f"unknown: {own}no resource figures from it yet"
     if swap_rate is not None and swap_rate >= SWAPPING:
         return (
-            f"memory swapping: its host swaps {swap_rate / 2**20:.1f} MB/s, the rank holds "
+            f"memory swapping: {own}its host swaps {swap_rate / 2**20:.1f} MB/s, the rank holds "
             f"{status.rss / 2**30:.2f} GB"
         )
-    own = status.cpu / status.cores if status.cores > 0 else 0.0
-    if status.host_cpu >= CPU_SATURATED or own >= CPU_SATURATED:
+    cores = status.cpu / status.cores if status.cores > 0 else 0.0
+    if status.host_cpu >= CPU_SATURATED or cores >= CPU_SATURATED:
         host = f"its host's CPUs {status.host_cpu:.0f} % busy, " if status.host_cpu >= 0 else ""
-        return f"CPU saturated: {host}the rank at {status.cpu:.0f} % of one core ({status.cores} cores)"
+        return f"CPU saturated: {own}{host}the rank at {status.cpu:.0f} % of one core ({status.cores} cores)"
     if status.gpu >= GPU_BUSY:
-        return f"GPU busy: {status.gpu:.0f} % utilised ({status.gpu_temperature:.0f} °C)"
+        return f"GPU busy: {own}{status.gpu:.0f} % utilised ({status.gpu_temperature:.0f} °C)"
     gpu = f", its GPU idle ({status.gpu:.0f} %)" if status.gpu >= 0 else ""
     return (
-        f"data wait: between steps it neither computes (CPU {status.cpu:.0f} % of one core{gpu}) "
+        f"data wait: {own}between steps it neither computes (CPU {status.cpu:.0f} % of one core{gpu}) "
         "nor swaps: it waits for its input (data loading, I/O) or sleeps"
     )
 
@@ -157,7 +164,9 @@ class StragglerWatch:
     def __init__(self, rule: StragglerRule | None) -> None:
         self.detector = StragglerDetector(rule) if rule is not None else None
         self.hosts: dict[int, str] = {}
-        self.steps: dict[int, StepRate] = {}
+        self.steps: dict[int, StepRate] = {}  # on the rank's own clock: its time outside collectives
+        self.walls: dict[int, StepRate] = {}  # on the wall clock
+        self.measured: set[int] = set()  # ranks that send their waits in collectives
         self.statuses: dict[int, list[tuple[float, RankStatus]]] = {}  # the last two, per rank
         self.ended: set[int] = set()
 
@@ -168,8 +177,11 @@ class StragglerWatch:
         if isinstance(record, Started):
             self.hosts[rank] = record.host
         elif isinstance(record, Reports):
-            for step, sent in _steps(message.blob, now):
-                self.steps.setdefault(rank, StepRate()).add(step, sent, now)
+            for step, sent, waited in _steps(message.blob, now):
+                if waited is not None:
+                    self.measured.add(rank)
+                self.steps.setdefault(rank, StepRate()).add(step, sent - (waited or 0.0), now)
+                self.walls.setdefault(rank, StepRate()).add(step, sent, now)
         elif isinstance(record, RankStatus):
             self.statuses[rank] = [*self.statuses.get(rank, [])[-1:], (now, record)]
         elif isinstance(record, (Exit, RankError)):
@@ -178,23 +190,26 @@ class StragglerWatch:
     def check(self, now: float) -> list[Straggler]:
         """Reports come in batches (ten a second, later under load), so a fast rank is always a
         step "late" between two batches: rates are judged ``REPORT_SLACK`` back, where only a
-        real silence has made a rank's rate decay."""
+        real silence has made a rank's rate decay. Rates are on the ranks' own clocks (their
+        time outside collectives, where measured), decayed as their wall-clock rates are."""
         if self.detector is None:
             return []
         rates = {}
-        for rank, steps in self.steps.items():
-            rate = steps.at(now - REPORT_SLACK)
-            if rank not in self.ended and rate is not None:
-                rates[rank] = rate
+        for rank, wall in self.walls.items():
+            shown, own = wall.at(now - REPORT_SLACK), self.steps[rank].rate
+            if rank not in self.ended and shown is not None and own is not None and wall.rate:
+                rates[rank] = own * shown / wall.rate  # a silent rank decays as on the wall clock
         return [self._straggler(change) for change in self.detector.check(now, rates)]
 
     def _straggler(self, change: Change) -> Straggler:
         assert self.detector is not None
         rule, rank = self.detector.rule, change.rank
         statuses = self.statuses.get(rank, [])
-        reason = (
-            "" if not change.named else likely_reason(statuses[-1][1] if statuses else None, _swap(statuses))
-        )
+        outside = self._outside(rank)
+        reason = ""
+        if change.named:
+            status = statuses[-1][1] if statuses else None
+            reason = likely_reason(status, _swap(statuses), outside)
         return Straggler(
             rank,
             self.hosts.get(rank, ""),
@@ -204,16 +219,31 @@ class StragglerWatch:
             rule.seconds,
             reason,
             recovered=not change.named,
+            outside=-1.0 if outside is None else outside,
         )
 
+    def _outside(self, rank: int) -> float | None:
+        """The share of its time a rank spent outside collectives lately (None: not measured,
+        the rank sent no waits, or too few steps yet)."""
+        own, wall = self.steps.get(rank), self.walls.get(rank)
+        if own is None or wall is None or not own.rate or wall.rate is None:
+            return None
+        share = wall.rate / own.rate
+        return min(share, 1.0) if rank in self.measured else None
 
-def _steps(blob: bytes, now: float) -> list[tuple[int, float]]:
-    """(step, when the rank sent it) of each report in a ``Reports`` blob that has a step."""
+
+def _steps(blob: bytes, now: float) -> list[tuple[int, float, float | None]]:
+    """(step, when the rank sent it, the seconds it had waited in collectives by then) of each
+    report in a ``Reports`` blob that has a step."""
     try:
         reports = json.loads(blob)
-        return [(int(r["step"]), float(r.get("t", now))) for r in reports if "step" in r]
+        return [(int(r["step"]), float(r.get("t", now)), _float(r.get("w"))) for r in reports if "step" in r]
     except (ValueError, TypeError, KeyError, AttributeError):
         return []  # not what report() sends: nothing to judge by
+
+
+def _float(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def _swap(statuses: list[tuple[float, RankStatus]]) -> float | None:

@@ -172,6 +172,42 @@ def test_the_watch_names_a_rank_with_its_host_and_reason_from_the_messages_it_is
     assert watch.check(8.2) == []  # it finished: forgotten, not "caught up"
 
 
+def lock_step(watch: StragglerWatch, waits: dict[int, float] | None, seconds: int = 8) -> list[Straggler]:
+    """Three ranks in lock-step, five steps a second on the wall clock; with ``waits``, each
+    rank's seconds waited in collectives per step (sent as ``w``)."""
+    found = []
+    for tick in range(1, seconds * 10 + 1):
+        now = tick / 10
+        if tick % 2 == 0:
+            for rank in (0, 1, 2):
+                record = {"t": 1000 + now, "step": tick // 2}
+                if waits is not None:
+                    record["w"] = waits[rank] * (tick // 2)
+                watch.take(Message(Reports(), rank, json.dumps([record]).encode()), now)
+        found += watch.check(now)
+    return found
+
+
+def test_in_lock_step_the_rank_the_others_wait_for_is_named_from_its_waits():
+    # Each step takes 0.2 s for all; ranks 0 and 2 wait 0.15 s of it in the allreduce, rank 1
+    # (slowed by its data) 0.01 s: its own work is 0.19 s a step against the others' 0.05 s.
+    watch = StragglerWatch(StragglerRule(0.7, 2.0))
+    watch.take(Message(RankStatus(cpu=4.0, cores=2, host_cpu=30.0, swapped=0), 1), 0.5)
+    found = lock_step(watch, {0: 0.15, 1: 0.01, 2: 0.15})
+    assert [(s.slow_rank, s.recovered) for s in found] == [(1, False)], found
+    named = found[0]
+    assert named.rate == pytest.approx(1 / 0.19, rel=0.05) and named.median == pytest.approx(20.0, rel=0.05)
+    assert named.outside == pytest.approx(0.95, abs=0.02)
+    assert named.reason.startswith("data wait: 95% of its time is outside collectives")
+    assert "of its own work (outside collectives)" in named.text()
+
+
+def test_in_lock_step_without_measured_waits_no_rank_stands_out():
+    assert lock_step(StragglerWatch(StragglerRule(0.7, 2.0)), None) == []
+    # measured, and even: nobody is named either
+    assert lock_step(StragglerWatch(StragglerRule(0.7, 2.0)), {0: 0.1, 1: 0.1, 2: 0.1}) == []
+
+
 def test_a_rank_that_goes_silent_decays_into_a_straggler():
     watch = StragglerWatch(StragglerRule(0.7, 2.0))
     for tick in range(1, 101):

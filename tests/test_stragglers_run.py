@@ -60,3 +60,36 @@ def test_a_slowed_rank_is_named_with_its_host_and_reason_then_cleared(tmp_path):
     assert named.rate < 0.5 * named.median and recovered.rate >= 0.5 * recovered.median
     assert (tmp_path / "stop").exists() and steps > 0  # the run ended because it caught up
     assert leftover_processes() == []
+
+
+LOCK_STEP = """import os, pathlib, time, torch, hvd_magic
+import horovod.torch as hvd
+hvd.init()
+switches = pathlib.Path({folder!r})
+step, deadline = 0, time.time() + 120
+while time.time() < deadline:
+    slowed = hvd.rank() == 1 and not (switches / "recover").exists()
+    time.sleep(1.0 if slowed else 0.05)  # rank 1's input is slow until the view names it
+    done = hvd.allreduce(torch.tensor([float((switches / "stop").exists())]), name="stop")
+    step += 1
+    hvd_magic.report(step=step)
+    if done.item() > 0:
+        break
+step
+"""
+
+
+def test_in_lock_step_horovod_training_the_rank_the_others_wait_for_is_named(tmp_path):
+    """Horovod ranks in lock-step (an allreduce every step) make the same steps/s; rank 0 waits
+    in the allreduce for rank 1. Their waits, timed in Horovod's own ``synchronize``, single
+    rank 1 out, with the share of its time spent outside collectives."""
+    view = SwitchingView(tmp_path)
+    steps, _ = execute(
+        capture_cell(LOCK_STEP.format(folder=str(tmp_path)), {}), make_options(-2, stragglers="0.5/2"), view
+    )
+    said = view.stragglers()
+    assert [(s.slow_rank, s.recovered) for s in said] == [(1, False), (1, True)], said
+    named = said[0]
+    assert named.host == view.host(1) and named.outside > 0.8, named
+    assert "of its own work (outside collectives)" in named.text() and "outside collectives;" in named.reason
+    assert steps > 0 and leftover_processes() == []

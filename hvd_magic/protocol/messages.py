@@ -211,7 +211,9 @@ class Straggler(Record):
     """Rank ``slow_rank`` (on ``host``) has made ``rate`` steps/s, below ``fraction`` of the
     ranks' median ``median``, for ``seconds``; ``reason`` is its likely cause from what its
     resources show. ``recovered``: it is back at or above the fraction (the same rank, named
-    earlier). (Not ``rank``: a message's header has the sender's.)"""
+    earlier). ``outside``: the share of its time spent outside collectives, where the ranks
+    measure their waits in them (then the rates are per second of that time; -1: not measured,
+    wall time). (Not ``rank``: a message's header has the sender's.)"""
 
     slow_rank: int
     host: str
@@ -221,10 +223,12 @@ class Straggler(Record):
     seconds: float
     reason: str = ""
     recovered: bool = False
+    outside: float = -1.0
 
     def text(self) -> str:
         who = f"rank {self.slow_rank}" + (f" ({self.host})" if self.host else "")
-        speeds = f"{self.rate:.2f} steps/s, the ranks' median {self.median:.2f}"
+        clock = " of its own work (outside collectives)" if self.outside >= 0 else ""
+        speeds = f"{self.rate:.2f} steps/s{clock}, the ranks' median {self.median:.2f}"
         if self.recovered:
             return f"{who} caught up: {speeds}"
         share = f"{self.fraction:.0%} of the median for {self.seconds:g} s"
