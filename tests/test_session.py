@@ -167,3 +167,22 @@ def test_a_session_from_python_keeps_globals_between_calls():
         assert session.run(mine, ranks=[1]) == 4.0
         assert "2 ranks" in session.status()
     assert leftover_processes() == []
+
+
+def test_a_set_up_longer_than_the_silence_limit_keeps_its_ranks(monkeypatch):
+    """The session beats its ranks from their first moment, not only once the set-up cell
+    (imports, hvd.init: seconds on a busy machine) is done: a set-up twice the silence limit
+    long would otherwise have its ranks leave, taking the notebook for gone."""
+    from hvd_magic.session import live
+
+    monkeypatch.setattr(live, "SILENCE_SECONDS", 2.0)
+    slow = live.setup_source
+    monkeypatch.setattr(live, "setup_source", lambda options: "import time\ntime.sleep(4)\n" + slow(options))
+    def where() -> int:
+        import os
+
+        return os.getpid()
+
+    with Session(np=-2) as session:
+        assert session.run(where) != os.getpid()
+    assert leftover_processes() == []

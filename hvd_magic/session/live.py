@@ -108,12 +108,14 @@ class LiveSession:
         options = self.options
         if self.timeline:  # HOROVOD_TIMELINE is read once, by hvd.init()
             options = dataclasses.replace(options, env={**options.env, "HOROVOD_TIMELINE": DYNAMIC})
+        # Beats from the start: a rank counts its silence from its first moment, and the set-up
+        # cell (imports, hvd.init) may take longer than the limit on a busy machine.
+        threading.Thread(target=self._beat, name="hvd_magic-beat", daemon=True).start()
         try:
             CellRun(self.hub, cell, view, options).execute()
         except BaseException:
             self.end()
             raise
-        threading.Thread(target=self._beat, name="hvd_magic-beat", daemon=True).start()
         hosts = sorted({info.started.host for info in self.ranks.values() if info.started})
         where = "this machine" if self.options.np < 0 else f"{len(hosts)} host{'s' if len(hosts) > 1 else ''}"
         return (
