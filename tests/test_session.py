@@ -178,6 +178,7 @@ def test_a_set_up_longer_than_the_silence_limit_keeps_its_ranks(monkeypatch):
     monkeypatch.setattr(live, "SILENCE_SECONDS", 2.0)
     slow = live.setup_source
     monkeypatch.setattr(live, "setup_source", lambda options: "import time\ntime.sleep(4)\n" + slow(options))
+
     def where() -> int:
         import os
 

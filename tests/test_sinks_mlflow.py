@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import sys
+from pathlib import Path
 
 import mlflow
 import pytest
@@ -107,6 +108,22 @@ def test_mlflow_yes_without_mlflow_says_what_to_install(ip, monkeypatch):
         ip.run_cell_magic("horovod", "np=-2 mlflow=yes", "1")
     with pytest.raises(ValueError, match=re.escape("pip install hvd_magic[mlflow]")):
         HorovodRunner(np=-2, mlflow=True)
+
+
+def test_what_the_straggler_watch_said_is_an_artifact_of_the_run(store):
+    from hvd_magic.protocol import Message, Straggler
+
+    said = [
+        Straggler(1, "hostB", 0.9, 9.5, 0.7, 10.0, "data wait: …"),
+        Straggler(1, "hostB", 9.0, 9.5, 0.7, 10.0, recovered=True),
+    ]
+    with make_sinks(make_options(-2, mlflow="yes")) as sinks:
+        for straggler in said:
+            sinks.message(Message(straggler, straggler.slow_rank))
+    (run,) = store.search_runs(["0"])
+    (path,) = [p for p in artifacts(store, run.info.run_id) if p.endswith("stragglers.txt")]
+    lines = (Path(store.download_artifacts(run.info.run_id, path))).read_text().splitlines()
+    assert [line.split(" s  ", 1)[1] for line in lines] == [straggler.text() for straggler in said]
 
 
 def test_params_an_mlflow_run_already_has_are_kept_and_the_clash_said(store, capsys):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tensorboard.backend.event_processing import event_accumulator
+
 from hvd_magic.capture import capture_cell
 from hvd_magic.engine import execute
 from hvd_magic.options import make_options
@@ -50,7 +52,7 @@ class SwitchingView(RecordingView):
 
 def test_a_slowed_rank_is_named_with_its_host_and_reason_then_cleared(tmp_path):
     view = SwitchingView(tmp_path)
-    options = make_options(-2, backend="torch", stragglers="0.5/2")
+    options = make_options(-2, backend="torch", stragglers="0.5/2", logdir=str(tmp_path / "logs"))
     steps, _ = execute(capture_cell(CELL.format(folder=str(tmp_path)), {}), options, view)
     said = view.stragglers()  # exactly these two: rank 1 named once, then cleared once
     assert [(s.slow_rank, s.recovered) for s in said] == [(1, False), (1, True)], said
@@ -60,6 +62,10 @@ def test_a_slowed_rank_is_named_with_its_host_and_reason_then_cleared(tmp_path):
     assert named.rate < 0.5 * named.median and recovered.rate >= 0.5 * recovered.median
     assert (tmp_path / "stop").exists() and steps > 0  # the run ended because it caught up
     assert leftover_processes() == []
+    (run,) = (tmp_path / "logs").iterdir()  # TensorBoard: 1 from when it was named, 0 from when it caught up
+    events = event_accumulator.EventAccumulator(str(run), size_guidance={"scalars": 0})
+    assert [event.value for event in events.Reload().Scalars("stragglers/rank_1")] == [1.0, 0.0]
+    assert "stragglers/rank_0" not in events.Tags()["scalars"]
 
 
 LOCK_STEP = """import os, pathlib, time, torch, hvd_magic

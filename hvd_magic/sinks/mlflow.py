@@ -1,7 +1,8 @@
 """A run in MLflow: into the notebook's active MLflow run (or one ``mlflow=yes`` starts), the
 run's options as params, the mean across ranks of each reported metric at each step, and at
 the end the timeline file (``timeline=``) and the run's static record (the HTML page the live
-view leaves) as artifacts. Without an active run, and without ``mlflow=yes``, nothing happens:
+view leaves) as artifacts, with what the straggler watch said (``stragglers.txt``). Without an
+active run, and without ``mlflow=yes``, nothing happens:
 mlflow is not even imported.
 
 Metrics are sent from a thread of the sink's own, in batches: a slow tracking server never
@@ -21,7 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import LaunchError, RunInterrupted
-from ..protocol import Message
+from ..protocol import Message, Straggler
 from .extras import mlflow_module
 from .scalars import Point, Scalars
 
@@ -154,13 +155,16 @@ class MlflowSink:
         self.page = _page_model(ranks)
         self._metric = Metric
         self._waiting: list[Any] = []
-        self._sent = clock()
+        self._sent = self._began = clock()
+        self.stragglers: list[str] = []  # what the straggler watch said, at the seconds since the run began
         self._sender = _Sender(client, run_id)
 
     def message(self, message: Message) -> None:
         if self.page is not None:
             self.page.apply(message)
         now = self.clock()
+        if isinstance(message.record, Straggler):
+            self.stragglers.append(f"{now - self._began:8.1f} s  {message.record.text()}")
         self._add(self.scalars.take(message, now))
         if self._waiting and (len(self._waiting) >= BATCH or now - self._sent >= SEND_SECONDS):
             self._send(now)
@@ -196,6 +200,8 @@ class MlflowSink:
             from ..widgets.render import final_html
 
             self.client.log_text(self.run_id, final_html(self.page), f"{folder}/run.html")
+        if self.stragglers:
+            self.client.log_text(self.run_id, "\n".join(self.stragglers) + "\n", f"{folder}/stragglers.txt")
 
 
 def log_model(model: Any, saved: str | None = None) -> None:

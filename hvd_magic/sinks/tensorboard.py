@@ -2,7 +2,9 @@
 ranks' reports: each metric per rank as ``name/rank_N`` and the mean across ranks as ``name``;
 and each rank's resources as it samples them (``resources/NAME/rank_N``: CPU %, memory MB, and
 its GPU's utilisation, memory and temperature where it has one), their step being the seconds
-since the run began (they are sampled in time, about once a second, not per training step).
+since the run began (they are sampled in time, about once a second, not per training step);
+and ``stragglers/rank_N``, 1 when the straggler watch names rank N and 0 once it caught up, at
+the seconds since the run began.
 
 Written with TensorBoard's own protos and record framing (``event_file``), without importing
 TensorFlow or torch into the notebook: tensorboard is the one package needed, the one that
@@ -15,7 +17,7 @@ import os
 import time
 from collections.abc import Callable
 
-from ..protocol import Message, RankStatus
+from ..protocol import Message, RankStatus, Straggler
 from .scalars import Point, Scalars
 
 __all__ = ["FLUSH_SECONDS", "TensorBoardSink", "resource_points"]
@@ -41,8 +43,12 @@ class TensorBoardSink:
 
     def message(self, message: Message) -> None:
         now = self.clock()
-        if isinstance(message.record, RankStatus):
-            points = resource_points(message.rank, message.record, int(now - self._began), time.time())
+        record = message.record
+        if isinstance(record, RankStatus):
+            points = resource_points(message.rank, record, int(now - self._began), time.time())
+        elif isinstance(record, Straggler):  # 1 from when it is named, 0 once it caught up
+            value = 0.0 if record.recovered else 1.0
+            points = [Point("stragglers", int(now - self._began), value, time.time(), record.slow_rank)]
         else:
             points = self.scalars.take(message, now)
         for point in points:
