@@ -17,7 +17,7 @@ os.environ[SUITE_VARIABLE] = uuid.uuid4().hex
 
 
 # The slowest modules (minutes each, measured in full runs) first, so that `make test`'s two
-# workers (pytest-xdist, a module at a time, --no-loadscopereorder) end together rather than
+# workers (pytest-xdist, a module at a time, --no-loadscope-reorder) end together rather than
 # one of them finishing a long module alone.
 SLOWEST_FIRST = (
     "test_examples",
