@@ -16,33 +16,6 @@ from .multihost import multihost  # noqa: F401 - the multi-host bed's fixture, f
 os.environ[SUITE_VARIABLE] = uuid.uuid4().hex
 
 
-# The slowest modules (minutes each, measured in full runs) first, so that `make test`'s two
-# workers (pytest-xdist, a module at a time, --no-loadscope-reorder) end together rather than
-# one of them finishing a long module alone.
-SLOWEST_FIRST = (
-    "test_examples",
-    "test_spark_estimators",
-    "test_spark_connect",
-    "test_multihost",
-    "test_estimator_compat",
-    "test_launch_spark",
-    "test_data_spark",
-    "test_faults",
-    "test_user_install",
-    "test_session_spark",
-    "test_doctor",
-    "test_browser",
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def order(item: pytest.Item) -> int:
-        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
-        return SLOWEST_FIRST.index(module) if module in SLOWEST_FIRST else len(SLOWEST_FIRST)
-
-    items.sort(key=order)  # stable: each module's own order is kept
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _interrupts_reach_python() -> None:
     """Tests interrupt runs with SIGINT as a notebook's stop button does. A shell that starts

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import psutil
 
+from .helpers import SUITE_VARIABLE
 from .multihost_net import check_isolated, connect, free_subnet, links, make_bridge, remove_links
 
 BED_DIR = Path("/run/hvd_magic-bed")  # on the machine's disk: read-only inside the hosts
@@ -86,6 +87,7 @@ class Bed:
             "HOME": "/tmp/home",
             "LANG": "C.UTF-8",
             MARKER: self.id,
+            **{k: v for k, v in os.environ.items() if k == SUITE_VARIABLE},  # the suite's mark (helpers)
             **(env or {}),
         }
         enter = ["nsenter", "-t", str(host.pid), *(f"--{kind}" for kind in ("mount", "uts", "net"))]
