@@ -1,11 +1,16 @@
 """The checks made before a Spark launch: dynamic allocation (which barrier mode refuses) on a
-real local-cluster, told before anything starts; the rule itself, pure."""
+real local-cluster, told before anything starts; the rule itself, pure; a cancel by tag that
+returns at its bound whatever Spark does."""
 
 from __future__ import annotations
+
+import threading
+import time
 
 import pytest
 
 from hvd_magic import HorovodRunner, LaunchError
+from hvd_magic.launch import spark_session as sessions
 from hvd_magic.launch.spark_session import dynamic_allocation_on
 
 from .helpers import run_processes_anywhere
@@ -91,3 +96,27 @@ def test_shards_go_where_spark_keeps_the_executors_scratch_files(tmp_path, monke
     yarn.mkdir()
     monkeypatch.setenv("LOCAL_DIRS", f"{yarn},{standalone}")
     assert scratch_dir() == str(yarn)  # YARN's first, as Spark orders them
+
+
+class _Answering:
+    def __init__(self, answer: threading.Event | Exception | None) -> None:
+        self.answer, self.asked = answer, []
+
+    def interruptTag(self, tag: str) -> list[str]:  # noqa: N802 - Spark's name
+        self.asked.append(tag)
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        if self.answer is not None:
+            self.answer.wait()  # a Connect server that does not answer: its client retries for minutes
+        return []
+
+
+def test_a_cancel_by_tag_is_bounded_whatever_spark_does():
+    answers = _Answering(None)
+    assert sessions.cancel_tag(answers, "run-1", timeout=30) and answers.asked == ["run-1"]
+    assert not sessions.cancel_tag(_Answering(RuntimeError("session stopped")), "run-2", timeout=30)
+    never = threading.Event()
+    began = time.monotonic()
+    assert not sessions.cancel_tag(_Answering(never), "run-3", timeout=0.5)
+    assert time.monotonic() - began < 30  # returned at its bound, not when Spark answers
+    never.set()

@@ -130,7 +130,7 @@ def _run_job(session: Any, tasks: int, listener: ReachListener) -> list[dict[str
         worker.join(JOB_SECONDS)
     finally:
         if worker.is_alive() and tag:
-            session.interruptTag(tag)  # timed out, or the user interrupted the doctor
+            sessions.cancel_tag(session, tag, JOB_SECONDS)  # timed out, or the user interrupted the doctor
         cloudpickle.unregister_pickle_by_value(probe)  # type: ignore[no-untyped-call]
     if worker.is_alive():
         raise TimeoutError(f"the check job did not finish in {JOB_SECONDS:.0f} s")

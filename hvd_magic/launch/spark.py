@@ -4,8 +4,7 @@ The driver side: check there are enough slots (fail in seconds, not after Spark'
 barrier retries), submit the barrier stage (``mapInArrow(..., barrier=True)``: the DataFrame API
 only, so classic and Spark Connect sessions run the same code) under a job tag on a thread,
 answer the tasks' ``Join`` with the plan, and release them when the launcher (mpirun, or each
-Gloo rank) ends. With ``data=``, the stage runs on the keyed DataFrame (``data.source``), so
-each task starts with its shard.
+Gloo rank) ends. With ``data=``, the stage runs on the keyed DataFrame: each task has its shard.
 """
 
 from __future__ import annotations
@@ -42,6 +41,7 @@ from .processes import RankDeath, death_of
 from .spark_plan import lost_host_deaths, make_plan, spark_failure, tasks_on
 from .spark_session import (
     active_or_embedded_session,
+    cancel_tag,
     check_dynamic_allocation,
     check_slots,
     driver_address,
@@ -250,7 +250,7 @@ class SparkLauncher(Launcher):
         if not self._lost:  # a lost host's task never ends by itself: cancel at once
             self._job.join(timeout=JOB_END_SECONDS)
         if self._job.is_alive():  # tasks that never answered, or Spark retrying the stage
-            self.session.interruptTag(self.tag)
+            cancel_tag(self.session, self.tag, JOB_END_SECONDS)
             self._job.join(timeout=JOB_END_SECONDS)
         self._closed.set()
         self.hub.responders.pop(StoreRequest, None)

@@ -14,6 +14,7 @@ import re
 import socket
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 from ..errors import LaunchError
 
 __all__ = [
+    "cancel_tag",
     "embedded_notice",
     "active_or_embedded_session",
     "check_dynamic_allocation",
@@ -96,6 +98,21 @@ def _output_to(path: str) -> Iterator[None]:
         os.dup2(saved[1], 2)
         for fd in (log, *saved):
             os.close(fd)
+
+
+def cancel_tag(session: Any, tag: str, timeout: float) -> bool:
+    """Cancel the Spark jobs tagged ``tag``; whether Spark took the cancel within ``timeout``
+    seconds. Bounded: a Spark Connect client retries a call its server does not answer for
+    minutes, and a stop must not wait on that (the caller then finds the job still running)."""
+    took = threading.Event()
+
+    def cancel() -> None:
+        with contextlib.suppress(Exception):  # a session already gone has no jobs to cancel
+            session.interruptTag(tag)
+            took.set()
+
+    threading.Thread(target=cancel, name="hvd_magic-cancel", daemon=True).start()
+    return took.wait(timeout)
 
 
 def is_connect(session: Any) -> bool:
