@@ -2,10 +2,17 @@
 ``hvd_magic.stopping()`` asks them to stop at their next step boundary (they write a final
 checkpoint and the run ends with rank 0's value); if they have not within ``GRACE_SECONDS``, or
 at a second interrupt, the run is stopped at once, as any other run is at its first.
+
+While the run is supervised, the notebook's interrupt (SIGINT) is taken by a handler that only
+counts it; the supervising loop raises it at its next ``check``. A ``KeyboardInterrupt`` raised
+wherever the main thread happens to be (inside a lock of the kernel's output stream, of the
+Spark client, of a widget's comm) can leave that lock held and the kernel hung for good.
 """
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -32,13 +39,27 @@ class GracefulStop:
         self.hub, self.view, self.store, self.clock = hub, view, store, clock
         self.polls = False  # a rank called stopping(): this run can stop at a step boundary
         self.asked_at: float | None = None
+        self.interrupts = self.raised = 0  # SIGINTs received, and raised as KeyboardInterrupt
         hub.taps[Polling] = self._polling
 
     def _polling(self, message: Message) -> None:
         self.polls = True
 
     def supervise(self, supervise: Callable[[], Any]) -> Any:
-        """Run ``supervise``; the first interrupt of a run that polls asks the ranks to stop."""
+        """Run ``supervise`` (a loop that calls ``check``); the first interrupt of a run that
+        polls asks the ranks to stop."""
+        if threading.current_thread() is not threading.main_thread():
+            return self._supervise(supervise)  # no signal reaches another thread
+        previous = signal.signal(signal.SIGINT, self._count)
+        try:
+            return self._supervise(supervise)
+        finally:
+            signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+
+    def _count(self, signum: int, frame: object) -> None:
+        self.interrupts += 1
+
+    def _supervise(self, supervise: Callable[[], Any]) -> Any:
         while True:
             try:
                 value = supervise()
@@ -63,6 +84,10 @@ class GracefulStop:
             return value
 
     def check(self, now: float) -> None:
-        """Past the grace after a stop was asked: stop at once."""
+        """An interrupt received since the last check, raised here; past the grace after a
+        stop was asked: stop at once."""
+        if self.interrupts > self.raised:
+            self.raised = self.interrupts
+            raise KeyboardInterrupt
         if self.asked_at is not None and now - self.asked_at > GRACE_SECONDS:
             raise KeyboardInterrupt
