@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import hvd_magic
-from hvd_magic import reporting
+from hvd_magic import collective_time, reporting
 from hvd_magic.protocol import Kind, Reports
 
 WAIT = 10.0  # generous bound for the background flusher on a busy machine
@@ -75,7 +75,13 @@ def test_public_report_is_the_reporting_function() -> None:
     assert hvd_magic.report is reporting.report
 
 
-def test_records_are_batched_as_json_in_one_message(no_flusher: None) -> None:
+@pytest.fixture
+def no_collectives(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Whether horovod.torch was imported into this process (by another test) must not matter.
+    monkeypatch.setattr(collective_time, "waited", lambda: None)
+
+
+def test_records_are_batched_as_json_in_one_message(no_flusher: None, no_collectives: None) -> None:
     client = FakeClient()
     reporting._attach(client)  # type: ignore[arg-type]
     reporting.report(step=1, total=3, epoch=0, loss=0.5, acc=1)
@@ -234,3 +240,16 @@ def test_concurrent_reports_are_all_accounted_for(monkeypatch: pytest.MonkeyPatc
     counts = [record.dropped for record, _ in sent]
     assert counts == sorted(counts)  # cumulative: never goes down
     assert counts[-1] <= reporter.dropped
+
+
+def test_a_step_carries_the_seconds_waited_in_collectives_where_measured(
+    no_flusher: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(collective_time, "waited", lambda: 1.25)
+    client = FakeClient()
+    reporting._attach(client)  # type: ignore[arg-type]
+    reporting.report(step=1, loss=0.5)
+    reporting.report(lr=0.01)  # no step: nothing to time against
+    reporting._detach()
+    records = json.loads(client.sent[0][1])
+    assert [r.get("w") for r in records] == [1.25, None]
