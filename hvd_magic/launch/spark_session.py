@@ -104,15 +104,19 @@ def cancel_tag(session: Any, tag: str, timeout: float) -> bool:
     """Cancel the Spark jobs tagged ``tag``; whether Spark took the cancel within ``timeout``
     seconds. Bounded: a Spark Connect client retries a call its server does not answer for
     minutes, and a stop must not wait on that (the caller then finds the job still running)."""
-    took = threading.Event()
+    answered, took = threading.Event(), []
 
     def cancel() -> None:
-        with contextlib.suppress(Exception):  # a session already gone has no jobs to cancel
+        try:
             session.interruptTag(tag)
-            took.set()
+            took.append(True)
+        except Exception:  # noqa: BLE001, S110 - a session already gone has no jobs to cancel
+            pass
+        finally:
+            answered.set()
 
     threading.Thread(target=cancel, name="hvd_magic-cancel", daemon=True).start()
-    return took.wait(timeout)
+    return answered.wait(timeout) and bool(took)
 
 
 def is_connect(session: Any) -> bool:
