@@ -18,12 +18,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
 __all__ = ["waited"]
 
-# Modules of Horovod's PyTorch binding that hold ``synchronize`` under that name.
+# Modules of Horovod's PyTorch binding that hold ``synchronize`` under that name (the first defines it).
 TIMED_MODULES = (
     "horovod.torch.mpi_ops",
     "horovod.torch.optimizer",
@@ -31,7 +30,6 @@ TIMED_MODULES = (
     "horovod.torch.sync_batch_norm",
     "horovod.torch",
 )
-_MARK = "_hvd_magic_timed"
 
 _lock = threading.Lock()
 _seconds = 0.0
@@ -47,23 +45,19 @@ def waited() -> float | None:
 
 
 def _install() -> bool:
+    """Wrap ``synchronize`` once, where each module holds it (one dict lookup per call until
+    ``horovod.torch`` is imported: ``report`` calls this on every step)."""
     global _installed
-    modules = [sys.modules.get(name) for name in TIMED_MODULES]
-    if modules[0] is None:
-        return False
-    original = getattr(modules[0], "synchronize", None)
+    original = getattr(sys.modules.get(TIMED_MODULES[0]), "synchronize", None)
     if original is None:
         return False
-    timed = original if getattr(original, _MARK, False) else _timed(original)
-    for module in modules:
-        _replace(module, original, timed)
+    timed = _timed(original)
+    for name in TIMED_MODULES:
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "synchronize", None) is original:
+            module.synchronize = timed  # type: ignore[attr-defined]
     _installed = True
     return True
-
-
-def _replace(module: ModuleType | None, original: Any, timed: Any) -> None:
-    if module is not None and getattr(module, "synchronize", None) is original:
-        module.synchronize = timed  # type: ignore[attr-defined]
 
 
 def _timed(synchronize: Callable[..., Any]) -> Callable[..., Any]:
@@ -78,12 +72,4 @@ def _timed(synchronize: Callable[..., Any]) -> Callable[..., Any]:
             with _lock:
                 _seconds += spent
 
-    setattr(timed, _MARK, True)
     return timed
-
-
-def _reset() -> None:
-    """Forget the clock (a test's fresh start); what was timed stays timed."""
-    global _seconds, _installed
-    with _lock:
-        _seconds, _installed = 0.0, False

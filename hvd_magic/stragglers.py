@@ -226,10 +226,9 @@ class StragglerWatch:
         """The share of its time a rank spent outside collectives lately (None: not measured,
         the rank sent no waits, or too few steps yet)."""
         own, wall = self.steps.get(rank), self.walls.get(rank)
-        if own is None or wall is None or not own.rate or wall.rate is None:
+        if rank not in self.measured or own is None or wall is None or not own.rate or wall.rate is None:
             return None
-        share = wall.rate / own.rate
-        return min(share, 1.0) if rank in self.measured else None
+        return min(wall.rate / own.rate, 1.0)
 
 
 def _steps(blob: bytes, now: float) -> list[tuple[int, float, float | None]]:
