@@ -16,7 +16,7 @@ import socket
 import sys
 from collections.abc import Callable
 
-from . import rank_inbox, reporting
+from . import collective_time, rank_inbox, reporting
 from .hub import HubClient
 from .launch.processes import die_with_parent
 from .protocol import (
@@ -110,10 +110,12 @@ def main() -> int:
     forwarder = OutputForwarder(client)
     faulthandler.enable(file=os.fdopen(forwarder.original_stderr, "w"), all_threads=True)
     reporting._attach(client)
-    # torch.distributed ranks (env:// set up for them): the hub hears where a rank waits.
+    # torch.distributed ranks (env:// set up for them): the hub hears where a rank waits, and
+    # DDP's waits for its gradients are timed (the stragglers' own clock).
     watch = WaitWatch(client.send) if "MASTER_PORT" in os.environ and "RANK" in os.environ else None
     if watch is not None:
         watch.start()
+        collective_time.time_ddp()
     timeline = (
         TimelineStream(client, os.environ["HOROVOD_TIMELINE"]).start()
         if rank == 0 and os.environ.get("HOROVOD_TIMELINE") not in (None, "", DYNAMIC)

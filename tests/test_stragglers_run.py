@@ -6,8 +6,11 @@ waits on the run's own events, with generous bounds (the rule is short: 50 % for
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
 from hvd_magic.capture import capture_cell
@@ -99,3 +102,67 @@ def test_in_lock_step_horovod_training_the_rank_the_others_wait_for_is_named(tmp
     assert named.host == view.host(1) and named.outside > 0.8, named
     assert "of its own work (outside collectives)" in named.text() and "outside collectives;" in named.reason
     assert steps > 0 and leftover_processes() == []
+
+
+DDP_LOCK_STEP = """import os, pathlib, time, torch, hvd_magic
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo")
+model = DDP(torch.nn.Linear(8, 1))
+{user_hook}
+switches = pathlib.Path({folder!r})
+step, deadline = 0, time.time() + 120
+while time.time() < deadline:
+    slowed = dist.get_rank() == 1 and not (switches / "recover").exists()
+    time.sleep(1.0 if slowed else 0.05)  # rank 1's input is slow until the view names it
+    model(torch.randn(4, 8)).sum().backward()  # DDP: rank 0 waits here for rank 1's gradients
+    done = torch.tensor([float((switches / "stop").exists())])
+    dist.all_reduce(done)
+    step += 1
+    hvd_magic.report(step=step)
+    if done.item() > 0:
+        break
+{result}
+"""
+
+USER_HOOK = """calls = []
+def halved(state, bucket):  # the user's own hook: an allreduce of half the gradients' sum
+    calls.append(bucket.index())
+    bucket.buffer().div_(2 * dist.get_world_size())
+    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0] * 2)
+model.register_comm_hook(None, halved)"""
+
+
+@pytest.mark.parametrize("user_hook", [False, True], ids=["ddp", "ddp-user-hook"])
+def test_in_lock_step_ddp_training_the_rank_the_others_wait_for_is_named(tmp_path, user_hook):
+    """DDP ranks wait in C++, at the end of backward, for the gradients' allreduce: timed through
+    a communication hook (PyTorch's own allreduce hook, or the user's hook, still the one used)."""
+    view = SwitchingView(tmp_path)
+    cell = DDP_LOCK_STEP.format(
+        folder=str(tmp_path),
+        user_hook=USER_HOOK if user_hook else "",
+        result="(len(calls), model._get_ddp_logging_data().get('comm_hook'))" if user_hook else "step",
+    )
+    result, _ = execute(capture_cell(cell, {}), make_options(-2, backend="torch", stragglers="0.5/2"), view)
+    said = view.stragglers()
+    assert [(s.slow_rank, s.recovered) for s in said] == [(1, False), (1, True)], said
+    assert said[0].host == view.host(1) and said[0].outside > 0.8, said[0]
+    if user_hook:
+        calls, name = result
+        assert calls > 0 and name == "halved"  # theirs, called each step
+    assert leftover_processes() == []
+
+
+def test_ddp_is_timed_when_torch_is_imported_after_the_rank_started():
+    """A rank asks for DDP's timing before the cell imports torch: it is in place once torch is."""
+    script = (
+        "import sys\n"
+        "from hvd_magic import collective_time\n"
+        "collective_time.time_ddp()\n"
+        "assert 'torch' not in sys.modules\n"
+        "import torch\n"
+        "from torch.nn.parallel import DistributedDataParallel\n"
+        "print('timed', DistributedDataParallel._hvd_magic_timed)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert "timed True" in done.stdout, done.stderr[-3000:]
