@@ -10,17 +10,16 @@ Horovod's PyTorch binding waits for every collective in one Python function, ``s
 timed once ``horovod.torch`` has been imported.
 
 DDP's reducer waits in C++, at the end of ``backward``, for the allreduce of its last bucket of
-gradients. On torch.distributed ranks (``time_ddp``), a model wrapped in DDP gets, before its
-first forward, a communication hook: PyTorch's own ``allreduce_hook`` (what DDP does without one),
-or the user's hook where they registered one, timed from the launch of the iteration's last
-bucket to its completion. TensorFlow's graphs wait where Python cannot see: their ranks send no
-``w`` and are judged by wall time.
+gradients. On torch.distributed ranks (``time_ddp``), a DDP model on the CPU without a hook of
+its own gets, at its first training forward, PyTorch's ``allreduce_hook`` as its communication
+hook (what DDP does without one), timed from the launch of the iteration's last bucket to its
+completion. TensorFlow's graphs, GPU buckets (NCCL) and users' own hooks wait where this does
+not look: their ranks send no ``w`` and are judged by wall time.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.machinery
 import sys
 import threading
 import time
@@ -92,7 +91,7 @@ def _timed(synchronize: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def time_ddp() -> None:
-    """Hook DDP models made in this process (a torch.distributed rank): now if torch is
+    """Time DDP models made in this process (a torch.distributed rank): now if torch is
     imported, else as soon as it is."""
     module = sys.modules.get(DDP_MODULE)
     if module is not None:
@@ -102,16 +101,18 @@ def time_ddp() -> None:
 
 
 class _AfterImport:
-    """A finder that lets the usual ones load module ``name``, then hands it to ``then``."""
+    """A finder that lets the other finders find module ``name``, then hands the loaded module
+    to ``then`` (whose failure never fails the import)."""
 
     def __init__(self, name: str, then: Callable[[ModuleType], None]) -> None:
-        self.name, self.then = name, then
+        self.name, self.then, self.asked = name, then, False
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname != self.name:
+        if fullname != self.name or self.asked:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        self.asked = True
+        others = sys.meta_path[sys.meta_path.index(self) + 1 :]
+        spec = next((found for f in others if (found := _find(f, fullname, path, target)) is not None), None)
         loader = None if spec is None else spec.loader
         if loader is None or not hasattr(loader, "exec_module"):
             return spec
@@ -119,46 +120,70 @@ class _AfterImport:
 
         def exec_then(module: ModuleType) -> None:
             exec_module(module)
-            then(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            try:
+                then(module)
+            except Exception:  # noqa: BLE001 - unmeasured is better than a failed import
+                pass
 
-        loader.exec_module = exec_then  # type: ignore[method-assign]
+        loader.exec_module = exec_then
         return spec
 
 
+def _find(finder: Any, fullname: str, path: Any, target: Any) -> Any:
+    find_spec = getattr(finder, "find_spec", None)
+    return None if find_spec is None else find_spec(fullname, path, target)
+
+
 def _patch_ddp(module: ModuleType) -> None:
+    """At a DDP model's first training forward (grads on and synced), DDP's own default is
+    registered, timed, as its communication hook; where it could change what DDP does, nothing
+    is: a hook of the user's (or one registered by DDP itself), Join, the Python reducer, and GPU
+    buckets (NCCL's futures complete at launch: the wait is on the device, not timed here)."""
     ddp = module.DistributedDataParallel
     if getattr(ddp, "_hvd_magic_timed", False):
-        return  # patched already
-    forward, register, builtin = ddp.forward, ddp.register_comm_hook, ddp._register_builtin_comm_hook
+        return
+    forward = ddp.forward
 
     def forward_hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not getattr(self, _HOOKED, False):
-            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-            register_timed(self, self.process_group, allreduce_hook)
+        if not self.__dict__.get(_HOOKED) and _training_forward(self):
+            _hook_default(self)
         return forward(self, *args, **kwargs)
-
-    def register_timed(self: Any, state: object, hook: Callable[..., Any]) -> None:
-        global _measured
-        register(self, state, _timed_hook(hook))
-        setattr(self, _HOOKED, True)
-        _measured = True
-
-    def builtin_marked(self: Any, comm_hook_type: Any) -> None:
-        builtin(self, comm_hook_type)  # a hook in C++: its waits are not seen
-        setattr(self, _HOOKED, True)
 
     ddp._hvd_magic_timed = True
     ddp.forward = functools.wraps(forward)(forward_hooked)
-    ddp.register_comm_hook = functools.wraps(register)(register_timed)
-    ddp._register_builtin_comm_hook = functools.wraps(builtin)(builtin_marked)
 
 
-def _timed_hook(hook: Callable[..., Any]) -> Callable[..., Any]:
+def _training_forward(model: Any) -> bool:
+    import torch
+
+    return bool(torch.is_grad_enabled() and getattr(model, "require_backward_grad_sync", False))
+
+
+def _hook_default(model: Any) -> None:
+    global _measured
+    model.__dict__[_HOOKED] = True  # tried once, whatever comes of it
+    try:
+        from torch.distributed import _register_comm_hook  # type: ignore[attr-defined]
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        if not model._lazy_init_ran:
+            model._lazy_init()  # as its forward would: it may register hooks of DDP's own
+        if model._comm_hooks or model._use_python_reducer or model._join_config.enable:
+            return
+        if model.device_type != "cpu" or getattr(model, "mixed_precision", None) is not None:
+            return
+        _register_comm_hook(model.reducer, model.process_group, _last_bucket_timed(allreduce_hook))
+    except Exception:  # noqa: BLE001 - another torch, a builtin hook already there: not timed
+        return
+    _measured = True
+
+
+def _last_bucket_timed(hook: Callable[..., Any]) -> Callable[..., Any]:
     """``hook``, timed from the launch of an iteration's last bucket to its completion: DDP
     waits for it once the backward pass is done."""
 
-    @functools.wraps(hook)
     def timed(state: object, bucket: Any) -> Any:
         future = hook(state, bucket)
         if not bucket.is_last():

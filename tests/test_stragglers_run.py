@@ -109,7 +109,6 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 dist.init_process_group("gloo")
 model = DDP(torch.nn.Linear(8, 1))
-{user_hook}
 switches = pathlib.Path({folder!r})
 step, deadline = 0, time.time() + 120
 while time.time() < deadline:
@@ -122,35 +121,55 @@ while time.time() < deadline:
     hvd_magic.report(step=step)
     if done.item() > 0:
         break
-{result}
+step
 """
 
-USER_HOOK = """calls = []
-def halved(state, bucket):  # the user's own hook: an allreduce of half the gradients' sum
-    calls.append(bucket.index())
-    bucket.buffer().div_(2 * dist.get_world_size())
-    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0] * 2)
-model.register_comm_hook(None, halved)"""
 
-
-@pytest.mark.parametrize("user_hook", [False, True], ids=["ddp", "ddp-user-hook"])
-def test_in_lock_step_ddp_training_the_rank_the_others_wait_for_is_named(tmp_path, user_hook):
+def test_in_lock_step_ddp_training_the_rank_the_others_wait_for_is_named(tmp_path):
     """DDP ranks wait in C++, at the end of backward, for the gradients' allreduce: timed through
-    a communication hook (PyTorch's own allreduce hook, or the user's hook, still the one used)."""
+    PyTorch's own allreduce hook, registered at the model's first training forward."""
     view = SwitchingView(tmp_path)
-    cell = DDP_LOCK_STEP.format(
-        folder=str(tmp_path),
-        user_hook=USER_HOOK if user_hook else "",
-        result="(len(calls), model._get_ddp_logging_data().get('comm_hook'))" if user_hook else "step",
-    )
-    result, _ = execute(capture_cell(cell, {}), make_options(-2, backend="torch", stragglers="0.5/2"), view)
+    options = make_options(-2, backend="torch", stragglers="0.5/2")
+    steps, _ = execute(capture_cell(DDP_LOCK_STEP.format(folder=str(tmp_path)), {}), options, view)
     said = view.stragglers()
     assert [(s.slow_rank, s.recovered) for s in said] == [(1, False), (1, True)], said
     assert said[0].host == view.host(1) and said[0].outside > 0.8, said[0]
-    if user_hook:
-        calls, name = result
-        assert calls > 0 and name == "halved"  # theirs, called each step
-    assert leftover_processes() == []
+    assert steps > 0 and leftover_processes() == []
+
+
+DDP_HOOKS = """import pickle, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from hvd_magic import collective_time
+dist.init_process_group("gloo")
+torch.manual_seed(dist.get_rank())
+plain, hooked = DDP(torch.nn.Linear(8, 1)), DDP(torch.nn.Linear(8, 1))
+calls = []
+def halved(state, bucket):  # the user's own hook: the mean of the halves, doubled
+    calls.append(bucket.index())
+    bucket.buffer().div_(2 * dist.get_world_size())
+    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0] * 2)
+hooked.register_comm_hook(None, halved)
+with torch.no_grad():
+    plain(torch.ones(1, 8))  # not a training forward: DDP's default stays
+before = collective_time.waited()
+for model in (hooked, plain):
+    model(torch.full((2, 8), dist.get_rank() + 1.0)).sum().backward()
+grads = [float(p.grad.sum()) for model in (plain, hooked) for p in model.parameters()]
+names = [model._get_ddp_logging_data().get("comm_hook") for model in (plain, hooked)]
+(before, collective_time.waited() is not None, len(calls), names, grads, len(pickle.dumps(plain)) > 0)
+"""
+
+
+def test_ddp_keeps_the_users_hook_and_pickles_as_before(tmp_path):
+    """Only a model without a hook of its own gets the timed default, at its first training
+    forward; the user's hook is theirs, untimed; the timed model pickles as DDP does."""
+    options = make_options(-2, backend="torch")
+    result, _ = execute(capture_cell(DDP_HOOKS, {}), options, RecordingView())
+    before, measured, calls, names, grads, pickles = result
+    assert before is None and measured  # timed from the first training forward on
+    assert calls == 1 and names == [None, "halved"]  # as DDP logs them without hvd_magic
+    assert grads[:2] == pytest.approx(grads[2:])  # both averaged the ranks' gradients alike
+    assert pickles
 
 
 def test_ddp_is_timed_when_torch_is_imported_after_the_rank_started():
