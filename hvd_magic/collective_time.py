@@ -11,7 +11,7 @@ timed once ``horovod.torch`` has been imported.
 
 DDP's reducer waits in C++, at the end of ``backward``, for the allreduce of its last bucket of
 gradients. On torch.distributed ranks (``time_ddp``), a DDP model on the CPU without a hook of
-its own gets, at its first training forward, PyTorch's ``allreduce_hook`` as its communication
+its own gets, at its first training forward, an allreduce of the mean as its communication
 hook (what DDP does without one), timed from the launch of the iteration's last bucket to its
 completion. TensorFlow's graphs, GPU buckets (NCCL) and users' own hooks wait where this does
 not look: their ranks send no ``w`` and are judged by wall time.
@@ -166,7 +166,6 @@ def _hook_default(model: Any) -> None:
     model.__dict__[_HOOKED] = True  # tried once, whatever comes of it
     try:
         from torch.distributed import _register_comm_hook  # type: ignore[attr-defined]
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
         if not model._lazy_init_ran:
             model._lazy_init()  # as its forward would: it may register hooks of DDP's own
@@ -174,26 +173,36 @@ def _hook_default(model: Any) -> None:
             return
         if model.device_type != "cpu" or getattr(model, "mixed_precision", None) is not None:
             return
-        _register_comm_hook(model.reducer, model.process_group, _last_bucket_timed(allreduce_hook))
+        _register_comm_hook(model.reducer, model.process_group, _timed_allreduce)
     except Exception:  # noqa: BLE001 - another torch, a builtin hook already there: not timed
         return
     _measured = True
 
 
-def _last_bucket_timed(hook: Callable[..., Any]) -> Callable[..., Any]:
-    """``hook``, timed from the launch of an iteration's last bucket to its completion: DDP
-    waits for it once the backward pass is done."""
+def _timed_allreduce(group: Any, bucket: Any) -> Any:
+    """PyTorch's ``allreduce_hook`` (the mean of the ranks' gradients), timed from the launch of
+    an iteration's last bucket to its completion: DDP waits for it once the backward pass is
+    done. Its future is settled by hand (not ``then``) so that a failed allreduce raises
+    torch's own error, as DDP without a hook does."""
+    import torch
+    import torch.distributed as dist
 
-    def timed(state: object, bucket: Any) -> Any:
-        future = hook(state, bucket)
-        if not bucket.is_last():
-            return future
-        start = time.perf_counter()
+    group = group if group is not None else dist.group.WORLD
+    buffer = bucket.buffer()
+    buffer.div_(group.size())
+    start = time.perf_counter() if bucket.is_last() else None
+    reduced = dist.all_reduce(buffer, group=group, async_op=True).get_future()
+    result: Any = torch.futures.Future()
 
-        def done(fut: Any) -> Any:
+    def settle(done: Any) -> None:
+        if start is not None:
             _add(time.perf_counter() - start)
-            return fut.value()
+        try:
+            value = done.value()[0]
+        except Exception as err:  # noqa: BLE001 - handed on as it came
+            result.set_exception(err)
+        else:
+            result.set_result(value)
 
-        return future.then(done)
-
-    return timed
+    reduced.add_done_callback(settle)
+    return result

@@ -110,8 +110,7 @@ def main() -> int:
     forwarder = OutputForwarder(client)
     faulthandler.enable(file=os.fdopen(forwarder.original_stderr, "w"), all_threads=True)
     reporting._attach(client)
-    # torch.distributed ranks (env:// set up for them): the hub hears where a rank waits, and
-    # DDP's waits for its gradients are timed (the stragglers' own clock).
+    # torch.distributed ranks: the hub hears where a rank waits; DDP's waits are timed (stragglers)
     watch = WaitWatch(client.send) if "MASTER_PORT" in os.environ and "RANK" in os.environ else None
     if watch is not None:
         watch.start()
