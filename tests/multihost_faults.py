@@ -29,14 +29,17 @@ def host_processes(bed: Bed, name: str) -> list[psutil.Process]:
 
 
 def kill_host(bed: Bed, name: str) -> list[str]:
-    """SIGKILL every process of the host, as a machine that dies; what was killed."""
+    """SIGKILL every process of the host at once, as a machine that dies; what was killed.
+    All are stopped first: killed one by one, one could see another die and act on it (the
+    scratch directory's watcher removes the directory once its owner is gone)."""
     victims = host_processes(bed, name)
     killed = [describe(p) for p in victims]
-    for process in victims:
-        try:
-            process.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
+    for signal_number in (signal.SIGSTOP, signal.SIGKILL):
+        for process in victims:
+            try:
+                process.send_signal(signal_number)
+            except psutil.NoSuchProcess:
+                pass
     _, alive = psutil.wait_procs(victims, timeout=15)
     assert not alive, f"still alive on {name}: {[describe(p) for p in alive]}"
     return killed
