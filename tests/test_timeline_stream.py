@@ -10,6 +10,8 @@ parses and holds exactly the events the writer completed, in order.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -194,3 +196,30 @@ def test_a_stale_bracket_between_events_is_a_separator_not_data() -> None:
     cutter = EventCutter()
     events = cutter.feed(b'[\n{"ph": "i", "s": "g"}]{"ph": "i", "name": "CYCLE_START", "s": "g"}]')
     assert [json.loads(event)["ph"] for event in events] == ["i", "i"]
+
+
+WRITE_OUT = """import os, sys, torch
+path = sys.argv[1]
+os.environ["HOROVOD_TIMELINE"] = path
+import horovod.torch as hvd
+hvd.init()
+for i in range(50):
+    hvd.allreduce(torch.ones(10), name=f"t{i}")
+from hvd_magic.timeline.stream import _open_here, stop_and_write_out
+print("open", _open_here(path), "closed", stop_and_write_out(path), "open", _open_here(path))
+hvd.shutdown()
+"""
+
+
+def test_rank_0_waits_for_horovods_writer_to_write_out_its_queue(tmp_path):
+    """hvd.shutdown() stops Horovod's timeline writer at once, dropping what it still has queued;
+    rank 0 stops the timeline first and waits until the writer has closed the file (a real,
+    single-process Horovod)."""
+    path = tmp_path / "timeline.json"
+    done = subprocess.run(
+        [sys.executable, "-c", WRITE_OUT, str(path)], capture_output=True, text=True, timeout=300
+    )
+    assert "open True closed True open False" in done.stdout, done.stdout + done.stderr[-3000:]
+    events = json.loads(path.read_text())  # whole: Horovod closed it
+    allreduces = [event for event in events if event.get("ph") == "B" and event.get("name") == "ALLREDUCE"]
+    assert len(allreduces) == 50  # every tensor's, the last ones included

@@ -2,10 +2,10 @@
 
 The session's ranks were started with ``HOROVOD_TIMELINE=DYNAMIC`` (``%horovod start
 timeline=yes``): Horovod then writes nothing until ``hvd.start_timeline(file)``. A cell with
-``timeline=`` has it started before the cell's code and stopped after it (``stop_timeline``
-writes out what is queued and closes the file), and streamed to the notebook as a run's is
-(``timeline.stream.TimelineStream``), so the file holds that cell's collectives only. It must
-not import IPython.
+``timeline=`` has it started before the cell's code and stopped after it (``stop_timeline``;
+its writer then writes out what is queued and closes the file, which rank 0 waits for), and
+streamed to the notebook as a run's is (``timeline.stream.TimelineStream``), so the file holds
+that cell's collectives only. It must not import IPython.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import uuid
 from typing import Any
 
 from ..hub import HubClient
-from ..timeline.stream import TimelineStream
+from ..timeline.stream import TimelineStream, stop_and_write_out
 
 __all__ = ["CellTimeline", "horovod_framework"]
 
@@ -50,7 +50,4 @@ class CellTimeline:
         self.stream.finish(flush=self._stop)
 
     def _stop(self) -> None:
-        try:
-            self.framework.stop_timeline()
-        except Exception:  # noqa: BLE001 - the cell shut Horovod down: its writer closed the file
-            pass
+        stop_and_write_out(self.path)  # nothing to wait for if the cell shut Horovod down

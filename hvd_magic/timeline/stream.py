@@ -7,16 +7,18 @@ Only whole events travel (``events.EventCutter``), joined by ``,\\n``; the noteb
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 from ..hub import HubClient
 from ..protocol import FileChunk
 from .events import EventCutter
 
-__all__ = ["DYNAMIC", "STREAM_SECONDS", "TimelineStream", "read_from"]
+__all__ = ["DYNAMIC", "STREAM_SECONDS", "TimelineStream", "read_from", "stop_and_write_out"]
 
 STREAM_SECONDS = 2.0  # how often rank 0 sends what Horovod added to its timeline
 # HOROVOD_TIMELINE's value for a timeline started and stopped by hvd.start_timeline/stop_timeline
@@ -25,16 +27,58 @@ DYNAMIC = "DYNAMIC"
 _FILE_CHUNK = 4 * 1024 * 1024
 
 
-def shutdown_horovod() -> None:
-    """Shut down whichever Horovod framework the rank imported: its writer then flushes and
-    closes the timeline."""
-    for module in ("horovod.torch", "horovod.tensorflow"):
+CLOSE_SECONDS = 5.0  # how long rank 0 waits for Horovod's writer to write out its queue
+_FRAMEWORKS = ("horovod.torch", "horovod.tensorflow")
+
+
+def shutdown_horovod(path: str) -> None:
+    """Have Horovod write out the timeline at ``path`` (``stop_and_write_out``), then shut down
+    whichever Horovod framework the rank imported."""
+    stop_and_write_out(path)
+    for module in _FRAMEWORKS:
         framework = sys.modules.get(module)
         if framework is not None:
             try:
                 framework.shutdown()
             except Exception:  # noqa: BLE001 - a failed run may have left Horovod half-initialised
                 pass
+
+
+def stop_and_write_out(path: str, timeout: float = CLOSE_SECONDS) -> bool:
+    """Stop Horovod's timeline and wait (up to ``timeout``) until its writer has closed the file
+    at ``path``: every queued event is then in it. ``hvd.shutdown()`` alone is not enough: it
+    stops the writer at once, and what is still queued is lost (Horovod 0.28's
+    ``TimelineWriter::Shutdown``), as a starved writer's last steps were under load. Whether the
+    file was closed; False where Horovod is not initialised."""
+    for module in _FRAMEWORKS:
+        framework = sys.modules.get(module)
+        try:
+            if framework is None or not framework.is_initialized():
+                continue
+            framework.stop_timeline()  # the writer closes the file once its queue is empty
+        except Exception:  # noqa: BLE001 - half-initialised, or shut down by the cell
+            return False
+        deadline = time.monotonic() + timeout
+        while _open_here(path):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+        return True
+    return False
+
+
+def _open_here(path: str) -> bool:
+    """Whether a descriptor of this process (Horovod's writer's) has ``path`` open."""
+    target = os.path.realpath(path)
+    try:
+        descriptors = os.listdir("/proc/self/fd")
+    except OSError:  # no /proc: nothing to wait on
+        return False
+    for descriptor in descriptors:
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/self/fd/{descriptor}") == target:
+                return True
+    return False
 
 
 def read_from(path: str, offset: int) -> bytes:
@@ -96,7 +140,10 @@ class TimelineStream:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=30)
-        (flush or shutdown_horovod)()
+        if flush is not None:
+            flush()
+        else:
+            shutdown_horovod(self.path)
         self.send_new()  # an event Horovod left half-written (a killed writer) stays out
         if self.sent:
             self.client.send(FileChunk("timeline", last=True))
