@@ -15,7 +15,7 @@ from tensorboard.backend.event_processing import event_accumulator
 
 from hvd_magic.capture import capture_cell
 from hvd_magic.engine import execute
-from hvd_magic.options import make_options
+from hvd_magic.options import RunOptions, make_options
 from hvd_magic.protocol import Message, Started, Straggler
 
 from .helpers import RecordingView, leftover_processes
@@ -92,16 +92,22 @@ def test_in_lock_step_horovod_training_the_rank_the_others_wait_for_is_named(tmp
     """Horovod ranks in lock-step (an allreduce every step) make the same steps/s; rank 0 waits
     in the allreduce for rank 1. Their waits, timed in Horovod's own ``synchronize``, single
     rank 1 out, with the share of its time spent outside collectives."""
+    named = named_in_lock_step(LOCK_STEP, make_options(-2, stragglers="0.5/2"), tmp_path)
+    assert "of its own work (outside collectives)" in named.text() and "outside collectives;" in named.reason
+
+
+def named_in_lock_step(cell: str, options: RunOptions, tmp_path: Path) -> Straggler:
+    """Runs a lock-step ``cell`` whose rank 1 is slow until named; the straggler named, once
+    it has been named (rank 1, with its host and most of its time outside collectives) and
+    cleared, and the run left nothing behind."""
     view = SwitchingView(tmp_path)
-    steps, _ = execute(
-        capture_cell(LOCK_STEP.format(folder=str(tmp_path)), {}), make_options(-2, stragglers="0.5/2"), view
-    )
+    steps, _ = execute(capture_cell(cell.format(folder=str(tmp_path)), {}), options, view)
     said = view.stragglers()
     assert [(s.slow_rank, s.recovered) for s in said] == [(1, False), (1, True)], said
     named = said[0]
     assert named.host == view.host(1) and named.outside > 0.8, named
-    assert "of its own work (outside collectives)" in named.text() and "outside collectives;" in named.reason
     assert steps > 0 and leftover_processes() == []
+    return named
 
 
 DDP_LOCK_STEP = """import os, pathlib, time, torch, hvd_magic
@@ -127,14 +133,9 @@ step
 
 def test_in_lock_step_ddp_training_the_rank_the_others_wait_for_is_named(tmp_path):
     """DDP ranks wait in C++, at the end of backward, for the gradients' allreduce: timed through
-    PyTorch's own allreduce hook, registered at the model's first training forward."""
-    view = SwitchingView(tmp_path)
-    options = make_options(-2, backend="torch", stragglers="0.5/2")
-    steps, _ = execute(capture_cell(DDP_LOCK_STEP.format(folder=str(tmp_path)), {}), options, view)
-    said = view.stragglers()
-    assert [(s.slow_rank, s.recovered) for s in said] == [(1, False), (1, True)], said
-    assert said[0].host == view.host(1) and said[0].outside > 0.8, said[0]
-    assert steps > 0 and leftover_processes() == []
+    a communication hook that does what DDP does without one, registered at the model's first
+    training forward."""
+    named_in_lock_step(DDP_LOCK_STEP, make_options(-2, backend="torch", stragglers="0.5/2"), tmp_path)
 
 
 DDP_HOOKS = """import pickle, torch, torch.distributed as dist

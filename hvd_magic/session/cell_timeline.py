@@ -11,13 +11,12 @@ that cell's collectives only. It must not import IPython.
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import uuid
 from typing import Any
 
 from ..hub import HubClient
-from ..timeline.stream import TimelineStream, stop_and_write_out
+from ..timeline.stream import TimelineStream, initialized_horovod, stop_and_write_out
 
 __all__ = ["CellTimeline", "horovod_framework"]
 
@@ -25,10 +24,9 @@ __all__ = ["CellTimeline", "horovod_framework"]
 def horovod_framework() -> Any:
     """The initialised Horovod framework module of this rank (the session's set-up cell
     imported one and called ``hvd.init()``)."""
-    for name in ("horovod.torch", "horovod.tensorflow"):
-        module = sys.modules.get(name)
-        if module is not None and module.is_initialized():
-            return module
+    framework = initialized_horovod()
+    if framework is not None:
+        return framework
     raise RuntimeError(
         "timeline=: Horovod is not initialised on rank 0, so it cannot record this cell's timeline "
         "(did a cell call hvd.shutdown()? %horovod stop, then %horovod start ... timeline=yes)"

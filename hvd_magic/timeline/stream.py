@@ -13,12 +13,20 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ..hub import HubClient
 from ..protocol import FileChunk
 from .events import EventCutter
 
-__all__ = ["DYNAMIC", "STREAM_SECONDS", "TimelineStream", "read_from", "stop_and_write_out"]
+__all__ = [
+    "DYNAMIC",
+    "STREAM_SECONDS",
+    "TimelineStream",
+    "initialized_horovod",
+    "read_from",
+    "stop_and_write_out",
+]
 
 STREAM_SECONDS = 2.0  # how often rank 0 sends what Horovod added to its timeline
 # HOROVOD_TIMELINE's value for a timeline started and stopped by hvd.start_timeline/stop_timeline
@@ -50,21 +58,29 @@ def stop_and_write_out(path: str, timeout: float = CLOSE_SECONDS) -> bool:
     stops the writer at once, and what is still queued is lost (Horovod 0.28's
     ``TimelineWriter::Shutdown``), as a starved writer's last steps were under load. Whether the
     file was closed; False where Horovod is not initialised."""
-    for module in _FRAMEWORKS:
-        framework = sys.modules.get(module)
-        try:
-            if framework is None or not framework.is_initialized():
-                continue
-            framework.stop_timeline()  # the writer closes the file once its queue is empty
-        except Exception:  # noqa: BLE001 - half-initialised, or shut down by the cell
+    framework = initialized_horovod()
+    try:
+        if framework is None:
             return False
-        deadline = time.monotonic() + timeout
-        while _open_here(path):
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.01)
-        return True
-    return False
+        framework.stop_timeline()  # the writer closes the file once its queue is empty
+    except Exception:  # noqa: BLE001 - half-initialised, or shut down by the cell
+        return False
+    deadline = time.monotonic() + timeout
+    while _open_here(path):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def initialized_horovod() -> Any:
+    """The Horovod framework module this rank imported and initialised; None if there is none."""
+    for name in _FRAMEWORKS:
+        module = sys.modules.get(name)
+        with contextlib.suppress(Exception):  # half-initialised: as good as none
+            if module is not None and module.is_initialized():
+                return module
+    return None
 
 
 def _open_here(path: str) -> bool:
