@@ -16,7 +16,7 @@ import socket
 import sys
 from collections.abc import Callable
 
-from . import collective_time, rank_inbox, reporting
+from . import collective_ddp, collective_tf, rank_inbox, reporting
 from .hub import HubClient
 from .launch.processes import die_with_parent
 from .protocol import (
@@ -83,6 +83,19 @@ def _run(
     return run_payload(client, payload, host, reply=rank == 0)
 
 
+def _time_waits(client: HubClient, torch_style: bool) -> WaitWatch | None:
+    """Time this rank's waits in collectives (stragglers): DDP's on torch.distributed ranks, whose
+    hub also hears where they wait (the watch), Horovod TensorFlow's gradient allreduce on
+    Horovod ranks (Horovod torch's are timed as soon as it is imported)."""
+    if not torch_style:
+        collective_tf.time_tensorflow()
+        return None
+    collective_ddp.time_ddp()
+    watch = WaitWatch(client.send)
+    watch.start()
+    return watch
+
+
 def main() -> int:
     die_with_parent()
     if os.getppid() == 1:  # the launcher is already gone
@@ -110,11 +123,7 @@ def main() -> int:
     forwarder = OutputForwarder(client)
     faulthandler.enable(file=os.fdopen(forwarder.original_stderr, "w"), all_threads=True)
     reporting._attach(client)
-    # torch.distributed ranks: the hub hears where a rank waits; DDP's waits are timed (stragglers)
-    watch = WaitWatch(client.send) if "MASTER_PORT" in os.environ and "RANK" in os.environ else None
-    if watch is not None:
-        watch.start()
-        collective_time.time_ddp()
+    watch = _time_waits(client, torch_style)
     timeline = (
         TimelineStream(client, os.environ["HOROVOD_TIMELINE"]).start()
         if rank == 0 and os.environ.get("HOROVOD_TIMELINE") not in (None, "", DYNAMIC)

@@ -138,6 +138,35 @@ def test_in_lock_step_ddp_training_the_rank_the_others_wait_for_is_named(tmp_pat
     named_in_lock_step(DDP_LOCK_STEP, make_options(-2, backend="torch", stragglers="0.5/2"), tmp_path)
 
 
+KERAS_LOCK_STEP = """import pathlib, time, numpy as np, hvd_magic
+import horovod.tensorflow.keras as hvd
+import tensorflow as tf
+hvd.init()
+switches, deadline = pathlib.Path({folder!r}), time.time() + 120
+
+class SlowInput(tf.keras.callbacks.Callback):
+    def on_train_batch_begin(self, batch, logs=None):  # rank 1's input is slow until the view names it
+        time.sleep(1.0 if hvd.rank() == 1 and not (switches / "recover").exists() else 0.05)
+
+class StopTogether(tf.keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        asked = float((switches / "stop").exists() or time.time() > deadline)
+        self.model.stop_training = hvd.allreduce(tf.constant([asked]), name="stop").numpy()[0] > 0
+
+model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(1)])
+model.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)), loss="mse")
+callbacks = [SlowInput(), hvd_magic.LiveCallback(), StopTogether()]
+fit = model.fit(np.ones((64, 8)), np.ones((64, 1)), batch_size=8, epochs=1000, verbose=0, callbacks=callbacks)
+len(fit.history["loss"])
+"""
+
+
+def test_in_lock_step_keras_training_the_rank_the_others_wait_for_is_named(tmp_path):
+    """Keras ranks wait inside the graph, in Horovod's allreduce op: the gradients' allreduce
+    (``hvd.DistributedOptimizer``) is timed there, by ``tf.timestamp`` ops around it."""
+    named_in_lock_step(KERAS_LOCK_STEP, make_options(-2, stragglers="0.5/2"), tmp_path)
+
+
 DDP_HOOKS = """import pickle, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from hvd_magic import collective_time
@@ -177,8 +206,8 @@ def test_ddp_is_timed_when_torch_is_imported_after_the_rank_started():
     """A rank asks for DDP's timing before the cell imports torch: it is in place once torch is."""
     script = (
         "import sys\n"
-        "from hvd_magic import collective_time\n"
-        "collective_time.time_ddp()\n"
+        "from hvd_magic import collective_ddp\n"
+        "collective_ddp.time_ddp()\n"
         "assert 'torch' not in sys.modules\n"
         "import torch\n"
         "from torch.nn.parallel import DistributedDataParallel\n"

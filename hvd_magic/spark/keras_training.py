@@ -17,6 +17,7 @@ from typing import Any
 import cloudpickle
 
 from ..checkpoints import checkpoint, resume
+from ..collective_tf import timed
 from .callback_files import RankFolder
 from .epoch_metrics import Averages
 from .keras_io import as_model_input, input_shapes, load_model, reduced_loss
@@ -214,7 +215,7 @@ def _step_function(model: Any, optimizer: Any, loss: Any, compression: Any) -> C
             output = model(x, training=True)
             value = loss(y, output)
         gradients = tape.gradient(value, model.trainable_variables)
-        gradients = hvd.grouped_allreduce(gradients, op=hvd.Average, **compressed)
+        gradients = timed(hvd.grouped_allreduce)(gradients, op=hvd.Average, **compressed)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
         return value, output
 
