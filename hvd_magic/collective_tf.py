@@ -1,20 +1,25 @@
-"""Horovod's TensorFlow gradient allreduce, timed in the graph (Horovod ranks; see
-``collective_time``).
+"""Horovod's TensorFlow gradient allreduce, timed (Horovod ranks; see ``collective_time``).
 
 In lock-step Keras or ``DistributedGradientTape`` training a rank waits inside the graph, in
 Horovod's allreduce op, for the others' gradients: Python never sees the wait. The function
 Horovod makes to allreduce a step's gradients (``_make_allreduce_grads_fn``, behind
 ``DistributedOptimizer``, the Keras binding's optimizer and ``DistributedGradientTape``) is
-wrapped: two ``tf.timestamp`` ops, one once every gradient is computed and one once every
-allreduced gradient is there, and the difference added to a variable, all in the graph (no
-Python in the step, no host sync). As DDP's last bucket, this times the wait after the rank's
-own backward pass. On a machine whose TensorFlow sees a GPU nothing is timed (a GPU op is
-"done" once queued, so the first stamp would not mark the gradients' end).
+wrapped: in a graph, two ``tf.timestamp`` ops, one once every gradient is computed and one once
+every allreduced gradient is there, and the difference added to a variable (no Python in the
+step, no host sync); run eagerly, the call itself is timed. As DDP's last bucket, this times
+the wait after the rank's own backward pass. Horovod gets the gradients it would get without
+this (its collectives are named after them and matched across ranks by name).
+
+Not timed: a TensorFlow that sees a GPU (a GPU op is "done" once queued, so the first stamp
+would not mark the gradients' end) and TF1-style graphs (no automatic control dependencies to
+run the clock's update; their variables are saved by ``Saver``).
 """
 
 from __future__ import annotations
 
 import functools
+import threading
+import time
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
@@ -26,6 +31,7 @@ __all__ = ["time_tensorflow", "timed"]
 
 MODULE = "horovod.tensorflow"
 _clock: Any = None  # the tf.Variable the graph adds its waits to; False where nothing is timed
+_cpu_only: bool | None = None
 
 
 def time_tensorflow() -> None:
@@ -54,25 +60,31 @@ def timed(allreduce: Callable[..., Any]) -> Callable[..., Any]:
     def timed_allreduce(gradients: Sequence[Any], *args: Any, **kwargs: Any) -> Any:
         import tensorflow as tf
 
-        clock = _variable()
+        if tf.executing_eagerly() and _on_cpu():
+            collective_time.measured()
+            start = time.perf_counter()
+            try:
+                return allreduce(gradients, *args, **kwargs)
+            finally:
+                collective_time.add(time.perf_counter() - start)
+        clock = _variable() if tf.compat.v1.executing_eagerly_outside_functions() else None
         if clock is None:
             return allreduce(gradients, *args, **kwargs)
-        gradients, computed = _passed_on(gradients)
-        with tf.control_dependencies(computed):
+        with tf.control_dependencies(_identities(gradients)):  # a side branch: Horovod gets its own
             start = tf.timestamp()
-        reduced, arrived = _passed_on(allreduce(gradients, *args, **kwargs))
-        with tf.control_dependencies(arrived):
+        reduced = _passed_on(allreduce(gradients, *args, **kwargs))
+        with tf.control_dependencies(_identities(reduced)):
             clock.assign_add(tf.timestamp() - start)  # a stateful op: tf.function runs it
         return reduced
 
     return timed_allreduce
 
 
-def _passed_on(values: Sequence[Any]) -> tuple[list[Any], list[Any]]:
-    """``values`` passed on through identities, and those identities, for a stamp to follow:
-    a control edge on a function call's output (Horovod's allreduce is one when its optimizer
-    was made eagerly) means only the call's side effects once Grappler inlines it, not its
-    results; an identity that the rest of the step reads means the results."""
+def _passed_on(values: Sequence[Any]) -> list[Any]:
+    """``values`` through identities, for the second stamp to follow: a control edge on a
+    function call's output (Horovod's allreduce is one when its optimizer was made eagerly)
+    means only the call's side effects once Grappler inlines it, not its results; an identity
+    that the rest of the step reads means the results."""
     import tensorflow as tf
 
     passed: list[Any] = []
@@ -82,20 +94,63 @@ def _passed_on(values: Sequence[Any]) -> tuple[list[Any], list[Any]]:
         elif value is not None:
             value = tf.identity(value)
         passed.append(value)
-    ready = [v.values if isinstance(v, tf.IndexedSlices) else v for v in passed if v is not None]
-    return passed, ready
+    return passed
+
+
+def _identities(values: Sequence[Any]) -> list[Any]:
+    import tensorflow as tf
+
+    return [tf.identity(v.values if isinstance(v, tf.IndexedSlices) else v) for v in values if v is not None]
+
+
+def _on_cpu() -> bool:
+    """Whether TensorFlow sees no GPU (asked once)."""
+    global _cpu_only
+    if _cpu_only is None:
+        import tensorflow as tf
+
+        _cpu_only = not tf.config.list_physical_devices("GPU")
+    return _cpu_only
 
 
 def _variable() -> Any:
-    """The clock, made once, in eager context, on the CPU; None where TensorFlow sees a GPU."""
+    """The clock, made once, on the CPU; None where TensorFlow sees a GPU (or it could not be
+    made: then nothing is timed, and the step is the user's own)."""
     global _clock
     if _clock is None:
-        import tensorflow as tf
+        _clock = False
+        if _on_cpu():
+            import tensorflow as tf
 
-        if tf.config.list_physical_devices("GPU"):
-            _clock = False
-        else:
-            with tf.init_scope(), tf.device("/CPU:0"):
-                _clock = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="hvd_magic_waited")
+            try:
+                _clock = _made_apart(
+                    lambda: tf.Variable(0.0, dtype=tf.float64, trainable=False, name="hvd_magic_waited")
+                )
+            except Exception:  # noqa: BLE001 - untimed is better than a failed step
+                return None
             collective_time.add_source(lambda: float(_clock.numpy()))
     return None if _clock is False else _clock
+
+
+def _made_apart(make: Callable[[], Any]) -> Any:
+    """``make()`` in a thread of its own: eager, on the CPU, and out of sight of the
+    ``tf.function`` being traced here (TensorFlow's variable creators are per thread), which
+    would trace the user's step again for a variable made in its first trace, or refuse one
+    made in a later one."""
+    made: list[Any] = []
+
+    def run() -> None:
+        import tensorflow as tf
+
+        try:
+            with tf.device("/CPU:0"):
+                made.append(make())
+        except Exception as err:  # noqa: BLE001 - raised in the caller's thread
+            made.append(err)
+
+    thread = threading.Thread(target=run, name="hvd_magic-clock")
+    thread.start()
+    thread.join()
+    if isinstance(made[0], Exception):
+        raise made[0]
+    return made[0]

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["add", "add_source", "measured", "waited"]
+__all__ = ["add", "add_source", "measured", "switch_off", "waited"]
 
 # Modules of Horovod's PyTorch binding that hold ``synchronize`` under that name (the first defines it).
 TIMED_MODULES = (
@@ -41,14 +41,28 @@ _seconds = 0.0
 _installed = False
 _measured = False  # a timer other than Horovod-torch's is in place (DDP, TensorFlow)
 _sources: list[Callable[[], float]] = []  # clocks kept elsewhere (TensorFlow's, in its graph)
+_off = False  # nothing is timed in this process (stragglers=off)
 
 
 def waited() -> float | None:
     """Seconds this process has waited in collectives so far; None while nothing is measured
     (``horovod.torch`` not imported, no DDP model hooked, no TensorFlow allreduce timed)."""
-    if not _installed and not _install() and not _measured:
+    if _off or (not _installed and not _install() and not _measured):
         return None
-    return _seconds + sum(source() for source in _sources)
+    return _seconds + sum(_read(source) for source in _sources)
+
+
+def _read(source: Callable[[], float]) -> float:
+    try:
+        return source()
+    except Exception:  # noqa: BLE001 - a step's report never fails for want of this figure
+        return 0.0
+
+
+def switch_off() -> None:
+    """Time nothing in this process (``stragglers=off``): ``waited`` says None from now on."""
+    global _off
+    _off = True
 
 
 def add(spent: float) -> None:

@@ -9,7 +9,7 @@ import uuid
 
 from .hub import Hub
 from .options import RunOptions
-from .protocol import ENV_HUB, ENV_TOKEN
+from .protocol import ENV_HUB, ENV_TIME_WAITS, ENV_TOKEN
 from .tf_logs import TF_LEVEL_VARIABLE
 
 __all__ = ["STALL_VARIABLE", "rank_env", "stall_seconds"]
@@ -35,6 +35,8 @@ def rank_env(options: RunOptions, hub: Hub) -> dict[str, str]:
         )
         if options.mark_cycles:
             env["HOROVOD_TIMELINE_MARK_CYCLES"] = "1"
+    if options.stragglers is None:  # nothing judges the waits: nothing is added to the ranks' steps
+        env[ENV_TIME_WAITS] = "0"
     return env | {ENV_HUB: hub.address, ENV_TOKEN: hub.keys.client_token()}
 
 

@@ -16,7 +16,7 @@ import socket
 import sys
 from collections.abc import Callable
 
-from . import collective_ddp, collective_tf, rank_inbox, reporting
+from . import collective_ddp, collective_tf, collective_time, rank_inbox, reporting
 from .hub import HubClient
 from .launch.processes import die_with_parent
 from .protocol import (
@@ -24,6 +24,7 @@ from .protocol import (
     ENV_SHARD,
     ENV_SHARDS,
     ENV_SLOT_GPUS,
+    ENV_TIME_WAITS,
     ENV_TOKEN,
     Exit,
     SessionPayload,
@@ -87,10 +88,15 @@ def _time_waits(client: HubClient, torch_style: bool) -> WaitWatch | None:
     """Time this rank's waits in collectives (stragglers): DDP's on torch.distributed ranks, whose
     hub also hears where they wait (the watch), Horovod TensorFlow's gradient allreduce on
     Horovod ranks (Horovod torch's are timed as soon as it is imported)."""
+    timing = os.environ.pop(ENV_TIME_WAITS, "1") != "0"  # "0": stragglers=off, nothing judges them
+    if not timing:
+        collective_time.switch_off()
     if not torch_style:
-        collective_tf.time_tensorflow()
+        if timing:
+            collective_tf.time_tensorflow()
         return None
-    collective_ddp.time_ddp()
+    if timing:
+        collective_ddp.time_ddp()
     watch = WaitWatch(client.send)
     watch.start()
     return watch

@@ -215,3 +215,23 @@ def test_ddp_is_timed_when_torch_is_imported_after_the_rank_started():
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert "timed True" in done.stdout, done.stderr[-3000:]
+
+
+DDP_STEP = """import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from hvd_magic import collective_time
+dist.init_process_group("gloo")
+model = DDP(torch.nn.Linear(8, 1))
+model(torch.ones(2, 8)).sum().backward()
+(collective_time.waited(), model._get_ddp_logging_data().get("comm_hook"))
+"""
+
+
+def test_with_stragglers_off_a_rank_times_nothing(tmp_path):
+    """Nothing judges the waits: nothing is added to the user's training (DDP keeps no hook)."""
+    result, _ = execute(
+        capture_cell(DDP_STEP, {}), make_options(-2, backend="torch", stragglers="off"), RecordingView()
+    )
+    assert result == (None, None)
+    timed, _ = execute(capture_cell(DDP_STEP, {}), make_options(-2, backend="torch"), RecordingView())
+    assert timed[0] is not None and timed[0] >= 0

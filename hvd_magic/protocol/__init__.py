@@ -19,6 +19,7 @@ from .env import (
     ENV_SHARD,
     ENV_SHARDS,
     ENV_SLOT_GPUS,
+    ENV_TIME_WAITS,
     ENV_TOKEN,
     ENV_VIA_AGENT,
 )
@@ -96,6 +97,7 @@ __all__ = [
     "ENV_AGENTS",
     "ENV_HUB",
     "ENV_SHARD",
+    "ENV_TIME_WAITS",
     "ENV_SHARDS",
     "ENV_SLOT_GPUS",
     "ENV_TOKEN",

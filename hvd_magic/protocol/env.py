@@ -9,6 +9,7 @@ __all__ = [
     "ENV_SHARD",
     "ENV_SHARDS",
     "ENV_SLOT_GPUS",
+    "ENV_TIME_WAITS",
     "ENV_TOKEN",
     "ENV_VIA_AGENT",
 ]
@@ -21,3 +22,4 @@ ENV_AGENT_TOKEN = "HVD_MAGIC_AGENT_TOKEN"  # the agents' client keys, for the rs
 ENV_VIA_AGENT = "HVD_MAGIC_VIA_AGENT"  # set on what an agent starts: its host token
 ENV_SHARDS = "HVD_MAGIC_SHARDS"  # JSON list: local rank -> its data shard file (data=)
 ENV_SHARD = "HVD_MAGIC_SHARD"  # this rank's data shard file, read by hvd_magic.shard()
+ENV_TIME_WAITS = "HVD_MAGIC_TIME_WAITS"  # "0": the rank times no waits in collectives (stragglers=off)
