@@ -100,6 +100,14 @@ def leftover_processes(root: psutil.Process | None = None) -> list[str]:
     return found
 
 
+def single_process_env() -> dict[str, str]:
+    """The environment of a one-process Horovod started without mpirun: an Open MPI singleton
+    that starts no ``orted`` of its own (which would outlive it for a moment, a leftover for the
+    next test's check)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "HOROVOD_"))}
+    return env | {"OMPI_MCA_ess_singleton_isolated": "1"}
+
+
 def run_processes_anywhere() -> list[str]:
     """Rank-side processes anywhere on the machine (on Spark they are the executors' children),
     except those of another test suite running beside this one (a process carrying another

@@ -6,9 +6,10 @@ single-process Horovod in a fresh interpreter (the timing is installed at import
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
+
+from .helpers import single_process_env
 
 SETUP = """import json, os
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
@@ -74,9 +75,12 @@ with tf.compat.v1.Session() as session:
 
 
 def run(script: str) -> dict[str, object]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "HOROVOD_"))}
     done = subprocess.run(
-        [sys.executable, "-c", SETUP + script], capture_output=True, text=True, timeout=300, env=env
+        [sys.executable, "-c", SETUP + script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=single_process_env(),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]

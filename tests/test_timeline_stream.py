@@ -24,6 +24,8 @@ from hvd_magic.rank_files import RankFiles
 from hvd_magic.timeline.events import EventCutter
 from hvd_magic.timeline.stream import TimelineStream
 
+from .helpers import single_process_env
+
 # Strings that trouble a naive cutter: braces, brackets, commas, quotes and escapes inside.
 _text = st.text(alphabet=st.sampled_from(list('ab }{][,"\\:é\n')), max_size=8)
 _leaf = st.one_of(st.integers(-5, 10**12), _text, st.booleans(), st.none())
@@ -217,8 +219,9 @@ def test_rank_0_waits_for_horovods_writer_to_write_out_its_queue(tmp_path):
     single-process Horovod)."""
     path = tmp_path / "timeline.json"
     done = subprocess.run(
-        [sys.executable, "-c", WRITE_OUT, str(path)], capture_output=True, text=True, timeout=300
-    )
+        [sys.executable, "-c", WRITE_OUT, str(path)], capture_output=True, text=True, timeout=300,
+        env=single_process_env(),
+    )  # fmt: skip
     assert "open True closed True open False" in done.stdout, done.stdout + done.stderr[-3000:]
     events = json.loads(path.read_text())  # whole: Horovod closed it
     allreduces = [event for event in events if event.get("ph") == "B" and event.get("name") == "ALLREDUCE"]
