@@ -203,15 +203,16 @@ def stall_sentence(record: RunRecord, now: float) -> str:
 def left_behind(record: RunRecord) -> RankFailedError | None:
     """torch.distributed ranks timed out waiting (their waits are known): blame the ranks that
     were not waiting, as Horovod's stall inspector would."""
-    late = next((f for f in record.errors if timed_out(f.error) and f.rank in record.waits), None)
-    if late is None:
+    late = next((f for f in record.errors if timed_out(f.error) and record.last_wait(f.rank)), None)
+    wait = None if late is None else record.last_wait(late.rank)
+    if late is None or wait is None:
         return None
     failed = {f.rank for f in record.errors}
     gone = failed | set(record.waits) | set(record.exited)
     behind = [rank for rank in range(record.ranks) if rank not in gone]
     if not behind:
         return None
-    wait, first_line = record.waits[late.rank], late.error.message.strip().splitlines()[0][:200]
+    first_line = late.error.message.strip().splitlines()[0][:200]
     return RankFailedError(
         rank=behind[0],
         host=record.started.get(behind[0], ""),

@@ -63,6 +63,9 @@ class RunRecord:
     last_seen: dict[int, float] = field(default_factory=dict)
     stall: StallSeen | None = None
     waits: dict[int, WaitSeen] = field(default_factory=dict)  # torch.distributed ranks waiting
+    # a wait that just ended, kept until the rank moves on: a call that fails ends its wait, and
+    # the rank's watch may say so before the rank reports the failure
+    ended_waits: dict[int, WaitSeen] = field(default_factory=dict)
     resources: dict[int, list[tuple[float, RankStatus]]] = field(default_factory=dict)  # per rank, in time
     stragglers: list[Straggler] = field(default_factory=list)  # named and recovered, in time
 
@@ -81,16 +84,15 @@ class RunRecord:
             self.stragglers.append(record)
             return
         if isinstance(record, Waiting):  # not progress either
-            if record.call:
-                self.waits[message.rank] = WaitSeen(record.call, record.where, at - record.seconds)
-            else:
-                self.waits.pop(message.rank, None)
+            self._wait(message.rank, record, at)
             return
         self.last_message = at
         self.last_seen[message.rank] = at
         if self.stall is not None and message.rank in self.stall.stall.ranks:
             if isinstance(record, (Reports, Exit, RankError)):  # the missing rank moved on
                 self.stall = None
+        if isinstance(record, Reports):
+            self.ended_waits.pop(message.rank, None)  # it moved on
         if isinstance(record, Started):
             self.started[message.rank] = record.host
         elif isinstance(record, RankError):
@@ -102,6 +104,17 @@ class RunRecord:
             self.waits.pop(message.rank, None)
             if record.skipped:
                 self.skipped.add(message.rank)
+
+    def _wait(self, rank: int, record: Waiting, at: float) -> None:
+        self.ended_waits.pop(rank, None)
+        if record.call:
+            self.waits[rank] = WaitSeen(record.call, record.where, at - record.seconds)
+        elif (ended := self.waits.pop(rank, None)) is not None:
+            self.ended_waits[rank] = ended
+
+    def last_wait(self, rank: int) -> WaitSeen | None:
+        """Where ``rank`` waits, or waited until just now (nothing else came from it since)."""
+        return self.waits.get(rank) or self.ended_waits.get(rank)
 
     def finished(self) -> list[int]:
         """Ranks that ended normally (exit code 0), not counting those that skipped the cell."""
