@@ -16,7 +16,7 @@ lint: setup
 
 test: setup lint
 	cd js && npx vitest run
-	$(PY) -m pytest -ra --durations=25
+	$(PY) -m pytest -ra -n 2 --dist loadfile --durations=25
 
 bench: setup
 	$(PY) bench/launch.py
