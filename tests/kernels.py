@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +13,17 @@ import psutil
 # reply was sometimes aborted unrun (status "aborted") on a loaded machine: a race in the kernel,
 # not in the code under test.
 NO_ABORT = False
+
+
+def reply_to(client: Any, msg_id: str, timeout: float) -> dict[str, Any]:
+    """The shell reply to request ``msg_id``. Replies to other requests are passed over: on a
+    loaded machine ``start_new_kernel``'s wait for the kernel can send a second kernel_info
+    request, whose reply then comes where the next execute's was expected."""
+    deadline = time.monotonic() + timeout
+    while True:
+        reply: dict[str, Any] = client.get_shell_msg(timeout=max(0.0, deadline - time.monotonic()))
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply
 
 
 @dataclass

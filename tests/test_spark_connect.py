@@ -14,7 +14,7 @@ import pytest
 from jupyter_client.manager import start_new_kernel
 
 from .helpers import run_processes_anywhere, wait_for_ranks, waiting_cell
-from .kernels import NO_ABORT, Kernel
+from .kernels import NO_ABORT, Kernel, reply_to
 
 MASTERS = ["local[2]", "local-cluster[2,1,1024]"]
 
@@ -130,8 +130,7 @@ def test_interrupt_stops_every_process_on_a_connect_session(connect, tmp_path):
     msg_id = connect.client.execute("%%horovod np=2\n" + waiting_cell(tmp_path), stop_on_error=NO_ABORT)
     assert wait_for_ranks(tmp_path, 2)
     connect.manager.interrupt_kernel()
-    reply = connect.client.get_shell_msg(timeout=120)
-    assert reply["parent_header"]["msg_id"] == msg_id
+    reply = reply_to(connect.client, msg_id, 120)
     assert reply["content"]["ename"] == "RunInterrupted", reply["content"]
     assert run_processes_anywhere() == []  # at once: the stop is complete when the cell returns
     again = connect.run(f"%%horovod np=2\n{ALLREDUCE}")
@@ -155,8 +154,7 @@ def test_an_interrupt_cancels_the_barrier_job_by_its_tag(connect, tmp_path):
         msg_id = connect.client.execute("%%horovod np=2\n" + waiting_cell(tmp_path), stop_on_error=NO_ABORT)
         assert wait_for_ranks(tmp_path, 2)
         connect.manager.interrupt_kernel()
-        reply = connect.client.get_shell_msg(timeout=120)
-        assert reply["parent_header"]["msg_id"] == msg_id
+        reply = reply_to(connect.client, msg_id, 120)
         assert reply["content"]["ename"] == "RunInterrupted", reply["content"]
         # The server has no operation left under the run's tag: interrupting it again finds none.
         left = connect.run("(len(launch_tags), spark.interruptTag(launch_tags[-1]))")
