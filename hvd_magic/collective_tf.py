@@ -70,37 +70,32 @@ def timed(allreduce: Callable[..., Any]) -> Callable[..., Any]:
         clock = _variable() if tf.compat.v1.executing_eagerly_outside_functions() else None
         if clock is None:
             return allreduce(gradients, *args, **kwargs)
-        with tf.control_dependencies(_identities(gradients)):  # a side branch: Horovod gets its own
+        with tf.control_dependencies([tf.identity(t) for t in _tensors(gradients)]):  # Horovod gets its own
             start = tf.timestamp()
-        reduced = _passed_on(allreduce(gradients, *args, **kwargs))
-        with tf.control_dependencies(_identities(reduced)):
+        reduced = [_identity(value) for value in allreduce(gradients, *args, **kwargs)]
+        with tf.control_dependencies(_tensors(reduced)):
             clock.assign_add(tf.timestamp() - start)  # a stateful op: tf.function runs it
         return reduced
 
     return timed_allreduce
 
 
-def _passed_on(values: Sequence[Any]) -> list[Any]:
-    """``values`` through identities, for the second stamp to follow: a control edge on a
+def _identity(value: Any) -> Any:
+    """``value`` through an identity, for the second stamp to follow: a control edge on a
     function call's output (Horovod's allreduce is one when its optimizer was made eagerly)
     means only the call's side effects once Grappler inlines it, not its results; an identity
     that the rest of the step reads means the results."""
     import tensorflow as tf
 
-    passed: list[Any] = []
-    for value in values:
-        if isinstance(value, tf.IndexedSlices):
-            value = tf.IndexedSlices(tf.identity(value.values), value.indices, value.dense_shape)
-        elif value is not None:
-            value = tf.identity(value)
-        passed.append(value)
-    return passed
+    if isinstance(value, tf.IndexedSlices):
+        return tf.IndexedSlices(tf.identity(value.values), value.indices, value.dense_shape)
+    return None if value is None else tf.identity(value)
 
 
-def _identities(values: Sequence[Any]) -> list[Any]:
+def _tensors(values: Sequence[Any]) -> list[Any]:
     import tensorflow as tf
 
-    return [tf.identity(v.values if isinstance(v, tf.IndexedSlices) else v) for v in values if v is not None]
+    return [v.values if isinstance(v, tf.IndexedSlices) else v for v in values if v is not None]
 
 
 def _on_cpu() -> bool:

@@ -203,10 +203,12 @@ def stall_sentence(record: RunRecord, now: float) -> str:
 def left_behind(record: RunRecord) -> RankFailedError | None:
     """torch.distributed ranks timed out waiting (their waits are known): blame the ranks that
     were not waiting, as Horovod's stall inspector would."""
-    late = next((f for f in record.errors if timed_out(f.error) and record.last_wait(f.rank)), None)
-    wait = None if late is None else record.last_wait(late.rank)
-    if late is None or wait is None:
+    found = next(
+        ((f, w) for f in record.errors if timed_out(f.error) and (w := record.last_wait(f.rank))), None
+    )
+    if found is None:
         return None
+    late, wait = found
     failed = {f.rank for f in record.errors}
     gone = failed | set(record.waits) | set(record.exited)
     behind = [rank for rank in range(record.ranks) if rank not in gone]

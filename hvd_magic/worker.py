@@ -88,15 +88,14 @@ def _time_waits(client: HubClient, torch_style: bool) -> WaitWatch | None:
     """Time this rank's waits in collectives (stragglers): DDP's on torch.distributed ranks, whose
     hub also hears where they wait (the watch), Horovod TensorFlow's gradient allreduce on
     Horovod ranks (Horovod torch's are timed as soon as it is imported)."""
-    timing = os.environ.pop(ENV_TIME_WAITS, "1") != "0"  # "0": stragglers=off, nothing judges them
-    if not timing:
+    if os.environ.pop(ENV_TIME_WAITS, "1") == "0":  # stragglers=off: nothing judges them
         collective_time.switch_off()
-    if not torch_style:
-        if timing:
-            collective_tf.time_tensorflow()
-        return None
-    if timing:
+    elif torch_style:
         collective_ddp.time_ddp()
+    else:
+        collective_tf.time_tensorflow()
+    if not torch_style:
+        return None
     watch = WaitWatch(client.send)
     watch.start()
     return watch
