@@ -202,7 +202,8 @@ def stall_sentence(record: RunRecord, now: float) -> str:
 
 def left_behind(record: RunRecord) -> RankFailedError | None:
     """torch.distributed ranks timed out waiting (their waits are known): blame the ranks that
-    were not waiting, as Horovod's stall inspector would."""
+    were not waiting in the same call, as Horovod's stall inspector would (a rank waiting in
+    another call is as far from it as one doing something else)."""
     found = next(
         ((f, w) for f in record.errors if timed_out(f.error) and (w := record.last_wait(f.rank))), None
     )
@@ -210,7 +211,8 @@ def left_behind(record: RunRecord) -> RankFailedError | None:
         return None
     late, wait = found
     failed = {f.rank for f in record.errors}
-    gone = failed | set(record.waits) | set(record.exited)
+    alongside = {rank for rank, other in record.waits.items() if other.call == wait.call}
+    gone = failed | alongside | set(record.exited)
     behind = [rank for rank in range(record.ranks) if rank not in gone]
     if not behind:
         return None

@@ -148,7 +148,8 @@ def waiting_in(frame: types.FrameType | None) -> tuple[types.FrameType, str, str
 
 def _torch_call(code: types.CodeType, torch_dir: str) -> str | None:
     path, name = code.co_filename, code.co_name
-    if path.startswith(torch_dir + "distributed" + os.sep) and not name.startswith("_") and name != "wrapper":
+    public = not name.startswith(("_", "<"))  # not a helper, nor a module being imported, a lambda
+    if path.startswith(torch_dir + "distributed" + os.sep) and public and name != "wrapper":
         return name  # init_process_group, all_reduce, barrier, ...
     if name == "backward" and path.startswith(torch_dir) and _initialized():
         return "backward"  # DDP: waits for the gradients' allreduce

@@ -178,6 +178,9 @@ def test_the_rank_not_waiting_when_the_others_timed_out_is_behind():
     # Without waits (or with every rank waiting) nobody can be named: the error stands as it is.
     assert left_behind(record_of(2, (0, GLOO_TIMEOUT))) is None
     assert left_behind(record_of(2, (0, waiting), (1, waiting), (0, GLOO_TIMEOUT))) is None
+    # A rank waiting in another call (still importing, say) is as far behind as one not waiting.
+    elsewhere = Waiting("barrier", "line 9 of the cell", 3.0)
+    assert left_behind(record_of(2, (0, waiting), (1, elsewhere), (0, GLOO_TIMEOUT))).rank == 1
     # A wait that ended is no longer a wait.
     assert record_of(2, (0, waiting), (0, Waiting())).waits == {}
 

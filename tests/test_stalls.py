@@ -5,9 +5,11 @@ make (the real runs are in test_faults_torch.py)."""
 from __future__ import annotations
 
 import datetime
+import os
 import threading
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from hvd_magic.protocol import CELL_FILENAME, Stall, Waiting
@@ -136,3 +138,18 @@ def test_a_real_wait_in_init_process_group_is_seen_and_told_once(blocked_in_init
     watch.sample(None)  # out of it
     assert sent[1:] == [Waiting()]
     assert waiting_in(frame_of(threading.current_thread())) is None  # this test is not waiting
+
+
+def test_importing_torch_distributed_is_not_a_wait():
+    """A rank slow to import torch.distributed (a loaded machine) is not in a torch.distributed
+    call: told as a wait, it hid the rank that was behind (a full run blamed the rank that timed
+    out). Frames run as a module under torch/distributed, and its lambdas, are not calls."""
+    import sys
+
+    path = os.path.join(os.path.dirname(str(torch.__file__)), "distributed", "being_imported.py")
+    scope: dict = {"sys": sys}
+    exec(compile("module = sys._getframe()\nlate = (lambda: sys._getframe())()\n", path, "exec"), scope)
+    assert waiting_in(scope["module"]) is None
+    assert waiting_in(scope["late"]) is None
+    exec(compile("def barrier():\n    return sys._getframe()\ncall = barrier()\n", path, "exec"), scope)
+    assert waiting_in(scope["call"])[1] == "barrier"  # a public function there is a call
