@@ -64,7 +64,7 @@ class RunRecord:
     stall: StallSeen | None = None
     waits: dict[int, WaitSeen] = field(default_factory=dict)  # torch.distributed ranks waiting
     # a wait that just ended, kept until the rank moves on: a call that fails ends its wait, and
-    # the rank's watch may say so before the rank reports the failure
+    # the rank's watch, or its exit, may be folded in before the failure is judged
     ended_waits: dict[int, WaitSeen] = field(default_factory=dict)
     resources: dict[int, list[tuple[float, RankStatus]]] = field(default_factory=dict)  # per rank, in time
     stragglers: list[Straggler] = field(default_factory=list)  # named and recovered, in time
@@ -101,7 +101,8 @@ class RunRecord:
             self.result = message.blob
         elif isinstance(record, Exit):
             self.exited[message.rank] = record.code
-            self.waits.pop(message.rank, None)
+            if (ended := self.waits.pop(message.rank, None)) is not None:
+                self.ended_waits[message.rank] = ended  # its wait ended with it
             if record.skipped:
                 self.skipped.add(message.rank)
 
