@@ -43,11 +43,19 @@ from ..timeline.stream import DYNAMIC
 from ..views import RunView, make_view
 from .cell import CellLauncher, CellRun
 
-__all__ = ["BEAT_SECONDS", "LiveSession", "RankInfo", "SILENCE_SECONDS", "setup_source"]
+__all__ = ["BEAT_SECONDS", "LiveSession", "RankInfo", "SILENCE_SECONDS", "beat_interval", "setup_source"]
 
 BEAT_SECONDS = 1.0
 # A rank that hears no beat for this long exits: the notebook (its kernel) is gone.
 SILENCE_SECONDS = float(os.environ.get("HVD_MAGIC_SESSION_SILENCE", "20"))
+# A short silence limit beats faster: ranks leave only after this many beats were missed (a
+# busy notebook's beat comes late, and two late beats must not end a session).
+BEATS_PER_SILENCE = 8
+
+
+def beat_interval() -> float:
+    """Seconds between a session's beats: one a second, more often under a short limit."""
+    return min(BEAT_SECONDS, SILENCE_SECONDS / BEATS_PER_SILENCE)
 
 
 def setup_source(options: RunOptions) -> str:
@@ -242,7 +250,7 @@ class LiveSession:
         return message  # on to the cell's run: its record and view
 
     def _beat(self) -> None:
-        while not self._ended.wait(BEAT_SECONDS):
+        while not self._ended.wait(beat_interval()):
             self.live  # noqa: B018 - polls the processes, and says why the session ended if it did
             if self.idle and not self.running and time.monotonic() - self.last_cell > self.idle:
                 self.lost = f"idle for {self.idle:.0f} s (idle=)"
