@@ -101,8 +101,7 @@ class RunRecord:
             self.result = message.blob
         elif isinstance(record, Exit):
             self.exited[message.rank] = record.code
-            if (ended := self.waits.pop(message.rank, None)) is not None:
-                self.ended_waits[message.rank] = ended  # its wait ended with it
+            self._end_wait(message.rank)  # its wait ended with it
             if record.skipped:
                 self.skipped.add(message.rank)
 
@@ -110,7 +109,12 @@ class RunRecord:
         self.ended_waits.pop(rank, None)
         if record.call:
             self.waits[rank] = WaitSeen(record.call, record.where, at - record.seconds)
-        elif (ended := self.waits.pop(rank, None)) is not None:
+        else:
+            self._end_wait(rank)
+
+    def _end_wait(self, rank: int) -> None:
+        """``rank``'s wait, if any, is over: kept as the one that just ended."""
+        if (ended := self.waits.pop(rank, None)) is not None:
             self.ended_waits[rank] = ended
 
     def last_wait(self, rank: int) -> WaitSeen | None:
