@@ -1,5 +1,7 @@
 # The two commands of the README: `make demo` and `make test`. Both set up first (idempotent).
 PY := .venv/bin/python
+# mypy's cache beside the Horovod build, so that a fresh clone checks only what changed
+export MYPY_CACHE_DIR ?= $(or $(HVD_MAGIC_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/hvd_magic)/mypy
 
 .PHONY: setup demo test lint bench
 
