@@ -44,7 +44,8 @@ def test_state_and_output_stay_with_their_cells_across_three_cells(session, kind
     assert session.run_cell_magic("horovod", "", SUM[kind]) == 30.0  # (1 + 2) * 10: both cells' work
     assert "built on 0" in first.out and "built on 1" in first.out and "scaled" not in first.out
     assert "scaled" in second.out and "built on" not in second.out
-    assert {rank: info.started.pid for rank, info in sessions.current().ranks.items()} == pids  # same ranks
+    same = {rank: info.started.pid for rank, info in sessions.current().ranks.items()}
+    assert same == pids, first.err + second.err  # the same ranks; if not, what the cells said
     session.run_line_magic("horovod", "status")
     status = capsys.readouterr().out
     assert "live session: 2 ranks" in status and all(str(pid) in status for pid in pids.values())
