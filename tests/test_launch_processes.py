@@ -46,11 +46,27 @@ STUBBORN = (
 def test_stop_tree_escalates_to_sigkill_and_takes_the_descendants():
     process = spawn([sys.executable, "-c", STUBBORN], {"PATH": "/usr/bin:/bin"})
     assert process.stdout is not None and process.stdout.readline().strip() == b"ready"
-    family = family_of(process.pid)
+    family = family_of(process)
     assert len(family) == 2  # the stubborn process and its child
-    stop_tree(process.pid)  # SIGINT and SIGTERM are ignored: only the SIGKILL step ends them
+    stop_tree(process)  # SIGINT and SIGTERM are ignored: only the SIGKILL step ends them
     process.wait(timeout=30)
     assert [member.pid for member in family if _alive(member)] == []
+
+
+def test_a_reaped_process_whose_pid_names_another_is_not_stopped():
+    """Pids wrap around (at 32768 by default): a launcher stopped after its process ended and
+    was reaped must not stop whatever process has that pid now."""
+    ended = spawn(["true"], {"PATH": "/usr/bin:/bin"})
+    ended.wait(timeout=30)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        ended.pid = other.pid  # as if the kernel had handed the freed pid to this process
+        assert family_of(ended) == []
+        stop_tree(ended)
+        assert other.poll() is None  # untouched
+    finally:
+        other.kill()
+        other.wait(timeout=30)
 
 
 def _alive(process: psutil.Process) -> bool:

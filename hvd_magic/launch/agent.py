@@ -113,7 +113,7 @@ class ExecAgent(CurveServer):
         with self._lock:
             child = self._children.get(identity)
         if child is not None:
-            stop_tree(child.pid)
+            stop_tree(child)
 
     def _watch(self) -> None:
         while not self._stop.wait(PING_SECONDS):
@@ -127,7 +127,7 @@ class ExecAgent(CurveServer):
         with self._lock:
             children = list(self._children.values())
         for child in children:
-            stop_tree(child.pid)
+            stop_tree(child)
         super().close()
         if self._scratch is not None:
             self._scratch.remove()

@@ -74,7 +74,7 @@ class _ProcessGroupLauncher(Launcher):
         return next((code for code in codes if code), 0)
 
     def stop(self) -> list[str]:
-        family = [member for process in self.processes for member in family_of(process.pid)]
+        family = [member for process in self.processes for member in family_of(process)]
         remaining = stop_and_confirm(family)
         for process in self.processes:
             process.poll()  # reap it

@@ -141,18 +141,23 @@ def _wait_gone(processes: list[psutil.Process], timeout: float) -> list[psutil.P
     return alive
 
 
-def family_of(pid: int) -> list[psutil.Process]:
-    """A process and all its descendants ([] if it is gone)."""
+def family_of(process: subprocess.Popen[Any]) -> list[psutil.Process]:
+    """A process we started and all its descendants ([] if it is gone). Once reaped, its pid
+    may name another process (pids wrap around at 32768 by default): that one is never taken.
+    The handle is taken before the check, so it names ours; psutil then refuses to signal it
+    or list its children if the pid is reused later."""
     try:
-        parent = psutil.Process(pid)
+        parent = psutil.Process(process.pid)
+        if process.returncode is not None:  # reaped before the handle was taken
+            return []
         return [parent, *parent.children(recursive=True)]
     except psutil.NoSuchProcess:
         return []
 
 
-def stop_tree(pid: int) -> None:
-    """Stop a process and all its descendants (see ``stop_processes``)."""
-    stop_processes(family_of(pid))
+def stop_tree(process: subprocess.Popen[Any]) -> None:
+    """Stop a process we started and all its descendants (see ``stop_processes``)."""
+    stop_processes(family_of(process))
 
 
 class OutputTail:

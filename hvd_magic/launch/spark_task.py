@@ -284,7 +284,7 @@ def _hold_slot(client: HubClient, process: subprocess.Popen[bytes] | None) -> in
         if answer is None:
             continue
         if isinstance(answer.record, Abort) and process is not None:
-            stop_tree(process.pid)
+            stop_tree(process)
             code = process.wait()
         if isinstance(answer.record, (Release, Abort)):
             return code
