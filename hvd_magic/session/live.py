@@ -23,6 +23,7 @@ import cloudpickle
 
 from .. import launch
 from ..capture import Captured
+from ..engine import BEAT_SECONDS
 from ..hub import Hub
 from ..options import RunOptions
 from ..protocol import (
@@ -43,9 +44,8 @@ from ..timeline.stream import DYNAMIC
 from ..views import RunView, make_view
 from .cell import CellLauncher, CellRun
 
-__all__ = ["BEAT_SECONDS", "LiveSession", "RankInfo", "SILENCE_SECONDS", "beat_interval", "setup_source"]
+__all__ = ["LiveSession", "RankInfo", "SILENCE_SECONDS", "beat_interval", "setup_source"]
 
-BEAT_SECONDS = 1.0
 # A rank that hears no beat for this long exits: the notebook (its kernel) is gone.
 SILENCE_SECONDS = float(os.environ.get("HVD_MAGIC_SESSION_SILENCE", "20"))
 # A short silence limit beats faster: ranks leave only after this many beats were missed (a
