@@ -10,7 +10,7 @@ import time
 import pytest
 from IPython.core.error import UsageError
 
-from hvd_magic import RankFailedError, RunInterrupted, Session
+from hvd_magic import RankFailedError, RunError, RunInterrupted, Session
 from hvd_magic.session import magics as sessions
 
 from .helpers import leftover_processes, wait_for_ranks, when_started
@@ -197,4 +197,22 @@ def test_a_set_up_longer_than_the_silence_limit_keeps_its_ranks(monkeypatch):
 
     with Session(np=-2) as session:
         assert session.run(where) != os.getpid()
+    assert leftover_processes() == []
+
+
+def test_idle_counts_from_the_end_of_the_set_up_and_then_ends_the_session(monkeypatch):
+    """``idle=`` ends a session that no cell used for that long, and says so. The set-up cell is
+    not idleness: a set-up longer than the limit once ended the session before it was ready."""
+    from hvd_magic.session import live
+
+    slow = live.setup_source
+    monkeypatch.setattr(live, "setup_source", lambda options: "import time\ntime.sleep(4)\n" + slow(options))
+    session = Session(np=-2, idle=2)
+    try:
+        assert session.run(lambda: 6 * 7) == 42
+        assert session._live._ended.wait(60)  # no cell since: the beat ends it
+        with pytest.raises(RunError, match=r"idle for 2 s \(idle=\)"):
+            session.run(lambda: 1)
+    finally:
+        session.stop()
     assert leftover_processes() == []

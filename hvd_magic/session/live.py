@@ -97,6 +97,7 @@ class LiveSession:
         self.running = False
         self._ended = threading.Event()
         self._lock = threading.Lock()
+        self._leftovers: list[str] = []
         self._answered = threading.Condition()
 
     # --- the lifetime -------------------------------------------------------------------
@@ -118,12 +119,15 @@ class LiveSession:
             options = dataclasses.replace(options, env={**options.env, "HOROVOD_TIMELINE": DYNAMIC})
         # Beats from the start: a rank counts its silence from its first moment, and the set-up
         # cell (imports, hvd.init) may take longer than the limit on a busy machine.
+        self.running = True  # the set-up cell is a cell: idle= counts from its end, not the start's
         threading.Thread(target=self._beat, name="hvd_magic-beat", daemon=True).start()
         try:
             CellRun(self.hub, cell, view, options).execute()
         except BaseException:
             self.end()
             raise
+        finally:
+            self.running, self.last_cell = False, time.monotonic()
         hosts = sorted({info.started.host for info in self.ranks.values() if info.started})
         where = "this machine" if self.options.np < 0 else f"{len(hosts)} host{'s' if len(hosts) > 1 else ''}"
         return (
@@ -150,15 +154,16 @@ class LiveSession:
         return self.launcher.poll() == SILENT_EXIT
 
     def end(self) -> list[str]:
-        """Stop every process (and Spark task) of the session; what could not be stopped."""
+        """Stop every process (and Spark task) of the session; what could not be stopped. A
+        second caller (the user's stop while the beat ends an idle session) waits for the first
+        to finish, so that whoever returns from here finds the processes gone."""
         with self._lock:
-            if self._ended.is_set():
-                return []
-            self._ended.set()
-        leftovers = self.launcher.stop()
-        if self.hub is not None:
-            self.hub.close()
-        return leftovers
+            if not self._ended.is_set():
+                self._ended.set()
+                self._leftovers = self.launcher.stop()
+                if self.hub is not None:
+                    self.hub.close()
+            return list(self._leftovers)
 
     # --- cells --------------------------------------------------------------------------
 
