@@ -8,12 +8,14 @@ from collections.abc import Iterator
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from .helpers import SUITE_VARIABLE, leftover_processes
+from .helpers import SPARK_CONF, SUITE_VARIABLE, leftover_processes
 from .multihost import multihost  # noqa: F401 - the multi-host bed's fixture, for any test module
 
 # This suite's mark, inherited by every process it starts (Spark's workers and executors, ranks,
 # the bed's hosts), so that the checks for processes left behind skip another suite's.
 os.environ[SUITE_VARIABLE] = uuid.uuid4().hex
+# The suite's Spark JVMs are small and short-lived: see spark-conf/spark-defaults.conf.
+os.environ["SPARK_CONF_DIR"] = str(SPARK_CONF)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -21,6 +21,7 @@ import psutil
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.connect import write_connection_file
 
+from .helpers import SPARK_CONF
 from .kernels import Kernel
 from .multihost_hosts import BED_DIR, Bed
 
@@ -28,9 +29,6 @@ SPARK_HOME = Path(importlib.util.find_spec("pyspark").origin).parent  # type: ig
 MASTER_PORT, MASTER_WEB_PORT, WORKER_WEB_PORT = 7077, 8080, 8081
 SHELL_PORT = 50001  # and the next four: iopub, stdin, control, heartbeat
 START_SECONDS = 90.0
-# Eight JVMs start on a machine of two cores: C1 only and the serial collector spend about
-# 40 % less CPU getting there (the runs are small; peak JIT speed does not matter).
-JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # bed addresses only
 
 SESSION_CELL = """
@@ -41,7 +39,6 @@ spark = (
     .config("spark.executor.cores", "{cores}").config("spark.cores.max", "{slots}")
     .config("spark.executor.memory", "512m").config("spark.ui.enabled", "false")
     .config("spark.ui.showConsoleProgress", "false")
-    .config("spark.driver.extraJavaOptions", {java!r}).config("spark.executor.extraJavaOptions", {java!r})
     .getOrCreate()
 )
 spark.sparkContext.setLogLevel("ERROR")
@@ -62,7 +59,7 @@ def spark_env(ip: str) -> dict[str, str]:
         "SPARK_HOME": str(SPARK_HOME),
         "PYSPARK_PYTHON": sys.executable,
         "SPARK_LOCAL_IP": ip,
-        "SPARK_DAEMON_JAVA_OPTS": JAVA_OPTIONS,
+        "SPARK_CONF_DIR": str(SPARK_CONF),  # the suite's JVM options; the checkout is in the image
     }
 
 
@@ -152,7 +149,7 @@ def start_session(kernel: Kernel, bed: Bed, master_url: str, driver: str, slots:
     """``spark`` in the kernel: an application on the bed's master with ``slots`` executor
     cores, ``cores`` per executor, once its executors registered."""
     ip = bed.host(driver).ip
-    cell = SESSION_CELL.format(master=master_url, ip=ip, cores=cores, slots=slots, java=JAVA_OPTIONS)
+    cell = SESSION_CELL.format(master=master_url, ip=ip, cores=cores, slots=slots)
     started = kernel.run(cell, timeout=START_SECONDS)
     assert started.status == "ok", f"the SparkSession did not start: {started.ename}: {started.evalue}"
     ready = kernel.run(EXECUTORS_CELL.format(count=slots // cores, timeout=START_SECONDS), timeout=120)
