@@ -96,8 +96,7 @@ class LiveSession:
         self.last_cell = self.began
         self.running = False
         self._ended = threading.Event()
-        self._lock = threading.Lock()
-        self._leftovers: list[str] = []
+        self._lock = threading.RLock()  # end() from within end() (a stop that ends the session) returns
         self._answered = threading.Condition()
 
     # --- the lifetime -------------------------------------------------------------------
@@ -156,14 +155,16 @@ class LiveSession:
     def end(self) -> list[str]:
         """Stop every process (and Spark task) of the session; what could not be stopped. A
         second caller (the user's stop while the beat ends an idle session) waits for the first
-        to finish, so that whoever returns from here finds the processes gone."""
+        to finish (the first says what was left), so that whoever returns from here finds the
+        processes stopped."""
         with self._lock:
-            if not self._ended.is_set():
-                self._ended.set()
-                self._leftovers = self.launcher.stop()
-                if self.hub is not None:
-                    self.hub.close()
-            return list(self._leftovers)
+            if self._ended.is_set():
+                return []
+            self._ended.set()
+            leftovers = self.launcher.stop()
+            if self.hub is not None:
+                self.hub.close()
+            return leftovers
 
     # --- cells --------------------------------------------------------------------------
 
