@@ -16,6 +16,8 @@ import itertools
 import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,15 +120,13 @@ class LiveSession:
             options = dataclasses.replace(options, env={**options.env, "HOROVOD_TIMELINE": DYNAMIC})
         # Beats from the start: a rank counts its silence from its first moment, and the set-up
         # cell (imports, hvd.init) may take longer than the limit on a busy machine.
-        self.running = True  # the set-up cell is a cell: idle= counts from its end, not the start's
-        threading.Thread(target=self._beat, name="hvd_magic-beat", daemon=True).start()
-        try:
-            CellRun(self.hub, cell, view, options).execute()
-        except BaseException:
-            self.end()
-            raise
-        finally:
-            self.running, self.last_cell = False, time.monotonic()
+        with self._in_cell():  # the set-up cell is a cell: idle= counts from its end, not the start's
+            threading.Thread(target=self._beat, name="hvd_magic-beat", daemon=True).start()
+            try:
+                CellRun(self.hub, cell, view, options).execute()
+            except BaseException:
+                self.end()
+                raise
         hosts = sorted({info.started.host for info in self.ranks.values() if info.started})
         where = "this machine" if self.options.np < 0 else f"{len(hosts)} host{'s' if len(hosts) > 1 else ''}"
         return (
@@ -189,13 +189,17 @@ class LiveSession:
             view.notice(f"timeline of this cell, written to {options.timeline}")
         order = Cell(next(self.cells), targets[0], bool(options.timeline), options.mark_cycles)
         cell = CellLauncher(self, order, targets, captured.blob)
+        with self._in_cell(), make_sinks(options) as sinks:  # TensorBoard, MLflow: this cell's own
+            return CellRun(self.hub, cell, view, options, sinks=sinks).execute()
+
+    @contextmanager
+    def _in_cell(self) -> Iterator[None]:
+        """A cell runs (the set-up cell too): not idle; ``idle=`` counts from its end."""
         self.running = True
         try:
-            with make_sinks(options) as sinks:  # TensorBoard, MLflow: this cell's messages and outcome
-                return CellRun(self.hub, cell, view, options, sinks=sinks).execute()
+            yield
         finally:
-            self.running = False
-            self.last_cell = time.monotonic()
+            self.running, self.last_cell = False, time.monotonic()
 
     def dispatch(self, order: Cell, targets: list[int], blob: bytes) -> None:
         """Send the cell to its ranks; for the view they "start" now, as in a run of its own, and
