@@ -12,6 +12,7 @@ from .errors import (
     RunError,
     RunInterrupted,
     RunTimeout,
+    SessionEnded,
 )
 from .reporting import report
 
@@ -27,6 +28,7 @@ __all__ = [
     "RunInterrupted",
     "RunTimeout",
     "Session",
+    "SessionEnded",
     "TorchDistributor",
     "checkpoint",
     "load_ipython_extension",

@@ -11,7 +11,8 @@
     └── RunError              the job started but did not finish cleanly
         ├── RankFailedError   a rank raised; carries its rank, host and remote traceback
         ├── RunInterrupted    the user interrupted the run
-        └── RunTimeout        the run stopped making progress within its time limit
+        ├── RunTimeout        the run stopped making progress within its time limit
+        └── SessionEnded      the live session had ended before the cell reached it
 
 Messages say what happened, to what, and what to do. ``RankFailedError`` renders as the
 remote traceback in IPython (``_render_traceback_``) instead of hvd_magic's own frames.
@@ -29,6 +30,7 @@ __all__ = [
     "RunError",
     "RunInterrupted",
     "RunTimeout",
+    "SessionEnded",
     "TimelineError",
 ]
 
@@ -74,6 +76,10 @@ class RunInterrupted(RunError):
 
 class RunTimeout(RunError):
     """The run made no progress within its time limit."""
+
+
+class SessionEnded(RunError):
+    """The live session had ended before the cell was sent to it: the cell ran nowhere."""
 
 
 class RankFailedError(RunError):

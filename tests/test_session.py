@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 from IPython.core.error import UsageError
 
-from hvd_magic import RankFailedError, RunError, RunInterrupted, Session
+from hvd_magic import RankFailedError, RunError, RunInterrupted, Session, SessionEnded
+from hvd_magic.capture import capture_cell
+from hvd_magic.options import make_options
+from hvd_magic.session import live
 from hvd_magic.session import magics as sessions
 
 from .helpers import leftover_processes, wait_for_ranks, when_started
@@ -216,3 +221,54 @@ def test_idle_counts_from_the_end_of_the_set_up_and_then_ends_the_session(monkey
     finally:
         session.stop()
     assert leftover_processes() == []
+
+
+def test_a_cell_holds_the_session_against_an_idle_end_or_finds_it_ended(monkeypatch):
+    """The race of a cell against the beat that ends an idle session, over many cells: a cell
+    that claimed the session keeps it to its end (the idle end waits), and one that came after
+    the end is refused with the reason, having run nowhere. The session's hub and launcher are
+    in-memory stand-ins: this is the lock protocol alone (the test above runs real ranks)."""
+    monkeypatch.setattr(live, "beat_interval", lambda: 0.0005)
+    beat = "hvd_magic-test-beat"
+
+    def clock() -> float:  # slow in the beat: its idle check takes long enough for cells to come in
+        if threading.current_thread().name == beat:
+            time.sleep(0.001)
+        return time.monotonic()
+
+    monkeypatch.setattr(live, "time", SimpleNamespace(monotonic=clock))
+    for _ in range(20):
+        session = live.LiveSession(make_options(-2), idle=0.003)
+        session.launcher = SimpleNamespace(poll=lambda: None, stop=lambda: [])
+        session.hub = SimpleNamespace(close=lambda: None, send_to=lambda *args: None)
+        threading.Thread(target=session._beat, name=beat, daemon=True).start()
+        claims = 0
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with session._in_cell():
+                    claims += 1
+                    held = time.monotonic() + 0.004 * (claims % 3)  # some cells outlast idle=
+                    while time.monotonic() < held:
+                        assert not session._ended.is_set(), "the session ended under a running cell"
+                    assert not session._ended.is_set(), "the session ended under a running cell"
+            except SessionEnded as refused:
+                assert "idle for 0.003 s (idle=)" in str(refused)
+                break
+            time.sleep(0.001 * (claims % 7))  # idle gaps, some longer than idle=
+        else:
+            pytest.fail("the idle session never ended")
+        assert session._ended.is_set() and claims > 0
+
+
+def test_a_cell_that_meets_an_idle_end_runs_on_a_new_session(session, capsys):
+    """A cell past the magic's "is it live" check when idle= ends the session: it ran nowhere,
+    so it runs on a new session, said as such, instead of failing."""
+    session.run_line_magic("horovod", "start np=-2 idle=2")
+    old = sessions.current()
+    assert old is not None and old._ended.wait(60)  # no cell: the beat ends it
+    captured = capture_cell("import os\nos.getpid()\n", session.user_ns)
+    value, _ = sessions._run_on(old, captured, None, old.options)
+    new = sessions.current()
+    assert new is not old and new is not None and value == new.ranks[0].started.pid
+    assert "the live session ended (idle for 2 s (idle=)); starting a new one" in capsys.readouterr().err

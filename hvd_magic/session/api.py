@@ -9,7 +9,7 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from ..capture import capture_function
-from ..errors import RunError
+from ..errors import SessionEnded
 from ..options import OptionError, make_options, parse_timeout
 from .live import LiveSession
 from .magics import cell_options, status_text, timeline_ready
@@ -75,7 +75,7 @@ class Session:
         session started with ``timeline=True``), ``logdir`` (a TensorBoard run folder for this
         call), ``mlflow`` (an MLflow run for it), ``stragglers``."""
         if not self._live.live:
-            raise RunError(f"the session ended ({self._live.lost}): start a new Session")
+            raise self._ended()
         asked = SimpleNamespace(
             return_names=None, timeout=None, timeline=timeline, logdir=logdir, mlflow=mlflow,
             stragglers=stragglers,
@@ -84,8 +84,14 @@ class Session:
             options = cell_options(self._live, asked, ranks)
         except UsageError as err:
             raise ValueError(str(err)) from None
-        value, _ = self._live.run(capture_function(main, kwargs), ranks, options=options)
+        try:
+            value, _ = self._live.run(capture_function(main, kwargs), ranks, options=options)
+        except SessionEnded:  # idle= ended it as this call came: the call ran nowhere
+            raise self._ended() from None
         return value
+
+    def _ended(self) -> SessionEnded:
+        return SessionEnded(f"the session ended ({self._live.lost}): start a new Session")
 
     def status(self) -> str:
         """Ranks, hosts, pids, memory, CPU, and whether each is busy."""

@@ -26,6 +26,7 @@ import cloudpickle
 from .. import launch
 from ..capture import Captured
 from ..engine import BEAT_SECONDS
+from ..errors import SessionEnded
 from ..hub import Hub
 from ..options import RunOptions
 from ..protocol import (
@@ -179,23 +180,30 @@ class LiveSession:
         the lowest of them, and its returned names. ``options``: the session's, or a copy with
         this cell's ``timeout``, ``timeline`` (rank 0 records it: the session must have been
         started with ``timeline``), ``logdir`` and ``mlflow`` (a run folder, an MLflow run, per cell)."""
-        assert self.hub is not None and not self._ended.is_set()
-        targets = sorted(targets if targets is not None else range(self.size))
-        options = options or self.options
-        view = view or make_view(self.size)
-        for text in captured.notices:
-            view.notice(text)
-        if options.timeline:
-            view.notice(f"timeline of this cell, written to {options.timeline}")
-        order = Cell(next(self.cells), targets[0], bool(options.timeline), options.mark_cycles)
-        cell = CellLauncher(self, order, targets, captured.blob)
-        with self._in_cell(), make_sinks(options) as sinks:  # TensorBoard, MLflow: this cell's own
-            return CellRun(self.hub, cell, view, options, sinks=sinks).execute()
+        with self._in_cell():  # SessionEnded if it ended before this cell could claim it
+            assert self.hub is not None
+            targets = sorted(targets if targets is not None else range(self.size))
+            options = options or self.options
+            view = view or make_view(self.size)
+            for text in captured.notices:
+                view.notice(text)
+            if options.timeline:
+                view.notice(f"timeline of this cell, written to {options.timeline}")
+            order = Cell(next(self.cells), targets[0], bool(options.timeline), options.mark_cycles)
+            cell = CellLauncher(self, order, targets, captured.blob)
+            with make_sinks(options) as sinks:  # TensorBoard, MLflow: this cell's own
+                return CellRun(self.hub, cell, view, options, sinks=sinks).execute()
 
     @contextmanager
     def _in_cell(self) -> Iterator[None]:
-        """A cell runs (the set-up cell too): not idle; ``idle=`` counts from its end."""
-        self.running = True
+        """A cell runs (the set-up cell too): not idle; ``idle=`` counts from its end. The claim
+        and the beat's idle end hold the session's lock: a cell either claims the session before
+        an idle end, which then waits for the cell's end, or finds it ended (``SessionEnded``),
+        having run nowhere."""
+        with self._lock:
+            if self.lost is not None or self._ended.is_set():
+                raise SessionEnded(f"the live session ended: {self.lost or 'it was stopped'}")
+            self.running = True
         try:
             yield
         finally:
@@ -262,10 +270,11 @@ class LiveSession:
     def _beat(self) -> None:
         while not self._ended.wait(beat_interval()):
             self.live  # noqa: B018 - polls the processes, and says why the session ended if it did
-            if self.idle and not self.running and time.monotonic() - self.last_cell > self.idle:
-                self.lost = f"idle for {self.idle:.0f} s (idle=)"
-                self.end()
-                return
+            with self._lock:  # no cell claims the session between this check and the end
+                if self.idle and not self.running and time.monotonic() - self.last_cell > self.idle:
+                    self.lost = f"idle for {self.idle:g} s (idle=)"
+                    self.end()
+                    return
             assert self.hub is not None
             for info in list(self.ranks.values()):
                 if info.inbox:

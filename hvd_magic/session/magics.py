@@ -13,7 +13,7 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from ..capture import capture_cell
-from ..errors import RunError
+from ..errors import RunError, SessionEnded
 from ..options import (
     OptionError,
     RunOptions,
@@ -138,9 +138,12 @@ def run_cell(shell: Any, args: Any, cell: str) -> Any:
 def _run_on(session: LiveSession, captured: Any, targets: list[int] | None, options: RunOptions) -> Any:
     """The cell on the session; on a new one when its ranks turn out to have left a silent
     notebook (a kernel stopped, or busy holding the GIL, for the silence limit) as the cell was
-    sent: they ran no cell after leaving, so it runs once, on the new session."""
+    sent: they ran no cell after leaving, so it runs once, on the new session. So does a cell
+    that found the session ended (``idle=`` ended it as the cell came): it ran nowhere."""
     try:
         return session.run(captured, targets, options=options)
+    except SessionEnded:
+        return _alive(session).run(captured, targets, options=options)
     except RunError:
         if not session.left_silent():
             raise
