@@ -10,10 +10,12 @@ Where the waits are timed:
 - Horovod's PyTorch binding waits for every collective in one Python function, ``synchronize``
   (``hvd.allreduce``, ``broadcast_parameters`` and ``DistributedOptimizer.step`` all end in it):
   timed here once ``horovod.torch`` has been imported;
-- DDP's gradient allreduce on the CPU: ``collective_ddp``;
+- DDP's gradient allreduce, on the CPU and on CUDA GPUs (by events on the device: ``device_waits``):
+  ``collective_ddp``;
 - Horovod's TensorFlow gradient allreduce on the CPU, in the graph: ``collective_tf``.
 
-Elsewhere (GPUs, users' own DDP hooks) a rank sends no ``w`` and is judged by wall time.
+Elsewhere (TensorFlow on a GPU, users' own DDP hooks) a rank sends no ``w`` and is judged by
+wall time.
 """
 
 from __future__ import annotations

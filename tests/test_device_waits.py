@@ -1,0 +1,133 @@
+"""Waits timed on a device (``device_waits``, DDP on a CUDA GPU). There is no GPU here: the
+events are the test's own (the ``Event`` interface: a mark, whether the device has passed it,
+the time between two), stamped by the host's clock and "passed" when the test says. The DDP
+hook they time is the one a GPU model gets, run for real on two torch.distributed ranks."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from hvd_magic import collective_ddp, collective_time
+from hvd_magic.capture import capture_cell
+from hvd_magic.device_waits import DeviceWaits
+from hvd_magic.engine import execute
+from hvd_magic.options import make_options
+
+from .helpers import RecordingView
+
+
+class Mark:
+    """A device event: passed only once the test lets the device run (``Mark.passed``)."""
+
+    passed = False
+    reads = 0
+
+    def record(self, stream: object = None) -> None:
+        assert stream is None  # on the CPU, DDP's buckets have no stream
+        self.at = time.perf_counter()
+
+    def query(self) -> bool:
+        return Mark.passed
+
+    def elapsed_time(self, end: Mark) -> float:
+        assert Mark.passed, "an event was read before the device passed it: that read would block"
+        Mark.reads += 1
+        if getattr(end, "elsewhere", False):
+            raise RuntimeError("Both events must be recorded on the same device")  # as CUDA says
+        return (end.at - self.at) * 1000.0
+
+
+def test_a_wait_counts_once_the_device_has_passed_its_end_and_never_blocks():
+    Mark.passed, Mark.reads = False, 0
+    waits = DeviceWaits(Mark)
+    for _ in range(3):
+        start = waits.begin()
+        time.sleep(0.01)
+        waits.end(start)
+    assert waits() == 0.0 and waits.in_flight() == 3  # queued, not yet run: not counted, not waited for
+    Mark.passed = True
+    assert 0.03 <= waits() < 10 and waits.in_flight() == 0
+    assert waits() == waits() and Mark.reads == 3  # each pair counted once
+
+
+def test_waits_are_settled_as_new_ones_come_so_a_rank_that_never_reports_keeps_none():
+    Mark.passed = True
+    waits = DeviceWaits(Mark)
+    for _ in range(1000):
+        waits.end(waits.begin())
+    assert waits.in_flight() == 0
+
+
+def test_a_pair_that_cannot_be_read_is_dropped_and_the_others_still_count():
+    waits = DeviceWaits(Mark)
+    unreadable = waits.begin()
+    waits.end(unreadable)
+    waits._pending[-1][1].elsewhere = True  # type: ignore[attr-defined]
+    start = waits.begin()
+    time.sleep(0.01)
+    waits.end(start)
+    Mark.passed = True
+    assert 0.01 <= waits() < 10 and waits.in_flight() == 0
+
+
+def test_the_device_hook_is_chosen_by_the_models_device(monkeypatch):
+    monkeypatch.setattr(collective_time, "_sources", [])
+    monkeypatch.setattr(collective_ddp, "_device_waits", None)
+    assert collective_ddp.hook_for("cpu") is collective_ddp._timed_allreduce
+    assert collective_ddp.hook_for("mps") is None
+    assert callable(collective_ddp.hook_for("cuda"))  # no event is made until a bucket comes
+    assert collective_time._sources == [collective_ddp._device_waits]
+
+
+DDP_ON_DEVICE = """import time, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from hvd_magic.collective_ddp import timed_on_device
+from hvd_magic.device_waits import DeviceWaits
+from tests.test_device_waits import Mark
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+def model():
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(256, 256), torch.nn.Linear(256, 256), torch.nn.Linear(256, 1)]
+    return DDP(torch.nn.Sequential(*layers), bucket_cap_mb=0.1)  # a bucket per layer
+plain, marked = model(), model()
+waits, buckets = DeviceWaits(Mark), []
+hook = timed_on_device(waits)
+def counted(group, bucket):
+    buckets.append(bucket.is_last())
+    return hook(group, bucket)
+marked.register_comm_hook(None, counted)
+x = torch.full((4, 256), rank + 1.0)
+for _ in range(3):
+    plain(x).sum().backward()
+    if rank == 1:
+        time.sleep(0.5)  # the straggler: rank 0 waits for it in the allreduce
+    marked(x).sum().backward()
+queued, counted_before = waits.in_flight(), waits()
+Mark.passed = True
+waited = [None, None]
+dist.all_gather_object(waited, waits())
+same = all(torch.allclose(a.grad, b.grad) for a, b in zip(plain.parameters(), marked.parameters()))
+(len(buckets), sum(buckets), queued, counted_before, waits.in_flight(), waited, same)
+"""
+
+
+def test_ddp_on_a_device_marks_its_last_bucket_and_the_waiting_rank_waits_longer():
+    """DDP with the device hook trains as without it; each step marks one wait (its last bucket
+    of several); none counts while the device has not passed it; then the rank that waited for
+    the slow one counts the longer wait."""
+    options = make_options(-2, backend="torch", stragglers="off", env={"PYTHONPATH": "."})
+    result, _ = execute(capture_cell(DDP_ON_DEVICE, {}), options, RecordingView())
+    buckets, last, queued, counted_before, left, waited, same = result
+    assert buckets > 3 and last == 3 and queued == 3  # one mark per step, of all its buckets
+    assert counted_before == 0.0 and left == 0
+    assert waited[0] >= 0.75 and waited[0] > waited[1]  # rank 0 waited ~1.5 s for rank 1
+    assert same  # the gradients are those of DDP without a hook
+
+
+@pytest.fixture(autouse=True)
+def _fresh_marks() -> None:
+    Mark.passed, Mark.reads = False, 0
