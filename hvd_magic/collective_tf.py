@@ -6,13 +6,18 @@ Horovod makes to allreduce a step's gradients (``_make_allreduce_grads_fn``, beh
 ``DistributedOptimizer``, the Keras binding's optimizer and ``DistributedGradientTape``) is
 wrapped: in a graph, two ``tf.timestamp`` ops, one once every gradient is computed and one once
 every allreduced gradient is there, and the difference added to a variable (no Python in the
-step, no host sync); run eagerly, the call itself is timed. As DDP's last bucket, this times
-the wait after the rank's own backward pass. Horovod gets the gradients it would get without
-this (its collectives are named after them and matched across ranks by name).
+step); run eagerly, the call itself is timed. As DDP's last bucket, this times the wait after
+the rank's own backward pass. Horovod gets the gradients it would get without this (its
+collectives are named after them and matched across ranks by name).
 
-Not timed: a TensorFlow that sees a GPU (a GPU op is "done" once queued, so the first stamp
-would not mark the gradients' end) and TF1-style graphs (no automatic control dependencies to
-run the clock's update; their variables are saved by ``Saver``).
+On a GPU an op is "done" once queued, so a stamp after the gradients' ops would not mark their
+end: there the first stamp waits for a probe, an element of each gradient copied to the host,
+which the host has only once the device has computed them all (a few bytes a step; Horovod's
+op is done only once its result is there, so the second stamp needs none). Run eagerly on a
+GPU, the same ops run one by one: the probe's copy waits for the gradients.
+
+Not timed: TF1-style graphs (no automatic control dependencies to run the clock's update; their
+variables are saved by ``Saver``).
 """
 
 from __future__ import annotations
@@ -70,10 +75,10 @@ def timed(allreduce: Callable[..., Any]) -> Callable[..., Any]:
         clock = _variable() if tf.compat.v1.executing_eagerly_outside_functions() else None
         if clock is None:
             return allreduce(gradients, *args, **kwargs)
-        with tf.control_dependencies([tf.identity(t) for t in _tensors(gradients)]):  # Horovod gets its own
+        with tf.control_dependencies(_computed(_tensors(gradients))):  # Horovod gets its own
             start = tf.timestamp()
         reduced = [_identity(value) for value in allreduce(gradients, *args, **kwargs)]
-        with tf.control_dependencies(_tensors(reduced)):
+        with tf.control_dependencies([*_tensors(reduced), start]):
             clock.assign_add(tf.timestamp() - start)  # a stateful op: tf.function runs it
         return reduced
 
@@ -90,6 +95,18 @@ def _identity(value: Any) -> Any:
     if isinstance(value, tf.IndexedSlices):
         return tf.IndexedSlices(tf.identity(value.values), value.indices, value.dense_shape)
     return None if value is None else tf.identity(value)
+
+
+def _computed(gradients: list[Any]) -> list[Any]:
+    """What is there only once the gradients are computed: the gradients themselves on the
+    CPU (through identities); on a GPU, a probe on the host (see the module's note)."""
+    import tensorflow as tf
+
+    if _on_cpu() or not gradients:
+        return [tf.identity(t) for t in gradients]
+    firsts = [tf.cast(tf.reshape(t, [-1])[:1], tf.float32) for t in gradients]  # [] for an empty one
+    with tf.device("/CPU:0"):
+        return [tf.identity(tf.concat(firsts, 0))]
 
 
 def _tensors(values: Sequence[Any]) -> list[Any]:
@@ -109,21 +126,20 @@ def _on_cpu() -> bool:
 
 
 def _variable() -> Any:
-    """The clock, made once, on the CPU; None where TensorFlow sees a GPU (or it could not be
-    made: then nothing is timed, and the step is the user's own)."""
+    """The clock, made once, on the CPU; None where it could not be made (then nothing is
+    timed, and the step is the user's own)."""
     global _clock
     if _clock is None:
         _clock = False
-        if _on_cpu():
-            import tensorflow as tf
+        import tensorflow as tf
 
-            try:
-                _clock = _made_apart(
-                    lambda: tf.Variable(0.0, dtype=tf.float64, trainable=False, name="hvd_magic_waited")
-                )
-            except Exception:  # noqa: BLE001 - untimed is better than a failed step
-                return None
-            collective_time.add_source(lambda: float(_clock.numpy()))
+        try:
+            _clock = _made_apart(
+                lambda: tf.Variable(0.0, dtype=tf.float64, trainable=False, name="hvd_magic_waited")
+            )
+        except Exception:  # noqa: BLE001 - untimed is better than a failed step
+            return None
+        collective_time.add_source(lambda: float(_clock.numpy()))
     return None if _clock is False else _clock
 
 

@@ -12,10 +12,10 @@ Where the waits are timed:
   timed here once ``horovod.torch`` has been imported;
 - DDP's gradient allreduce, on the CPU and on CUDA GPUs (by events on the device: ``device_waits``):
   ``collective_ddp``;
-- Horovod's TensorFlow gradient allreduce on the CPU, in the graph: ``collective_tf``.
+- Horovod's TensorFlow gradient allreduce, in the graph: ``collective_tf``.
 
-Elsewhere (TensorFlow on a GPU, users' own DDP hooks) a rank sends no ``w`` and is judged by
-wall time.
+Elsewhere (TF1-style graphs, users' own DDP hooks) a rank sends no ``w`` and is judged by wall
+time.
 """
 
 from __future__ import annotations

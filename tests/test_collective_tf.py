@@ -9,6 +9,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from .helpers import single_process_env
 
 SETUP = """import json, os
@@ -33,17 +35,17 @@ def step_function():
         return hvd.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)
     return step, traces
 
-def horovod_ops(step):
+def ops(step, kind="Horovod"):
     found = []
     def walk(graph):
-        found.extend(op.name for op in graph.get_operations() if op.type.startswith("Horovod"))
+        found.extend(op.name for op in graph.get_operations() if op.type.startswith(kind))
         for function in graph._functions.values():
             walk(function.graph)
     walk(step.get_concrete_function(x).graph)
     return sorted(found)
 
 plain, _ = step_function()
-untimed, plain_grads = horovod_ops(plain), plain(x)
+untimed, plain_grads = ops(plain), plain(x)
 before = collective_time.waited()
 collective_tf.time_tensorflow()  # horovod.tensorflow is imported: in place at once
 timed, traces = step_function()
@@ -53,7 +55,8 @@ with tf.GradientTape() as tape:
     loss = tf.reduce_sum(model(x))
 hvd.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)  # eagerly: the call is timed
 print(json.dumps({
-    "untimed": untimed, "timed": horovod_ops(timed), "traces": len(traces), "before": before,
+    "untimed": untimed, "timed": ops(timed), "traces": len(traces), "before": before,
+    "probes": len(ops(timed, "ConcatV2")) - len(ops(plain, "ConcatV2")),
     "same": all(bool(tf.reduce_all(a == b)) for a, b in zip(plain_grads, timed_grads, strict=True)),
     "in_graph": in_graph, "eager": collective_time.waited() - in_graph,
 }))
@@ -74,9 +77,9 @@ with tf.compat.v1.Session() as session:
 """
 
 
-def run(script: str) -> dict[str, object]:
+def run(script: str, setup: str = SETUP) -> dict[str, object]:
     done = subprocess.run(
-        [sys.executable, "-c", SETUP + script],
+        [sys.executable, "-c", setup + script],
         capture_output=True,
         text=True,
         timeout=300,
@@ -86,8 +89,12 @@ def run(script: str) -> dict[str, object]:
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
-def test_timed_gradients_are_the_same_under_the_same_names_in_one_trace():
-    found = run(TF2)
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+def test_timed_gradients_are_the_same_under_the_same_names_in_one_trace(device):
+    """On "gpu", the way a TensorFlow that sees a GPU times the step (its first stamp after a
+    probe of the gradients copied to the host), run on the CPU: there is no GPU here."""
+    found = run(TF2, SETUP + ("collective_tf._cpu_only = False\n" if device == "gpu" else ""))
+    assert found["probes"] == (1 if device == "gpu" else 0)
     assert found["before"] is None  # nothing timed yet
     assert found["untimed"] and found["timed"] == found["untimed"]  # Horovod gets the same tensors
     assert found["same"] and found["traces"] == 1  # the user's step is traced once, as without
