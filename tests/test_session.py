@@ -203,6 +203,8 @@ def test_a_set_up_longer_than_the_silence_limit_keeps_its_ranks(monkeypatch):
     with Session(np=-2) as session:
         assert session.run(where) != os.getpid()
     assert leftover_processes() == []
+    with pytest.raises(SessionEnded, match=r"the session ended \(stopped\): start a new Session"):
+        session.run(where)
 
 
 def test_idle_counts_from_the_end_of_the_set_up_and_then_ends_the_session(monkeypatch):
@@ -229,19 +231,23 @@ def test_a_cell_holds_the_session_against_an_idle_end_or_finds_it_ended(monkeypa
     the end is refused with the reason, having run nowhere. The session's hub and launcher are
     in-memory stand-ins: this is the lock protocol alone (the test above runs real ranks)."""
     monkeypatch.setattr(live, "beat_interval", lambda: 0.0005)
-    beat = "hvd_magic-test-beat"
 
-    def clock() -> float:  # slow in the beat: its idle check takes long enough for cells to come in
-        if threading.current_thread().name == beat:
-            time.sleep(0.001)
+    def clock() -> float:  # a slow clock: what the session does around it takes long enough for
+        time.sleep(0.001)  # the other thread to come in (the beat's idle check, a cell's end)
         return time.monotonic()
 
     monkeypatch.setattr(live, "time", SimpleNamespace(monotonic=clock))
+    total = 0
     for _ in range(20):
         session = live.LiveSession(make_options(-2), idle=0.003)
-        session.launcher = SimpleNamespace(poll=lambda: None, stop=lambda: [])
+        stopped: list[float] = []
+        session.launcher = SimpleNamespace(
+            poll=lambda: None, stop=lambda stopped=stopped: stopped.append(time.monotonic()) or []
+        )
         session.hub = SimpleNamespace(close=lambda: None, send_to=lambda *args: None)
-        threading.Thread(target=session._beat, name=beat, daemon=True).start()
+        with session._in_cell():  # the set-up cell: the beat starts under it, as in start()
+            threading.Thread(target=session._beat, daemon=True).start()
+            last_end = time.monotonic()
         claims = 0
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -252,13 +258,18 @@ def test_a_cell_holds_the_session_against_an_idle_end_or_finds_it_ended(monkeypa
                     while time.monotonic() < held:
                         assert not session._ended.is_set(), "the session ended under a running cell"
                     assert not session._ended.is_set(), "the session ended under a running cell"
+                    last_end = time.monotonic()
             except SessionEnded as refused:
                 assert "idle for 0.003 s (idle=)" in str(refused)
                 break
             time.sleep(0.001 * (claims % 7))  # idle gaps, some longer than idle=
         else:
             pytest.fail("the idle session never ended")
-        assert session._ended.is_set() and claims > 0
+        assert session._ended.is_set() and stopped[0] - last_end >= 0.003, (
+            "ended sooner than idle= after a cell"
+        )
+        total += claims
+    assert total > 0
 
 
 def test_a_cell_that_meets_an_idle_end_runs_on_a_new_session(session, capsys):

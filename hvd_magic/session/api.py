@@ -91,7 +91,7 @@ class Session:
         return value
 
     def _ended(self) -> SessionEnded:
-        return SessionEnded(f"the session ended ({self._live.lost}): start a new Session")
+        return SessionEnded(f"the session ended ({self._live.ended_because}): start a new Session")
 
     def status(self) -> str:
         """Ranks, hosts, pids, memory, CPU, and whether each is busy."""

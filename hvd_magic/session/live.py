@@ -97,7 +97,7 @@ class LiveSession:
         self.lost: str | None = None  # why the session is over, once it is
         self.began = time.monotonic()
         self.last_cell = self.began
-        self.running = False
+        self.running = 0  # cells in flight (Session.run may be called from several threads)
         self._ended = threading.Event()
         self._lock = threading.RLock()  # end() from within end() (a stop that ends the session) returns
         self._answered = threading.Condition()
@@ -143,6 +143,11 @@ class LiveSession:
         if self.lost is None and not self._ended.is_set() and (code := self.launcher.poll()) is not None:
             self.lost = self.why_ended(code)
         return self.lost is None and not self._ended.is_set()
+
+    @property
+    def ended_because(self) -> str:
+        """Why the session is over (once it is)."""
+        return self.lost or "stopped"
 
     def why_ended(self, code: int) -> str:
         if code == SILENT_EXIT:
@@ -202,12 +207,14 @@ class LiveSession:
         having run nowhere."""
         with self._lock:
             if self.lost is not None or self._ended.is_set():
-                raise SessionEnded(f"the live session ended: {self.lost or 'it was stopped'}")
-            self.running = True
+                raise SessionEnded(f"the live session ended: {self.ended_because}")
+            self.running += 1
         try:
             yield
         finally:
-            self.running, self.last_cell = False, time.monotonic()
+            with self._lock:  # the beat sees the cell running, or its end stamped: never between
+                self.last_cell = time.monotonic()
+                self.running -= 1
 
     def dispatch(self, order: Cell, targets: list[int], blob: bytes) -> None:
         """Send the cell to its ranks; for the view they "start" now, as in a run of its own, and

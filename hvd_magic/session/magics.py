@@ -218,7 +218,7 @@ def status_text(session: LiveSession | None) -> str:
     if session is None:
         return "no live session: %horovod start np=N starts one"
     if not session.live:
-        return f"the live session ended: {session.lost}"
+        return f"the live session ended: {session.ended_because}"
     session.refresh()
     now = time.monotonic()
     lines = [
