@@ -25,6 +25,7 @@ __all__ = ["time_ddp"]
 DDP_MODULE = "torch.nn.parallel.distributed"  # loaded by ``import torch``
 _HOOKED = "_hvd_magic_hooked"  # set on a DDP model once its communication hook is registered
 _device_waits: DeviceWaits | None = None  # this process's CUDA waits, once a model on a GPU is hooked
+_counted = False  # they are a source of collective_time's
 
 
 def time_ddp() -> None:
@@ -67,12 +68,16 @@ def _hook_default(model: Any) -> None:
             model._lazy_init()  # as its forward would: it may register hooks of DDP's own
         if model._comm_hooks or model._use_python_reducer or model._join_config.enable:
             return
+        if getattr(model, "mixed_precision", None) is not None:
+            return
         hook = hook_for(model.device_type)
-        if hook is None or getattr(model, "mixed_precision", None) is not None:
+        if hook is None:
             return
         _register_comm_hook(model.reducer, model.process_group, hook)
     except Exception:  # noqa: BLE001 - another torch, a builtin hook already there: not timed
         return
+    if model.device_type == "cuda":
+        _count(_cuda_waits())
     collective_time.measured()
 
 
@@ -87,14 +92,22 @@ def hook_for(device_type: str) -> Callable[[Any, Any], Any] | None:
 
 
 def _cuda_waits() -> DeviceWaits:
-    """This process's CUDA waits, counted by ``collective_time`` (made once, no event yet)."""
+    """This process's CUDA waits (made once, no event yet)."""
     global _device_waits
     if _device_waits is None:
         import torch
 
         _device_waits = DeviceWaits(functools.partial(torch.cuda.Event, enable_timing=True))
-        collective_time.add_source(_device_waits)
     return _device_waits
+
+
+def _count(waits: DeviceWaits) -> None:
+    """Count ``waits`` as this rank's, once a model's hook marks them (not before: a model
+    left untimed sends no waits, and is judged by wall time)."""
+    global _counted
+    if not _counted:
+        _counted = True
+        collective_time.add_source(waits)
 
 
 def timed_on_device(waits: DeviceWaits) -> Callable[[Any, Any], Any]:
@@ -105,7 +118,8 @@ def timed_on_device(waits: DeviceWaits) -> Callable[[Any, Any], Any]:
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     def marked_allreduce(group: Any, bucket: Any) -> Any:
-        start = _mark(lambda: waits.begin(_stream_of(bucket.buffer()))) if bucket.is_last() else None
+        last = bucket.is_last() and not _capturing(bucket.buffer())
+        start = _mark(lambda: waits.begin(_stream_of(bucket.buffer()))) if last else None
         reduced = allreduce_hook(group, bucket)
         if start is None:
             return reduced
@@ -126,6 +140,13 @@ def _stream_of(tensor: Any) -> Any:
     import torch
 
     return torch.cuda.current_stream(tensor.device) if tensor.is_cuda else None
+
+
+def _capturing(tensor: Any) -> bool:
+    """A CUDA graph is being captured on the tensor's GPU: an event there would break it."""
+    import torch
+
+    return bool(tensor.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
 def _mark(make: Callable[[], Any]) -> Any:

@@ -70,9 +70,13 @@ class DeviceWaits:
             return len(self._pending)
 
     def _settle(self) -> None:
-        while self._pending and self._pending[0][1].query():
-            start, stop = self._pending.popleft()
+        while self._pending:
+            start, stop = self._pending[0]
             try:
-                self._seconds += start.elapsed_time(stop) / 1000.0
+                if not stop.query():
+                    return
+                waited = start.elapsed_time(stop) / 1000.0
             except Exception:  # noqa: BLE001 - a pair that cannot be read is dropped, not kept
-                continue
+                waited = 0.0
+            self._pending.popleft()
+            self._seconds += waited

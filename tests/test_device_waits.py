@@ -6,6 +6,7 @@ hook they time is the one a GPU model gets, run for real on two torch.distribute
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -65,6 +66,9 @@ def test_a_pair_that_cannot_be_read_is_dropped_and_the_others_still_count():
     unreadable = waits.begin()
     waits.end(unreadable)
     waits._pending[-1][1].elsewhere = True  # type: ignore[attr-defined]
+    broken = waits.begin()
+    waits.end(broken)
+    waits._pending[-1][1].query = _raises  # type: ignore[method-assign]
     start = waits.begin()
     time.sleep(0.01)
     waits.end(start)
@@ -72,13 +76,18 @@ def test_a_pair_that_cannot_be_read_is_dropped_and_the_others_still_count():
     assert 0.01 <= waits() < 10 and waits.in_flight() == 0
 
 
+def _raises() -> bool:
+    raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
 def test_the_device_hook_is_chosen_by_the_models_device(monkeypatch):
     monkeypatch.setattr(collective_time, "_sources", [])
+    monkeypatch.setattr(collective_time, "_measured", False)
     monkeypatch.setattr(collective_ddp, "_device_waits", None)
     assert collective_ddp.hook_for("cpu") is collective_ddp._timed_allreduce
     assert collective_ddp.hook_for("mps") is None
     assert callable(collective_ddp.hook_for("cuda"))  # no event is made until a bucket comes
-    assert collective_time._sources == [collective_ddp._device_waits]
+    assert collective_time._sources == [] and not collective_time._measured  # counted once registered
 
 
 DDP_ON_DEVICE = """import time, torch, torch.distributed as dist
@@ -119,7 +128,8 @@ def test_ddp_on_a_device_marks_its_last_bucket_and_the_waiting_rank_waits_longer
     """DDP with the device hook trains as without it; each step marks one wait (its last bucket
     of several); none counts while the device has not passed it; then the rank that waited for
     the slow one counts the longer wait."""
-    options = make_options(-2, backend="torch", stragglers="off", env={"PYTHONPATH": "."})
+    checkout = str(Path(__file__).resolve().parents[1])  # the ranks import this file's Mark
+    options = make_options(-2, backend="torch", stragglers="off", env={"PYTHONPATH": checkout})
     result, _ = execute(capture_cell(DDP_ON_DEVICE, {}), options, RecordingView())
     buckets, last, queued, counted_before, left, waited, same = result
     assert buckets > 3 and last == 3 and queued == 3  # one mark per step, of all its buckets
