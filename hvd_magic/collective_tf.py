@@ -35,7 +35,9 @@ from .after_import import when_imported
 __all__ = ["time_tensorflow", "timed"]
 
 MODULE = "horovod.tensorflow"
-_clock: Any = None  # the tf.Variable the graph adds its waits to; False where nothing is timed
+CLOCK = "hvd_magic_waited"  # the variable the graph adds its waits to
+PROBE = "hvd_magic_probe"  # on a GPU, the variable the gradients' probe is stored in (see _computed)
+_variables: dict[str, Any] = {}  # by name: a tf.Variable, or False where it could not be made
 _cpu_only: bool | None = None
 
 
@@ -72,7 +74,7 @@ def timed(allreduce: Callable[..., Any]) -> Callable[..., Any]:
                 return allreduce(gradients, *args, **kwargs)
             finally:
                 collective_time.add(time.perf_counter() - start)
-        clock = _variable() if tf.compat.v1.executing_eagerly_outside_functions() else None
+        clock = _variable() if tf.compat.v1.executing_eagerly_outside_functions() and not _in_xla() else None
         if clock is None:
             return allreduce(gradients, *args, **kwargs)
         with tf.control_dependencies(_computed(_tensors(gradients))):  # Horovod gets its own
@@ -99,20 +101,34 @@ def _identity(value: Any) -> Any:
 
 def _computed(gradients: list[Any]) -> list[Any]:
     """What is there only once the gradients are computed: the gradients themselves on the
-    CPU (through identities); on a GPU, a probe on the host (see the module's note)."""
+    CPU (through identities); on a GPU, the probe (see the module's note): the sum of an
+    element of each, stored in a variable on the host. A store, not a value: Grappler would
+    prune a value only control edges read, and with it the copy to the host."""
     import tensorflow as tf
 
-    if _on_cpu() or not gradients:
+    firsts = [tf.cast(tf.reshape(t, [-1])[:1], tf.float32) for t in gradients if t.dtype.is_floating]
+    probe = None if _on_cpu() or not firsts else _host_variable(PROBE, tf.float32)
+    if probe is None:
         return [tf.identity(t) for t in gradients]
-    firsts = [tf.cast(tf.reshape(t, [-1])[:1], tf.float32) for t in gradients]  # [] for an empty one
-    with tf.device("/CPU:0"):
-        return [tf.identity(tf.concat(firsts, 0))]
+    return [probe.assign(tf.reduce_sum(tf.concat(firsts, 0)))]  # [:1] of an empty one is []
 
 
 def _tensors(values: Sequence[Any]) -> list[Any]:
     import tensorflow as tf
 
     return [v.values if isinstance(v, tf.IndexedSlices) else v for v in values if v is not None]
+
+
+def _in_xla() -> bool:
+    """The step is compiled by XLA (``jit_compile=True``, Horovod's XLA ops): XLA has no
+    timestamp, and no host variable in the step."""
+    from tensorflow.python.framework import ops
+    from tensorflow.python.ops import control_flow_util
+
+    try:
+        return bool(control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph()))
+    except Exception:  # noqa: BLE001 - another TensorFlow: taken as not compiled
+        return False
 
 
 def _on_cpu() -> bool:
@@ -128,19 +144,28 @@ def _on_cpu() -> bool:
 def _variable() -> Any:
     """The clock, made once, on the CPU; None where it could not be made (then nothing is
     timed, and the step is the user's own)."""
-    global _clock
-    if _clock is None:
-        _clock = False
+    import tensorflow as tf
+
+    made = CLOCK in _variables
+    clock = _host_variable(CLOCK, tf.float64)
+    if not made and clock is not None:
+        collective_time.add_source(lambda: float(clock.numpy()))
+    return clock
+
+
+def _host_variable(name: str, dtype: Any) -> Any:
+    """A scalar variable on the CPU, made once; None where it could not be made (not tried
+    again)."""
+    if name not in _variables:
         import tensorflow as tf
 
+        _variables[name] = False
         try:
-            _clock = _made_apart(
-                lambda: tf.Variable(0.0, dtype=tf.float64, trainable=False, name="hvd_magic_waited")
-            )
+            _variables[name] = _made_apart(lambda: tf.Variable(0.0, dtype=dtype, trainable=False, name=name))
         except Exception:  # noqa: BLE001 - untimed is better than a failed step
             return None
-        collective_time.add_source(lambda: float(_clock.numpy()))
-    return None if _clock is False else _clock
+    made = _variables[name]
+    return None if made is False else made  # not `or`: a variable's truth is its value
 
 
 def _made_apart(make: Callable[[], Any]) -> Any:

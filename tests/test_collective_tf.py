@@ -51,12 +51,16 @@ collective_tf.time_tensorflow()  # horovod.tensorflow is imported: in place at o
 timed, traces = step_function()
 timed_grads = [timed(x) for _ in range(3)][-1]
 in_graph = collective_time.waited()
+doubled = collective_tf.timed(lambda gradients, *args, **kwargs: [g * 2.0 for g in gradients])
+compiled = tf.function(jit_compile=True)(lambda x: doubled([x])[0])  # XLA: no timestamp, not timed
 with tf.GradientTape() as tape:
     loss = tf.reduce_sum(model(x))
 hvd.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)  # eagerly: the call is timed
 print(json.dumps({
     "untimed": untimed, "timed": ops(timed), "traces": len(traces), "before": before,
-    "probes": len(ops(timed, "ConcatV2")) - len(ops(plain, "ConcatV2")),
+    "probe": float(probe.numpy()) if (probe := collective_tf._variables.get("hvd_magic_probe")) else None,
+    "expected": sum(float(tf.reshape(g, [-1])[0]) for g in timed_grads),  # an element of each
+    "xla": float(compiled(tf.ones(()))),
     "same": all(bool(tf.reduce_all(a == b)) for a, b in zip(plain_grads, timed_grads, strict=True)),
     "in_graph": in_graph, "eager": collective_time.waited() - in_graph,
 }))
@@ -94,7 +98,11 @@ def test_timed_gradients_are_the_same_under_the_same_names_in_one_trace(device):
     """On "gpu", the way a TensorFlow that sees a GPU times the step (its first stamp after a
     probe of the gradients copied to the host), run on the CPU: there is no GPU here."""
     found = run(TF2, SETUP + ("collective_tf._cpu_only = False\n" if device == "gpu" else ""))
-    assert found["probes"] == (1 if device == "gpu" else 0)
+    if device == "gpu":  # the probe ran (a store Grappler keeps), after the gradients it reads
+        assert found["probe"] == pytest.approx(found["expected"]) and found["expected"] != 0
+    else:
+        assert found["probe"] is None
+    assert found["xla"] == 2.0  # a step XLA compiles is left as it is
     assert found["before"] is None  # nothing timed yet
     assert found["untimed"] and found["timed"] == found["untimed"]  # Horovod gets the same tensors
     assert found["same"] and found["traces"] == 1  # the user's step is traced once, as without
