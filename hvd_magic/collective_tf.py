@@ -11,13 +11,14 @@ the rank's own backward pass. Horovod gets the gradients it would get without th
 collectives are named after them and matched across ranks by name).
 
 On a GPU an op is "done" once queued, so a stamp after the gradients' ops would not mark their
-end: there the first stamp waits for a probe, an element of each gradient copied to the host,
-which the host has only once the device has computed them all (a few bytes a step; Horovod's
-op is done only once its result is there, so the second stamp needs none). Run eagerly on a
+end: there the first stamp waits for a probe, the sum of an element of each gradient stored in
+a variable on the host, which the host has only once the device has computed them all (a slice
+per gradient and one number copied a step; Horovod's op is done only once its result is there,
+so the second stamp needs none). Run eagerly on a
 GPU, the same ops run one by one: the probe's copy waits for the gradients.
 
 Not timed: TF1-style graphs (no automatic control dependencies to run the clock's update; their
-variables are saved by ``Saver``).
+variables are saved by ``Saver``), and steps XLA compiles (it has no timestamp op).
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ own ``StepRate`` (a rank that reports nothing decays), its host (``Started``) an
 
 In lock-step training (an allreduce every step) every rank makes the same steps/s: the fast ones
 wait for the slow one inside the collective. Where a rank measures its waits in collectives
-(``collective_time``: Horovod's PyTorch binding, DDP, Horovod's TensorFlow gradients; on the
-CPU and on GPUs), its steps are timed on its own clock, that time less its
+(``collective_time``: Horovod's PyTorch binding; DDP, on the CPU and CUDA GPUs; Horovod's
+TensorFlow gradients, on the CPU and GPUs), its steps are timed on its own clock, that time less its
 waits, so the rank the others wait for is the slow one; elsewhere steps/s are judged by wall
 time, which names ranks whose steps are their own (independent work, uneven
 shards before a sync), and the stall watch names a rank the others wait on.
