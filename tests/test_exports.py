@@ -28,6 +28,7 @@ PUBLIC = [
     "RunInterrupted",
     "RunTimeout",
     "Session",
+    "SessionEnded",
     "TorchDistributor",
     "checkpoint",
     "load_ipython_extension",
@@ -49,6 +50,7 @@ ERRORS = [
     "RunError",
     "RunInterrupted",
     "RunTimeout",
+    "SessionEnded",
     "TimelineError",
 ]
 
