@@ -203,7 +203,7 @@ def test_a_set_up_longer_than_the_silence_limit_keeps_its_ranks(monkeypatch):
     with Session(np=-2) as session:
         assert session.run(where) != os.getpid()
     assert leftover_processes() == []
-    with pytest.raises(SessionEnded, match=r"the session ended \(stopped\): start a new Session"):
+    with pytest.raises(SessionEnded, match=r"the session ended \(it was stopped\): start a new Session"):
         session.run(where)
 
 

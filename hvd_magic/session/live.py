@@ -147,7 +147,7 @@ class LiveSession:
     @property
     def ended_because(self) -> str:
         """Why the session is over (once it is)."""
-        return self.lost or "stopped"
+        return self.lost or "it was stopped"
 
     def why_ended(self, code: int) -> str:
         if code == SILENT_EXIT:
