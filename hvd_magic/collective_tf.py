@@ -14,8 +14,8 @@ On a GPU an op is "done" once queued, so a stamp after the gradients' ops would 
 end: there the first stamp waits for a probe, the sum of an element of each gradient stored in
 a variable on the host, which the host has only once the device has computed them all (a slice
 per gradient and one number copied a step; Horovod's op is done only once its result is there,
-so the second stamp needs none). Run eagerly on a
-GPU, the same ops run one by one: the probe's copy waits for the gradients.
+so the second stamp needs none). Run eagerly on a GPU, the same ops run one by one: the probe's
+copy waits for the gradients.
 
 Not timed: TF1-style graphs (no automatic control dependencies to run the clock's update; their
 variables are saved by ``Saver``), and steps XLA compiles (it has no timestamp op).
@@ -107,11 +107,12 @@ def _computed(gradients: list[Any]) -> list[Any]:
     prune a value only control edges read, and with it the copy to the host."""
     import tensorflow as tf
 
-    firsts = [tf.cast(tf.reshape(t, [-1])[:1], tf.float32) for t in gradients if t.dtype.is_floating]
-    probe = None if _on_cpu() or not firsts else _host_variable(PROBE, tf.float32)
+    floating = [t for t in gradients if t.dtype.is_floating]
+    probe = None if _on_cpu() or not floating else _host_variable(PROBE, tf.float32)
     if probe is None:
         return [tf.identity(t) for t in gradients]
-    return [probe.assign(tf.reduce_sum(tf.concat(firsts, 0)))]  # [:1] of an empty one is []
+    firsts = [tf.cast(tf.reshape(t, [-1])[:1], tf.float32) for t in floating]  # [] for an empty one
+    return [probe.assign(tf.reduce_sum(tf.concat(firsts, 0)))]
 
 
 def _tensors(values: Sequence[Any]) -> list[Any]:

@@ -140,9 +140,14 @@ class LiveSession:
     def live(self) -> bool:
         """Asked before each cell: its processes are polled now, not only by the beat (a kernel
         resumed after its ranks left would otherwise send its next cell to ranks long gone)."""
-        if self.lost is None and not self._ended.is_set() and (code := self.launcher.poll()) is not None:
+        if not self._over and (code := self.launcher.poll()) is not None:
             self.lost = self.why_ended(code)
-        return self.lost is None and not self._ended.is_set()
+        return not self._over
+
+    @property
+    def _over(self) -> bool:
+        """Ended, or known to be ending (its processes not polled: see ``live``)."""
+        return self.lost is not None or self._ended.is_set()
 
     @property
     def ended_because(self) -> str:
@@ -206,7 +211,7 @@ class LiveSession:
         an idle end, which then waits for the cell's end, or finds it ended (``SessionEnded``),
         having run nowhere."""
         with self._lock:
-            if self.lost is not None or self._ended.is_set():
+            if self._over:
                 raise SessionEnded(f"the live session ended: {self.ended_because}")
             self.running += 1
         try:
