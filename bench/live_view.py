@@ -25,8 +25,8 @@ import psutil
 
 SIMULATOR = """
 import sys, time
-from hvd_magic.hub import HubClient
-from hvd_magic import reporting
+from hvd_magic.rank.client import HubClient
+from hvd_magic.rank import reporting
 address, token = sys.argv[1], sys.argv[2]
 ranks, seconds, rate = int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
 reporters = [reporting._Reporter(HubClient(address, token, rank)) for rank in range(ranks)]
@@ -48,8 +48,8 @@ print(sent * ranks, sum(r.dropped for r in reporters))
 
 
 def kernel_side(ranks: int, seconds: float, rate: int) -> None:
-    from hvd_magic.engine import _pump, _RunState
     from hvd_magic.hub import Hub
+    from hvd_magic.run.supervisor import _pump, _RunState
     from hvd_magic.widgets.view import LiveView
 
     hub = Hub("127.0.0.1", b"")
@@ -123,8 +123,9 @@ def training_cost(rounds: int, steps: int) -> None:
     print(f"(a) training, 2 local ranks, median of {rounds} interleaved runs of {steps} steps:")
     print(f"    without report {a:.0f} steps/s, with report at every step {b:.0f} steps/s")
     print(f"    cost {(a - b) / a:+.2%} (target <= 1 %)")
-    from hvd_magic import reporting
-    from hvd_magic.hub import Hub, HubClient
+    from hvd_magic.hub import Hub
+    from hvd_magic.rank import reporting
+    from hvd_magic.rank.client import HubClient
 
     hub = Hub("127.0.0.1", b"")
     client = HubClient(hub.address, hub.keys.client_token(), 0)

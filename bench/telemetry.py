@@ -16,8 +16,8 @@ import subprocess
 import sys
 import time
 
-from hvd_magic.engine import BEAT_SECONDS
-from hvd_magic.telemetry import ResourceSampler, gpu_probe
+from hvd_magic.rank.telemetry import ResourceSampler, gpu_probe
+from hvd_magic.run.supervisor import BEAT_SECONDS
 
 
 def main() -> None:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from .callbacks import progress
-from .errors import (
+from hvd_magic.errors import (
     CaptureError,
     DataError,
     HorovodMagicError,
@@ -14,7 +13,8 @@ from .errors import (
     RunTimeout,
     SessionEnded,
 )
-from .reporting import report
+from hvd_magic.rank.callbacks import progress
+from hvd_magic.rank.reporting import report
 
 __all__ = [
     "CaptureError",
@@ -44,27 +44,27 @@ __all__ = [
 def __getattr__(name: str) -> object:
     # HorovodRunner pulls in the launchers; keep `import hvd_magic` cheap on the ranks.
     if name == "HorovodRunner":
-        from .runner import HorovodRunner
+        from hvd_magic.notebook.runner import HorovodRunner
 
         return HorovodRunner
     if name == "TorchDistributor":  # Spark's TorchDistributor's signature on the same engine
-        from .distributor import TorchDistributor
+        from hvd_magic.notebook.distributor import TorchDistributor
 
         return TorchDistributor
     if name in ("checkpoint", "resume", "stopping"):  # keeping a long run's work, from a rank
-        from . import checkpoints
+        from hvd_magic.rank import checkpoints
 
         return getattr(checkpoints, name)
     if name == "Session":  # a live session from Python: ranks kept across calls
-        from .session.api import Session
+        from hvd_magic.session.api import Session
 
         return Session
     if name == "LiveCallback":  # a Keras callback: built on first use, so TensorFlow loads only then
-        from . import callbacks
+        from hvd_magic.rank import callbacks
 
         return callbacks.LiveCallback
     if name == "shard":
-        from .data import shard
+        from hvd_magic.data import shard
 
         return shard
     if name == "timeline":
@@ -76,6 +76,6 @@ def __getattr__(name: str) -> object:
 
 def load_ipython_extension(ipython: object) -> None:
     """``%load_ext hvd_magic``: registers ``%%horovod``."""
-    from .magic import HorovodMagics
+    from hvd_magic.notebook.magics import HorovodMagics
 
     ipython.register_magics(HorovodMagics)  # type: ignore[attr-defined]

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .errors import HorovodMagicError
+from hvd_magic.errors import HorovodMagicError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -33,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _doctor(master: str | None) -> int:
-    from .doctor import doctor
+    from hvd_magic.doctor import doctor
 
     session = None
     if master:
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "install-horovod":
-            from .install import install_horovod
+            from hvd_magic.install import install_horovod
 
             return install_horovod(args.cache, args.dry_run, args.rebuild, not args.without_mpi, args.sdist)
         return _doctor(args.spark)

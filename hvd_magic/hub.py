@@ -1,4 +1,4 @@
-"""The driver-side endpoint that ranks report to, and the client ranks use to reach it.
+"""The notebook's endpoint that ranks and Spark tasks report to (their end is ``rank.client``).
 
 Transport is ZeroMQ with CURVE: every run gets a fresh server key pair and a fresh client key
 pair. A server only completes the handshake with a peer that holds the run's client secret key
@@ -13,19 +13,17 @@ on the hub's thread by a responder).
 
 from __future__ import annotations
 
-import dataclasses
 import queue
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
-from .protocol import CONTROL_RECORDS, Hello, Message, Payload, RankStatus, Record, decode, encode
+from hvd_magic.protocol import CONTROL_RECORDS, Hello, Message, Payload, RankStatus, Record, decode, encode
 
-__all__ = ["CurveServer", "Hub", "HubClient", "RunKeys"]
+__all__ = ["CurveServer", "Hub", "RunKeys"]
 
 _POLL_MS = 200
 Responder = Callable[[Message], tuple[Record, bytes]]
@@ -186,73 +184,3 @@ class Hub(CurveServer):
                 return
             message = tapped
         (self.control if isinstance(message.record, CONTROL_RECORDS) else self.events).put(message)
-
-
-class HubClient:
-    """A peer's connection to a ``CurveServer``. Thread-safe; ``send`` never blocks for long."""
-
-    def __init__(self, address: str, token: str, rank: int) -> None:
-        server_public, client_public, client_secret = token.encode().split(b",")
-        self.rank = rank
-        self._lock = threading.Lock()
-        self._ask_lock = threading.Lock()
-        self._asked = 0
-        self._context = zmq.Context()
-        self._socket = self._context.socket(zmq.DEALER)
-        self._socket.curve_serverkey = server_public
-        self._socket.curve_publickey = client_public
-        self._socket.curve_secretkey = client_secret
-        self._socket.sndhwm = 100_000
-        self._socket.linger = 10_000  # deliver the last messages (result, error) before exit
-        self._socket.connect(address)
-
-    def send(self, record: Record, blob: bytes = b"") -> bool:
-        """Queue one message; returns False (and drops it) if the send queue is full."""
-        frames = encode(record, self.rank, blob)
-        with self._lock:
-            try:
-                self._socket.send_multipart(frames, zmq.NOBLOCK)
-                return True
-            except zmq.Again:
-                return False
-
-    def receive(self, timeout: float) -> Message | None:
-        """The next message from the server, or None after ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while True:
-            # Poll in slices so other threads can send in between (sockets are not thread-safe).
-            with self._lock:
-                if self._socket.poll(50, zmq.POLLIN):
-                    message = decode(self._socket.recv_multipart())
-                    if message is not None:
-                        return message
-            if time.monotonic() >= deadline:
-                return None
-
-    def ask(self, request: Record, blob: bytes, timeout: float) -> Message:
-        """Send a request (a record with an ``id``) and wait for the answer with the same id;
-        one request at a time."""
-        with self._ask_lock:
-            self._asked += 1
-            self.send(dataclasses.replace(request, id=self._asked), blob)  # type: ignore[type-var]
-            deadline = time.monotonic() + timeout
-            while (left := deadline - time.monotonic()) > 0:
-                answer = self.receive(left)
-                if answer is not None and getattr(answer.record, "id", None) == self._asked:
-                    return answer
-            raise TimeoutError(f"no answer from the notebook's hub within {timeout:.0f} s")
-
-    def fetch_payload(self, timeout: float) -> bytes:
-        """Say hello and wait for the run's payload."""
-        self.send(Hello())
-        answer = self.receive(timeout)
-        if answer is None:
-            raise TimeoutError(f"no answer from the notebook's hub within {timeout:.0f} s")
-        if not isinstance(answer.record, Payload):
-            raise ConnectionError(f"unexpected answer from the hub: {answer.kind.value!r}")
-        return answer.blob
-
-    def close(self) -> None:
-        with self._lock:
-            self._socket.close()
-        self._context.term()

@@ -8,10 +8,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .data.source import check_source
-from .errors import DataError
-from .sinks.extras import mlflow_module, tensorboard_record_writer
-from .stragglers import StragglerRule, parse_rule
+from hvd_magic.data.source import check_source
+from hvd_magic.errors import DataError
+from hvd_magic.run.stragglers import StragglerRule, parse_rule
+from hvd_magic.sinks.extras import mlflow_module, tensorboard_record_writer
 
 __all__ = ["RunOptions", "OptionError", "make_options", "parse_env", "parse_names"]
 

@@ -16,7 +16,7 @@ from .multihost_spark import EXECUTORS_CELL, START_SECONDS, start_worker
 if TYPE_CHECKING:
     from .multihost import Cluster
 
-RUN_PROCESSES = ("hvd_magic.worker", "hvd_magic.launch.agent", "orted", "mpirun")
+RUN_PROCESSES = ("hvd_magic.rank.worker", "hvd_magic.launch.task.agent", "orted", "mpirun")
 # What a run writes under a host's /tmp outside the user's code: Open MPI's directories (ours,
 # its own default ones, our staging name); Horovod's timeline is the user's and the worker's.
 RUN_FILES = "/tmp/hvd_magic-shm-* /tmp/.hvd_magic-new-* /tmp/ompi.* /tmp/hvd_magic-timeline-*"

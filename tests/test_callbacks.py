@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from hvd_magic.capture import capture_cell
-from hvd_magic.engine import execute
+from hvd_magic.notebook.capture import capture_cell
 from hvd_magic.options import make_options
+from hvd_magic.run.supervisor import execute
 from hvd_magic.widgets.state import RunModel
 
 from .helpers import RecordingView

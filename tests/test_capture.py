@@ -5,8 +5,8 @@ import threading
 import cloudpickle
 import pytest
 
-from hvd_magic.capture import capture_cell, capture_function, names_read
 from hvd_magic.errors import CaptureError
+from hvd_magic.notebook.capture import capture_cell, capture_function, names_read
 from hvd_magic.protocol import CellPayload
 
 

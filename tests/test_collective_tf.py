@@ -16,7 +16,8 @@ from .helpers import single_process_env
 SETUP = """import json, os
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
-from hvd_magic import collective_tf, collective_time
+from hvd_magic.rank import collective_tf
+from hvd_magic.rank import collective_time
 """
 
 TF2 = """import horovod.tensorflow as hvd

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from hvd_magic import collective_ddp, collective_time
-from hvd_magic.capture import capture_cell
-from hvd_magic.device_waits import DeviceWaits
-from hvd_magic.engine import execute
+from hvd_magic.notebook.capture import capture_cell
 from hvd_magic.options import make_options
+from hvd_magic.rank import collective_ddp, collective_time
+from hvd_magic.rank.device_waits import DeviceWaits
+from hvd_magic.run.supervisor import execute
 
 from .helpers import RecordingView
 
@@ -92,8 +92,8 @@ def test_the_device_hook_is_chosen_by_the_models_device(monkeypatch):
 
 DDP_ON_DEVICE = """import time, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-from hvd_magic.collective_ddp import timed_on_device
-from hvd_magic.device_waits import DeviceWaits
+from hvd_magic.rank.collective_ddp import timed_on_device
+from hvd_magic.rank.device_waits import DeviceWaits
 from tests.test_device_waits import Mark
 
 dist.init_process_group("gloo")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from hvd_magic import RankFailedError, RunError, RunTimeout
-from hvd_magic.diagnosis import (
+from hvd_magic.launch.processes import death_of
+from hvd_magic.protocol import Exit, Message, RankError, Reports, Result, Stall, Started, Waiting
+from hvd_magic.run.diagnosis import (
     collective_in,
     explained,
     failure_after_exit,
@@ -14,9 +16,7 @@ from hvd_magic.diagnosis import (
     stall_text,
     start_timeout,
 )
-from hvd_magic.launch.processes import death_of
-from hvd_magic.protocol import Exit, Message, RankError, Reports, Result, Stall, Started, Waiting
-from hvd_magic.run_record import RunRecord, is_consequence
+from hvd_magic.run.record import RunRecord, is_consequence
 
 SHUT_DOWN = RankError("vm", "HorovodInternalError", "Horovod has been shut down. This was caused by ...")
 

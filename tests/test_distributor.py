@@ -10,8 +10,8 @@ import textwrap
 import pytest
 
 from hvd_magic import CaptureError, LaunchError, RankFailedError, TorchDistributor
-from hvd_magic.distributor import check_task_gpus, local_gpu_processes, ssl_notes
 from hvd_magic.launch.spark_session import check_slots
+from hvd_magic.notebook.distributor import check_task_gpus, local_gpu_processes, ssl_notes
 
 from .helpers import leftover_processes
 from .spark_fixtures import fake_gpu_script, spark_session

@@ -10,8 +10,6 @@ import cloudpickle
 import pytest
 
 from hvd_magic import RankFailedError, RunError, RunInterrupted, RunTimeout
-from hvd_magic import engine as engine_module
-from hvd_magic.engine import Run
 from hvd_magic.launch.processes import death_of
 from hvd_magic.options import make_options
 from hvd_magic.protocol import (
@@ -26,6 +24,8 @@ from hvd_magic.protocol import (
     Started,
     Waiting,
 )
+from hvd_magic.run import supervisor as engine_module
+from hvd_magic.run.supervisor import Run
 
 from .fakes import FakeHub, ScriptedLauncher, SteppingClock, healthy_rank, nothing, send
 from .helpers import RecordingView
@@ -199,13 +199,13 @@ def test_the_error_says_what_could_not_be_stopped():
     launcher = ScriptedLauncher(
         on_start=[send(0, Started("a", 1, 0, 2)), send(1, RankError("b", "ValueError", "bad"))],
         code=None,
-        leftovers=["4242: python -m hvd_magic.worker (executor 1)"],
+        leftovers=["4242: python -m hvd_magic.rank.worker (executor 1)"],
     )
     supervisor, _, _ = run(launcher)
     with pytest.raises(RankFailedError) as info:
         supervisor.execute()
     assert info.value.__notes__ == [
-        "still being stopped after the run: 4242: python -m hvd_magic.worker (executor 1)"
+        "still being stopped after the run: 4242: python -m hvd_magic.rank.worker (executor 1)"
     ]
     assert info.value._render_traceback_()[-1] == info.value.__notes__[0]  # shown in the notebook
 

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from hvd_magic.checkpoint_store import checkpoint_name
+from hvd_magic.protocol.files import checkpoint_name
 
 from .estimator_fixtures import libsvm_mnist, mnist_frames
 from .helpers import leftover_processes

@@ -211,7 +211,7 @@ def test_a_value_the_notebook_cannot_load_is_a_clear_error(ip):
 
 def test_ranks_that_never_start_are_named(ip, tmp_path, monkeypatch):
     """Rank 1 hangs before it can say hello (a sitecustomize that sleeps): the start timeout names it."""
-    from hvd_magic import engine
+    from hvd_magic.run import supervisor as engine
 
     (tmp_path / "sitecustomize.py").write_text(
         "import os, time\nif os.environ.get('OMPI_COMM_WORLD_RANK') == '1':\n    time.sleep(120)\n"

@@ -8,9 +8,10 @@ import socket
 import pytest
 import zmq
 
-from hvd_magic.hub import Hub, HubClient
+from hvd_magic.hub import Hub
 from hvd_magic.launch.gloo import GlooStore, gloo_slots
 from hvd_magic.protocol import Kind, Log, Result, StoreAnswer, StoreRequest
+from hvd_magic.rank.client import HubClient
 
 from .helpers import forged_token
 

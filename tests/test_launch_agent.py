@@ -9,9 +9,10 @@ import sys
 
 import pytest
 
-from hvd_magic.hub import HubClient, RunKeys
-from hvd_magic.launch.agent import ExecAgent
+from hvd_magic.hub import RunKeys
+from hvd_magic.launch.task.agent import ExecAgent
 from hvd_magic.protocol import ENV_AGENT_TOKEN, ENV_AGENTS, Exec
+from hvd_magic.rank.client import HubClient
 
 from .helpers import forged_token
 
@@ -27,7 +28,7 @@ def agent():
 def _rsh(agent: ExecAgent, token: str, host: str, command: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, **{ENV_AGENTS: json.dumps({"hvd-host-0": agent.address}), ENV_AGENT_TOKEN: token})
     return subprocess.run(
-        [sys.executable, "-m", "hvd_magic.launch.agent", host, command],
+        [sys.executable, "-m", "hvd_magic.launch.task.agent", host, command],
         env=env,
         capture_output=True,
         text=True,
@@ -62,12 +63,12 @@ def test_secret_is_not_on_the_command_line(agent):
     token = agent.keys.client_token()
     env = dict(os.environ, **{ENV_AGENTS: json.dumps({"hvd-host-0": agent.address}), ENV_AGENT_TOKEN: token})
     process = subprocess.Popen(
-        [sys.executable, "-m", "hvd_magic.launch.agent", "hvd-host-0", "ps -eo args"],
+        [sys.executable, "-m", "hvd_magic.launch.task.agent", "hvd-host-0", "ps -eo args"],
         env=env,
         stdout=subprocess.PIPE,
         text=True,
     )
     table, _ = process.communicate(timeout=60)
-    assert "hvd_magic.launch.agent hvd-host-0" in table  # we did see our own processes
+    assert "hvd_magic.launch.task.agent hvd-host-0" in table  # we did see our own processes
     for secret in token.split(","):
         assert secret not in table

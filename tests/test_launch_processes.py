@@ -32,7 +32,7 @@ def test_death_of_describes_signals_and_codes():
 
 
 def test_worker_command_runs_this_python():
-    assert worker_command() == [sys.executable, "-m", "hvd_magic.worker"]
+    assert worker_command() == [sys.executable, "-m", "hvd_magic.rank.worker"]
 
 
 STUBBORN = (

@@ -13,11 +13,11 @@ from types import SimpleNamespace
 import pytest
 
 from hvd_magic import HorovodRunner, LaunchError, RankFailedError, RunError, RunInterrupted, RunTimeout
-from hvd_magic.diagnosis import failure_after_exit
 from hvd_magic.launch import spark as spark_launch
 from hvd_magic.launch.spark_session import check_slots
 from hvd_magic.protocol import Join, SparkPlan
-from hvd_magic.run_record import RunRecord
+from hvd_magic.run.diagnosis import failure_after_exit
+from hvd_magic.run.record import RunRecord
 
 from .helpers import (
     ALLREDUCE_FOREVER,
@@ -274,7 +274,7 @@ def test_run_secrets_never_appear_on_command_lines(ip, cluster, monkeypatch):
         "hvd.barrier()\ntable + repr(dict(os.environ))"  # what a cell printing its environment shows
     )
     table = ip.run_cell_magic("horovod", "np=4", cell)
-    assert "hvd_magic.launch.agent hvd-host-1" in table and "orted" in table
+    assert "hvd_magic.launch.task.agent hvd-host-1" in table and "orted" in table
     assert len(made) == 2  # the hub's keys and the exec agents' keys
     for keys in made:
         for secret in (keys.client_secret, keys.server_secret):

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from hvd_magic.checkpoint_store import checkpoint_name
+from hvd_magic.protocol.files import checkpoint_name
 
 from . import multihost_cells as cells
 from .multihost import DRIVER, MASTER, WORKERS, Cluster

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 import hvd_magic
-from hvd_magic import collective_time, reporting
 from hvd_magic.protocol import Kind, Reports
+from hvd_magic.rank import collective_time, reporting
 
 WAIT = 10.0  # generous bound for the background flusher on a busy machine
 

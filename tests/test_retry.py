@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from hvd_magic import RankFailedError, RunError, RunInterrupted
-from hvd_magic.checkpoint_store import CheckpointStore, checkpoint_name
 from hvd_magic.protocol import Message, ResumeRequest
-from hvd_magic.retry import lost_cause
-from hvd_magic.run_record import RunRecord
+from hvd_magic.protocol.files import checkpoint_name
+from hvd_magic.run.checkpoint_store import CheckpointStore
+from hvd_magic.run.record import RunRecord
+from hvd_magic.run.retry import lost_cause
 
 from .helpers import leftover_processes, when_started
 
@@ -95,7 +96,7 @@ while True:
 
 def recorded_stops(monkeypatch: pytest.MonkeyPatch) -> list:
     """Every run's GracefulStop, as it is made."""
-    from hvd_magic import graceful
+    from hvd_magic.run import graceful
 
     stops: list[graceful.GracefulStop] = []
     real_init = graceful.GracefulStop.__init__
@@ -144,7 +145,7 @@ def test_ranks_that_do_not_reach_a_boundary_in_time_are_stopped_at_once(ip, tmp_
 
 
 def test_a_second_interrupt_stops_at_once(ip, tmp_path, monkeypatch):
-    from hvd_magic import graceful
+    from hvd_magic.run import graceful
 
     monkeypatch.setattr(graceful, "GRACE_SECONDS", 600.0)  # only the second interrupt can end it in time
     stops = recorded_stops(monkeypatch)

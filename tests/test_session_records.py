@@ -17,8 +17,8 @@ from IPython.utils.capture import capture_output
 
 from hvd_magic.options import RunOptions
 from hvd_magic.protocol import Message
+from hvd_magic.session import commands as sessions
 from hvd_magic.session import live
-from hvd_magic.session import magics as sessions
 from hvd_magic.timeline import analyze, read
 from hvd_magic.widgets.render import grid_html
 from hvd_magic.widgets.state import RunModel

@@ -12,7 +12,7 @@ import pytest
 from jupyter_client.manager import start_new_kernel
 
 from hvd_magic.launch.spark_session import check_slots
-from hvd_magic.session import magics as sessions
+from hvd_magic.session import commands as sessions
 
 from .helpers import executor_processes, gone_within, run_processes_anywhere, wait_for_files
 from .kernels import Kernel
@@ -93,7 +93,7 @@ def test_ranks_leave_a_notebook_that_went_silent(tmp_path, when):
         assert kernel.run("%%horovod\nimport os\nw = os.getpid()").status == "ok"
         if when == "leaving":
             assert kernel.run(SLOW_EXIT.format(folder=str(tmp_path))).status == "ok"
-        ranks = [p for p in kernel.processes() if "hvd_magic.worker" in " ".join(p.cmdline())]
+        ranks = [p for p in kernel.processes() if "hvd_magic.rank.worker" in " ".join(p.cmdline())]
         assert len(ranks) == 2
         os.kill(manager.provisioner.process.pid, signal.SIGSTOP)
         try:

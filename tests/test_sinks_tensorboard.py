@@ -116,7 +116,7 @@ import horovod.torch as hvd, hvd_magic
 hvd.init()
 for step in range(1, 4):
     hvd_magic.report(step=step, loss=10.0 * step + hvd.rank())
-hvd_magic.reporting.current().flush()  # sent now, not on the next tick: before rank 1's error
+hvd_magic.rank.reporting.current().flush()  # sent now, not on the next tick: before rank 1's error
 hvd.allreduce(__import__("torch").zeros(1))
 if hvd.rank() == 1:
     raise ValueError("boom")

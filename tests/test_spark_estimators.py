@@ -9,7 +9,7 @@ import os
 import pytest
 
 from hvd_magic import CaptureError, DataError, RankFailedError
-from hvd_magic.checkpoint_store import checkpoint_name
+from hvd_magic.protocol.files import checkpoint_name
 
 from .estimator_fixtures import accuracy, mnist_frames, mnist_net
 from .estimator_records import active_mlflow_run, check_fit_records
@@ -71,7 +71,7 @@ def live_views(monkeypatch):
     kernel): the estimator's fit has no cell to show them in here."""
     from ipywidgets.widgets.tests.utils import setup_test_comm, teardown_test_comm
 
-    from hvd_magic import engine
+    from hvd_magic.run import supervisor as engine
     from hvd_magic.widgets.view import LiveView
 
     views: list[LiveView] = []

@@ -13,7 +13,8 @@ import torch
 import torch.distributed as dist
 
 from hvd_magic.protocol import CELL_FILENAME, Stall, Waiting
-from hvd_magic.stalls import StallFilter, WaitSeen, WaitWatch, waiting_in, waiting_stall
+from hvd_magic.rank.stalls import StallFilter, WaitWatch, waiting_in
+from hvd_magic.run.stalls import WaitSeen, waiting_stall
 
 WARNING = (
     b"[2026-11-22 23:58:30. 23583: W /tmp/horovod/common/stall_inspector.cc:107] One or more tensors "

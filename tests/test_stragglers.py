@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from hvd_magic.options import OptionError, make_options
 from hvd_magic.protocol import Exit, Message, RankStatus, Reports, Started, Straggler
-from hvd_magic.stragglers import (
+from hvd_magic.run.stragglers import (
     RECOVERY_SHARE,
     StragglerDetector,
     StragglerRule,
@@ -21,7 +21,7 @@ from hvd_magic.stragglers import (
     likely_reason,
     parse_rule,
 )
-from hvd_magic.views import ConsoleView
+from hvd_magic.run.views import ConsoleView
 from hvd_magic.widgets.render import grid_html
 from hvd_magic.widgets.state import RunModel
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
-from hvd_magic.capture import capture_cell
-from hvd_magic.engine import execute
+from hvd_magic.notebook.capture import capture_cell
 from hvd_magic.options import RunOptions, make_options
 from hvd_magic.protocol import Message, Started, Straggler
+from hvd_magic.run.supervisor import execute
 
 from .helpers import RecordingView, leftover_processes
 
@@ -169,7 +169,7 @@ def test_in_lock_step_keras_training_the_rank_the_others_wait_for_is_named(tmp_p
 
 DDP_HOOKS = """import pickle, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-from hvd_magic import collective_time
+from hvd_magic.rank import collective_time
 dist.init_process_group("gloo")
 torch.manual_seed(dist.get_rank())
 plain, hooked = DDP(torch.nn.Linear(8, 1)), DDP(torch.nn.Linear(8, 1))
@@ -219,7 +219,7 @@ def test_ddp_is_timed_when_torch_is_imported_after_the_rank_started():
 
 DDP_STEP = """import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-from hvd_magic import collective_time
+from hvd_magic.rank import collective_time
 dist.init_process_group("gloo")
 model = DDP(torch.nn.Linear(8, 1))
 model(torch.ones(2, 8)).sum().backward()

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from hvd_magic import engine
-from hvd_magic.telemetry import GpuSample, ResourceSampler, gpu_probe
+from hvd_magic.rank.telemetry import GpuSample, ResourceSampler, gpu_probe
+from hvd_magic.run import supervisor as engine
 
 HOLD = """
 import time, numpy as np, horovod.torch as hvd

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hvd_magic.tf_logs import TfLogFilter
+from hvd_magic.rank.tf_logs import TfLogFilter
 
 PRE_INIT = b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
 ONEDNN = b"I0000 00:00:1795603101.811660     605 port.cc:153] oneDNN custom operations are on.\n"

@@ -20,9 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hvd_magic.protocol import FileChunk, Message, Record
-from hvd_magic.rank_files import RankFiles
-from hvd_magic.timeline.events import EventCutter
-from hvd_magic.timeline.stream import TimelineStream
+from hvd_magic.rank.timeline_events import EventCutter
+from hvd_magic.rank.timeline_stream import TimelineStream
+from hvd_magic.run.rank_files import RankFiles
 
 from .helpers import single_process_env
 
@@ -207,7 +207,7 @@ import horovod.torch as hvd
 hvd.init()
 for i in range(50):
     hvd.allreduce(torch.ones(10), name=f"t{i}")
-from hvd_magic.timeline.stream import _open_here, stop_and_write_out
+from hvd_magic.rank.timeline_stream import _open_here, stop_and_write_out
 print("open", _open_here(path), "closed", stop_and_write_out(path), "open", _open_here(path))
 hvd.shutdown()
 """

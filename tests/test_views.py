@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hvd_magic.protocol import Exit, Log, Message
-from hvd_magic.views import ConsoleView, make_view
+from hvd_magic.run.views import ConsoleView, make_view
 
 
 def log(rank: int, data: bytes, stream: str = "stdout") -> Message:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hvd_magic.worker import gpu_for_local_rank, shard_for_local_rank
+from hvd_magic.rank.worker import gpu_for_local_rank, shard_for_local_rank
 
 
 def test_gpu_for_local_rank():

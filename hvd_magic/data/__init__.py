@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..errors import DataError
-from ..protocol import ENV_SHARD
+from hvd_magic.errors import DataError
+from hvd_magic.protocol import ENV_SHARD
 
 __all__ = ["shard"]
 
@@ -36,6 +36,6 @@ def shard(form: str = "pandas") -> Any:
             "hvd_magic.shard() gives a rank its rows of the run's data= input, and this process has "
             "none: run the cell with %%horovod np=N data=NAME (or HorovodRunner(np, data=df))."
         )
-    from .files import read_shard
+    from hvd_magic.data.files import read_shard
 
     return read_shard(path, form)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from .parquet import MANIFEST, read_manifest, read_pieces, read_table
+from hvd_magic.data.parquet import MANIFEST, read_manifest, read_pieces, read_table
 
 __all__ = ["read_shard", "scratch_dir", "write_shard"]
 

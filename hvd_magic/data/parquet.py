@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .split import ShardPlan, plan_shards
+from hvd_magic.data.split import ShardPlan, plan_shards
 
 __all__ = [
     "MANIFEST",

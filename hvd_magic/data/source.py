@@ -14,9 +14,9 @@ import os
 import sys
 from typing import Any
 
-from ..errors import DataError
-from .parquet import vector_columns
-from .split import ShardPlan, partition_offsets, plan_shards
+from hvd_magic.data.parquet import vector_columns
+from hvd_magic.data.split import ShardPlan, partition_offsets, plan_shards
+from hvd_magic.errors import DataError
 
 __all__ = ["KEY", "check_source", "local_shards", "spark_shards", "spark_dataframe"]
 
@@ -73,7 +73,7 @@ def _to_arrow(value: Any) -> Any:
 
 def local_shards(value: Any, name: str, np: int, keep: bool, directory: str) -> tuple[list[str], str]:
     """Write one shard file per rank into ``directory``; returns their paths and the notice."""
-    from .files import write_shard
+    from hvd_magic.data.files import write_shard
 
     table = _to_arrow(value)
     plan = plan_shards(table.num_rows, np, keep, name)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy
 
-from ..errors import DataError
+from hvd_magic.errors import DataError
 
 __all__ = ["ShardPlan", "partition_offsets", "plan_shards"]
 

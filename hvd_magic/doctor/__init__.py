@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from .checks import Check, local_checks
+from hvd_magic.doctor.checks import Check, local_checks
 
 __all__ = ["Check", "Report", "doctor"]
 
@@ -72,7 +72,7 @@ def doctor(session: Any = None, spark: bool = True) -> Report:
         return Report(
             [*local_checks(), Check("Spark session", None, NO_SESSION)] if spark else local_checks()
         )
-    from .spark import spark_checks
+    from hvd_magic.doctor.spark import spark_checks
 
     with ThreadPoolExecutor(1) as pool:  # the local imports take seconds: run them beside the Spark job
         local = pool.submit(local_checks)

@@ -12,8 +12,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..install.detect import TENSORFLOW_DISTRIBUTIONS, distribution_version, mpirun_version
-from ..install.plan import system_fix
+from hvd_magic.install.detect import TENSORFLOW_DISTRIBUTIONS, distribution_version, mpirun_version
+from hvd_magic.install.plan import system_fix
 
 __all__ = ["Check", "local_checks"]
 

@@ -13,10 +13,10 @@ import sys
 import threading
 from typing import Any
 
-from ..install.detect import distribution_version
-from ..launch import spark_session as sessions
-from . import probe
-from .checks import Check
+from hvd_magic.doctor import probe
+from hvd_magic.doctor.checks import Check
+from hvd_magic.install.detect import distribution_version
+from hvd_magic.launch import spark_session as sessions
 
 __all__ = ["ReachListener", "executor_checks", "session_checks", "spark_checks"]
 

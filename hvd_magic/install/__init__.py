@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .build import install
-from .detect import detect
-from .plan import HOROVOD_VERSION, cached_wheel, make_plan
+from hvd_magic.install.build import install
+from hvd_magic.install.detect import detect
+from hvd_magic.install.plan import HOROVOD_VERSION, cached_wheel, make_plan
 
 __all__ = ["HOROVOD_VERSION", "default_cache", "install_horovod"]
 

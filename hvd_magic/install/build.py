@@ -17,9 +17,9 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import InstallError
-from .detect import find_cmake
-from .plan import HOROVOD_VERSION, BuildPlan, cached_wheel
+from hvd_magic.errors import InstallError
+from hvd_magic.install.detect import find_cmake
+from hvd_magic.install.plan import HOROVOD_VERSION, BuildPlan, cached_wheel
 
 __all__ = ["install", "patch_source"]
 

@@ -8,8 +8,8 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import InstallError
-from .detect import Toolchain, distribution_version
+from hvd_magic.errors import InstallError
+from hvd_magic.install.detect import Toolchain, distribution_version
 
 __all__ = ["HOROVOD_VERSION", "BuildPlan", "cached_wheel", "make_plan", "python_build_tools"]
 

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .base import Launcher
-from .processes import RankDeath
+from hvd_magic.launch.base import Launcher
+from hvd_magic.launch.processes import RankDeath
 
 if TYPE_CHECKING:
-    from ..options import RunOptions
+    from hvd_magic.options import RunOptions
 
 __all__ = ["Launcher", "RankDeath", "create"]
 
@@ -34,13 +34,13 @@ def create(options: RunOptions) -> Launcher:
     """The launcher for these options; on Spark this finds (or starts) the session. With
     ``data=`` the shards are planned here, so bad data fails before anything launches."""
     if options.np < 0:
-        from .local import LocalGlooLauncher, LocalMpiLauncher, LocalTorchLauncher
+        from hvd_magic.launch.local import LocalGlooLauncher, LocalMpiLauncher, LocalTorchLauncher
 
         if options.launcher == "torch":
             return LocalTorchLauncher.for_options(options)
         if options.launcher == "gloo":
             return LocalGlooLauncher.for_options(options)
         return LocalMpiLauncher.for_options(options)
-    from .spark import SparkLauncher
+    from hvd_magic.launch.spark import SparkLauncher
 
     return SparkLauncher.for_options(options)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .processes import RankDeath
+from hvd_magic.launch.processes import RankDeath
 
 if TYPE_CHECKING:
-    from ..hub import Hub
+    from hvd_magic.hub import Hub
 
 __all__ = ["Launcher"]
 

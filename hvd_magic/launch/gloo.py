@@ -20,7 +20,7 @@ from typing import Any
 
 import psutil
 
-from ..protocol import GlooSlot
+from hvd_magic.protocol import GlooSlot
 
 __all__ = ["GlooStore", "LoopbackStoreServer", "gloo_env", "gloo_slots"]
 

@@ -9,13 +9,12 @@ import subprocess
 import tempfile
 from typing import TYPE_CHECKING
 
-from ..data.source import local_shards
-from ..errors import LaunchError
-from ..protocol import ENV_SHARDS
-from .base import Launcher
-from .gloo import GlooStore, LoopbackStoreServer, gloo_env, gloo_slots
-from .mpirun import mpirun_argv, mpirun_deaths
-from .processes import (
+from hvd_magic.data.source import local_shards
+from hvd_magic.errors import LaunchError
+from hvd_magic.launch.base import Launcher
+from hvd_magic.launch.gloo import GlooStore, LoopbackStoreServer, gloo_env, gloo_slots
+from hvd_magic.launch.mpirun import mpirun_argv, mpirun_deaths
+from hvd_magic.launch.processes import (
     OutputTail,
     RankDeath,
     death_of,
@@ -26,11 +25,12 @@ from .processes import (
     thread_budget_env,
     worker_command,
 )
-from .torch_dist import free_port, torch_env
+from hvd_magic.launch.torch_dist import free_port, torch_env
+from hvd_magic.protocol import ENV_SHARDS
 
 if TYPE_CHECKING:
-    from ..hub import Hub
-    from ..options import RunOptions
+    from hvd_magic.hub import Hub
+    from hvd_magic.options import RunOptions
 
 __all__ = ["LocalGlooLauncher", "LocalMpiLauncher", "LocalTorchLauncher"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from .processes import RankDeath, death_of
+from hvd_magic.launch.processes import RankDeath, death_of
 
 __all__ = ["lost_node", "mpirun_argv", "mpirun_deaths"]
 

@@ -5,7 +5,6 @@ end says (``RankDeath``)."""
 from __future__ import annotations
 
 import collections
-import ctypes
 import os
 import signal
 import subprocess
@@ -17,12 +16,13 @@ from typing import IO, Any
 
 import psutil
 
+from hvd_magic.protocol.lifetime import die_with_parent
+
 __all__ = [
     "OutputTail",
     "RankDeath",
     "death_of",
     "describe",
-    "die_with_parent",
     "family_of",
     "stop_and_confirm",
     "spawn",
@@ -40,7 +40,7 @@ _TAIL_LINES = 200
 
 def worker_command() -> list[str]:
     """The command line of every rank, whichever launcher starts it."""
-    return [sys.executable, "-m", "hvd_magic.worker"]
+    return [sys.executable, "-m", "hvd_magic.rank.worker"]
 
 
 def thread_budget_env(local_ranks: int, cores: int, user_env: dict[str, str]) -> dict[str, str]:
@@ -53,24 +53,6 @@ def thread_budget_env(local_ranks: int, cores: int, user_env: dict[str, str]) ->
         return {}
     threads = str(max(1, cores // max(1, local_ranks)))
     return {var: threads for var in THREAD_VARS} | {"TF_NUM_INTEROP_THREADS": "1"}
-
-
-_prctl: Any
-try:
-    _prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl  # resolved now, not in a forked child
-except (OSError, AttributeError):
-    _prctl = None
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> None:
-    """SIGKILL this process when the thread that started it ends (PR_SET_PDEATHSIG).
-
-    Also the ``preexec_fn`` of ``spawn``: every process of a run (ranks, mpirun, orted,
-    rsh clients) dies with whatever launched it, the notebook's kernel included.
-    """
-    if _prctl is not None:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def spawn(

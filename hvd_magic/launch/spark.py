@@ -17,10 +17,25 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from ..data.parquet import Piece, parquet_plan
-from ..data.source import spark_dataframe, spark_shards
-from ..hub import Hub, RunKeys
-from ..protocol import (
+from hvd_magic.data.parquet import Piece, parquet_plan
+from hvd_magic.data.source import spark_dataframe, spark_shards
+from hvd_magic.hub import Hub, RunKeys
+from hvd_magic.launch.base import Launcher
+from hvd_magic.launch.gloo import GlooStore
+from hvd_magic.launch.mpirun import lost_node, mpirun_deaths
+from hvd_magic.launch.processes import RankDeath, death_of
+from hvd_magic.launch.spark_plan import lost_host_deaths, make_plan, spark_failure, tasks_on
+from hvd_magic.launch.spark_session import (
+    active_or_embedded_session,
+    cancel_tag,
+    check_dynamic_allocation,
+    check_slots,
+    driver_address,
+    embedded_notice,
+    task_cpus,
+)
+from hvd_magic.launch.task.barrier import STAGE_SCHEMA, TaskSpec, barrier_stage
+from hvd_magic.protocol import (
     Abort,
     Join,
     LauncherExit,
@@ -34,24 +49,9 @@ from ..protocol import (
     StoreAnswer,
     StoreRequest,
 )
-from .base import Launcher
-from .gloo import GlooStore
-from .mpirun import lost_node, mpirun_deaths
-from .processes import RankDeath, death_of
-from .spark_plan import lost_host_deaths, make_plan, spark_failure, tasks_on
-from .spark_session import (
-    active_or_embedded_session,
-    cancel_tag,
-    check_dynamic_allocation,
-    check_slots,
-    driver_address,
-    embedded_notice,
-    task_cpus,
-)
-from .spark_task import STAGE_SCHEMA, TaskSpec, barrier_stage
 
 if TYPE_CHECKING:
-    from ..options import RunOptions
+    from hvd_magic.options import RunOptions
 
 __all__ = ["SparkLauncher", "make_plan", "spark_failure"]
 

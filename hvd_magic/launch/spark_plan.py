@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import collections
 
-from ..protocol import Join, PlanHost, SparkPlan
-from .gloo import gloo_slots
-from .processes import RankDeath
+from hvd_magic.launch.gloo import gloo_slots
+from hvd_magic.launch.processes import RankDeath
+from hvd_magic.protocol import Join, PlanHost, SparkPlan
 
 __all__ = ["lost_host_deaths", "make_plan", "mpi_ranks", "spark_failure", "tasks_on"]
 

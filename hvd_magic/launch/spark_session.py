@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ..errors import LaunchError
+from hvd_magic.errors import LaunchError
 
 __all__ = [
     "cancel_tag",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import socket
 
-from ..protocol import GlooSlot
+from hvd_magic.protocol import GlooSlot
 
 __all__ = ["free_port", "torch_env"]
 

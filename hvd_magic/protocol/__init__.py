@@ -6,13 +6,13 @@ travel (``wire``), environment names (``env``), payloads (``payload``) and the S
 
 from __future__ import annotations
 
-from .control_messages import (
+from hvd_magic.protocol.control_messages import (
     Polling,
     ResumeAnswer,
     ResumeRequest,
     StopAsked,
 )
-from .env import (
+from hvd_magic.protocol.env import (
     ENV_AGENT_TOKEN,
     ENV_AGENTS,
     ENV_HUB,
@@ -23,7 +23,7 @@ from .env import (
     ENV_TOKEN,
     ENV_VIA_AGENT,
 )
-from .messages import (
+from hvd_magic.protocol.messages import (
     Exit,
     FileChunk,
     Hello,
@@ -40,26 +40,26 @@ from .messages import (
     Waiting,
     record_type,
 )
-from .payload import (
+from hvd_magic.protocol.payload import (
     CELL_FILENAME,
     SILENT_EXIT,
     CellPayload,
     FunctionPayload,
     SessionPayload,
 )
-from .plan import (
+from hvd_magic.protocol.plan import (
     GlooSlot,
     PlanHost,
     SparkPlan,
 )
-from .session_messages import (
+from hvd_magic.protocol.session_messages import (
     Beat,
     Cell,
     CellDone,
     Interrupt,
     RankStatus,
 )
-from .task_messages import (
+from hvd_magic.protocol.task_messages import (
     Abort,
     Exec,
     Join,
@@ -75,7 +75,7 @@ from .task_messages import (
     StoreAnswer,
     StoreRequest,
 )
-from .wire import (
+from hvd_magic.protocol.wire import (
     CONTROL_RECORDS,
     LogDecoder,
     Message,

@@ -12,6 +12,8 @@ __all__ = [
     "ENV_TIME_WAITS",
     "ENV_TOKEN",
     "ENV_VIA_AGENT",
+    "TF_LEVEL_VARIABLE",
+    "TIMELINE_DYNAMIC",
 ]
 
 ENV_HUB = "HVD_MAGIC_HUB"  # the hub's address, for the worker
@@ -23,3 +25,7 @@ ENV_VIA_AGENT = "HVD_MAGIC_VIA_AGENT"  # set on what an agent starts: its host t
 ENV_SHARDS = "HVD_MAGIC_SHARDS"  # JSON list: local rank -> its data shard file (data=)
 ENV_SHARD = "HVD_MAGIC_SHARD"  # this rank's data shard file, read by hvd_magic.shard()
 ENV_TIME_WAITS = "HVD_MAGIC_TIME_WAITS"  # "0": the rank times no waits in collectives (stragglers=off)
+TF_LEVEL_VARIABLE = "TF_CPP_MIN_LOG_LEVEL"  # TensorFlow C++ log level: set by the notebook
+# HOROVOD_TIMELINE's value for a timeline started and stopped by hvd.start_timeline/stop_timeline
+# (a live session's cells): no file of its own until then.
+TIMELINE_DYNAMIC = "DYNAMIC"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .messages import Kind, Record, _kind
+from hvd_magic.protocol.messages import Kind, Record, _kind
 
 __all__ = ["Beat", "Cell", "CellDone", "Interrupt", "RankStatus"]
 

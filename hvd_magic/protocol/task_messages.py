@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .messages import Kind, Record, _kind
-from .plan import SparkPlan
+from hvd_magic.protocol.messages import Kind, Record, _kind
+from hvd_magic.protocol.plan import SparkPlan
 
 __all__ = [
     "Abort", "Exec", "Join", "Kill", "LauncherExit", "LauncherLog", "Output", "Ping", "Plan", "Pong",

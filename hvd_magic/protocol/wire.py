@@ -6,8 +6,8 @@ import codecs
 import json
 from dataclasses import dataclass
 
-from .messages import Kind, Log, Record, record_type
-from .task_messages import Join, LauncherExit, LauncherLog, Stopped
+from hvd_magic.protocol.messages import Kind, Log, Record, record_type
+from hvd_magic.protocol.task_messages import Join, LauncherExit, LauncherLog, Stopped
 
 __all__ = ["CONTROL_RECORDS", "LogDecoder", "Message", "decode", "encode"]
 

@@ -8,11 +8,11 @@ from typing import Any
 
 from IPython.core.error import UsageError
 
-from ..capture import capture_function
-from ..errors import SessionEnded
-from ..options import OptionError, make_options, parse_timeout
-from .live import LiveSession
-from .magics import cell_options, status_text, timeline_ready
+from hvd_magic.errors import SessionEnded
+from hvd_magic.notebook.capture import capture_function
+from hvd_magic.options import OptionError, make_options, parse_timeout
+from hvd_magic.session.commands import cell_options, status_text, timeline_ready
+from hvd_magic.session.live import LiveSession
 
 __all__ = ["Session"]
 

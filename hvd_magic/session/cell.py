@@ -13,13 +13,13 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..engine import Run
-from ..errors import RunError, RunInterrupted
-from ..launch import Launcher, RankDeath
-from ..protocol import SILENT_EXIT, Cell
+from hvd_magic.errors import RunError, RunInterrupted
+from hvd_magic.launch import Launcher, RankDeath
+from hvd_magic.protocol import SILENT_EXIT, Cell
+from hvd_magic.run.supervisor import Run
 
 if TYPE_CHECKING:
-    from ..hub import Hub
+    from hvd_magic.hub import Hub
 
 
 class LiveSession(Protocol):

@@ -23,13 +23,12 @@ from typing import Any
 
 import cloudpickle
 
-from .. import launch
-from ..capture import Captured
-from ..engine import BEAT_SECONDS
-from ..errors import SessionEnded
-from ..hub import Hub
-from ..options import RunOptions
-from ..protocol import (
+from hvd_magic import launch
+from hvd_magic.errors import SessionEnded
+from hvd_magic.hub import Hub
+from hvd_magic.notebook.capture import Captured
+from hvd_magic.options import RunOptions
+from hvd_magic.protocol import (
     SILENT_EXIT,
     Beat,
     Cell,
@@ -42,10 +41,11 @@ from ..protocol import (
     SessionPayload,
     Started,
 )
-from ..sinks import make_sinks
-from ..timeline.stream import DYNAMIC
-from ..views import RunView, make_view
-from .cell import CellLauncher, CellRun
+from hvd_magic.protocol.env import TIMELINE_DYNAMIC
+from hvd_magic.run.supervisor import BEAT_SECONDS
+from hvd_magic.run.views import RunView, make_view
+from hvd_magic.session.cell import CellLauncher, CellRun
+from hvd_magic.sinks import make_sinks
 
 __all__ = ["LiveSession", "RankInfo", "SILENCE_SECONDS", "beat_interval", "setup_source"]
 
@@ -118,7 +118,7 @@ class LiveSession:
             view.notice(text)
         options = self.options
         if self.timeline:  # HOROVOD_TIMELINE is read once, by hvd.init()
-            options = dataclasses.replace(options, env={**options.env, "HOROVOD_TIMELINE": DYNAMIC})
+            options = dataclasses.replace(options, env={**options.env, "HOROVOD_TIMELINE": TIMELINE_DYNAMIC})
         # Beats from the start: a rank counts its silence from its first moment, and the set-up
         # cell (imports, hvd.init) may take longer than the limit on a busy machine.
         with self._in_cell():  # the set-up cell is a cell: idle= counts from its end, not the start's

@@ -18,10 +18,10 @@ import uuid
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol
 
-from ..protocol import Message
+from hvd_magic.protocol import Message
 
 if TYPE_CHECKING:
-    from ..options import RunOptions
+    from hvd_magic.options import RunOptions
 
 __all__ = ["Sink", "Sinks", "make_sinks", "model_dir_logdir", "run_name"]
 
@@ -87,13 +87,13 @@ def make_sinks(options: RunOptions) -> Sinks:
     name = run_name()
     sinks: dict[str, Sink] = {}
     if options.logdir:
-        from .tensorboard import TensorBoardSink
+        from hvd_magic.sinks.tensorboard import TensorBoardSink
 
         folder = os.path.join(options.logdir, name)
         sinks[f"TensorBoard logging to {folder}"] = TensorBoardSink(folder, options.ranks)
         _say(f"TensorBoard event files in {folder} (to look: tensorboard --logdir {options.logdir})")
     if options.mlflow is not False:
-        from .mlflow import open_sink
+        from hvd_magic.sinks.mlflow import open_sink
 
         try:
             sink = open_sink(options, name)
@@ -108,7 +108,7 @@ def make_sinks(options: RunOptions) -> Sinks:
 def model_dir_logdir(folder: str | None) -> str | None:
     """Where an estimator's run writes its event files by default: ``model_dir/logs`` (as
     horovod.spark's estimators wrote theirs into their run folder), when tensorboard is installed."""
-    from .extras import tensorboard_record_writer
+    from hvd_magic.sinks.extras import tensorboard_record_writer
 
     try:
         tensorboard_record_writer()

@@ -21,13 +21,13 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..errors import LaunchError, RunInterrupted
-from ..protocol import Message, Straggler
-from .extras import mlflow_module
-from .scalars import Point, Scalars
+from hvd_magic.errors import LaunchError, RunInterrupted
+from hvd_magic.protocol import Message, Straggler
+from hvd_magic.sinks.extras import mlflow_module
+from hvd_magic.sinks.scalars import Point, Scalars
 
 if TYPE_CHECKING:
-    from ..options import RunOptions
+    from hvd_magic.options import RunOptions
 
 __all__ = ["MlflowSink", "active_run_id", "log_model", "log_params", "open_sink", "plain_params"]
 
@@ -197,7 +197,7 @@ class MlflowSink:
         if self.timeline and os.path.exists(self.timeline):
             self.client.log_artifact(self.run_id, self.timeline, folder)
         if self.page is not None:
-            from ..widgets.render import final_html
+            from hvd_magic.widgets.render import final_html
 
             self.client.log_text(self.run_id, final_html(self.page), f"{folder}/run.html")
         if self.stragglers:
@@ -222,8 +222,8 @@ def log_model(model: Any, saved: str | None = None) -> None:
 def _page_model(ranks: int) -> Any:
     """The live view's model, for the static record at the end (None without numpy)."""
     try:
-        from ..widgets import render  # noqa: F401 - the page's renderer needs numpy
-        from ..widgets.state import RunModel
+        from hvd_magic.widgets import render  # noqa: F401 - the page's renderer needs numpy
+        from hvd_magic.widgets.state import RunModel
     except ImportError:
         return None
     return RunModel(ranks)

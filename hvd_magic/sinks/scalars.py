@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..protocol import Message, Reports
+from hvd_magic.protocol import Message, Reports
 
 __all__ = ["GRACE_SECONDS", "Point", "Scalars"]
 

@@ -17,8 +17,8 @@ import os
 import time
 from collections.abc import Callable
 
-from ..protocol import Message, RankStatus, Straggler
-from .scalars import Point, Scalars
+from hvd_magic.protocol import Message, RankStatus, Straggler
+from hvd_magic.sinks.scalars import Point, Scalars
 
 __all__ = ["FLUSH_SECONDS", "TensorBoardSink", "resource_points"]
 
@@ -31,7 +31,7 @@ class TensorBoardSink:
     def __init__(self, folder: str, ranks: int, clock: Callable[[], float] = time.monotonic) -> None:
         os.makedirs(folder, exist_ok=True)
         self.folder, self.clock = folder, clock
-        from .event_file import EventFile
+        from hvd_magic.sinks.event_file import EventFile
 
         self.writer = EventFile(folder)
         self.scalars = Scalars(ranks)

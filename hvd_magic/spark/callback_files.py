@@ -19,7 +19,7 @@ import tempfile
 import urllib.parse
 from typing import Any
 
-from .. import reporting
+from hvd_magic.rank import reporting
 
 __all__ = ["ENCODED", "RankFolder", "place", "writes_files"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import DataError
+from hvd_magic.errors import DataError
 
 __all__ = [
     "check_columns",

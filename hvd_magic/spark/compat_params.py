@@ -9,7 +9,7 @@ from typing import Any
 
 from pyspark.ml.param import Param, Params
 
-from .params import accessors
+from hvd_magic.spark.params import accessors
 
 __all__ = ["UNUSED", "UnusedParams", "legacy_accessors", "unused_notes"]
 

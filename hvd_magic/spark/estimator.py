@@ -16,14 +16,14 @@ from typing import Any
 from pyspark.ml import Estimator, Model
 from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
 
-from ..capture import capture_function
-from ..engine import execute
-from ..options import OptionError, make_options
-from . import callback_files, compat, estimator_io, fit_records, persistence
-from .columns import check_columns, features_column, prediction_column
-from .compat_params import UNUSED, UnusedParams, legacy_accessors, unused_notes
-from .params import EstimatorParams, ModelParams
-from .training import TrainSpec, is_accuracy
+from hvd_magic.notebook.capture import capture_function
+from hvd_magic.options import OptionError, make_options
+from hvd_magic.run.supervisor import execute
+from hvd_magic.spark import callback_files, compat, estimator_io, fit_records, persistence
+from hvd_magic.spark.columns import check_columns, features_column, prediction_column
+from hvd_magic.spark.compat_params import UNUSED, UnusedParams, legacy_accessors, unused_notes
+from hvd_magic.spark.params import EstimatorParams, ModelParams
+from hvd_magic.spark.training import TrainSpec, is_accuracy
 
 __all__ = ["HorovodEstimator", "HorovodModel"]
 

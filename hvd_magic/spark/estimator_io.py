@@ -15,7 +15,7 @@ from typing import Any
 import cloudpickle
 from pyspark.ml.util import MLReader, MLWriter
 
-from .persistence import local_folder, open_location
+from hvd_magic.spark.persistence import local_folder, open_location
 
 __all__ = ["EstimatorReader", "EstimatorWriter"]
 

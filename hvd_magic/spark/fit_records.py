@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..options import RunOptions
-from ..sinks import model_dir_logdir
-from ..sinks.mlflow import log_model
+from hvd_magic.options import RunOptions
+from hvd_magic.sinks import model_dir_logdir
+from hvd_magic.sinks.mlflow import log_model
 
 __all__ = ["after_fit", "before_fit", "estimator_params"]
 

@@ -16,10 +16,10 @@ from typing import Any
 import cloudpickle
 from pyspark.ml.param import Param, Params
 
-from .compat_params import UNUSED
-from .estimator import HorovodEstimator, HorovodModel
-from .params import accessors
-from .training import TrainSpec, is_accuracy
+from hvd_magic.spark.compat_params import UNUSED
+from hvd_magic.spark.estimator import HorovodEstimator, HorovodModel
+from hvd_magic.spark.params import accessors
+from hvd_magic.spark.training import TrainSpec, is_accuracy
 
 __all__ = ["KerasEstimator", "KerasModel"]
 
@@ -39,7 +39,7 @@ class KerasModel(HorovodModel):
         return self.keras_model
 
     def make_predict_fn(self) -> Callable[[], Callable[[Any], Any]]:
-        from .keras_io import make_predictor, model_bytes
+        from hvd_magic.spark.keras_io import make_predictor, model_bytes
 
         blob = model_bytes(self.keras_model)
         return functools.partial(make_predictor, blob, cloudpickle.dumps(self.custom_objects))
@@ -95,14 +95,14 @@ class KerasEstimator(HorovodEstimator):
         self.setParams(**params)
 
     def train_function(self) -> Callable[[TrainSpec], Any]:
-        from .keras_training import train
+        from hvd_magic.spark.keras_training import train
 
         return train
 
     def train_spec(self) -> TrainSpec:
         import keras
 
-        from .keras_io import load_model, model_bytes
+        from hvd_magic.spark.keras_io import load_model, model_bytes
 
         self.require("model", "loss")
         model = self.getOrDefault("model")
@@ -137,7 +137,7 @@ class KerasEstimator(HorovodEstimator):
         what was registered with Keras in the notebook, and the ``custom_objects`` given."""
         import keras
 
-        from .keras_io import custom_classes
+        from hvd_magic.spark.keras_io import custom_classes
 
         found = custom_classes(model)
         for metric in self.getOrDefault("metrics"):

@@ -12,7 +12,7 @@ from typing import Any
 
 import cloudpickle
 
-from .columns import model_inputs
+from hvd_magic.spark.columns import model_inputs
 
 __all__ = ["custom_classes", "input_shapes", "load_model", "make_predictor", "model_bytes", "reduced_loss"]
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .epoch_metrics import Averages
-from .training import TrainSpec, accuracy, is_accuracy
+from hvd_magic.spark.epoch_metrics import Averages
+from hvd_magic.spark.training import TrainSpec, accuracy, is_accuracy
 
 __all__ = ["Meters", "metric_names"]
 

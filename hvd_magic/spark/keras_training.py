@@ -16,13 +16,13 @@ from typing import Any
 
 import cloudpickle
 
-from ..checkpoints import checkpoint, resume
-from ..collective_tf import timed
-from .callback_files import RankFolder
-from .epoch_metrics import Averages
-from .keras_io import as_model_input, input_shapes, load_model, reduced_loss
-from .keras_metrics import Meters, metric_names
-from .training import (
+from hvd_magic.rank.checkpoints import checkpoint, resume
+from hvd_magic.rank.collective_tf import timed
+from hvd_magic.spark.callback_files import RankFolder
+from hvd_magic.spark.epoch_metrics import Averages
+from hvd_magic.spark.keras_io import as_model_input, input_shapes, load_model, reduced_loss
+from hvd_magic.spark.keras_metrics import Meters, metric_names
+from hvd_magic.spark.training import (
     Rows,
     TrainSpec,
     batches,

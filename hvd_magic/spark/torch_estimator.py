@@ -18,12 +18,12 @@ from typing import Any
 import cloudpickle
 from pyspark.ml.param import Param, Params
 
-from ..errors import CaptureError
-from .columns import input_shapes_of
-from .compat_params import UNUSED
-from .estimator import HorovodEstimator, HorovodModel
-from .params import accessors
-from .training import TrainSpec
+from hvd_magic.errors import CaptureError
+from hvd_magic.spark.columns import input_shapes_of
+from hvd_magic.spark.compat_params import UNUSED
+from hvd_magic.spark.estimator import HorovodEstimator, HorovodModel
+from hvd_magic.spark.params import accessors
+from hvd_magic.spark.training import TrainSpec
 
 __all__ = ["TorchEstimator", "TorchModel"]
 
@@ -40,7 +40,7 @@ class TorchModel(HorovodModel):
         return self.module
 
     def make_predict_fn(self) -> Callable[[], Callable[[Any], Any]]:
-        from .torch_training import make_predictor
+        from hvd_magic.spark.torch_training import make_predictor
 
         shapes = input_shapes_of(self.getOrDefault("input_shapes"))
         return functools.partial(make_predictor, cloudpickle.dumps(self.module), shapes)
@@ -86,7 +86,7 @@ class TorchEstimator(HorovodEstimator):
         self.setParams(**params)
 
     def train_function(self) -> Callable[[TrainSpec], Any]:
-        from .torch_training import train
+        from hvd_magic.spark.torch_training import train
 
         return train
 

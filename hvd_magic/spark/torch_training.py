@@ -15,10 +15,10 @@ import io
 from collections.abc import Callable
 from typing import Any
 
-from ..checkpoints import checkpoint, resume
-from .columns import model_inputs
-from .epoch_metrics import Averages
-from .training import (
+from hvd_magic.rank.checkpoints import checkpoint, resume
+from hvd_magic.spark.columns import model_inputs
+from hvd_magic.spark.epoch_metrics import Averages
+from hvd_magic.spark.training import (
     Rows,
     TrainSpec,
     accuracy,

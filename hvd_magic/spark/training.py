@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from .. import reporting
-from ..errors import DataError
-from .columns import feature_array, label_array
+from hvd_magic.errors import DataError
+from hvd_magic.rank import reporting
+from hvd_magic.spark.columns import feature_array, label_array
 
 __all__ = [
     "Rows",
@@ -68,7 +68,7 @@ class Rows:
 def load_rows(spec: TrainSpec) -> Rows:
     """This rank's shard as numpy arrays, validation rows apart: those the ``validation`` column
     marks, or the last ``validation`` share (every rank then holds as many rows)."""
-    from ..data import shard
+    from hvd_magic.data import shard
 
     table = shard("arrow")
     x, y = feature_array(table, spec.feature_cols), label_array(table, spec.label_cols)

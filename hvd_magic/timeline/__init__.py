@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import TimelineError
-from .reader import Timeline, read
+from hvd_magic.errors import TimelineError
+from hvd_magic.timeline.reader import Timeline, read
 
 __all__ = ["Analysis", "Timeline", "TimelineError", "analyze", "export_slice", "read", "spans"]
 
@@ -18,11 +18,11 @@ __all__ = ["Analysis", "Timeline", "TimelineError", "analyze", "export_slice", "
 def __getattr__(name: str) -> Any:
     # Analysis needs pandas and Arrow: load them only when asked, so read() starts fast.
     if name in ("Analysis", "analyze", "spans"):
-        from . import analysis
+        from hvd_magic.timeline import analysis
 
         return getattr(analysis, name)
     if name == "export_slice":
-        from .export import export_slice
+        from hvd_magic.timeline.export import export_slice
 
         return export_slice
     raise AttributeError(f"module 'hvd_magic.timeline' has no attribute {name!r}")

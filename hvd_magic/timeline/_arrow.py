@@ -20,10 +20,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from ..errors import TimelineError
-from .matching import ABSENT
-from .schema import SCHEMA
-from .store import SpanStore, StoreBuilder, keep_largest
+from hvd_magic.errors import TimelineError
+from hvd_magic.timeline.matching import ABSENT
+from hvd_magic.timeline.schema import SCHEMA
+from hvd_magic.timeline.store import SpanStore, StoreBuilder, keep_largest
 
 __all__ = ["metadata_rows", "parse", "span_store", "tensor_bytes"]
 

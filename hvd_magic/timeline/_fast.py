@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .store import StoreBuilder, keep_largest
+from hvd_magic.timeline.store import StoreBuilder, keep_largest
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -58,7 +58,7 @@ class Columns:
         """The Arrow table of ``schema.SCHEMA`` over the columns (integers without copies)."""
         import pyarrow as pa
 
-        from .schema import SCHEMA
+        from hvd_magic.timeline.schema import SCHEMA
 
         codes, index = np.unique(self.ph, return_inverse=True)
         return pa.table(
@@ -81,7 +81,7 @@ class Columns:
         """The args that ``schema.SCHEMA`` keeps, for ``M`` events (null for the others)."""
         import pyarrow as pa
 
-        from .schema import SCHEMA
+        from hvd_magic.timeline.schema import SCHEMA
 
         tensor = np.full(len(self), None, dtype=object)
         start = np.full(len(self), None, dtype=object)
@@ -102,7 +102,7 @@ def scan(
     each chunk's columns to ``consume`` in file order. Returns whether the last event was cut
     off, or None when the scanner is not built or the file is not plain Horovod output."""
     try:
-        from . import _scan
+        from hvd_magic.timeline import _scan
     except ImportError:
         return None
     truncated = False

@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .hints import FULL, hints, render
-from .matching import release_memory
-from .phases import phases
-from .reader import Timeline
-from .store import SpanStore
+from hvd_magic.timeline.hints import FULL, hints, render
+from hvd_magic.timeline.matching import release_memory
+from hvd_magic.timeline.phases import phases
+from hvd_magic.timeline.reader import Timeline
+from hvd_magic.timeline.store import SpanStore
 
 __all__ = ["Analysis", "analyze", "fusion_threshold", "spans"]
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .levels import Level, store_items
-from .merging import merge, ranges_index, reaching
-from .store import SpanStore
+from hvd_magic.timeline.levels import Level, store_items
+from hvd_magic.timeline.merging import merge, ranges_index, reaching
+from hvd_magic.timeline.store import SpanStore
 
 __all__ = ["Marks", "no_marks", "window"]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 
-from .reader import Timeline
+from hvd_magic.timeline.reader import Timeline
 
 __all__ = ["export_slice"]
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .merging import Items, merge
-from .store import SpanStore
+from hvd_magic.timeline.merging import Items, merge
+from hvd_magic.timeline.store import SpanStore
 
 __all__ = ["Level", "build_levels", "store_items"]
 

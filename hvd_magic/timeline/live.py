@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..errors import TimelineError
-from . import _fast
-from .reader import Timeline, metadata, skip_opening
+from hvd_magic.errors import TimelineError
+from hvd_magic.timeline import _fast
+from hvd_magic.timeline.reader import Timeline, metadata, skip_opening
 
 __all__ = ["Growing", "LiveTimeline", "live_timeline"]
 
@@ -114,9 +114,9 @@ class LiveTimeline:
     def _show(self, timeline: Timeline) -> None:
         from IPython.display import display
 
-        from .analysis import analyze
-        from .hints import summary
-        from .viewer import TimelineViewer
+        from hvd_magic.timeline.analysis import analyze
+        from hvd_magic.timeline.hints import summary
+        from hvd_magic.timeline.viewer import TimelineViewer
 
         analysis = analyze(timeline, self.threshold)
         note = f"{self.growing.path}: {len(timeline):,} events so far (the run is still writing it)"
@@ -137,7 +137,7 @@ class LiveTimeline:
         ones' place; the live viewer is closed, so that it leaves the kernel and the saved
         notebook, and its output and the analysis so far are emptied."""
         if self.viewer is not None:
-            from ..widgets.closing import close_tree
+            from hvd_magic.widgets.closing import close_tree
 
             close_tree(self.viewer)
             for handle in (self.shown, self.analysis):
@@ -152,9 +152,9 @@ def live_timeline(
     if not path or type(view).__name__ != "LiveView":
         return None
     try:
-        from . import viewer  # noqa: F401 - anywidget and the bundle: the viewer can be shown
+        from hvd_magic.timeline import viewer  # noqa: F401 - anywidget and the bundle: the viewer can be shown
     except ImportError:  # no anywidget: the timeline is shown after the run
         return None
-    from .analysis import fusion_threshold
+    from hvd_magic.timeline.analysis import fusion_threshold
 
     return LiveTimeline(path, written, threshold=fusion_threshold(env))

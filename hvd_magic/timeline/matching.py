@@ -55,7 +55,7 @@ class Matcher(Protocol):
 
 def new_matcher() -> Matcher:
     try:
-        from ._match import Matcher as CMatcher
+        from hvd_magic.timeline._match import Matcher as CMatcher
     except ImportError:
         return PyMatcher()
     matcher: Matcher = CMatcher()
@@ -66,7 +66,7 @@ def release_memory() -> None:
     """Gives the heap's free pages back to the system after a large job: glibc keeps what numpy
     freed where live blocks pin it (``_match.trim``; without the C matcher, nothing)."""
     try:
-        from ._match import trim
+        from hvd_magic.timeline._match import trim
     except ImportError:
         return
     trim()

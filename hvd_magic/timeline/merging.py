@@ -70,7 +70,7 @@ def merge(items: Items, ranges: Ranges, t0: int, pixel: float, width: int = 0) -
     window of ``width`` pixels, or with ``width`` 0 a level of detail (nothing left out, clipped
     or joined). Returns the merged items, one range's after the other, and how many each range got."""
     try:
-        from ._match import merge as merge_in_c
+        from hvd_magic.timeline._match import merge as merge_in_c
     except ImportError:
         return _in_batches(items, ranges, t0, pixel, width)
     pairs = np.asarray(ranges, np.int64).reshape(-1, 2)

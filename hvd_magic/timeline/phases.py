@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .hints import FIFTHS
-from .store import SpanStore
+from hvd_magic.timeline.hints import FIFTHS
+from hvd_magic.timeline.store import SpanStore
 
 __all__ = ["PHASES", "phases"]
 

@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import TimelineError
+from hvd_magic.errors import TimelineError
 
 if TYPE_CHECKING:
     import pandas as pd
     import pyarrow as pa
 
-    from .store import SpanStore
+    from hvd_magic.timeline.store import SpanStore
 
 __all__ = [
     "CHUNK_BYTES",
@@ -86,7 +86,7 @@ class Timeline:
         """The spans in compact columns, by tensor row then start (what the viewer and the
         analysis read)."""
         if self._store is None:
-            from . import _arrow
+            from hvd_magic.timeline import _arrow
 
             self._store = _arrow.span_store(self.events, self.tensors, self.tensor_bytes)
         return self._store
@@ -121,8 +121,8 @@ def _workers() -> int:
 def read_fast(name: str) -> Timeline | None:
     """The C scanner's reading, or None when it is not built or the file is not plain Horovod
     output (then :func:`read_general` reads it and says what is wrong)."""
-    from . import _fast
-    from .matching import release_memory
+    from hvd_magic.timeline import _fast
+    from hvd_magic.timeline.matching import release_memory
 
     digest = _fast.Digest()
     with open(name, "rb") as file:
@@ -141,7 +141,7 @@ def read_fast(name: str) -> Timeline | None:
 
 def _events_again(name: str) -> pa.Table:
     """The events as a table, scanned again (``read`` kept only the spans)."""
-    from . import _fast
+    from hvd_magic.timeline import _fast
 
     with open(name, "rb") as file:
         columns = _fast.columns(_Chunks(name, file), _workers())
@@ -152,7 +152,7 @@ def _events_again(name: str) -> pa.Table:
 
 def read_general(name: str) -> Timeline:
     """The Arrow reader: any Chrome-trace-like layout, exact error offsets."""
-    from . import _arrow
+    from hvd_magic.timeline import _arrow
 
     with open(name, "rb") as file:
         chunks = _Chunks(name, file)

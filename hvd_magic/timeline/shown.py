@@ -9,10 +9,10 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 
-from ..errors import HorovodMagicError
-from .analysis import analyze, fusion_threshold
-from .hints import summary
-from .reader import read
+from hvd_magic.errors import HorovodMagicError
+from hvd_magic.timeline.analysis import analyze, fusion_threshold
+from hvd_magic.timeline.hints import summary
+from hvd_magic.timeline.reader import read
 
 __all__ = ["show_run_timeline", "show_timeline"]
 
@@ -35,7 +35,7 @@ def show_timeline(path: str, threshold: int | None = None, hosts: Mapping[int, s
     events = f"{path}: {len(timeline):,} events{note}"
     display({"text/html": f"<small>{events}</small>", "text/plain": events}, raw=True)
     try:
-        from .viewer import TimelineViewer
+        from hvd_magic.timeline.viewer import TimelineViewer
     except ImportError:  # anywidget not installed: the analysis still works
         pass
     else:

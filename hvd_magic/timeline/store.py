@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .matching import Matched, Matcher, matched, new_matcher
-from .matching import tensors as matched_tensors
+from hvd_magic.timeline.matching import Matched, Matcher, matched, new_matcher
+from hvd_magic.timeline.matching import tensors as matched_tensors
 
 if TYPE_CHECKING:
     import pandas as pd

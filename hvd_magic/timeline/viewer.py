@@ -18,13 +18,13 @@ import anywidget
 import numpy as np
 import traitlets
 
-from ..errors import HorovodMagicError
-from .detail import Marks, no_marks, window
-from .hints import duration
-from .levels import build_levels
-from .matching import release_memory
-from .reader import Timeline
-from .store import SpanStore
+from hvd_magic.errors import HorovodMagicError
+from hvd_magic.timeline.detail import Marks, no_marks, window
+from hvd_magic.timeline.hints import duration
+from hvd_magic.timeline.levels import build_levels
+from hvd_magic.timeline.matching import release_memory
+from hvd_magic.timeline.reader import Timeline
+from hvd_magic.timeline.store import SpanStore
 
 __all__ = ["TimelineViewer"]
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .state import RankProgress, RunModel, Series
+from hvd_magic.widgets.state import RankProgress, RunModel, Series
 
 __all__ = ["COMPACT_RANKS", "final_html", "grid_html", "log_html", "svg_chart", "traces"]
 

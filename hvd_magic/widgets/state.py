@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..protocol import (
+from hvd_magic.protocol import (
     Exit,
     Log,
     LogDecoder,
@@ -24,7 +24,7 @@ from ..protocol import (
     Started,
     Straggler,
 )
-from ..step_rate import StepRate
+from hvd_magic.run.step_rate import StepRate
 
 __all__ = ["RankProgress", "RunModel", "TerminalLog"]
 

@@ -18,10 +18,10 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 from IPython.display import display
 
-from ..protocol import Message
-from .closing import close_tree
-from .render import final_html, grid_html, log_html, traces
-from .state import RunModel
+from hvd_magic.protocol import Message
+from hvd_magic.widgets.closing import close_tree
+from hvd_magic.widgets.render import final_html, grid_html, log_html, traces
+from hvd_magic.widgets.state import RunModel
 
 __all__ = ["LiveView"]
 

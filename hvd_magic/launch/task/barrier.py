@@ -1,0 +1,308 @@
+"""What each Spark barrier task runs on its executor (imported there by reference).
+
+With ``data=``, the stage's input is the keyed DataFrame (``data.source``): each task first
+writes its partition, which is exactly one shard, to a file on its executor. Every task then
+reports itself to the notebook's hub (``Join``: executor, address, GPUs, agent address, shard)
+and gets the run's ``Plan`` back: one rendezvous through the driver, not Spark's
+``allGather`` (~1 s per call here). With MPI, the first task runs mpirun, and the first task of
+each executor serves the exec agent that starts that executor's share of the ranks. With Gloo,
+each task starts its own rank and serves it the rendezvous store on loopback, relaying to the
+driver's store. Every task holds its slot (and GPU) until the driver releases it.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+from hvd_magic.data.parquet import Piece, write_manifest
+from hvd_magic.hub import RunKeys
+from hvd_magic.launch.gloo import LoopbackStoreServer, gloo_env
+from hvd_magic.launch.mpirun import mpirun_argv
+from hvd_magic.launch.processes import (
+    describe,
+    spawn,
+    stop_and_confirm,
+    stop_tree,
+    thread_budget_env,
+    worker_command,
+)
+from hvd_magic.launch.task.agent import ExecAgent
+from hvd_magic.launch.torch_dist import free_port, torch_env
+from hvd_magic.protocol import (
+    ENV_AGENT_TOKEN,
+    ENV_AGENTS,
+    ENV_SHARDS,
+    ENV_SLOT_GPUS,
+    Abort,
+    Join,
+    LauncherExit,
+    LauncherLog,
+    Plan,
+    Release,
+    SparkPlan,
+    Stopped,
+    StoreAnswer,
+    StoreRequest,
+)
+from hvd_magic.protocol.plan import gpu_for_local_rank
+from hvd_magic.rank.client import HubClient
+
+__all__ = ["STAGE_SCHEMA", "TaskSpec", "barrier_stage", "barrier_task"]
+PLAN_TIMEOUT = 120.0
+STORE_TIMEOUT = 30.0
+REACH_SECONDS = 10.0
+
+
+@dataclass
+class TaskSpec:
+    np: int
+    launcher: str
+    env: dict[str, str]
+    hub_address: str
+    hub_token: str
+    agent_keys: RunKeys
+    task_cpus: int
+    run_id: str = "run"
+    shard_sizes: list[int] = field(default_factory=list)  # data=: rows each partition must hold
+    pieces: list[list[Piece]] = field(default_factory=list)  # data= Parquet: what each task reads
+
+
+def own_address(toward: str) -> str:
+    """This executor's address: SPARK_LOCAL_IP if set, else the one that routes to the driver."""
+    if os.environ.get("SPARK_LOCAL_IP"):
+        return os.environ["SPARK_LOCAL_IP"]
+    host = toward.split("//")[-1].rsplit(":", 1)[0]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((host, 9))
+        return str(probe.getsockname()[0])
+
+
+def interface_of(address: str) -> str:
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address == address for a in addresses):
+            return str(name)
+    return "lo" if address.startswith("127.") else ""
+
+
+STAGE_SCHEMA = "code long"  # what each task of the barrier stage returns: its exit code
+
+
+def barrier_stage(spec: TaskSpec, batches: Iterator[Any]) -> Iterator[Any]:
+    """The function of the barrier stage (``mapInArrow(..., barrier=True)``)."""
+    import pyarrow as pa
+
+    yield pa.RecordBatch.from_pydict({"code": [barrier_task(spec, batches)]})
+
+
+def barrier_task(spec: TaskSpec, batches: Iterator[Any]) -> int:
+    from pyspark import BarrierTaskContext
+
+    context = BarrierTaskContext.get()
+    partition = context.partitionId()
+    executor = context.getTaskInfos()[partition].address
+    shard = _write_shard(spec, partition, executor, batches) if spec.shard_sizes else ""
+    try:
+        return _run_task(spec, context, partition, executor, shard)
+    finally:
+        if shard:
+            os.unlink(shard)
+
+
+def _write_shard(spec: TaskSpec, partition: int, executor: str, batches: Iterator[Any]) -> str:
+    """This partition (exactly one shard) into a file on this executor, for the rank here."""
+    from hvd_magic.data.files import scratch_dir, write_shard
+    from hvd_magic.data.source import KEY
+
+    path = os.path.join(scratch_dir(), f"hvd_magic-{spec.run_id}-shard-{partition}.arrow")
+    metadata = {"partition": str(partition), "executor": executor, "pid": str(os.getpid())}
+    if spec.pieces:  # a plain Parquet scan: the rank reads its rows from the files
+        return write_manifest(path, spec.pieces[partition], metadata)
+    first = next(batches, None)
+    rows = 0
+    if first is not None:
+        columns = [name for name in first.schema.names if name != KEY]
+        head = first.select(columns)
+        rest = (batch.select(columns) for batch in batches)
+        rows = write_shard(path, itertools.chain([head], rest), head.schema, metadata)
+    if rows != spec.shard_sizes[partition]:
+        if rows:
+            os.unlink(path)
+        raise RuntimeError(
+            f"hvd_magic data: shard {partition} holds {rows} rows, not the {spec.shard_sizes[partition]} "
+            "counted: the DataFrame is not deterministic (it samples, or its source changed). "
+            "Materialize it first, e.g. df = df.localCheckpoint()."
+        )
+    return path
+
+
+def check_reachable(address: str, timeout: float = REACH_SECONDS) -> None:
+    """Fail the task at once, saying where it tried, when the notebook's hub cannot be reached
+    from this executor (a firewall, or the notebook's address as seen from the cluster)."""
+    host, port = address.split("//")[-1].rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as err:
+        raise ConnectionError(
+            f"hvd_magic: this executor cannot reach the notebook at {host}:{port} ({err}). In the notebook, "
+            "set os.environ['HVD_MAGIC_DRIVER_HOST'] to an address of its machine that the executors "
+            "reach (and let them connect to it), then run the cell again."
+        ) from None
+
+
+def _run_task(spec: TaskSpec, context: Any, partition: int, executor: str, shard: str) -> int:
+    check_reachable(spec.hub_address)
+    resources = context.resources()
+    client = HubClient(spec.hub_address, spec.hub_token, rank=-1)
+    ip = own_address(spec.hub_address)
+    agent = ExecAgent(ip, spec.agent_keys, "", {}) if spec.launcher == "mpi" else None
+    join = Join(
+        partition=partition,
+        executor=executor,
+        ip=ip,
+        gpus=list(resources["gpu"].addresses) if "gpu" in resources else [],
+        python=sys.executable,
+        agent=agent.address if agent is not None else "",
+        shard=shard,
+        port=free_port(ip) if spec.launcher == "torch" else 0,
+    )
+    client.send(join)
+    code = 1
+    try:
+        answer = client.receive(PLAN_TIMEOUT)
+        if answer is not None and isinstance(answer.record, (Abort, Release)):
+            code = 0  # the run was stopped before it launched anything
+        elif answer is None or not isinstance(answer.record, Plan):
+            raise RuntimeError(
+                f"task {partition}: no launch plan from the notebook within {PLAN_TIMEOUT:.0f} s"
+            )
+        elif agent is not None:
+            code = _mpi_task(spec, answer.record.plan, partition, agent, client)
+        elif spec.launcher == "torch":
+            code = _torch_task(spec, answer.record.plan, partition, client)
+        else:
+            code = _gloo_task(spec, answer.record.plan, partition, client)
+    finally:
+        if agent is not None:
+            agent.close()
+        # The driver returns from its stop only once every task confirmed this.
+        client.send(Stopped(join.executor, [describe(p) for p in stop_and_confirm(_descendants())]))
+        client.close()
+    return code
+
+
+def _mpi_task(spec: TaskSpec, plan: SparkPlan, partition: int, agent: ExecAgent, client: HubClient) -> int:
+    host = plan.host_of(partition)
+    if host.partitions[0] == partition:
+        agent.host_token = host.token
+        local_ranks = len(host.partitions)
+        agent.host_env = {ENV_SLOT_GPUS: json.dumps(host.gpus), ENV_SHARDS: json.dumps(host.shards)}
+        agent.host_env |= thread_budget_env(local_ranks, local_ranks * spec.task_cpus, spec.env)
+    process = _start_mpirun(spec, plan, agent.scratch()) if partition == plan.mpirun_partition else None
+    return _hold_slot(client, process)
+
+
+def _start_mpirun(spec: TaskSpec, plan: SparkPlan, scratch: str) -> subprocess.Popen[bytes]:
+    """mpirun, its session directory in this executor's scratch (see ``ExecAgent.scratch``)."""
+    agents = {host.token: host.agent for host in plan.hosts}
+    argv = mpirun_argv(
+        spec.np,
+        worker_command(),
+        as_root=os.geteuid() == 0,
+        hosts=[(host.token, len(host.partitions)) for host in plan.hosts],
+        rsh_agent=f"{sys.executable} -m hvd_magic.launch.task.agent",
+        export_env=sorted(spec.env),
+    )
+    secrets = {ENV_AGENTS: json.dumps(agents), ENV_AGENT_TOKEN: spec.agent_keys.client_token()}
+    # Its session directory under TMPDIR: mpirun hands its OMPI_MCA_* settings on to every
+    # orted, which would then make theirs under this path on their own hosts, held by no one.
+    own = os.path.join(scratch, "mpirun")
+    os.makedirs(own, exist_ok=True)
+    return spawn(argv, dict(os.environ) | spec.env | secrets | {"TMPDIR": own})
+
+
+def _rank_env(spec: TaskSpec, plan: SparkPlan, partition: int) -> dict[str, str]:
+    """The environment of the rank this task starts itself (Gloo, torch): its slot's GPUs,
+    its share of the host's CPUs, its shard."""
+    host = plan.host_of(partition)
+    local_ranks = len(host.partitions)
+    env = dict(os.environ) | spec.env | thread_budget_env(local_ranks, local_ranks * spec.task_cpus, spec.env)
+    env[ENV_SHARDS] = json.dumps(host.shards)
+    local_rank = plan.slots[partition].local_rank
+    by_local_rank = spec.launcher == "torch"  # torch code picks cuda:LOCAL_RANK
+    gpus = gpu_for_local_rank(json.dumps(host.gpus), local_rank, by_local_rank)
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = gpus
+    return env
+
+
+def _torch_task(spec: TaskSpec, plan: SparkPlan, partition: int, client: HubClient) -> int:
+    """backend=torch: this task's rank, with rank 0's store on the first host."""
+    master = torch_env(plan.slots[partition], plan.hosts[0].ip, plan.master_port)
+    return _hold_slot(client, spawn(worker_command(), _rank_env(spec, plan, partition) | master))
+
+
+def _gloo_task(spec: TaskSpec, plan: SparkPlan, partition: int, client: HubClient) -> int:
+    slot = plan.slots[partition]
+    host = plan.host_of(partition)
+    env = _rank_env(spec, plan, partition)
+    relay = HubClient(spec.hub_address, spec.hub_token, rank=-1)
+    store = LoopbackStoreServer(functools.partial(_ask_driver, relay))
+    env |= gloo_env(slot, store.port, interface_of(host.ip))
+    try:
+        return _hold_slot(client, spawn(worker_command(), env))
+    finally:
+        store.close()
+        relay.close()
+
+
+def _ask_driver(relay: HubClient, method: str, path: str, body: bytes) -> tuple[int, bytes]:
+    """The Gloo store backend of a task: the driver's store, over the run's CURVE channel."""
+    answer = relay.ask(StoreRequest(0, method, path), body, STORE_TIMEOUT)
+    if not isinstance(answer.record, StoreAnswer):
+        raise ValueError(f"the driver answered a store request with {answer.kind.value!r}")
+    return answer.record.status, answer.blob
+
+
+def _hold_slot(client: HubClient, process: subprocess.Popen[bytes] | None) -> int:
+    """Forward the process's output, report its exit, and keep the slot until released."""
+    reader = None
+    if process is not None:
+        reader = threading.Thread(target=_forward, args=(process, client), daemon=True)
+        reader.start()
+    code, reported = 0, process is None
+    while True:
+        if not reported and process is not None and process.poll() is not None:
+            if reader is not None:
+                reader.join(timeout=5)
+            code, reported = process.returncode, True
+            client.send(LauncherExit(code))
+        answer = client.receive(timeout=0.2)
+        if answer is None:
+            continue
+        if isinstance(answer.record, Abort) and process is not None:
+            stop_tree(process)
+            code = process.wait()
+        if isinstance(answer.record, (Release, Abort)):
+            return code
+
+
+def _forward(process: subprocess.Popen[bytes], client: HubClient) -> None:
+    assert process.stdout is not None
+    for line in process.stdout:
+        client.send(LauncherLog(), line)
+
+
+def _descendants() -> list[psutil.Process]:
+    return list(psutil.Process().children(recursive=True))

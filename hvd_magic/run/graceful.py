@@ -1,0 +1,93 @@
+"""A stop that keeps the work: the first interrupt of a run whose ranks poll
+``hvd_magic.stopping()`` asks them to stop at their next step boundary (they write a final
+checkpoint and the run ends with rank 0's value); if they have not within ``GRACE_SECONDS``, or
+at a second interrupt, the run is stopped at once, as any other run is at its first.
+
+While the run is supervised, the notebook's interrupt (SIGINT) is taken by a handler that only
+counts it; the supervising loop raises it at its next ``check``. A ``KeyboardInterrupt`` raised
+wherever the main thread happens to be (inside a lock of the kernel's output stream, of the
+Spark client, of a widget's comm) can leave that lock held and the kernel hung for good.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from hvd_magic.protocol import Message, Polling, StopAsked
+
+if TYPE_CHECKING:
+    from hvd_magic.run.checkpoint_store import CheckpointStore
+    from hvd_magic.run.views import RunView
+
+__all__ = ["GRACE_SECONDS", "GracefulStop"]
+
+GRACE_SECONDS = 5.0
+
+
+class GracefulStop:
+    def __init__(
+        self,
+        hub: Any,
+        view: RunView,
+        store: CheckpointStore | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.hub, self.view, self.store, self.clock = hub, view, store, clock
+        self.polls = False  # a rank called stopping(): this run can stop at a step boundary
+        self.asked_at: float | None = None
+        self.interrupts = self.raised = 0  # SIGINTs received, and raised as KeyboardInterrupt
+        hub.taps[Polling] = self._polling
+
+    def _polling(self, message: Message) -> None:
+        self.polls = True
+
+    def supervise(self, supervise: Callable[[], Any]) -> Any:
+        """Run ``supervise`` (a loop that calls ``check``); the first interrupt of a run that
+        polls asks the ranks to stop."""
+        if threading.current_thread() is not threading.main_thread():
+            return self._supervise(supervise)  # no signal reaches another thread
+        previous = signal.signal(signal.SIGINT, self._count)
+        try:
+            return self._supervise(supervise)
+        finally:
+            signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+
+    def _count(self, signum: int, frame: object) -> None:
+        self.interrupts += 1
+
+    def _supervise(self, supervise: Callable[[], Any]) -> Any:
+        while True:
+            try:
+                value = supervise()
+            except KeyboardInterrupt:
+                if self.asked_at is not None or not self.polls:
+                    raise
+                self.asked_at = self.clock()
+                self.hub.tell_all(StopAsked())
+                self.view.notice(
+                    "stopping at the next step boundary: the ranks write a final checkpoint and the cell "
+                    f"returns rank 0's value (interrupt again to stop at once; at once anyway after "
+                    f"{GRACE_SECONDS:.0f} s)"
+                )
+                continue
+            if self.asked_at is not None:
+                store = self.store
+                steps = store.steps() if store is not None else []
+                where = ""
+                if store is not None and steps:
+                    where = f" at step {steps[-1]:,}; its checkpoint is in {store.target}"
+                self.view.notice(f"stopped on request{where}")
+            return value
+
+    def check(self, now: float) -> None:
+        """An interrupt received since the last check, raised here; past the grace after a
+        stop was asked: stop at once."""
+        if self.interrupts > self.raised:
+            self.raised = self.interrupts
+            raise KeyboardInterrupt
+        if self.asked_at is not None and now - self.asked_at > GRACE_SECONDS:
+            raise KeyboardInterrupt

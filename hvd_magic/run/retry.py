@@ -1,0 +1,104 @@
+"""``retries=N``: a run that lost a rank to something outside the user's code (a killed
+process, a lost executor, a barrier stage that failed) starts again, on whatever slots Spark
+gives, and its code resumes from the latest checkpoint (``hvd_magic.resume()``). A Python
+exception of the user's code is never retried: it would fail again. Neither are an interrupt
+or a run that stopped making progress (``timeout=``).
+
+The decision is pure (``lost_cause``); ``Attempts`` keeps the causes, says each new attempt in
+the view, and waits for slots when a lost executor has not come back yet.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from hvd_magic.errors import LaunchError, RunError, RunInterrupted, RunTimeout
+from hvd_magic.launch import Launcher, RankDeath
+from hvd_magic.options import RunOptions
+from hvd_magic.protocol import Message
+from hvd_magic.run.checkpoint_store import CheckpointStore
+from hvd_magic.run.diagnosis import death_host, silent_death
+from hvd_magic.run.record import RunRecord
+from hvd_magic.run.views import RunView
+
+__all__ = ["Attempts", "HeldView", "lost_cause"]
+
+SLOT_POLL_SECONDS = 2.0
+
+
+def lost_cause(record: RunRecord, deaths: list[RankDeath]) -> str | None:
+    """What the run lost outside the user's code, or None when a rank's own error ended it."""
+    if record.cause is not None:
+        return None  # a rank raised: the user's code
+    death = silent_death(record, deaths)
+    if death is not None:
+        host = death_host(record, death)
+        return f"rank {death.rank} lost{f' on {host}' if host else ''} ({death.what})"
+    gone = sorted(set(record.started) - set(record.exited))
+    if gone:
+        where = sorted({record.started[rank] for rank in gone if record.started[rank]})
+        hosts = f" on {', '.join(where)}" if where else ""
+        return f"rank{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))}{hosts} ended without a word"
+    if record.never_started():
+        return f"ranks {record.never_started()} never started"
+    return None
+
+
+class HeldView:
+    """The view of a run with retries: shared by the attempts, closed once, after the last."""
+
+    def __init__(self, view: RunView) -> None:
+        self.view = view
+
+    def notice(self, text: str) -> None:
+        self.view.notice(text)
+
+    def message(self, message: Message) -> None:
+        self.view.message(message)
+
+    def tick(self) -> None:
+        self.view.tick()
+
+    def close(self) -> None:
+        pass
+
+
+class Attempts:
+    def __init__(self, options: RunOptions, view: RunView, store: CheckpointStore) -> None:
+        self.retries, self.view, self.store = options.retries, view, store
+        self.unit = options.checkpoint_unit
+        self.causes: list[str] = []
+
+    def launcher(
+        self, create: Callable[[RunOptions], Launcher], options: RunOptions, wait: float
+    ) -> Launcher:
+        """A launcher for the next attempt; after a loss, wait up to ``wait`` seconds for the
+        slots it needs (a lost executor takes a while to come back)."""
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                return create(options)
+            except LaunchError:
+                if not self.causes or time.monotonic() > deadline:
+                    raise
+                time.sleep(SLOT_POLL_SECONDS)
+
+    def failed(self, error: BaseException, record: RunRecord, deaths: list[RankDeath]) -> None:
+        """Raise ``error`` unless the run may start again; else say so in the view."""
+        retryable = isinstance(error, RunError) and not isinstance(error, (RunInterrupted, RunTimeout))
+        cause = lost_cause(record, deaths) if retryable else None
+        if cause is None or len(self.causes) >= self.retries:
+            if self.causes:
+                tried = [*self.causes, cause or str(error).splitlines()[0]]
+                error.add_note("attempts: " + "; ".join(f"{n}. {c}" for n, c in enumerate(tried, 1)))
+            raise error
+        self.causes.append(cause)
+        steps = self.store.steps()
+        start = f"from {self.unit} {steps[-1]:,}" if steps else "from the start (no checkpoint yet)"
+        self.view.notice(f"{cause}: attempt {len(self.causes) + 1} of {self.retries + 1} {start}")
+
+    def succeeded(self) -> None:
+        if self.causes:
+            earlier = "; ".join(f"{n}. {c}" for n, c in enumerate(self.causes, 1))
+            self.view.notice(f"finished on attempt {len(self.causes) + 1} of {self.retries + 1} ({earlier})")

@@ -1,0 +1,291 @@
+"""One run, whatever started it (``%%horovod`` or ``HorovodRunner``): hub + launcher + supervision.
+
+``execute`` picks the launcher (``launch.create``), starts the hub with the payload, and hands
+both to a ``Run``, which feeds the ranks' messages to a view and turns the outcome into rank 0's
+value or one clear exception (``diagnosis`` says which). ``Run`` knows neither which launcher nor
+which view it has: tests drive it with in-memory ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import cloudpickle
+
+from hvd_magic import launch
+from hvd_magic.errors import RunError, RunInterrupted
+from hvd_magic.hub import Hub
+from hvd_magic.launch import Launcher
+from hvd_magic.notebook.capture import Captured
+from hvd_magic.options import RunOptions
+from hvd_magic.protocol import Beat, Message, ResumeRequest
+from hvd_magic.run import diagnosis, stalls
+from hvd_magic.run.checkpoint_store import CheckpointStore
+from hvd_magic.run.graceful import GracefulStop
+from hvd_magic.run.rank_env import rank_env, stall_seconds
+from hvd_magic.run.rank_files import RankFiles
+from hvd_magic.run.record import RunRecord
+from hvd_magic.run.retry import Attempts, HeldView
+from hvd_magic.run.stragglers import StragglerWatch
+from hvd_magic.run.views import RunView, make_view
+from hvd_magic.sinks import Sinks, make_sinks
+from hvd_magic.timeline.live import live_timeline
+
+__all__ = ["Run", "execute"]
+
+DRAIN_SECONDS = 5.0  # after the launcher exits: how long to wait for messages still in flight
+PUMP_BATCH = 2000
+BEAT_SECONDS = 1.0
+START_TIMEOUT = float(os.environ.get("HVD_MAGIC_START_TIMEOUT", "300"))
+CAUSE_GRACE = 3.0  # seconds to look for the cause behind a "Horovod has been shut down" error
+
+
+def execute(
+    captured: Captured, options: RunOptions, view: RunView | None = None, hosts: dict[int, str] | None = None
+) -> Any:
+    """Run the payload on ``options.np`` ranks; return rank 0's value (and returned names).
+    ``hosts``, if given, gets each rank's host (of the last attempt), whatever the outcome."""
+    with make_sinks(options) as sinks:  # TensorBoard, MLflow: every attempt's messages, the outcome
+        return _attempts(captured, options, view, sinks, {} if hosts is None else hosts)
+
+
+def _attempts(
+    captured: Captured, options: RunOptions, view: RunView | None, sinks: Sinks, hosts: dict[int, str]
+) -> Any:
+    view = view or make_view(options.ranks)
+    for text in [*options.notices, *captured.notices]:
+        view.notice(text)
+    if options.timeline:
+        view.notice(
+            f"timeline on, written to {options.timeline}: recording it slows training "
+            "(HorovodRunner's docs measured ~40 % for Inception3)"
+        )
+    store = CheckpointStore(options.checkpoint_dir)
+    attempts = Attempts(options, view, store)
+    shown = HeldView(view) if options.retries else view
+    try:
+        while True:
+            try:
+                launcher = attempts.launcher(launch.create, options, START_TIMEOUT)
+            except KeyboardInterrupt:
+                raise RunInterrupted("interrupted before any rank started; nothing was launched.") from None
+            for text in launcher.notices:
+                view.notice(text)
+            run = Run(Hub(launcher.bind_host, captured.blob), launcher, shown, options, store, sinks)
+            try:
+                value = run.execute()
+            except BaseException as err:  # noqa: BLE001 - raised again unless the run may start again
+                attempts.failed(err, run.record, launcher.deaths())
+                continue
+            finally:
+                hosts.clear()
+                hosts.update(run.record.started)
+            attempts.succeeded()
+            return value
+    finally:
+        store.discard()
+        if shown is not view:
+            view.close()
+
+
+class Run:
+    """Supervises one started launcher: messages to the view, time limits, the outcome."""
+
+    wait = 0.1  # seconds the loop waits for a message before it polls the launcher
+    keeps_hub = False  # a live session's cell: the hub outlives the run
+    beats = True  # ask the ranks for their resources every BEAT_SECONDS (a session beats itself)
+
+    def __init__(
+        self,
+        hub: Hub,
+        launcher: Launcher,
+        view: RunView,
+        options: RunOptions,
+        store: CheckpointStore | None = None,
+        sinks: Sinks | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.hub, self.launcher, self.view, self.options, self.clock = hub, launcher, view, options, clock
+        self.sinks = sinks or Sinks()
+        now = clock()
+        self.record = RunRecord(options.ranks, began=now, last_message=now)
+        self.files = RankFiles(options.timeline, options.files_dir, store)
+        self.stopper = GracefulStop(hub, view, store, clock)
+        self.last_beat = now
+        if store is not None:
+            hub.responders[ResumeRequest] = store.answer
+        self.stall_seconds = stall_seconds(options)
+        self.stragglers = StragglerWatch(options.stragglers)
+        self.live_timeline = live_timeline(options.timeline, view, self.files.writing_timeline, options.env)
+
+    def execute(self) -> Any:
+        """Start and supervise; then stop whatever is left and return (or raise) only once the
+        run's processes are gone, or with a note saying which are still being stopped.
+        Interrupts end in RunInterrupted."""
+        error: BaseException | None = None
+        try:
+            self.launcher.start(self.hub, rank_env(self.options, self.hub))
+            value = self.stopper.supervise(self._supervise)
+        except KeyboardInterrupt:
+            error = self._interrupted()
+        except BaseException as err:  # noqa: BLE001 - raised again below, after the stop
+            error = err
+        self._finish(error)
+        if error is not None:
+            raise error
+        return value
+
+    def _finish(self, error: BaseException | None) -> None:
+        """Stop the launcher and say on ``error`` (or in the view) what it could not stop; hand
+        the view the last messages; close the view and the hub."""
+        with _interrupts_deferred():  # pressing stop again must not cut the clean-up short
+            leftovers = self.launcher.stop()
+            self._pump(wait=0)
+            self.files.close()
+            if leftovers:
+                note = f"still being stopped after the run: {'; '.join(leftovers)}"
+                if error is None:
+                    self.view.notice(f"hvd_magic: {note}")
+                else:
+                    error.add_note(note)
+            self.view.close()
+            if self.live_timeline is not None:
+                self.live_timeline.close()
+            if not self.keeps_hub:
+                self.hub.close()
+
+    def _interrupted(self) -> RunInterrupted:
+        return RunInterrupted(
+            f"interrupted: the {self.options.ranks} ranks were stopped. The notebook's state is unchanged."
+            + diagnosis.stall_sentence(self.record, self.clock())
+        )
+
+    def _supervise(self) -> Any:
+        while True:
+            self._pump(wait=self.wait)
+            self._beat()
+            self.view.tick()
+            if self.live_timeline is not None and self.live_timeline.tick():
+                self._pump(wait=0)  # what came in while it refreshed, before the time checks
+            self._watch_waits()
+            self._watch_stragglers()
+            if self.record.errors:
+                raise diagnosis.rank_failed(self.record, self._find_cause())  # decided before the stop
+            code = self.launcher.poll()
+            if code is not None:
+                self._drain()
+                return self._outcome(code)
+            self._check_time_limits()
+
+    def _beat(self) -> None:
+        now = self.clock()
+        if self.beats and now - self.last_beat >= BEAT_SECONDS:
+            self.last_beat = now
+            self.hub.tell_all(Beat())  # each rank answers with a RankStatus: its CPU, memory, GPU
+
+    def _watch_waits(self) -> None:
+        """torch.distributed ranks: a stall seen in their waits is told like Horovod's; ranks that
+        finished while the others wait for them end the run (torch would wait 30 minutes)."""
+        seen = self.record.stall
+        if not self.record.waits and (seen is None or not seen.own):
+            return
+        now = self.clock()
+        stall = stalls.waiting_stall(self.record.waits, self.record.ranks, now, self.stall_seconds)
+        current = seen.stall if seen is not None else None
+        if stall is None:
+            if seen is not None and seen.own:
+                self.record.stall = None  # the waits ended
+            return
+        if stall != current:
+            self._own(Message(stall), now)
+        if all(rank in self.record.exited for rank in stall.ranks):
+            raise diagnosis.left_waiting(self.record, now)
+
+    def _watch_stragglers(self) -> None:
+        now = self.clock()
+        for straggler in self.stragglers.check(now):  # named once, and when it recovers
+            self._own(Message(straggler, straggler.slow_rank), now)
+
+    def _own(self, message: Message, now: float) -> None:
+        """A message of the run's own making (a stall in torch ranks' waits, a straggler)."""
+        self.record.apply(message, now)
+        self.view.message(message)
+        self.sinks.message(message)
+
+    def _check_time_limits(self) -> None:
+        now = self.clock()
+        if self.record.never_started() and now - self.record.began > START_TIMEOUT:
+            raise diagnosis.start_timeout(self.record, START_TIMEOUT)
+        self.stopper.check(now)
+        timeout = self.options.timeout
+        if timeout and now - self.record.last_message > timeout:
+            raise diagnosis.silence_timeout(self.record, timeout, now)
+
+    def _pump(self, wait: float) -> None:
+        """Apply the waiting messages, up to a batch, so the view gets its ticks under any load."""
+        for count in range(PUMP_BATCH):
+            try:
+                message = (
+                    self.hub.events.get(timeout=wait) if wait and not count else self.hub.events.get_nowait()
+                )
+            except queue.Empty:
+                return
+            now = self.clock()
+            self.record.apply(message, now)
+            self.stragglers.take(message, now)
+            self.files.take(message)
+            self.view.message(message)
+            self.sinks.message(message)
+
+    def _drain(self) -> None:
+        deadline = self.clock() + DRAIN_SECONDS
+        while len(self.record.exited) < len(self.record.started) and self.clock() < deadline:
+            self._pump(wait=self.wait / 2)
+        self._pump(wait=0)
+
+    def _find_cause(self) -> launch.RankDeath | None:
+        """A rank's error that only says Horovod shut down has its cause elsewhere: another rank's
+        error still on its way, or a rank that died without a word (killed, OOM). Wait briefly for
+        either, before anything is stopped and the evidence with it."""
+        deadline = self.clock() + CAUSE_GRACE
+        while not diagnosis.explained(self.record, self.launcher.deaths()) and self.clock() < deadline:
+            self._pump(wait=self.wait / 2)
+        if self.record.cause is not None:
+            return None
+        return diagnosis.silent_death(self.record, self.launcher.deaths())
+
+    def _outcome(self, code: int) -> Any:
+        failure = diagnosis.failure_after_exit(
+            self.record, code, self.launcher.deaths(), self.launcher.diagnostics()
+        )
+        if failure is not None:
+            raise failure
+        assert self.record.result is not None
+        try:
+            return cloudpickle.loads(self.record.result)
+        except Exception as err:  # noqa: BLE001 - whatever the value's class does when unpickled
+            raise RunError(
+                f"the run finished, but rank 0's value (the cell's last expression, or return= names) "
+                f"could not be loaded in the notebook: {type(err).__name__}: {str(err)[:300]}. End the "
+                "cell with ';' or return plain data (numbers, lists, arrays, state_dicts)."
+            ) from None
+
+
+@contextlib.contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Hold SIGINT (the notebook's interrupt) back while the block runs; the stop is bounded."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, lambda *_: None)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)

@@ -1,0 +1,97 @@
+"""Where a run's messages go: widgets in a Jupyter kernel, text lines elsewhere."""
+
+from __future__ import annotations
+
+import sys
+from typing import Protocol, TextIO
+
+from hvd_magic.protocol import Log, LogDecoder, Message, Stall, Straggler
+
+__all__ = ["ConsoleView", "RunView", "make_view"]
+
+
+class RunView(Protocol):
+    """What the engine feeds: notices, every rank message, a tick after each batch, close."""
+
+    def notice(self, text: str) -> None: ...
+
+    def message(self, message: Message) -> None: ...
+
+    def tick(self) -> None:
+        """Called after each batch of messages: a view may redraw here (throttled)."""
+
+    def close(self) -> None: ...
+
+
+class ConsoleView:
+    """Prints rank output as it arrives, each line tagged with its rank: ``[1] text``.
+
+    A line still open when another rank writes to the same stream is ended there, and its
+    rest comes later tagged again, so no line ever mixes two ranks' text.
+    """
+
+    def __init__(self) -> None:
+        self._open: dict[str, int | None] = {"stdout": None, "stderr": None}  # stream -> rank mid-line
+        self._decoder = LogDecoder()
+        self._stall: Stall | None = None
+
+    def notice(self, text: str) -> None:
+        self._end_open_line("stderr")
+        print(text, file=sys.stderr, flush=True)
+
+    def message(self, message: Message) -> None:
+        if isinstance(message.record, Stall):
+            self._stalled(message.record)
+        if isinstance(message.record, Straggler):
+            self.notice(f"hvd_magic: {message.record.text()}")
+        if not isinstance(message.record, Log):
+            return
+        stream, rank = message.record.stream, message.rank
+        if self._open.get(stream) not in (None, rank):
+            self._end_open_line(stream)
+        pieces = []
+        for line in self._decoder.text(message).splitlines(keepends=True):
+            if self._open.get(stream) is None:
+                pieces.append(f"[{rank}] ")
+            pieces.append(line)
+            self._open[stream] = None if line.endswith("\n") else rank
+        out = _out(stream)
+        out.write("".join(pieces))
+        out.flush()
+
+    def _stalled(self, stall: Stall) -> None:
+        """One line per new stall (Horovod repeats its warning every check interval)."""
+        if stall != self._stall:
+            self._stall = stall
+            self.notice(f"hvd_magic: stalled for over {stall.threshold:g} s: {stall.missing()}")
+
+    def _end_open_line(self, stream: str) -> None:
+        if self._open.get(stream) is not None:
+            _out(stream).write("\n")
+            self._open[stream] = None
+
+    def tick(self) -> None:
+        pass
+
+    def close(self) -> None:
+        for stream in self._open:
+            self._end_open_line(stream)
+
+
+def _out(stream: str) -> TextIO:
+    return sys.stderr if stream == "stderr" else sys.stdout
+
+
+def make_view(ranks: int) -> RunView:
+    """Live widgets in a Jupyter kernel (when ipywidgets and plotly are installed), else text."""
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        if shell is not None and type(shell).__name__ == "ZMQInteractiveShell":
+            from hvd_magic.widgets.view import LiveView
+
+            return LiveView(ranks)
+    except ImportError:
+        pass
+    return ConsoleView()

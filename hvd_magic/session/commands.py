@@ -1,0 +1,249 @@
+"""The notebook's live session: ``%horovod start|status|stop`` and ``%%horovod`` cells without
+``np=`` (the magic module parses, this one keeps the one session of the kernel)."""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import os
+import sys
+import time
+from typing import Any
+
+from IPython.core.error import UsageError
+
+from hvd_magic.errors import RunError, SessionEnded
+from hvd_magic.notebook.capture import capture_cell
+from hvd_magic.options import (
+    OptionError,
+    RunOptions,
+    parse_logdir,
+    parse_mlflow,
+    parse_names,
+    parse_stragglers,
+    parse_timeline,
+    parse_timeout,
+)
+from hvd_magic.session.live import LiveSession
+
+__all__ = ["VERBS", "current", "run_cell", "start", "status_text", "stop", "timeline_ready"]
+
+VERBS = "start|status|stop"
+_session: LiveSession | None = None
+
+
+def current() -> LiveSession | None:
+    return _session
+
+
+def start(options: RunOptions, idle: float | None, timeline: bool = False) -> str:
+    global _session
+    if _session is not None and _session.live:
+        raise UsageError(
+            f"a live session is running ({_session.size} ranks): %horovod stop ends it, "
+            "%horovod status shows it"
+        )
+    session = LiveSession(options, idle, timeline)
+    summary = session.start()
+    _session = session
+    return summary
+
+
+def stop() -> str:
+    global _session
+    session, _session = _session, None
+    if session is None:
+        return "no live session"
+    leftovers = session.end()
+    if leftovers:
+        return f"live session stopped; still being stopped: {'; '.join(leftovers)}"
+    return f"live session stopped: its {session.size} ranks ended, their slots are free"
+
+
+atexit.register(stop)  # kernel shutdown or restart: the ranks end with it
+
+
+def parse_ranks(rank: str | None, ranks: str | None, size: int) -> list[int] | None:
+    """``rank=1`` or ``ranks=0,2``: the ranks a cell runs on (all when neither is given)."""
+    if rank is not None and ranks is not None:
+        raise UsageError("give rank= or ranks=, not both")
+    text = rank if rank is not None else ranks
+    if text is None:
+        return None
+    try:
+        chosen = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise UsageError(f"ranks must be numbers separated by commas, got {text!r}") from None
+    wrong = [r for r in chosen if not 0 <= r < size]
+    if not chosen or wrong:
+        raise UsageError(f"the live session has ranks 0 to {size - 1}; {text!r} names others")
+    return chosen
+
+
+def timeline_ready(value: str | None, options: RunOptions) -> bool:
+    """``%horovod start timeline=yes``: the ranks start so that cells can record their timeline."""
+    text = (value or "no").lower()
+    if text in ("no", "off", "false", "0"):
+        return False
+    if text not in ("yes", "on", "true", "1"):
+        raise UsageError(
+            f"timeline={value}: at %horovod start, timeline=yes readies the ranks to record the timeline "
+            "of the cells that ask for one (timeline=on|cycles|PATH on the cell)"
+        )
+    if options.launcher == "torch":
+        raise UsageError("timeline= records Horovod's timeline; backend=torch ranks run torch.distributed")
+    return True
+
+
+FIXED = ("launcher", "backend", "env", "data", "remainder", "oversubscribe")  # set when the session starts
+NOT_ON_CELLS = ("retries", "checkpoint_dir")  # a restart from a checkpoint would drop the ranks' state
+
+
+def run_cell(shell: Any, args: Any, cell: str) -> Any:
+    """A ``%%horovod`` cell without np=: on the live session's ranks, in their namespaces."""
+    if _session is None:
+        raise UsageError(
+            "np= is required, e.g. %%horovod np=-2 (ranks on this machine) or np=4 (Spark); or start a "
+            "live session once with %horovod start np=N and run cells on it without np="
+        )
+    for name in FIXED:
+        if getattr(args, name, None) is not None:
+            raise UsageError(
+                f"{name}= is set when the session starts (%horovod start ... {name}=...), not per cell"
+            )
+    for name in NOT_ON_CELLS:
+        if getattr(args, name, None) is not None:
+            raise UsageError(
+                f"{name}= restarts a run's ranks from its latest checkpoint; a live session's ranks keep "
+                f"state that a restart would lose. Give {name}= to a job of its own (%%horovod np=N "
+                f"{name}=...), or checkpoint from the cell with hvd_magic.checkpoint() and resume by hand"
+            )
+    session = _alive(_session)
+    targets = parse_ranks(args.rank, args.ranks, session.size)
+    options = cell_options(session, args, targets)
+    source = shell.transform_cell(cell)
+    captured = capture_cell(source, shell.user_ns, set(shell.user_ns_hidden), options.return_names)
+    try:
+        value, returned = _run_on(session, captured, targets, options)
+    finally:
+        if options.timeline and os.path.exists(options.timeline):
+            from hvd_magic.timeline.shown import show_run_timeline
+
+            hosts = {rank: info.started.host for rank, info in session.ranks.items() if info.started}
+            show_run_timeline(options.timeline, options.env, hosts)
+    shell.user_ns.update(returned)
+    return value
+
+
+def _run_on(session: LiveSession, captured: Any, targets: list[int] | None, options: RunOptions) -> Any:
+    """The cell on the session; on a new one when its ranks turn out to have left a silent
+    notebook (a kernel stopped, or busy holding the GIL, for the silence limit) as the cell was
+    sent: they ran no cell after leaving, so it runs once, on the new session. So does a cell
+    that found the session ended (``idle=`` ended it as the cell came): it ran nowhere."""
+    try:
+        return session.run(captured, targets, options=options)
+    except SessionEnded:
+        return _alive(session).run(captured, targets, options=options)
+    except RunError:
+        if not session.left_silent():
+            raise
+        print(
+            "hvd_magic: the cell did not run on the ranks that left: it runs on a new session",
+            file=sys.stderr,
+        )
+        return _alive(session).run(captured, targets, options=options)
+
+
+def _alive(session: LiveSession) -> LiveSession:
+    """The session, or a new one in its place when it ended (said, with what that means)."""
+    global _session
+    if session.live:
+        return session
+    reason = session.lost
+    session.end()
+    print(
+        f"hvd_magic: the live session ended ({reason}); starting a new one: what earlier cells "
+        "defined on the ranks is gone.",
+        file=sys.stderr,
+    )
+    _session = None
+    print(start(session.options, session.idle, session.timeline), file=sys.stderr)
+    assert _session is not None
+    return _session
+
+
+def cell_options(session: LiveSession, args: Any, targets: list[int] | None) -> RunOptions:
+    """The session's options with this cell's: return=, timeout=, timeline=, logdir=, mlflow=,
+    stragglers=."""
+    try:
+        timeline, cycles = parse_timeline(args.timeline)
+        options = dataclasses.replace(
+            session.options,
+            return_names=parse_names(args.return_names),
+            timeout=parse_timeout(args.timeout),
+            timeline=timeline,
+            mark_cycles=cycles,
+            logdir=parse_logdir(args.logdir),
+            mlflow=parse_mlflow(args.mlflow),
+            stragglers=session.options.stragglers
+            if args.stragglers is None
+            else parse_stragglers(args.stragglers),
+            notices=[],
+        )
+    except OptionError as err:
+        raise UsageError(str(err)) from None
+    if timeline:
+        refusal = timeline_refusal(session, targets)
+        if refusal:
+            raise UsageError(refusal)
+    return options
+
+
+def timeline_refusal(session: LiveSession, targets: list[int] | None) -> str | None:
+    """Why this session's cell cannot record a timeline, or None when it can."""
+    if session.options.launcher == "torch":
+        return "timeline= records Horovod's timeline; this session's ranks run torch.distributed"
+    if not session.timeline:
+        return (
+            "this session's ranks cannot record a timeline: Horovod records one only when it starts "
+            "for it. %horovod stop, then %horovod start ... timeline=yes (rank 0 then keeps a thread "
+            "polling for timeline events while the session lives), and give timeline= on the cells"
+        )
+    if targets is not None and 0 not in targets:
+        return "timeline= is recorded by rank 0 (Horovod's coordinator), and this cell does not run on it"
+    return None
+
+
+def status_text(session: LiveSession | None) -> str:
+    if session is None:
+        return "no live session: %horovod start np=N starts one"
+    if not session.live:
+        return f"the live session ended: {session.ended_because}"
+    session.refresh()
+    now = time.monotonic()
+    lines = [
+        f"live session: {session.size} ranks, up {_duration(now - session.began)}, "
+        f"{'Horovod' if session.options.launcher != 'torch' else 'torch.distributed'}",
+        f"{'rank':>4}  {'host':<16} {'pid':>7}  {'state':<10} {'cells':>5} {'memory':>9} {'cpu':>6}",
+    ]
+    for rank in range(session.size):
+        info = session.ranks.get(rank)
+        if info is None or info.started is None:
+            lines.append(f"{rank:>4}  (not started)")
+            continue
+        status = info.status
+        state = "idle" if status is None or not status.busy else f"cell {status.busy}"
+        memory = "" if status is None else f"{status.rss / 2**20:,.0f} MB"
+        cpu = "" if status is None else f"{status.cpu:.0f} %"
+        cells = "" if status is None else str(status.cells)
+        host = info.started.host[:16]
+        lines.append(
+            f"{rank:>4}  {host:<16} {info.started.pid:>7}  {state:<10} {cells:>5} {memory:>9} {cpu:>6}"
+        )
+    return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    minutes, seconds = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{seconds:02d}" if hours else f"{minutes}:{seconds:02d}"
