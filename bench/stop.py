@@ -40,8 +40,8 @@ def _gone_at(deadline: float = 60.0) -> float:
 def hvd_magic_stop(np: int, launcher: str) -> tuple[float, float]:
     """(interrupt -> cell returned, interrupt -> all gone) for one %%horovod run."""
     from hvd_magic import RunInterrupted
-    from hvd_magic.notebook.capture import capture_cell
     from hvd_magic.options import make_options
+    from hvd_magic.run.capture import capture_cell
     from hvd_magic.run.supervisor import execute
 
     directory = Path(tempfile.mkdtemp())

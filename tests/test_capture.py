@@ -6,8 +6,8 @@ import cloudpickle
 import pytest
 
 from hvd_magic.errors import CaptureError
-from hvd_magic.notebook.capture import capture_cell, capture_function, names_read
 from hvd_magic.protocol import CellPayload
+from hvd_magic.run.capture import capture_cell, capture_function, names_read
 
 
 def test_names_read_covers_functions_and_comprehensions():

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from hvd_magic.notebook.capture import capture_cell
 from hvd_magic.options import make_options
 from hvd_magic.rank import collective_ddp, collective_time
 from hvd_magic.rank.device_waits import DeviceWaits
+from hvd_magic.run.capture import capture_cell
 from hvd_magic.run.supervisor import execute
 
 from .helpers import RecordingView

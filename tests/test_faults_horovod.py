@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from hvd_magic import RankFailedError, RunTimeout
-from hvd_magic.notebook.capture import capture_cell
 from hvd_magic.options import make_options
+from hvd_magic.run.capture import capture_cell
 from hvd_magic.run.supervisor import execute
 from hvd_magic.widgets.state import RunModel
 

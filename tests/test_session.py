@@ -13,8 +13,8 @@ import pytest
 from IPython.core.error import UsageError
 
 from hvd_magic import RankFailedError, RunError, RunInterrupted, Session, SessionEnded
-from hvd_magic.notebook.capture import capture_cell
 from hvd_magic.options import make_options
+from hvd_magic.run.capture import capture_cell
 from hvd_magic.session import commands as sessions
 from hvd_magic.session import live
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
-from hvd_magic.notebook.capture import capture_cell
 from hvd_magic.options import RunOptions, make_options
 from hvd_magic.protocol import Message, Started, Straggler
+from hvd_magic.run.capture import capture_cell
 from hvd_magic.run.supervisor import execute
 
 from .helpers import RecordingView, leftover_processes

@@ -1,2 +1,1 @@
-"""What a notebook user calls: the magics, ``HorovodRunner``, ``TorchDistributor``, and the capture of a
-cell or function into a payload."""
+"""What a notebook user calls: the magics, ``HorovodRunner`` and ``TorchDistributor``."""

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from hvd_magic.errors import CaptureError, LaunchError
 
 if TYPE_CHECKING:
-    from hvd_magic.notebook.capture import Captured
+    from hvd_magic.run.capture import Captured
 
 __all__ = ["TorchDistributor", "run_script", "run_train_function"]
 
@@ -151,7 +151,7 @@ class TorchDistributor:
     ) -> Any:
         """Run ``train_object(*args, **kwargs)`` on every process and return rank 0's value, or
         run the script at path ``train_object`` with ``args`` as its command line (None)."""
-        from hvd_magic.notebook.capture import capture_function
+        from hvd_magic.run.capture import capture_function
 
         setup = RankSetup(
             hide_gpus=not self.local_mode and not self.use_gpu, task_is_node=not self.local_mode

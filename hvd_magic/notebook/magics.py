@@ -11,8 +11,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from hvd_magic.notebook.capture import capture_cell
 from hvd_magic.options import OptionError, RunOptions, make_options, parse_timeout
+from hvd_magic.run.capture import capture_cell
 from hvd_magic.run.supervisor import execute
 from hvd_magic.session import commands as sessions
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from hvd_magic.notebook.capture import capture_function
 from hvd_magic.options import OptionError, make_options
+from hvd_magic.run.capture import capture_function
 from hvd_magic.run.supervisor import execute
 
 __all__ = ["HorovodRunner"]

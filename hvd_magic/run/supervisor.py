@@ -23,10 +23,10 @@ from hvd_magic import launch
 from hvd_magic.errors import RunError, RunInterrupted
 from hvd_magic.hub import Hub
 from hvd_magic.launch import Launcher
-from hvd_magic.notebook.capture import Captured
 from hvd_magic.options import RunOptions
 from hvd_magic.protocol import Beat, Message, ResumeRequest
 from hvd_magic.run import diagnosis, stalls
+from hvd_magic.run.capture import Captured
 from hvd_magic.run.checkpoint_store import CheckpointStore
 from hvd_magic.run.graceful import GracefulStop
 from hvd_magic.run.rank_env import rank_env, stall_seconds

@@ -9,8 +9,8 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from hvd_magic.errors import SessionEnded
-from hvd_magic.notebook.capture import capture_function
 from hvd_magic.options import OptionError, make_options, parse_timeout
+from hvd_magic.run.capture import capture_function
 from hvd_magic.session.commands import cell_options, status_text, timeline_ready
 from hvd_magic.session.live import LiveSession
 

@@ -13,7 +13,6 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from hvd_magic.errors import RunError, SessionEnded
-from hvd_magic.notebook.capture import capture_cell
 from hvd_magic.options import (
     OptionError,
     RunOptions,
@@ -24,6 +23,7 @@ from hvd_magic.options import (
     parse_timeline,
     parse_timeout,
 )
+from hvd_magic.run.capture import capture_cell
 from hvd_magic.session.live import LiveSession
 
 __all__ = ["VERBS", "current", "run_cell", "start", "status_text", "stop", "timeline_ready"]

@@ -26,7 +26,6 @@ import cloudpickle
 from hvd_magic import launch
 from hvd_magic.errors import SessionEnded
 from hvd_magic.hub import Hub
-from hvd_magic.notebook.capture import Captured
 from hvd_magic.options import RunOptions
 from hvd_magic.protocol import (
     SILENT_EXIT,
@@ -42,6 +41,7 @@ from hvd_magic.protocol import (
     Started,
 )
 from hvd_magic.protocol.env import TIMELINE_DYNAMIC
+from hvd_magic.run.capture import Captured
 from hvd_magic.run.supervisor import BEAT_SECONDS
 from hvd_magic.run.views import RunView, make_view
 from hvd_magic.session.cell import CellLauncher, CellRun

@@ -16,8 +16,8 @@ from typing import Any
 from pyspark.ml import Estimator, Model
 from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
 
-from hvd_magic.notebook.capture import capture_function
 from hvd_magic.options import OptionError, make_options
+from hvd_magic.run.capture import capture_function
 from hvd_magic.run.supervisor import execute
 from hvd_magic.spark import callback_files, compat, estimator_io, fit_records, persistence
 from hvd_magic.spark.columns import check_columns, features_column, prediction_column

@@ -16,7 +16,6 @@ import functools
 import itertools
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -28,23 +27,13 @@ import psutil
 
 from hvd_magic.data.parquet import Piece, write_manifest
 from hvd_magic.hub import RunKeys
+from hvd_magic.launch import processes
 from hvd_magic.launch.gloo import LoopbackStoreServer, gloo_env
 from hvd_magic.launch.mpirun import mpirun_argv
-from hvd_magic.launch.processes import (
-    describe,
-    spawn,
-    stop_and_confirm,
-    stop_tree,
-    thread_budget_env,
-    worker_command,
-)
 from hvd_magic.launch.task.agent import ExecAgent
+from hvd_magic.launch.task.network import check_reachable, interface_of, own_address
 from hvd_magic.launch.torch_dist import free_port, torch_env
 from hvd_magic.protocol import (
-    ENV_AGENT_TOKEN,
-    ENV_AGENTS,
-    ENV_SHARDS,
-    ENV_SLOT_GPUS,
     Abort,
     Join,
     LauncherExit,
@@ -56,13 +45,13 @@ from hvd_magic.protocol import (
     StoreAnswer,
     StoreRequest,
 )
+from hvd_magic.protocol.env import ENV_AGENT_TOKEN, ENV_AGENTS, ENV_SHARDS, ENV_SLOT_GPUS
 from hvd_magic.protocol.plan import gpu_for_local_rank
 from hvd_magic.rank.client import HubClient
 
 __all__ = ["STAGE_SCHEMA", "TaskSpec", "barrier_stage", "barrier_task"]
 PLAN_TIMEOUT = 120.0
 STORE_TIMEOUT = 30.0
-REACH_SECONDS = 10.0
 
 
 @dataclass
@@ -77,23 +66,6 @@ class TaskSpec:
     run_id: str = "run"
     shard_sizes: list[int] = field(default_factory=list)  # data=: rows each partition must hold
     pieces: list[list[Piece]] = field(default_factory=list)  # data= Parquet: what each task reads
-
-
-def own_address(toward: str) -> str:
-    """This executor's address: SPARK_LOCAL_IP if set, else the one that routes to the driver."""
-    if os.environ.get("SPARK_LOCAL_IP"):
-        return os.environ["SPARK_LOCAL_IP"]
-    host = toward.split("//")[-1].rsplit(":", 1)[0]
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect((host, 9))
-        return str(probe.getsockname()[0])
-
-
-def interface_of(address: str) -> str:
-    for name, addresses in psutil.net_if_addrs().items():
-        if any(a.address == address for a in addresses):
-            return str(name)
-    return "lo" if address.startswith("127.") else ""
 
 
 STAGE_SCHEMA = "code long"  # what each task of the barrier stage returns: its exit code
@@ -147,20 +119,6 @@ def _write_shard(spec: TaskSpec, partition: int, executor: str, batches: Iterato
     return path
 
 
-def check_reachable(address: str, timeout: float = REACH_SECONDS) -> None:
-    """Fail the task at once, saying where it tried, when the notebook's hub cannot be reached
-    from this executor (a firewall, or the notebook's address as seen from the cluster)."""
-    host, port = address.split("//")[-1].rsplit(":", 1)
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout).close()
-    except OSError as err:
-        raise ConnectionError(
-            f"hvd_magic: this executor cannot reach the notebook at {host}:{port} ({err}). In the notebook, "
-            "set os.environ['HVD_MAGIC_DRIVER_HOST'] to an address of its machine that the executors "
-            "reach (and let them connect to it), then run the cell again."
-        ) from None
-
-
 def _run_task(spec: TaskSpec, context: Any, partition: int, executor: str, shard: str) -> int:
     check_reachable(spec.hub_address)
     resources = context.resources()
@@ -197,7 +155,11 @@ def _run_task(spec: TaskSpec, context: Any, partition: int, executor: str, shard
         if agent is not None:
             agent.close()
         # The driver returns from its stop only once every task confirmed this.
-        client.send(Stopped(join.executor, [describe(p) for p in stop_and_confirm(_descendants())]))
+        client.send(
+            Stopped(
+                join.executor, [processes.describe(p) for p in processes.stop_and_confirm(_descendants())]
+            )
+        )
         client.close()
     return code
 
@@ -208,7 +170,7 @@ def _mpi_task(spec: TaskSpec, plan: SparkPlan, partition: int, agent: ExecAgent,
         agent.host_token = host.token
         local_ranks = len(host.partitions)
         agent.host_env = {ENV_SLOT_GPUS: json.dumps(host.gpus), ENV_SHARDS: json.dumps(host.shards)}
-        agent.host_env |= thread_budget_env(local_ranks, local_ranks * spec.task_cpus, spec.env)
+        agent.host_env |= processes.thread_budget_env(local_ranks, local_ranks * spec.task_cpus, spec.env)
     process = _start_mpirun(spec, plan, agent.scratch()) if partition == plan.mpirun_partition else None
     return _hold_slot(client, process)
 
@@ -218,7 +180,7 @@ def _start_mpirun(spec: TaskSpec, plan: SparkPlan, scratch: str) -> subprocess.P
     agents = {host.token: host.agent for host in plan.hosts}
     argv = mpirun_argv(
         spec.np,
-        worker_command(),
+        processes.worker_command(),
         as_root=os.geteuid() == 0,
         hosts=[(host.token, len(host.partitions)) for host in plan.hosts],
         rsh_agent=f"{sys.executable} -m hvd_magic.launch.task.agent",
@@ -229,7 +191,7 @@ def _start_mpirun(spec: TaskSpec, plan: SparkPlan, scratch: str) -> subprocess.P
     # orted, which would then make theirs under this path on their own hosts, held by no one.
     own = os.path.join(scratch, "mpirun")
     os.makedirs(own, exist_ok=True)
-    return spawn(argv, dict(os.environ) | spec.env | secrets | {"TMPDIR": own})
+    return processes.spawn(argv, dict(os.environ) | spec.env | secrets | {"TMPDIR": own})
 
 
 def _rank_env(spec: TaskSpec, plan: SparkPlan, partition: int) -> dict[str, str]:
@@ -237,7 +199,11 @@ def _rank_env(spec: TaskSpec, plan: SparkPlan, partition: int) -> dict[str, str]
     its share of the host's CPUs, its shard."""
     host = plan.host_of(partition)
     local_ranks = len(host.partitions)
-    env = dict(os.environ) | spec.env | thread_budget_env(local_ranks, local_ranks * spec.task_cpus, spec.env)
+    env = (
+        dict(os.environ)
+        | spec.env
+        | processes.thread_budget_env(local_ranks, local_ranks * spec.task_cpus, spec.env)
+    )
     env[ENV_SHARDS] = json.dumps(host.shards)
     local_rank = plan.slots[partition].local_rank
     by_local_rank = spec.launcher == "torch"  # torch code picks cuda:LOCAL_RANK
@@ -250,7 +216,9 @@ def _rank_env(spec: TaskSpec, plan: SparkPlan, partition: int) -> dict[str, str]
 def _torch_task(spec: TaskSpec, plan: SparkPlan, partition: int, client: HubClient) -> int:
     """backend=torch: this task's rank, with rank 0's store on the first host."""
     master = torch_env(plan.slots[partition], plan.hosts[0].ip, plan.master_port)
-    return _hold_slot(client, spawn(worker_command(), _rank_env(spec, plan, partition) | master))
+    return _hold_slot(
+        client, processes.spawn(processes.worker_command(), _rank_env(spec, plan, partition) | master)
+    )
 
 
 def _gloo_task(spec: TaskSpec, plan: SparkPlan, partition: int, client: HubClient) -> int:
@@ -261,7 +229,7 @@ def _gloo_task(spec: TaskSpec, plan: SparkPlan, partition: int, client: HubClien
     store = LoopbackStoreServer(functools.partial(_ask_driver, relay))
     env |= gloo_env(slot, store.port, interface_of(host.ip))
     try:
-        return _hold_slot(client, spawn(worker_command(), env))
+        return _hold_slot(client, processes.spawn(processes.worker_command(), env))
     finally:
         store.close()
         relay.close()
@@ -292,7 +260,7 @@ def _hold_slot(client: HubClient, process: subprocess.Popen[bytes] | None) -> in
         if answer is None:
             continue
         if isinstance(answer.record, Abort) and process is not None:
-            stop_tree(process)
+            processes.stop_tree(process)
             code = process.wait()
         if isinstance(answer.record, (Release, Abort)):
             return code

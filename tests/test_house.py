@@ -1,0 +1,108 @@
+"""The house's folders say where code runs, and the imports keep to it.
+
+- ``hvd_magic.rank``: all that runs inside a rank; it imports only ``rank``, ``protocol``,
+  ``errors`` and ``data``.
+- ``hvd_magic.protocol``: what every hop speaks; it imports none of ours.
+- ``hvd_magic.launch.task``: what runs inside Spark tasks; never the notebook's side.
+- The notebook's side (everything else) never imports ``rank`` (a rank's code) nor
+  ``notebook`` (the user's entry points, which sit on top of it all).
+
+A rank process is checked for real too: what a rank has loaded once its cell ran (here, and
+on Spark in ``test_launch_spark.py``).
+"""
+
+from __future__ import annotations
+
+import json
+
+from .test_layout import imports_of, modules
+
+RANK_SIDE = ("hvd_magic.rank", "hvd_magic.protocol", "hvd_magic.errors", "hvd_magic.data")
+NEVER_IN_A_RANK = ("IPython", "ipykernel", "ipywidgets", "pyspark", "plotly", "anywidget")
+# The package's face hands out the rank's API (report, progress, checkpoint, ...); the estimators'
+# training functions (hvd_magic.spark's rank-side modules) run in ranks and call it.
+MAY_IMPORT_RANK = ("hvd_magic", "hvd_magic.spark")
+
+LOADED_CELL = """
+import json, sys
+import hvd_magic
+hvd_magic.report(step=1)
+json.dumps([
+    sorted(m for m in sys.modules if m.startswith("hvd_magic")),
+    sorted({m.split(".")[0] for m in sys.modules} & set(NEVER)),
+])
+"""
+
+
+def within(name: str, *folders: str) -> bool:
+    return any(name == folder or name.startswith(folder + ".") for folder in folders)
+
+
+def graph() -> dict[str, set[str]]:
+    found = modules()
+    return {name: imports_of(name, path, set(found)) for name, path in found.items()}
+
+
+def crossings(source: tuple[str, ...], allowed: tuple[str, ...]) -> list[str]:
+    """Imports from modules under ``source`` to package modules outside ``allowed``."""
+    return sorted(
+        f"{name} -> {target}"
+        for name, targets in graph().items()
+        if within(name, *source)
+        for target in targets
+        if not within(target, *allowed)
+    )
+
+
+def test_protocol_imports_none_of_ours():
+    assert crossings(("hvd_magic.protocol",), ("hvd_magic.protocol",)) == []
+    assert crossings(("hvd_magic.errors",), ()) == []
+
+
+def test_a_ranks_code_imports_only_the_rank_side():
+    assert crossings(("hvd_magic.rank",), RANK_SIDE) == []
+    assert crossings(("hvd_magic.data",), ("hvd_magic.data", "hvd_magic.protocol", "hvd_magic.errors")) == []
+
+
+def test_spark_tasks_import_no_notebook_side():
+    allowed = (*RANK_SIDE, "hvd_magic.launch", "hvd_magic.hub")
+    assert crossings(("hvd_magic.launch.task",), allowed) == []
+    notebook = [edge for edge in crossings(("hvd_magic.launch",), ("hvd_magic.launch",)) if "run." in edge]
+    assert notebook == []  # launchers are used by the run's supervision, never the other way
+
+
+def test_the_notebook_side_imports_no_rank_code_and_nothing_imports_the_entry_points():
+    notebook_side = tuple(
+        name
+        for name in modules()
+        if not within(name, *RANK_SIDE, "hvd_magic.launch.task", *MAY_IMPORT_RANK[1:]) and name != "hvd_magic"
+    )
+    into_rank = [
+        f"{name} -> {target}"
+        for name, targets in graph().items()
+        if name in notebook_side
+        for target in targets
+        if within(target, "hvd_magic.rank")
+    ]
+    assert into_rank == []
+    into_entry_points = [
+        f"{name} -> {target}"
+        for name, targets in graph().items()
+        if not within(name, "hvd_magic.notebook") and name != "hvd_magic"
+        for target in targets
+        if within(target, "hvd_magic.notebook")
+    ]
+    assert into_entry_points == []
+
+
+def test_at_most_eight_modules_at_the_top():
+    top = [name for name, path in modules().items() if name.count(".") == 1 and path.name != "__init__.py"]
+    assert len(top) <= 8, top
+
+
+def test_a_local_rank_loads_only_the_rank_side(ip):
+    ip.user_ns["NEVER"] = list(NEVER_IN_A_RANK)
+    loaded, heavy = json.loads(ip.run_cell_magic("horovod", "np=-1 launcher=gloo", LOADED_CELL))
+    assert [name for name in loaded if name != "hvd_magic" and not within(name, *RANK_SIDE)] == []
+    assert "hvd_magic.rank.execute" in loaded  # it is a rank's list (the worker is __main__)
+    assert heavy == []
