@@ -29,6 +29,7 @@ from .helpers import (
     when_started,
 )
 from .spark_fixtures import fake_gpu_script, spark_session
+from .test_house import LOADED_CELL, NEVER_IN_A_RANK, RANK_SIDE, within
 
 REPORT_CELL = """
 import json, os, horovod.torch as hvd, torch
@@ -164,6 +165,13 @@ def test_timeline_written_on_an_executor_comes_back_to_the_notebook(ip, cluster,
     timeline = read(destination)
     assert "allreduce.grad" in timeline.tensors.values()
     assert "ALLREDUCE" in set(spans(timeline)["name"])
+
+
+def test_a_rank_on_an_executor_loads_only_the_rank_side(ip, cluster):
+    ip.user_ns["NEVER"] = list(NEVER_IN_A_RANK)
+    loaded, heavy = json.loads(ip.run_cell_magic("horovod", "np=2 launcher=gloo", LOADED_CELL))
+    assert [name for name in loaded if name != "hvd_magic" and not within(name, *RANK_SIDE)] == []
+    assert "hvd_magic.rank.execute" in loaded and heavy == []  # a rank's list, with no pyspark
 
 
 def test_failing_rank_on_spark_names_rank_and_host(ip, cluster):
