@@ -138,7 +138,7 @@ def main() -> None:
             in_rank.append(HorovodRunner(np=2, data=df).run(read_shard)[1])
 
     def plan(df: object, direct: bool = True) -> None:
-        launcher = SparkLauncher.for_options(make_options(2, data=df))
+        launcher = SparkLauncher.for_options(make_options(np=2, data=df))
         assert bool(launcher.pieces) == direct, "the DataFrame did not take the path the benchmark times"
 
     def shuffle_and_write(df: Any) -> None:

@@ -54,7 +54,9 @@ def hvd_magic_stop(np: int, launcher: str) -> tuple[float, float]:
 
     threading.Thread(target=interrupt, daemon=True).start()
     try:
-        execute(capture_cell(waiting_cell(directory), {}), make_options(np, launcher), _QuietView())
+        execute(
+            capture_cell(waiting_cell(directory), {}), make_options(np=np, launcher=launcher), _QuietView()
+        )
     except RunInterrupted:
         returned = time.monotonic()
     return returned - interrupted[0], _gone_at() - interrupted[0]

@@ -14,7 +14,7 @@ from .helpers import RecordingView
 
 def run(cell: str) -> RunModel:
     view = RecordingView()
-    execute(capture_cell(cell, {}), make_options(-2), view)
+    execute(capture_cell(cell, {}), make_options(np=-2), view)
     model = RunModel(2)
     for message in view.messages:
         model.apply(message)

@@ -129,7 +129,7 @@ def test_ddp_on_a_device_marks_its_last_bucket_and_the_waiting_rank_waits_longer
     of several); none counts while the device has not passed it; then the rank that waited for
     the slow one counts the longer wait."""
     checkout = str(Path(__file__).resolve().parents[1])  # the ranks import this file's Mark
-    options = make_options(-2, backend="torch", stragglers="off", env={"PYTHONPATH": checkout})
+    options = make_options(np=-2, backend="torch", stragglers="off", env={"PYTHONPATH": checkout})
     result, _ = execute(capture_cell(DDP_ON_DEVICE, {}), options, RecordingView())
     buckets, last, queued, counted_before, left, waited, same = result
     assert buckets > 3 and last == 3 and queued == 3  # one mark per step, of all its buckets

@@ -42,7 +42,7 @@ def run(
     step: float = 1.0,
 ):
     hub, view = FakeHub(), RecordingView()
-    options = make_options(-ranks, "gloo", timeout=timeout, timeline=timeline)
+    options = make_options(np=-ranks, launcher="gloo", timeout=timeout, timeline=timeline)
     supervisor = Run(hub, launcher, view, options, clock=SteppingClock(step))
     supervisor.wait = 0.001
     return supervisor, hub, view

@@ -31,7 +31,7 @@ for step in range(3 + hvd.rank()):            # rank 0: 3 steps, rank 1: 4
 
 def test_a_stall_is_shown_live_and_named_by_the_timeout():
     view = RecordingView()
-    options = make_options(-2, env="HOROVOD_STALL_CHECK_TIME_SECONDS=2", timeout=20)
+    options = make_options(np=-2, env="HOROVOD_STALL_CHECK_TIME_SECONDS=2", timeout=20)
     with pytest.raises(RunTimeout) as info:
         execute(capture_cell(STALL_CELL, {}), options, view)
     message = str(info.value)

@@ -58,7 +58,7 @@ def failing_run(cell: str) -> tuple[RecordingView, str]:
     """Runs ``cell`` on 2 local torch ranks; the view and the first line of the error, which
     must name rank 1."""
     view = RecordingView()
-    options = make_options(-2, backend="torch", env=STALL_ENV)
+    options = make_options(np=-2, backend="torch", env=STALL_ENV)
     with pytest.raises(RankFailedError) as info:
         execute(capture_cell(cell, {}), options, view)
     message = str(info.value).split("\n")[0]

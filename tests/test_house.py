@@ -19,9 +19,9 @@ from .test_layout import imports_of, modules
 
 RANK_SIDE = ("hvd_magic.rank", "hvd_magic.protocol", "hvd_magic.errors", "hvd_magic.data")
 NEVER_IN_A_RANK = ("IPython", "ipykernel", "ipywidgets", "pyspark", "plotly", "anywidget")
-# The package's face hands out the rank's API (report, progress, checkpoint, ...); the estimators'
-# training functions (hvd_magic.spark's rank-side modules) run in ranks and call it.
-MAY_IMPORT_RANK = ("hvd_magic", "hvd_magic.spark")
+# The package's face hands out the rank's API (report, progress, checkpoint, ...); the others ship
+# rank functions by reference (TorchDistributor's; the estimators' training, in hvd_magic.spark).
+MAY_IMPORT_RANK = ("hvd_magic", "hvd_magic.spark", "hvd_magic.notebook.distributor")
 
 LOADED_CELL = """
 import json, sys

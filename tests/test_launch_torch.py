@@ -93,12 +93,12 @@ def test_interrupt_stops_torch_ranks(ip, tmp_path):
 
 
 def test_backend_options():
-    assert make_options(-2, backend="torch").launcher == "torch"
-    assert make_options(-2, launcher="gloo", backend="horovod").launcher == "gloo"
+    assert make_options(np=-2, backend="torch").launcher == "torch"
+    assert make_options(np=-2, launcher="gloo", backend="horovod").launcher == "gloo"
     with pytest.raises(OptionError, match="drop launcher="):
-        make_options(-2, launcher="mpi", backend="torch")
+        make_options(np=-2, launcher="mpi", backend="torch")
     with pytest.raises(OptionError, match="backend must be horovod or torch"):
-        make_options(-2, backend="jax")
+        make_options(np=-2, backend="jax")
 
 
 def test_backend_on_the_magic_line(ip):

@@ -7,11 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from hvd_magic import options
-from hvd_magic.options import (
-    OptionError,
-    RunOptions,
-    make_options,
+from hvd_magic.options import OptionError, RunOptions, make_options
+from hvd_magic.options import parse as options
+from hvd_magic.options.parse import (
     parse_env,
     parse_launcher,
     parse_names,
@@ -19,6 +17,7 @@ from hvd_magic.options import (
     parse_timeline,
     parse_timeout,
 )
+from hvd_magic.options.run_options import check_local_ranks
 
 
 @pytest.fixture
@@ -37,7 +36,7 @@ def with_mpirun(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_make_options_parses_every_field(no_mpirun: None, tmp_path: Path) -> None:
     target = tmp_path / "t.json"
     opts = make_options(
-        "-2",
+        np="-2",
         launcher="gloo",
         env="A=1,B=x=y",
         return_names="model, loss",
@@ -56,7 +55,7 @@ def test_make_options_parses_every_field(no_mpirun: None, tmp_path: Path) -> Non
 
 
 def test_make_options_defaults(no_mpirun: None) -> None:
-    opts = make_options(4)
+    opts = make_options(np=4)
     assert opts == RunOptions(np=4, launcher="gloo")
     assert opts.env == {} and opts.return_names == []
     assert opts.timeout is None and opts.timeline is None and opts.mark_cycles is False
@@ -64,7 +63,7 @@ def test_make_options_defaults(no_mpirun: None) -> None:
 
 def test_make_options_refuses_a_bad_option() -> None:
     with pytest.raises(OptionError, match="timeout"):
-        make_options(2, launcher="gloo", timeout="-1")
+        make_options(np=2, launcher="gloo", timeout="-1")
 
 
 def test_option_error_is_a_value_error() -> None:
@@ -247,7 +246,7 @@ def test_make_options_timeline_cycles(
     no_mpirun: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    opts = make_options(-2, timeline="cycles")
+    opts = make_options(np=-2, timeline="cycles")
     assert opts.mark_cycles is True
     assert opts.timeline is not None and os.path.dirname(opts.timeline) == os.getcwd()
 
@@ -267,16 +266,16 @@ def test_make_options_timeline_cycles(
 def test_local_ranks_against_the_cores(np: int, cores: int, oversubscribe: bool, outcome: str) -> None:
     if outcome == "refused":
         with pytest.raises(options.OptionError, match=f"which has {cores} CPU cores"):
-            options.check_local_ranks(np, oversubscribe, cores)
+            check_local_ranks(np, oversubscribe, cores)
         return
-    notices = options.check_local_ranks(np, oversubscribe, cores)
+    notices = check_local_ranks(np, oversubscribe, cores)
     assert len(notices) == (1 if outcome == "notice" else 0)
 
 
 def test_horovod_runner_refuses_a_typo_np_as_a_value_error(monkeypatch: pytest.MonkeyPatch) -> None:
     from hvd_magic import HorovodRunner
 
-    monkeypatch.setattr(options, "machine_cores", lambda: 2)
+    monkeypatch.setattr("hvd_magic.options.run_options.machine_cores", lambda: 2)
     with pytest.raises(ValueError, match="oversubscribe=True"):
         HorovodRunner(np=-1000)
     assert HorovodRunner(np=-1000, oversubscribe=True).num_processor == 1000

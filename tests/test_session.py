@@ -239,7 +239,7 @@ def test_a_cell_holds_the_session_against_an_idle_end_or_finds_it_ended(monkeypa
     monkeypatch.setattr(live, "time", SimpleNamespace(monotonic=clock))
     total = 0
     for _ in range(20):
-        session = live.LiveSession(make_options(-2), idle=0.003)
+        session = live.LiveSession(make_options(np=-2), idle=0.003)
         stopped: list[float] = []
         session.launcher = SimpleNamespace(
             poll=lambda: None, stop=lambda stopped=stopped: stopped.append(time.monotonic()) or []

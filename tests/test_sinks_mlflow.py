@@ -92,11 +92,11 @@ def test_mlflow_yes_starts_a_run_of_its_own_and_ends_it_with_the_outcome(store):
 
 def test_without_an_active_run_nothing_is_logged_and_mlflow_is_not_imported(monkeypatch, store):
     monkeypatch.delitem(sys.modules, "mlflow")
-    with make_sinks(make_options(-2)) as sinks:
+    with make_sinks(make_options(np=-2)) as sinks:
         assert sinks.sinks == {}
     assert "mlflow" not in sys.modules
     monkeypatch.setitem(sys.modules, "mlflow", mlflow)
-    with make_sinks(make_options(-2, mlflow="no")) as sinks:
+    with make_sinks(make_options(np=-2, mlflow="no")) as sinks:
         mlflow.start_run()
         assert sinks.sinks == {}  # mlflow=no: not even into an active run
     assert store.search_runs(["0"])[0].data.params == {}
@@ -117,7 +117,7 @@ def test_what_the_straggler_watch_said_is_an_artifact_of_the_run(store):
         Straggler(1, "hostB", 0.9, 9.5, 0.7, 10.0, "data wait: …"),
         Straggler(1, "hostB", 9.0, 9.5, 0.7, 10.0, recovered=True),
     ]
-    with make_sinks(make_options(-2, mlflow="yes")) as sinks:
+    with make_sinks(make_options(np=-2, mlflow="yes")) as sinks:
         for straggler in said:
             sinks.message(Message(straggler, straggler.slow_rank))
     (run,) = store.search_runs(["0"])

@@ -48,12 +48,12 @@ def test_the_rule_is_spelled_fraction_slash_seconds(given_value, rule):
 @pytest.mark.parametrize("bad", ["1.5/10", "0/10", "0.7/-1", "fast", "0.7/ten", "70/10"])
 def test_a_bad_rule_is_a_clear_option_error(bad):
     with pytest.raises(OptionError, match=r"stragglers takes FRACTION/SECONDS.*0\.7/10"):
-        make_options(-2, stragglers=bad)
+        make_options(np=-2, stragglers=bad)
 
 
 def test_the_default_watches_at_70_percent_for_10_seconds():
-    assert make_options(-2).stragglers == StragglerRule(0.7, 10.0)
-    assert make_options(-2, stragglers="off").stragglers is None
+    assert make_options(np=-2).stragglers == StragglerRule(0.7, 10.0)
+    assert make_options(np=-2, stragglers="off").stragglers is None
 
 
 def test_a_slow_rank_is_named_once_and_cleared_when_it_recovers():

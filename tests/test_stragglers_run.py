@@ -55,7 +55,7 @@ class SwitchingView(RecordingView):
 
 def test_a_slowed_rank_is_named_with_its_host_and_reason_then_cleared(tmp_path):
     view = SwitchingView(tmp_path)
-    options = make_options(-2, backend="torch", stragglers="0.5/2", logdir=str(tmp_path / "logs"))
+    options = make_options(np=-2, backend="torch", stragglers="0.5/2", logdir=str(tmp_path / "logs"))
     steps, _ = execute(capture_cell(CELL.format(folder=str(tmp_path)), {}), options, view)
     said = view.stragglers()  # exactly these two: rank 1 named once, then cleared once
     assert [(s.slow_rank, s.recovered) for s in said] == [(1, False), (1, True)], said
@@ -92,7 +92,7 @@ def test_in_lock_step_horovod_training_the_rank_the_others_wait_for_is_named(tmp
     """Horovod ranks in lock-step (an allreduce every step) make the same steps/s; rank 0 waits
     in the allreduce for rank 1. Their waits, timed in Horovod's own ``synchronize``, single
     rank 1 out, with the share of its time spent outside collectives."""
-    named = named_in_lock_step(LOCK_STEP, make_options(-2, stragglers="0.5/2"), tmp_path)
+    named = named_in_lock_step(LOCK_STEP, make_options(np=-2, stragglers="0.5/2"), tmp_path)
     assert "of its own work (outside collectives)" in named.text() and "outside collectives;" in named.reason
 
 
@@ -135,7 +135,7 @@ def test_in_lock_step_ddp_training_the_rank_the_others_wait_for_is_named(tmp_pat
     """DDP ranks wait in C++, at the end of backward, for the gradients' allreduce: timed through
     a communication hook that does what DDP does without one, registered at the model's first
     training forward."""
-    named_in_lock_step(DDP_LOCK_STEP, make_options(-2, backend="torch", stragglers="0.5/2"), tmp_path)
+    named_in_lock_step(DDP_LOCK_STEP, make_options(np=-2, backend="torch", stragglers="0.5/2"), tmp_path)
 
 
 KERAS_LOCK_STEP = """import pathlib, time, numpy as np, hvd_magic
@@ -164,7 +164,7 @@ len(fit.history["loss"])
 def test_in_lock_step_keras_training_the_rank_the_others_wait_for_is_named(tmp_path):
     """Keras ranks wait inside the graph, in Horovod's allreduce op: the gradients' allreduce
     (``hvd.DistributedOptimizer``) is timed there, by ``tf.timestamp`` ops around it."""
-    named_in_lock_step(KERAS_LOCK_STEP, make_options(-2, stragglers="0.5/2"), tmp_path)
+    named_in_lock_step(KERAS_LOCK_STEP, make_options(np=-2, stragglers="0.5/2"), tmp_path)
 
 
 DDP_HOOKS = """import pickle, torch, torch.distributed as dist
@@ -193,7 +193,7 @@ names = [model._get_ddp_logging_data().get("comm_hook") for model in (plain, hoo
 def test_ddp_keeps_the_users_hook_and_pickles_as_before(tmp_path):
     """Only a model without a hook of its own gets the timed default, at its first training
     forward; the user's hook is theirs, untimed; the timed model pickles as DDP does."""
-    options = make_options(-2, backend="torch")
+    options = make_options(np=-2, backend="torch")
     result, _ = execute(capture_cell(DDP_HOOKS, {}), options, RecordingView())
     before, measured, calls, names, grads, pickles = result
     assert before is None and measured  # timed from the first training forward on
@@ -230,8 +230,8 @@ model(torch.ones(2, 8)).sum().backward()
 def test_with_stragglers_off_a_rank_times_nothing(tmp_path):
     """Nothing judges the waits: nothing is added to the user's training (DDP keeps no hook)."""
     result, _ = execute(
-        capture_cell(DDP_STEP, {}), make_options(-2, backend="torch", stragglers="off"), RecordingView()
+        capture_cell(DDP_STEP, {}), make_options(np=-2, backend="torch", stragglers="off"), RecordingView()
     )
     assert result == (None, None)
-    timed, _ = execute(capture_cell(DDP_STEP, {}), make_options(-2, backend="torch"), RecordingView())
+    timed, _ = execute(capture_cell(DDP_STEP, {}), make_options(np=-2, backend="torch"), RecordingView())
     assert timed[0] is not None and timed[0] >= 0

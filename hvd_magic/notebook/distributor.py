@@ -29,20 +29,18 @@ named failures and interrupts that stop everything. Spark's semantics, kept:
 from __future__ import annotations
 
 import importlib.util
-import linecache
 import os
-import sys
-import types
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hvd_magic.errors import CaptureError, LaunchError
+from hvd_magic.options.run_options import LOCAL_RANKS_PER_CORE, local_load
+from hvd_magic.rank.distributor import RankSetup, run_script, run_train_function
 
 if TYPE_CHECKING:
     from hvd_magic.run.capture import Captured
 
-__all__ = ["TorchDistributor", "run_script", "run_train_function"]
+__all__ = ["TorchDistributor"]
 
 SSL_CONF = "pytorch.spark.distributor.ignoreSsl"  # Spark's TorchDistributor's default setting
 GPU_AMOUNT = "spark.task.resource.gpu.amount"
@@ -54,53 +52,6 @@ def _once(text: str) -> list[str]:
         return []
     _TOLD.add(text)
     return [text]
-
-
-@dataclass(frozen=True)
-class RankSetup:
-    """What each rank changes in its environment before the training code runs."""
-
-    hide_gpus: bool = False  # use_gpu=False on Spark: CUDA_VISIBLE_DEVICES="", as Spark's sets it
-    task_is_node: bool = False  # on Spark every task is a torchrun node of one process
-
-    def apply(self) -> None:
-        if self.hide_gpus:
-            os.environ["CUDA_VISIBLE_DEVICES"] = ""
-        if self.task_is_node:
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
-            if not self.hide_gpus and len(visible) > 1:  # the host's by local rank: keep this task's
-                os.environ["CUDA_VISIBLE_DEVICES"] = visible[int(os.environ["LOCAL_RANK"])]
-            node = {"RANK": "GROUP_RANK", "WORLD_SIZE": "GROUP_WORLD_SIZE"}
-            os.environ.update(
-                LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", **{v: os.environ[k] for k, v in node.items()}
-            )
-
-
-def run_train_function(
-    train_function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], setup: RankSetup
-) -> Any:
-    """On each rank: ``train_function(*args, **kwargs)``."""
-    setup.apply()
-    return train_function(*args, **kwargs)
-
-
-def run_script(path: str, argv: list[str], source: str | None, setup: RankSetup) -> None:
-    """On each rank: the script as ``python path *argv`` would run it, in this process."""
-    setup.apply()
-    if source is None:  # not on the notebook's machine: this rank's own copy
-        with open(path, "rb") as file:
-            source = importlib.util.decode_source(file.read())
-    code = compile(source, path, "exec")
-    linecache.cache[path] = (len(source), None, source.splitlines(keepends=True), path)
-    module = types.ModuleType("__main__")
-    module.__file__ = path
-    saved_main, saved_argv, saved_path = sys.modules["__main__"], sys.argv, list(sys.path)
-    sys.modules["__main__"], sys.argv = module, list(argv)
-    sys.path.insert(0, os.path.dirname(path))
-    try:
-        exec(code, module.__dict__)
-    finally:
-        sys.modules["__main__"], sys.argv, sys.path[:] = saved_main, saved_argv, saved_path
 
 
 class TorchDistributor:
@@ -205,14 +156,15 @@ class TorchDistributor:
         return ssl_notes(conf(session, "spark.ssl.enabled"), conf(session, self.ssl_conf), self.ssl_conf)
 
     def _execute(self, captured: Captured, notes: list[str]) -> Any:
-        from hvd_magic.options import LOCAL_RANKS_PER_CORE, OptionError, machine_cores, make_options
+        from hvd_magic.options import OptionError, make_options
+        from hvd_magic.options.run_options import machine_cores
         from hvd_magic.run.supervisor import execute
 
         np = -self.num_processes if self.local_mode else self.num_processes
         if self.local_mode:
-            notes += local_process_notes(self.num_processes, machine_cores(), LOCAL_RANKS_PER_CORE)
+            notes += local_process_notes(self.num_processes, machine_cores())
         try:  # the local processes are checked above, in TorchDistributor's words
-            options = make_options(np, backend="torch", oversubscribe=True)
+            options = make_options(np=np, backend="torch", oversubscribe=True)
         except OptionError as err:
             raise LaunchError(f"TorchDistributor: {err}") from None
         options.notices += notes
@@ -284,15 +236,18 @@ def ssl_notes(ssl_enabled: str | None, allowed: str | None, setting: str) -> lis
     )
 
 
-def local_process_notes(num_processes: int, cores: int, per_core: int) -> list[str]:
-    """Locally: far too many processes for the cores is refused (a typo); past the cores, said."""
-    if num_processes > per_core * cores:
+def local_process_notes(num_processes: int, cores: int) -> list[str]:
+    """Locally: far too many processes for the cores is refused (a typo); past the cores, said
+    (the rule of ``np=-N``, ``local_load``, in TorchDistributor's words)."""
+    load = local_load(num_processes, cores)
+    if load == "thrashes":
         raise LaunchError(
             f"TorchDistributor: num_processes={num_processes} with local_mode=True would start "
             f"{num_processes:,} processes on this machine, which has {cores} CPU core{'s' * (cores > 1)}. "
-            f"Use at most {per_core * cores} here, or local_mode=False to run them on the Spark executors."
+            f"Use at most {LOCAL_RANKS_PER_CORE * cores} here, or local_mode=False to run them on the Spark "
+            "executors."
         )
-    if num_processes <= cores:
+    if load == "fits":
         return []
     return _once(
         f"TorchDistributor: {num_processes} processes on this machine's {cores} CPU core"

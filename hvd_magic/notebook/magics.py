@@ -5,45 +5,25 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from hvd_magic.options import OptionError, RunOptions, make_options, parse_timeout
-from hvd_magic.run.capture import capture_cell
+from hvd_magic.options import OPTIONS, OptionError, RunOptions, check_given, make_options
+from hvd_magic.options.parse import parse_timeout
+from hvd_magic.options.table import CELL, SESSION_CELL, START, usage
+from hvd_magic.run.capture import Captured, capture_cell
 from hvd_magic.run.supervisor import execute
 from hvd_magic.session import commands as sessions
 
 __all__ = ["HorovodMagics", "normalize_line"]
 
-OPTIONS = (
-    "np",
-    "launcher",
-    "backend",
-    "env",
-    "return",
-    "timeout",
-    "timeline",
-    "data",
-    "remainder",
-    "oversubscribe",
-    "rank",
-    "ranks",
-    "idle",
-    "retries",
-    "checkpoint_dir",
-    "logdir",
-    "mlflow",
-    "stragglers",
-)
-USAGE = (
-    "usage: %%horovod np=N [launcher=mpi|gloo | backend=torch] [env=K=V,...] [return=a,b] [timeout=SECONDS] "
-    "[timeline=on|cycles|PATH] [data=DATAFRAME [remainder=drop|keep]] [oversubscribe=yes] [logdir=DIR] "
-    "[mlflow=yes|no] [stragglers=0.7/10|off]\n"
-    "np=-N runs N ranks on this machine, np=N on Spark; %%horovod? shows the full help."
-)
+NAMES = [entry.name for entry in OPTIONS]
+# A cell's run: captured cell -> (value, rank 0's returned names); fills {rank: host}.
+CellRun = Callable[[Captured, dict[int, str]], tuple[Any, dict[str, Any]]]
 
 
 def normalize_line(line: str) -> str:
@@ -59,8 +39,8 @@ def normalize_line(line: str) -> str:
         if token == "-np":
             token = key = "--np"
         elif sep and not key.startswith("-"):
-            if key not in OPTIONS:
-                raise UsageError(f"unknown option {key!r}; the options are: {', '.join(OPTIONS)}")
+            if key not in NAMES:
+                raise UsageError(f"unknown option {key!r}; the options are: {', '.join(NAMES)}")
             token, key = f"--{token}", f"--{key}"
         if key.startswith("--"):
             if key in seen:
@@ -70,51 +50,25 @@ def normalize_line(line: str) -> str:
     return " ".join(tokens)
 
 
+def with_options(method: Callable[..., Any]) -> Callable[..., Any]:
+    """The magic's argparse parser (and ``%%horovod?``), one argument an entry of ``OPTIONS``."""
+    for entry in reversed(OPTIONS):  # IPython adds them last first
+        escaped = entry.help.replace("%", "%%")  # argparse formats help with %
+        metavar = None if entry.choices else entry.value
+        method = argument(
+            f"--{entry.name}", dest=entry.key, choices=entry.choices or None, metavar=metavar, help=escaped
+        )(method)
+    return magic_arguments()(method)  # type: ignore[no-any-return]
+
+
+def given(args: Any) -> dict[str, Any]:
+    """The options on the line, by name (None: not given)."""
+    return {entry.name: getattr(args, entry.key) for entry in OPTIONS}
+
+
 @magics_class
 class HorovodMagics(Magics):
-    @magic_arguments()
-    @argument(
-        "--np",
-        help="number of ranks: -N runs N ranks on this machine, N on Spark; without it, the cell runs on "
-        "the live session (%%horovod start np=N)",
-    )
-    @argument("--launcher", choices=["mpi", "gloo"], help="mpi (default when mpirun exists) or gloo")
-    @argument(
-        "--backend", choices=["horovod", "torch"], help="horovod (default) or torch: torch.distributed ranks"
-    )
-    @argument("--env", help="extra environment for the ranks: KEY=VALUE,KEY2=VALUE2")
-    @argument("--return", dest="return_names", help="rank 0 variables to copy back: a,b")
-    @argument("--timeout", help="end the run when no rank reports anything for this many seconds")
-    @argument(
-        "--timeline",
-        help="record a Horovod Timeline: on, cycles (mark cycles) or a file path; %%horovod start "
-        "timeline=yes: the live session's cells may record theirs",
-    )
-    @argument("--data", help="a DataFrame of the notebook: each rank reads its shard with hvd_magic.shard()")
-    @argument(
-        "--remainder", choices=["drop", "keep"], help="rows that do not split evenly: drop (default), keep"
-    )
-    @argument(
-        "--oversubscribe",
-        choices=["yes", "no"],
-        help="np=-N: allow more than 4 local ranks a CPU core (refused otherwise, as a likely typo)",
-    )
-    @argument("--retries", help="start again (from the last checkpoint) up to N times after a lost rank")
-    @argument("--checkpoint_dir", help="where hvd_magic.checkpoint() keeps them: a folder or fsspec URL")
-    @argument("--logdir", help="write the reported metrics as TensorBoard event files: a run's folder in DIR")
-    @argument(
-        "--mlflow",
-        choices=["yes", "no"],
-        help="log to MLflow: yes starts an MLflow run if none is active; default: log when one is active",
-    )
-    @argument(
-        "--stragglers",
-        help="name a rank whose steps/s stays below FRACTION of the median for SECONDS: FRACTION/SECONDS "
-        "(default 0.7/10, also 70%%/10s), or off",
-    )
-    @argument("--rank", help="live session: run the cell on this rank only (it must not call collectives)")
-    @argument("--ranks", help="live session: run the cell on these ranks only: 0,2")
-    @argument("--idle", help="%%horovod start: end the session after this many seconds without a cell")
+    @with_options
     @line_cell_magic
     def horovod(self, line: str, cell: str | None = None) -> Any:
         """Run the cell as a Horovod job; its last expression on rank 0 is the cell's value.
@@ -137,53 +91,45 @@ class HorovodMagics(Magics):
         """
         if cell is None:
             return self._session_verb(line)
+        args = self._parse(line)
         try:
-            args = parse_argstring(self.horovod, normalize_line(line))
-        except UsageError as err:
-            raise UsageError(f"{err}\n{USAGE}") from None
-        if args.np is None:
-            if sessions.current() is None:
-                raise UsageError(
-                    "np= is required, e.g. %%horovod np=-2 (ranks on this machine) or np=4 (Spark); or "
-                    "start a live session once with %horovod start np=N and run cells on it without "
-                    f"np=\n{USAGE}"
-                )
-            return sessions.run_cell(self.shell, args, cell)
-        if args.rank is not None or args.ranks is not None or args.idle is not None:
-            raise UsageError("rank=, ranks= and idle= are for a live session (%horovod start np=N)")
-        live = sessions.current()
-        try:
-            options = self._options(args)
+            options, run = self._cold(args) if args.np is not None else self._on_session(args)
         except (UsageError, OptionError) as err:
-            raise UsageError(f"{err}\n{USAGE}") from None
+            raise UsageError(f"{err}\n{usage()}") from None
+        return self._run_cell(cell, options, run)
+
+    def _parse(self, line: str) -> Any:
+        try:
+            return parse_argstring(self.horovod, normalize_line(line))
+        except UsageError as err:
+            raise UsageError(f"{err}\n{usage()}") from None
+
+    def _cold(self, args: Any) -> tuple[RunOptions, CellRun]:
+        """A cell that is a job of its own."""
+        check_given(CELL, given(args))
+        options = self._options(args)
+        live = sessions.current()
         if live is not None and live.live:
             options.notices.append(
                 "a live session is running: np= makes this cell a job of its own, apart from the session "
                 "(drop np= to run it on the session's ranks)"
             )
-        return self._cold(options, cell)
+        return options, lambda captured, hosts: execute(captured, options, hosts=hosts)
+
+    def _on_session(self, args: Any) -> tuple[RunOptions, CellRun]:
+        """A cell without np=: on the live session's ranks, in their namespaces."""
+        if sessions.current() is None:
+            raise UsageError(
+                "np= is required, e.g. %%horovod np=-2 (ranks on this machine) or np=4 (Spark); or "
+                "start a live session once with %horovod start np=N and run cells on it without np="
+            )
+        check_given(SESSION_CELL, given(args))
+        return sessions.cell_run(given(args))
 
     def _options(self, args: Any) -> RunOptions:
-        if args.np is None:
-            raise UsageError("np= is required")
-        return make_options(
-            args.np,
-            args.launcher,
-            args.env,
-            args.return_names,
-            args.timeout,
-            args.timeline,
-            data=self._data(args.data),
-            data_name=args.data or "data",
-            remainder=args.remainder,
-            backend=args.backend,
-            oversubscribe=args.oversubscribe,
-            retries=args.retries,
-            checkpoint_dir=args.checkpoint_dir,
-            logdir=args.logdir,
-            mlflow=args.mlflow,
-            stragglers=args.stragglers,
-        )
+        """A job's options (a cell's, or those the session starts with): the ``CELL`` ones."""
+        values = {entry.key: getattr(args, entry.key) for entry in OPTIONS if CELL in entry.where}
+        return make_options(**values | {"data": self._data(args.data), "data_name": args.data or "data"})
 
     def _session_verb(self, line: str) -> Any:
         verb, _, rest = line.strip().partition(" ")
@@ -194,41 +140,35 @@ class HorovodMagics(Magics):
             print(sessions.stop())
             return None
         if verb != "start":
-            raise UsageError(f"usage: %horovod {sessions.VERBS} [options]; a cell: %%horovod np=N\n{USAGE}")
+            raise UsageError(f"usage: %horovod {sessions.VERBS} [options]; a cell: %%horovod np=N\n{usage()}")
+        args = self._parse(rest)
         try:
-            args = parse_argstring(self.horovod, normalize_line(rest))
+            check_given(START, given(args))
             timeline, args.timeline = args.timeline, None  # at start: whether cells may record one
             options = self._options(args)
             idle = parse_timeout(args.idle)
+            ready = sessions.timeline_ready(timeline, options)
         except (UsageError, OptionError) as err:
-            raise UsageError(f"{err}\n{USAGE}") from None
-        if args.rank is not None or args.ranks is not None or args.return_names:
-            raise UsageError("rank=, ranks= and return= are per cell, not for %horovod start")
-        if args.logdir or args.mlflow:
-            raise UsageError(
-                "logdir= and mlflow= are for a job of its own or a session's cell (a run of its own each), "
-                "not for %horovod start: give them on the %%horovod cells to log"
-            )
-        print(sessions.start(options, idle, sessions.timeline_ready(timeline, options)), file=sys.stderr)
+            raise UsageError(f"{err}\n{usage()}") from None
+        print(sessions.start(options, idle, ready), file=sys.stderr)
         return None
 
-    def _cold(self, options: RunOptions, cell: str) -> Any:
-        source = self.shell.transform_cell(cell)  # type: ignore[union-attr]
-        captured = capture_cell(
-            source,
-            self.shell.user_ns,  # type: ignore[union-attr]
-            set(self.shell.user_ns_hidden),  # type: ignore[union-attr]
-            options.return_names,
-        )
+    def _run_cell(self, cell: str, options: RunOptions, run: CellRun) -> Any:
+        """Every cell, a job or on the session: capture it, run it, show its timeline, and
+        hand back rank 0's value and names."""
+        shell = self.shell
+        assert shell is not None
+        source = shell.transform_cell(cell)
+        captured = capture_cell(source, shell.user_ns, set(shell.user_ns_hidden), options.return_names)
         hosts: dict[int, str] = {}
         try:
-            value, returned = execute(captured, options, hosts=hosts)
+            value, returned = run(captured, hosts)
         finally:
             if options.timeline and os.path.exists(options.timeline):
                 from hvd_magic.timeline.shown import show_run_timeline
 
                 show_run_timeline(options.timeline, options.env, hosts)
-        self.shell.user_ns.update(returned)  # type: ignore[union-attr]
+        shell.user_ns.update(returned)
         return value
 
     def _data(self, name: str | None) -> Any:

@@ -55,15 +55,13 @@ class HorovodRunner:
     ) -> None:
         try:
             self.options = make_options(
-                np,
-                launcher,
-                env,
-                None,
-                timeout,
-                timeline,
-                data,
-                "data",
-                remainder,
+                np=np,
+                launcher=launcher,
+                env=env,
+                timeout=timeout,
+                timeline=timeline,
+                data=data,
+                remainder=remainder,
                 backend=backend,
                 oversubscribe=oversubscribe,
                 retries=retries,

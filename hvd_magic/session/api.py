@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from types import SimpleNamespace, TracebackType
+from types import TracebackType
 from typing import Any
 
 from IPython.core.error import UsageError
 
 from hvd_magic.errors import SessionEnded
-from hvd_magic.options import OptionError, make_options, parse_timeout
+from hvd_magic.options import OptionError, make_options
+from hvd_magic.options.parse import parse_timeout
 from hvd_magic.run.capture import capture_function
-from hvd_magic.session.commands import cell_options, status_text, timeline_ready
+from hvd_magic.session.commands import session_cell_options, status_text, timeline_ready
 from hvd_magic.session.live import LiveSession
 
 __all__ = ["Session"]
@@ -49,9 +50,16 @@ class Session:
     ) -> None:
         try:
             options = make_options(
-                np, launcher, env, None, timeout, None, data, "data", remainder, backend, oversubscribe,
+                np=np,
+                launcher=launcher,
+                backend=backend,
+                env=env,
+                timeout=timeout,
+                data=data,
+                remainder=remainder,
+                oversubscribe=oversubscribe,
                 stragglers=stragglers,
-            )  # fmt: skip
+            )
             idle_seconds = parse_timeout(idle)
             timeline = timeline_ready("yes" if timeline else None, options)
         except (OptionError, UsageError) as err:
@@ -76,12 +84,9 @@ class Session:
         call), ``mlflow`` (an MLflow run for it), ``stragglers``."""
         if not self._live.live:
             raise self._ended()
-        asked = SimpleNamespace(
-            return_names=None, timeout=None, timeline=timeline, logdir=logdir, mlflow=mlflow,
-            stragglers=stragglers,
-        )  # fmt: skip
+        asked = {"timeline": timeline, "logdir": logdir, "mlflow": mlflow, "stragglers": stragglers}
         try:
-            options = cell_options(self._live, asked, ranks)
+            options = session_cell_options(self._live, asked, ranks)
         except UsageError as err:
             raise ValueError(str(err)) from None
         try:

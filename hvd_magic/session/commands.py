@@ -4,29 +4,29 @@
 from __future__ import annotations
 
 import atexit
-import dataclasses
-import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from IPython.core.error import UsageError
 
 from hvd_magic.errors import RunError, SessionEnded
-from hvd_magic.options import (
-    OptionError,
-    RunOptions,
-    parse_logdir,
-    parse_mlflow,
-    parse_names,
-    parse_stragglers,
-    parse_timeline,
-    parse_timeout,
-)
-from hvd_magic.run.capture import capture_cell
+from hvd_magic.options import OPTIONS, OptionError, RunOptions, cell_options
+from hvd_magic.options.table import SESSION_CELL
+from hvd_magic.run.capture import Captured
 from hvd_magic.session.live import LiveSession
 
-__all__ = ["VERBS", "current", "run_cell", "start", "status_text", "stop", "timeline_ready"]
+__all__ = [
+    "VERBS",
+    "cell_run",
+    "current",
+    "session_cell_options",
+    "start",
+    "status_text",
+    "stop",
+    "timeline_ready",
+]
 
 VERBS = "start|status|stop"
 _session: LiveSession | None = None
@@ -95,44 +95,26 @@ def timeline_ready(value: str | None, options: RunOptions) -> bool:
     return True
 
 
-FIXED = ("launcher", "backend", "env", "data", "remainder", "oversubscribe")  # set when the session starts
-NOT_ON_CELLS = ("retries", "checkpoint_dir")  # a restart from a checkpoint would drop the ranks' state
+CellRun = Callable[[Captured, dict[int, str]], tuple[Any, dict[str, Any]]]
 
 
-def run_cell(shell: Any, args: Any, cell: str) -> Any:
-    """A ``%%horovod`` cell without np=: on the live session's ranks, in their namespaces."""
-    if _session is None:
-        raise UsageError(
-            "np= is required, e.g. %%horovod np=-2 (ranks on this machine) or np=4 (Spark); or start a "
-            "live session once with %horovod start np=N and run cells on it without np="
-        )
-    for name in FIXED:
-        if getattr(args, name, None) is not None:
-            raise UsageError(
-                f"{name}= is set when the session starts (%horovod start ... {name}=...), not per cell"
-            )
-    for name in NOT_ON_CELLS:
-        if getattr(args, name, None) is not None:
-            raise UsageError(
-                f"{name}= restarts a run's ranks from its latest checkpoint; a live session's ranks keep "
-                f"state that a restart would lose. Give {name}= to a job of its own (%%horovod np=N "
-                f"{name}=...), or checkpoint from the cell with hvd_magic.checkpoint() and resume by hand"
-            )
+def cell_run(given: dict[str, Any]) -> tuple[RunOptions, CellRun]:
+    """A cell on the live session (its options, by name, checked for a session's cell): its
+    options, and how it runs (on the ranks chosen, in their namespaces; filling {rank: host})."""
+    assert _session is not None
     session = _alive(_session)
-    targets = parse_ranks(args.rank, args.ranks, session.size)
-    options = cell_options(session, args, targets)
-    source = shell.transform_cell(cell)
-    captured = capture_cell(source, shell.user_ns, set(shell.user_ns_hidden), options.return_names)
-    try:
-        value, returned = _run_on(session, captured, targets, options)
-    finally:
-        if options.timeline and os.path.exists(options.timeline):
-            from hvd_magic.timeline.shown import show_run_timeline
+    targets = parse_ranks(given["rank"], given["ranks"], session.size)
+    options = session_cell_options(session, given, targets)
 
-            hosts = {rank: info.started.host for rank, info in session.ranks.items() if info.started}
-            show_run_timeline(options.timeline, options.env, hosts)
-    shell.user_ns.update(returned)
-    return value
+    def run(captured: Captured, hosts: dict[int, str]) -> tuple[Any, dict[str, Any]]:
+        try:
+            value, returned = _run_on(session, captured, targets, options)
+            return value, returned
+        finally:
+            live = _session or session
+            hosts.update({rank: info.started.host for rank, info in live.ranks.items() if info.started})
+
+    return options, run
 
 
 def _run_on(session: LiveSession, captured: Any, targets: list[int] | None, options: RunOptions) -> Any:
@@ -172,31 +154,32 @@ def _alive(session: LiveSession) -> LiveSession:
     return _session
 
 
-def cell_options(session: LiveSession, args: Any, targets: list[int] | None) -> RunOptions:
-    """The session's options with this cell's: return=, timeout=, timeline=, logdir=, mlflow=,
-    stragglers=."""
+def session_cell_options(
+    session: LiveSession, given: dict[str, Any], targets: list[int] | None
+) -> RunOptions:
+    """The session's options with this cell's own (by name: return, timeout, timeline, logdir,
+    mlflow, stragglers)."""
     try:
-        timeline, cycles = parse_timeline(args.timeline)
-        options = dataclasses.replace(
+        options = cell_options(
             session.options,
-            return_names=parse_names(args.return_names),
-            timeout=parse_timeout(args.timeout),
-            timeline=timeline,
-            mark_cycles=cycles,
-            logdir=parse_logdir(args.logdir),
-            mlflow=parse_mlflow(args.mlflow),
-            stragglers=session.options.stragglers
-            if args.stragglers is None
-            else parse_stragglers(args.stragglers),
-            notices=[],
+            **{key: given.get(name) for name, key in CELL_OWN.items()},
         )
     except OptionError as err:
         raise UsageError(str(err)) from None
-    if timeline:
+    if options.timeline:
         refusal = timeline_refusal(session, targets)
         if refusal:
             raise UsageError(refusal)
     return options
+
+
+# A session cell's own options, by name: its keyword in ``cell_options`` (rank= and ranks= choose
+# the ranks it runs on).
+CELL_OWN = {
+    entry.name: entry.key
+    for entry in OPTIONS
+    if SESSION_CELL in entry.where and entry.name not in ("rank", "ranks")
+}
 
 
 def timeline_refusal(session: LiveSession, targets: list[int] | None) -> str | None:

@@ -196,8 +196,8 @@ class HorovodEstimator(Estimator[HorovodModel], EstimatorParams, UnusedParams, M
     def _options(self, data: Any) -> Any:
         try:
             options = make_options(
-                compat.num_proc(self, data),
-                self.getOrDefault("launcher") if self.isDefined("launcher") else None,
+                np=compat.num_proc(self, data),
+                launcher=self.getOrDefault("launcher") if self.isDefined("launcher") else None,
                 env=compat.rank_env(self) or None,
                 data=data,
                 data_name="(the DataFrame given to fit)",

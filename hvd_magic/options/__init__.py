@@ -1,0 +1,8 @@
+"""A run's options: declared once (``table``), each value checked (``parse``), and made into the
+``RunOptions`` a run is told (``run_options``)."""
+
+from hvd_magic.options.parse import OptionError
+from hvd_magic.options.run_options import RunOptions, cell_options, make_options
+from hvd_magic.options.table import OPTIONS, Option, check_given
+
+__all__ = ["OPTIONS", "Option", "OptionError", "RunOptions", "cell_options", "check_given", "make_options"]
