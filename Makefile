@@ -3,7 +3,7 @@ PY := .venv/bin/python
 # mypy's cache beside the Horovod build, so that a fresh clone checks only what changed
 export MYPY_CACHE_DIR ?= $(or $(HVD_MAGIC_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/hvd_magic)/mypy
 
-.PHONY: setup demo test lint bench
+.PHONY: setup demo test lint docs bench
 
 setup:
 	bash scripts/setup.sh
@@ -16,7 +16,11 @@ lint: setup
 	$(PY) -m ruff format --check setup.py hvd_magic tests scripts bench example_notebooks
 	$(PY) -m mypy
 
-test: setup lint
+# the guide in docs/ (Sphinx + MyST), warnings as errors: docs/_build/html/index.html
+docs: setup
+	$(PY) -m sphinx -W --keep-going -n -b html docs docs/_build/html
+
+test: setup lint docs
 	cd js && npx vitest run
 	$(PY) -m pytest -ra -n 2 --dist loadfile --durations=25
 

@@ -151,7 +151,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "remainder",
-        "rows that do not split evenly: drop (default), keep",
+        "rows of data= that do not split evenly: drop (default: equal shards) or keep",
         _SESSION_WIDE,
         value="drop|keep",
         choices=("drop", "keep"),
@@ -169,7 +169,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "retries",
-        "start again (from the last checkpoint) up to N times after a lost rank",
+        "start again, from the last checkpoint, up to N times after a rank is lost outside your code",
         _JOBS | {ESTIMATORS},
         value="N",
         default="0",
@@ -177,7 +177,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "checkpoint_dir",
-        "where hvd_magic.checkpoint() keeps them: a folder or fsspec URL",
+        "where hvd_magic.checkpoint() keeps the checkpoints: a folder of this machine or an fsspec URL",
         _JOBS,
         value="DIR",
         default="a temporary folder",
