@@ -47,7 +47,7 @@ def __getattr__(name: str) -> object:
         from hvd_magic.notebook.runner import HorovodRunner
 
         return HorovodRunner
-    if name == "TorchDistributor":  # Spark's TorchDistributor's signature on the same engine
+    if name == "TorchDistributor":  # Spark's TorchDistributor's signature on the same runs
         from hvd_magic.notebook.distributor import TorchDistributor
 
         return TorchDistributor

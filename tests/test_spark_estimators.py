@@ -71,7 +71,7 @@ def live_views(monkeypatch):
     kernel): the estimator's fit has no cell to show them in here."""
     from ipywidgets.widgets.tests.utils import setup_test_comm, teardown_test_comm
 
-    from hvd_magic.run import supervisor as engine
+    from hvd_magic.run import supervisor
     from hvd_magic.widgets.view import LiveView
 
     views: list[LiveView] = []
@@ -81,7 +81,7 @@ def live_views(monkeypatch):
         return views[-1]
 
     setup_test_comm()
-    monkeypatch.setattr(engine, "make_view", make_view)
+    monkeypatch.setattr(supervisor, "make_view", make_view)
     yield views
     teardown_test_comm()
 

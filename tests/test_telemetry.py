@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hvd_magic.rank.telemetry import GpuSample, ResourceSampler, gpu_probe
-from hvd_magic.run import supervisor as engine
+from hvd_magic.run import supervisor
 
 HOLD = """
 import time, numpy as np, horovod.torch as hvd
@@ -43,14 +43,14 @@ def test_without_a_gpu_there_is_no_probe():
 
 
 def test_the_run_record_keeps_each_ranks_resources(ip, monkeypatch):
-    runs: list[engine.Run] = []
-    real_init = engine.Run.__init__
+    runs: list[supervisor.Run] = []
+    real_init = supervisor.Run.__init__
 
     def recorded(self, *args, **kwargs):
         real_init(self, *args, **kwargs)
         runs.append(self)
 
-    monkeypatch.setattr(engine.Run, "__init__", recorded)
+    monkeypatch.setattr(supervisor.Run, "__init__", recorded)
     assert ip.run_cell_magic("horovod", "np=-2", HOLD) == 0
     record = runs[-1].record
     assert set(record.resources) == {0, 1}

@@ -154,7 +154,7 @@ def _versions_check(reports: list[dict[str, Any]]) -> Check:
     if differ:
         fix = (
             "run the executors with the notebook's Python (spark.pyspark.python / PYSPARK_PYTHON), or "
-            "install the same hvd_magic and Horovod wheel on them (README: Spark clusters)"
+            "install the same hvd_magic and Horovod wheel on them (docs/installing.md: On a Spark cluster)"
         )
         return Check(
             "executors' Python", False, f"the notebook has {have}; " + "; ".join(sorted(differ)), fix

@@ -1,7 +1,7 @@
 """Launchers start the ranks of one run and stop them; they know nothing of widgets.
 
 ``create(options)`` picks one: ranks on this host (np < 0) through ``mpirun`` or Horovod's Gloo,
-or on a Spark cluster (np > 0). ``Launcher`` is the small interface the engine drives.
+or on a Spark cluster (np > 0). ``Launcher`` is the small interface a run's supervision drives.
 
     base        the Launcher interface
     processes   spawn (parent-death signal), stop escalation, thread budget, RankDeath
@@ -12,9 +12,9 @@ or on a Spark cluster (np > 0). ``Launcher`` is the small interface the engine d
     spark       SparkLauncher (the driver side of one barrier stage)
     spark_session  finding or starting the SparkSession, its slots
     spark_plan  the plan the tasks get; which ranks a lost host took with it
-    spark_task  what each barrier task runs on its executor
-    agent       the exec agent in a task, and the rsh client mpirun calls instead of ssh
     scratch     a task's directory for Open MPI's files, removed even if the task is SIGKILLed
+    task/       what runs inside each Spark task: barrier (the task's body), agent (the exec
+                agent, and the rsh client mpirun calls instead of ssh), network (its address)
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The interface every launcher implements; the engine drives nothing else."""
+"""The interface every launcher implements; a run's supervision drives nothing else."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ __all__ = ["Launcher"]
 
 
 class Launcher:
-    """What the engine drives. ``bind_host`` is where the run's hub must listen for the ranks."""
+    """What a run's supervision drives. ``bind_host`` is where the run's hub must listen for the ranks."""
 
     bind_host = "127.0.0.1"
     notices: list[str] = []  # told to the user before the run (e.g. how data= was split)

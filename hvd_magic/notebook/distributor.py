@@ -1,4 +1,4 @@
-"""``TorchDistributor``: Spark's ``pyspark.ml.torch.distributor.TorchDistributor`` on this engine.
+"""``TorchDistributor``: Spark's ``pyspark.ml.torch.distributor.TorchDistributor`` on hvd_magic's runs.
 
 Change the import and nothing else::
 

@@ -4,7 +4,7 @@ The session's ranks were started with ``HOROVOD_TIMELINE=DYNAMIC`` (``%horovod s
 timeline=yes``): Horovod then writes nothing until ``hvd.start_timeline(file)``. A cell with
 ``timeline=`` has it started before the cell's code and stopped after it (``stop_timeline``;
 its writer then writes out what is queued and closes the file, which rank 0 waits for), and
-streamed to the notebook as a run's is (``timeline.stream.TimelineStream``), so the file holds
+streamed to the notebook as a run's is (``rank.timeline_stream.TimelineStream``), so the file holds
 that cell's collectives only. It must not import IPython.
 """
 

@@ -1,6 +1,6 @@
 """The notebook's side of the files rank 0 streams back during a run.
 
-- its Horovod Timeline (``FileChunk("timeline")``: whole events, see ``timeline.stream``) goes
+- its Horovod Timeline (``FileChunk("timeline")``: whole events, see ``rank.timeline_stream``) goes
   to the path the user asked for, as a JSON array that is always whole but for its closing
   ``]``, which ``close`` writes when the run ends, whether or not rank 0 lived to say so;
 - ``hvd_magic.checkpoint``'s go to the run's ``CheckpointStore``, which keeps the last;

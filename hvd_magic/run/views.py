@@ -11,7 +11,7 @@ __all__ = ["ConsoleView", "RunView", "make_view"]
 
 
 class RunView(Protocol):
-    """What the engine feeds: notices, every rank message, a tick after each batch, close."""
+    """What a run's supervision feeds: notices, every rank message, a tick after each batch, close."""
 
     def notice(self, text: str) -> None: ...
 

@@ -1,11 +1,11 @@
-"""One cell of a live session, run by the engine's ``Run`` as if it were a run of its own.
+"""One cell of a live session, run by ``run.supervisor.Run`` as if it were a run of its own.
 
 ``CellLauncher`` is the launcher ``Run`` drives: ``start`` sends the cell to its ranks (the
 first cell, the set-up, starts the session's processes instead), ``poll`` is 0 once each of them
 said it finished the cell, and ``stop`` (after an error or an interrupt) asks the ranks still in
 the cell to stop it; a rank that does not (stuck inside a collective that another rank never
 joined) ends the session, and the next cell starts a new one. So the view, the errors and
-their diagnosis are the engine's, unchanged.
+their diagnosis are a run's, unchanged.
 """
 
 from __future__ import annotations

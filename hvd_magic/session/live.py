@@ -3,7 +3,7 @@ stage on Spark) that run cell after cell in kept namespaces.
 
 ``LiveSession.start`` launches them with a ``SessionPayload``, whose set-up cell initialises
 Horovod (or torch.distributed) once; ``run`` sends a captured cell or function to some or all
-ranks and runs it as a ``CellRun`` (the engine's supervision and view, see ``cell``); a thread
+ranks and runs it as a ``CellRun`` (a run's supervision and view, see ``cell``); a thread
 sends each rank a ``Beat`` every second, which the ranks answer with their figures
 (``status``) and without which they exit (a kernel that died leaves nothing behind); ``end``
 stops every process and frees the Spark slots.

@@ -3,7 +3,7 @@ MLflow (the notebook's active MLflow run, or ``mlflow=yes``). Written on the not
 the messages the ranks send anyway, so executors need no shared file system; each sink imports
 its package only when it is used (optional extras: ``hvd_magic[tensorboard,mlflow]``).
 
-The engine feeds every rank message to ``Sinks.message`` and tells ``Sinks.close`` the run's
+The run's supervision feeds every rank message to ``Sinks.message`` and tells ``Sinks.close`` the run's
 outcome (``with make_sinks(options) as sinks:``), without knowing which sinks there are. A sink
 that fails mid-run is dropped with one line on stderr: the training goes on.
 """

@@ -1,5 +1,5 @@
 """The generic estimator and model: ``fit(df)`` is one Horovod run with ``data=df`` (through the
-same engine and launchers as ``%%horovod``, live view included); the fitted model transforms
+same supervision and launchers as ``%%horovod``, live view included); the fitted model transforms
 with ``predict_batch_udf`` on the executors and saves to a folder any Spark ML reader finds.
 
 A framework subclass says how to train on a rank (``train_function``, ``train_spec``), how to

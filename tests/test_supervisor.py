@@ -1,4 +1,4 @@
-"""The engine's supervision, driven by an in-memory hub and a scripted launcher: no processes,
+"""A run's supervision, driven by an in-memory hub and a scripted launcher: no processes,
 no sockets, a clock that steps (the real launchers are tested end to end elsewhere)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from hvd_magic.protocol import (
     Started,
     Waiting,
 )
-from hvd_magic.run import supervisor as engine_module
+from hvd_magic.run import supervisor as run_supervisor
 from hvd_magic.run.supervisor import Run
 
 from .fakes import FakeHub, ScriptedLauncher, SteppingClock, healthy_rank, nothing, send
@@ -128,7 +128,7 @@ def test_silence_beyond_the_timeout_ends_the_run_naming_the_silent_ranks():
 
 
 def test_ranks_that_never_start_end_the_run_after_the_start_timeout(monkeypatch):
-    monkeypatch.setattr(engine_module, "START_TIMEOUT", 50.0)
+    monkeypatch.setattr(run_supervisor, "START_TIMEOUT", 50.0)
     launcher = ScriptedLauncher(on_start=[send(0, Started("a", 1, 0, 2))], code=None)
     supervisor, _, _ = run(launcher)
     with pytest.raises(RunTimeout, match=r"ranks \[1\] did not start within 50 s"):
