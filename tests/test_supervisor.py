@@ -25,7 +25,7 @@ from hvd_magic.protocol import (
     Waiting,
 )
 from hvd_magic.run import supervisor as run_supervisor
-from hvd_magic.run.supervisor import Run
+from hvd_magic.run.supervisor import DRAIN_SECONDS, Run
 
 from .fakes import FakeHub, ScriptedLauncher, SteppingClock, healthy_rank, nothing, send
 from .helpers import RecordingView
@@ -72,6 +72,21 @@ def test_a_launcher_that_ends_before_rank1_exits_waits_for_it_then_says_it_died(
     supervisor, _, _ = run(launcher)
     with pytest.raises(RunError, match=r"ranks \[1\] died without reporting"):
         supervisor.execute()
+
+
+def test_the_drain_does_not_wait_for_a_rank_its_launcher_saw_die():
+    launcher = ScriptedLauncher(
+        on_start=[*healthy_rank(0, value=1), send(1, Started("h", 2, 1, 2))],
+        code=1,
+        seen_deaths=[death_of(1, -9, "h")],
+    )
+    clock = SteppingClock(0.05)
+    began = clock.now
+    supervisor = Run(FakeHub(), launcher, RecordingView(), make_options(np=-2, launcher="gloo"), clock=clock)
+    supervisor.wait = 0.001
+    with pytest.raises(RunError, match=r"rank 1 was killed by signal 9"):
+        supervisor.execute()
+    assert clock.now - began < DRAIN_SECONDS  # a killed rank sends nothing more: not waited for
 
 
 def test_the_cause_arriving_after_a_consequence_is_named():

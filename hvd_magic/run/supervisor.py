@@ -41,6 +41,7 @@ from hvd_magic.timeline.live import live_timeline
 __all__ = ["Run", "execute"]
 
 DRAIN_SECONDS = 5.0  # after the launcher exits: how long to wait for messages still in flight
+SETTLE_SECONDS = 0.25  # ... and at least this long, for what a rank sent just before it died
 PUMP_BATCH = 2000
 BEAT_SECONDS = 1.0
 START_TIMEOUT = float(os.environ.get("HVD_MAGIC_START_TIMEOUT", "300"))
@@ -245,10 +246,17 @@ class Run:
             self.sinks.message(message)
 
     def _drain(self) -> None:
-        deadline = self.clock() + DRAIN_SECONDS
-        while len(self.record.exited) < len(self.record.started) and self.clock() < deadline:
+        """After the launcher exits: the messages still on their way, until every started rank
+        said it exited or is known dead (a killed rank says nothing), or ``DRAIN_SECONDS``."""
+        now = self.clock()
+        settle, deadline = now + SETTLE_SECONDS, now + DRAIN_SECONDS
+        while (self._unaccounted() or self.clock() < settle) and self.clock() < deadline:
             self._pump(wait=self.wait / 2)
         self._pump(wait=0)
+
+    def _unaccounted(self) -> bool:
+        dead = {death.rank for death in self.launcher.deaths()}
+        return any(rank not in self.record.exited and rank not in dead for rank in self.record.started)
 
     def _find_cause(self) -> launch.RankDeath | None:
         """A rank's error that only says Horovod shut down has its cause elsewhere: another rank's
