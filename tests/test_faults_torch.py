@@ -27,18 +27,18 @@ dist.init_process_group("gloo")
 INIT_BEHIND_CELL = """import datetime, os, time, torch.distributed as dist
 if os.environ["RANK"] == "1":
     time.sleep(600)                          # rank 1 never calls init_process_group
-dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=15))
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=8))
 """
 
 BEHIND_CELL = """import datetime, time, torch, torch.distributed as dist
-dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=15))
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=8))
 if dist.get_rank() == 1:
     time.sleep(600)                          # slow data on rank 1
 dist.all_reduce(torch.ones(2))
 """
 
 DDP_BEHIND_CELL = """import datetime, time, torch, torch.distributed as dist
-dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=15))
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=8))
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
 loss = model(torch.randn(8, 4)).pow(2).mean()
 if dist.get_rank() == 1:
