@@ -76,26 +76,6 @@ def test_idx_parser_reads_mnist_format():
     assert np.array_equal(mnist_data.parse_idx(raw), images)
 
 
-def test_embedded_spark_session_when_none_is_active(tmp_path):
-    """np>0 with no SparkSession: hvd_magic starts a local one, executors use this Python."""
-    script = (
-        "from hvd_magic import HorovodRunner\n"
-        "def main():\n"
-        "    import horovod.torch as hvd, torch\n"
-        "    hvd.init()\n"
-        "    return hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum).item()\n"
-        "print('RESULT', HorovodRunner(np=2).run(main))\n"
-        "from pyspark.sql import SparkSession\n"
-        "print('MASTER', SparkSession.getActiveSession().sparkContext.master)\n"
-    )
-    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "SPARK_LOCAL_IP")}
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env
-    )
-    assert "RESULT 3.0" in done.stdout, done.stderr[-3000:]
-    assert "MASTER local[" in done.stdout
-
-
 def run_notebook(
     notebook: str, tmp_path: Path, *extra: str, epochs: int | None = None
 ) -> tuple[str, nbformat.NotebookNode]:

@@ -54,13 +54,16 @@ def test_dynamic_allocation_is_refused_before_launch_with_what_to_change(dynamic
 
 
 def test_the_embedded_sessions_jvm_output_stays_out_of_the_cell(tmp_path):
+    import os
     import re
 
     from jupyter_client.manager import start_new_kernel
 
     from .kernels import Kernel
 
-    manager, client = start_new_kernel(kernel_name="python3", cwd=str(tmp_path))
+    # as a user's kernel: no Spark set up at all (the executors must find this Python themselves)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "SPARK_LOCAL_IP")}
+    manager, client = start_new_kernel(kernel_name="python3", cwd=str(tmp_path), env=env)
     kernel = Kernel(manager, client)
     try:
         assert kernel.run("%load_ext hvd_magic").status == "ok"
@@ -75,6 +78,10 @@ def test_the_embedded_sessions_jvm_output_stays_out_of_the_cell(tmp_path):
             assert "log4j" in log.read()  # the JVM's start-up lines went there instead
         again = kernel.run("%%horovod np=2\n3")
         assert again.value == "3" and "JVM log" not in "".join(again.shown)  # told once
+        master = kernel.run(
+            "from pyspark.sql import SparkSession\nSparkSession.getActiveSession().sparkContext.master"
+        )
+        assert master.value.startswith("'local["), master  # a local Spark of this machine
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
