@@ -14,11 +14,28 @@ from hvd_magic.launch import Launcher, RankDeath
 from hvd_magic.protocol import Exit, Message, Record, Result, Started
 
 
-class FakeHub:
-    """What the engine uses of a Hub: a queue of rank messages, an address, keys, close()."""
+class LaterQueue(queue.Queue[Message]):
+    """A queue of rank messages where some arrive only after so many reads: a message still on
+    its way while the run looks at what came."""
 
     def __init__(self) -> None:
-        self.events: queue.Queue[Message] = queue.Queue()
+        super().__init__()
+        self.reads = 0
+        self.later: list[tuple[int, Message]] = []
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Message:
+        self.reads += 1
+        for due in [item for item in self.later if item[0] <= self.reads]:
+            self.later.remove(due)
+            self.put(due[1])
+        return super().get(block, timeout)
+
+
+class FakeHub:
+    """What a run's supervision uses of a Hub: a queue of rank messages, an address, keys, close()."""
+
+    def __init__(self) -> None:
+        self.events = LaterQueue()
         self.address = "inproc://fake-hub"
         self.keys = RunKeys.generate()
         self.closed = False
@@ -30,6 +47,10 @@ class FakeHub:
 
     def put(self, rank: int, record: Record, blob: bytes = b"") -> None:
         self.events.put(Message(record, rank, blob))
+
+    def put_after(self, reads: int, rank: int, record: Record) -> None:
+        """A message that arrives once the run has read the queue ``reads`` times."""
+        self.events.later.append((reads, Message(record, rank)))
 
     def close(self) -> None:
         self.closed = True

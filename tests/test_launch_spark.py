@@ -15,7 +15,7 @@ import pytest
 from hvd_magic import HorovodRunner, LaunchError, RankFailedError, RunError, RunInterrupted, RunTimeout
 from hvd_magic.launch import spark as spark_launch
 from hvd_magic.launch.spark_session import check_slots
-from hvd_magic.protocol import Join, SparkPlan
+from hvd_magic.protocol import Join, LauncherExit, LauncherLog, Message, SparkPlan
 from hvd_magic.run.diagnosis import failure_after_exit
 from hvd_magic.run.record import RunRecord
 
@@ -214,10 +214,13 @@ def test_deaths_on_spark_leave_the_host_to_the_ranks_own_report():
     mpi.log.append("mpirun noticed that process rank 2 with PID 7 on node hvd-host-2 exited on signal 9")
     [death] = mpi.deaths()
     assert (death.rank, death.host) == (2, "") and "signal 9" in death.what
-    gloo = spark_launch.SparkLauncher(3, "gloo", session)
-    gloo._rank_of[b"task"] = 2
-    gloo._launcher_ended(b"task", -9)  # the task that started rank 2 saw it killed
-    [death] = gloo.deaths()
+    torch = spark_launch.SparkLauncher(3, "torch", session)  # as gloo: each task starts its rank
+    torch.hub = SimpleNamespace(send_to=lambda *args: None)  # type: ignore[assignment]
+    for partition in range(3):
+        join = Join(partition, f"10.0.0.{partition}:7000", f"10.0.0.{partition}", port=29500)
+        torch.take(Message(join, identity=f"task{partition}".encode()))
+    torch.take(Message(LauncherExit(-9), identity=b"task2"))  # the task of rank 2 saw it killed
+    [death] = torch.deaths()
     assert (death.rank, death.host) == (2, "") and "signal 9" in death.what
 
 
@@ -226,11 +229,12 @@ def test_a_host_mpirun_lost_ends_the_run_naming_the_host_its_ranks_and_the_noteb
     daemon, so the run ends on the report; every rank of that host is named, not blamed on others."""
     session = SimpleNamespace(conf=SimpleNamespace(get=lambda key, default=None: "127.0.0.1"))
     mpi = spark_launch.SparkLauncher(4, "mpi", session)
-    mpi.hub = SimpleNamespace(address="tcp://10.0.0.9:5000")  # type: ignore[assignment]
-    joins = [Join(p, f"10.0.0.{1 + p // 2}:7000", f"10.0.0.{1 + p // 2}") for p in range(4)]
-    mpi._plan = spark_launch.make_plan(joins, "mpi")
+    mpi.hub = SimpleNamespace(address="tcp://10.0.0.9:5000", send_to=lambda *args: None)  # type: ignore[assignment]
+    for p in range(4):
+        join = Join(p, f"10.0.0.{1 + p // 2}:7000", f"10.0.0.{1 + p // 2}")
+        mpi.take(Message(join, identity=f"task{p}".encode()))  # the plan goes out once all joined
     assert mpi.poll() is None
-    mpi._launcher_said("  Remote daemon: [[1,0],2] on node hvd-host-1")
+    mpi.take(Message(LauncherLog(), blob=b"  Remote daemon: [[1,0],2] on node hvd-host-1\n"))
     assert mpi.poll() == 1
     deaths = mpi.deaths()
     assert [(d.rank, d.host_lost) for d in deaths] == [(2, True), (3, True)]

@@ -41,11 +41,11 @@ class FakeClient:
 
 @pytest.fixture(autouse=True)
 def _always_detach() -> Iterator[None]:
-    reporting._detach()  # a leftover from elsewhere must not leak in
+    reporting.detach()  # a leftover from elsewhere must not leak in
     try:
         yield
     finally:
-        reporting._detach()
+        reporting.detach()
 
 
 @pytest.fixture
@@ -55,20 +55,20 @@ def no_flusher(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(reporting, "FLUSH_SECONDS", 3600.0)
 
 
-def attach(client: FakeClient) -> reporting._Reporter:
+def attach(client: FakeClient) -> reporting.Reporter:
     """Attach ``client`` as the run's channel; the reporter that now buffers the records."""
-    reporting._attach(client)  # type: ignore[arg-type]
-    assert reporting._reporter is not None
-    return reporting._reporter
+    reporter = reporting.attach(client)  # type: ignore[arg-type]
+    assert reporting.current() is reporter
+    return reporter
 
 
 def test_report_outside_a_run_does_nothing() -> None:
-    assert reporting._reporter is None
+    assert reporting.current() is None
     hvd_magic.report(step=1, total=10, epoch=0, loss=0.5)
     reporting.report()
-    assert reporting._reporter is None
-    reporting._detach()  # detaching with nothing attached is harmless too
-    assert reporting._reporter is None
+    assert reporting.current() is None
+    reporting.detach()  # detaching with nothing attached is harmless too
+    assert reporting.current() is None
 
 
 def test_public_report_is_the_reporting_function() -> None:
@@ -83,12 +83,12 @@ def no_collectives(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_records_are_batched_as_json_in_one_message(no_flusher: None, no_collectives: None) -> None:
     client = FakeClient()
-    reporting._attach(client)  # type: ignore[arg-type]
+    reporting.attach(client)  # type: ignore[arg-type]
     reporting.report(step=1, total=3, epoch=0, loss=0.5, acc=1)
     reporting.report(step=2)
     reporting.report(lr=0.01)
     assert client.sent == []  # buffered, not sent per call
-    reporting._detach()
+    reporting.detach()
 
     assert len(client.sent) == 1
     record, blob = client.sent[0]
@@ -107,9 +107,9 @@ def test_records_are_batched_as_json_in_one_message(no_flusher: None, no_collect
 
 def test_values_are_coerced_to_numbers(no_flusher: None) -> None:
     client = FakeClient()
-    reporting._attach(client)  # type: ignore[arg-type]
+    reporting.attach(client)  # type: ignore[arg-type]
     reporting.report(step=2.0, total="5", loss="0.25")  # type: ignore[arg-type]
-    reporting._detach()
+    reporting.detach()
     [(_, records)] = client.delivered()
     assert records[0]["step"] == 2 and isinstance(records[0]["step"], int)
     assert records[0]["total"] == 5
@@ -118,7 +118,7 @@ def test_values_are_coerced_to_numbers(no_flusher: None) -> None:
 
 def test_background_thread_flushes_without_detach() -> None:
     client = FakeClient()
-    reporting._attach(client)  # type: ignore[arg-type]
+    reporting.attach(client)  # type: ignore[arg-type]
     reporting.report(step=7)
     assert client.got_one.wait(WAIT), "the flusher never sent the buffered record"
     [(record, records)] = client.delivered()
@@ -128,18 +128,18 @@ def test_background_thread_flushes_without_detach() -> None:
 
 def test_nothing_is_sent_when_nothing_was_reported(no_flusher: None) -> None:
     client = FakeClient()
-    reporting._attach(client)  # type: ignore[arg-type]
-    reporting._detach()
+    reporting.attach(client)  # type: ignore[arg-type]
+    reporting.detach()
     assert client.sent == []
 
 
 def test_full_buffer_drops_and_counts(no_flusher: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(reporting, "BUFFER_LIMIT", 3)
     client = FakeClient()
-    reporting._attach(client)  # type: ignore[arg-type]
+    reporting.attach(client)  # type: ignore[arg-type]
     for step in range(1, 6):
         reporting.report(step=step)  # never blocks: 4 and 5 are dropped
-    reporter = reporting._reporter
+    reporter = reporting.current()
     assert reporter is not None
     assert len(reporter.buffer) == 3
     assert reporter.dropped == 2
@@ -151,7 +151,7 @@ def test_full_buffer_drops_and_counts(no_flusher: None, monkeypatch: pytest.Monk
 
     # The buffer has room again; the count is cumulative, so the next message still says 2.
     reporting.report(step=6)
-    reporting._detach()
+    reporting.detach()
     assert len(client.sent) == 2
     record, records = client.delivered()[1]
     assert record.dropped == 2
@@ -167,7 +167,7 @@ def test_drop_count_grows_across_batches(no_flusher: None, monkeypatch: pytest.M
     reporter.flush()
     for step in range(5):
         reporting.report(step=step)
-    reporting._detach()
+    reporting.detach()
     assert [record.dropped for record, _ in client.delivered()] == [2, 5]
 
 
@@ -181,7 +181,7 @@ def test_refused_send_counts_the_batch_as_dropped(no_flusher: None) -> None:
     assert reporter.buffer == []  # not retried: the records are gone, only counted
 
     reporting.report(step=99)
-    reporting._detach()
+    reporting.detach()
     assert len(client.sent) == 2
     record, records = client.delivered()[1]
     assert record.dropped == 3
@@ -190,12 +190,12 @@ def test_refused_send_counts_the_batch_as_dropped(no_flusher: None) -> None:
 
 def test_detach_flushes_what_is_left(no_flusher: None) -> None:
     client = FakeClient()
-    reporting._attach(client)  # type: ignore[arg-type]
+    reporting.attach(client)  # type: ignore[arg-type]
     for step in range(10):
         reporting.report(step=step)
     assert client.sent == []
-    reporting._detach()
-    assert reporting._reporter is None
+    reporting.detach()
+    assert reporting.current() is None
     [(_, records)] = client.delivered()
     assert [r["step"] for r in records] == list(range(10))
     reporting.report(step=11)  # after the run: a no-op again
@@ -205,9 +205,9 @@ def test_detach_flushes_what_is_left(no_flusher: None) -> None:
 def test_detach_stops_the_background_thread(no_flusher: None) -> None:
     client = FakeClient()
     reporter = attach(client)
-    assert reporter._thread.is_alive()
-    reporting._detach()
-    assert not reporter._thread.is_alive()
+    assert reporter.running
+    reporting.detach()
+    assert not reporter.running
 
 
 def test_concurrent_reports_are_all_accounted_for(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -229,7 +229,7 @@ def test_concurrent_reports_are_all_accounted_for(monkeypatch: pytest.MonkeyPatc
     for worker in workers:
         worker.join(WAIT)
         assert not worker.is_alive()
-    reporting._detach()
+    reporting.detach()
 
     with client.lock:
         sent = list(client.sent)
@@ -247,9 +247,9 @@ def test_a_step_carries_the_seconds_waited_in_collectives_where_measured(
 ) -> None:
     monkeypatch.setattr(collective_time, "waited", lambda: 1.25)
     client = FakeClient()
-    reporting._attach(client)  # type: ignore[arg-type]
+    reporting.attach(client)  # type: ignore[arg-type]
     reporting.report(step=1, loss=0.5)
     reporting.report(lr=0.01)  # no step: nothing to time against
-    reporting._detach()
+    reporting.detach()
     records = json.loads(client.sent[0][1])
     assert [r.get("w") for r in records] == [1.25, None]

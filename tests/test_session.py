@@ -16,7 +16,7 @@ from hvd_magic import RankFailedError, RunError, RunInterrupted, Session, Sessio
 from hvd_magic.options import make_options
 from hvd_magic.run.capture import capture_cell
 from hvd_magic.session import commands as sessions
-from hvd_magic.session import live
+from hvd_magic.session import live, ranks
 
 from .helpers import leftover_processes, wait_for_ranks, when_started
 
@@ -176,11 +176,10 @@ def test_a_session_from_python_keeps_globals_between_calls():
 
 
 def test_ranks_leave_only_after_many_beats_were_missed(monkeypatch):
-    from hvd_magic.session import live
 
     for limit, beat in ((20.0, 1.0), (4.0, 0.5), (2.0, 0.25)):
-        monkeypatch.setattr(live, "SILENCE_SECONDS", limit)
-        assert live.beat_interval() == beat and limit / live.beat_interval() >= live.BEATS_PER_SILENCE
+        monkeypatch.setattr(ranks, "SILENCE_SECONDS", limit)
+        assert ranks.beat_interval() == beat and limit / ranks.beat_interval() >= ranks.BEATS_PER_SILENCE
 
 
 def test_a_set_up_longer_than_the_silence_limit_keeps_its_ranks(monkeypatch):
@@ -189,11 +188,10 @@ def test_a_set_up_longer_than_the_silence_limit_keeps_its_ranks(monkeypatch):
     long would otherwise have its ranks leave, taking the notebook for gone. (A 2 s limit at
     one beat a second failed a loaded full run: two late beats. The beat is now a fraction of
     the limit.)"""
-    from hvd_magic.session import live
 
-    monkeypatch.setattr(live, "SILENCE_SECONDS", 4.0)
-    slow = live.setup_source
-    monkeypatch.setattr(live, "setup_source", lambda options: "import time\ntime.sleep(8)\n" + slow(options))
+    monkeypatch.setattr(ranks, "SILENCE_SECONDS", 4.0)
+    slow = ranks.setup_source
+    monkeypatch.setattr(ranks, "setup_source", lambda options: "import time\ntime.sleep(8)\n" + slow(options))
 
     def where() -> int:
         import os
@@ -210,14 +208,13 @@ def test_a_set_up_longer_than_the_silence_limit_keeps_its_ranks(monkeypatch):
 def test_idle_counts_from_the_end_of_the_set_up_and_then_ends_the_session(monkeypatch):
     """``idle=`` ends a session that no cell used for that long, and says so. The set-up cell is
     not idleness: a set-up longer than the limit once ended the session before it was ready."""
-    from hvd_magic.session import live
 
-    slow = live.setup_source
-    monkeypatch.setattr(live, "setup_source", lambda options: "import time\ntime.sleep(4)\n" + slow(options))
+    slow = ranks.setup_source
+    monkeypatch.setattr(ranks, "setup_source", lambda options: "import time\ntime.sleep(4)\n" + slow(options))
     session = Session(np=-2, idle=2)
     try:
         assert session.run(lambda: 6 * 7) == 42
-        assert session._live._ended.wait(60)  # no cell since: the beat ends it
+        assert session.wait_ended(60)  # no cell since: the beat ends it
         with pytest.raises(RunError, match=r"idle for 2 s \(idle=\)"):
             session.run(lambda: 1)
     finally:
@@ -230,34 +227,33 @@ def test_a_cell_holds_the_session_against_an_idle_end_or_finds_it_ended(monkeypa
     that claimed the session keeps it to its end (the idle end waits), and one that came after
     the end is refused with the reason, having run nowhere. The session's hub and launcher are
     in-memory stand-ins: this is the lock protocol alone (the test above runs real ranks)."""
-    monkeypatch.setattr(live, "beat_interval", lambda: 0.0005)
+    monkeypatch.setattr(ranks, "beat_interval", lambda: 0.0005)
 
     def clock() -> float:  # a slow clock: what the session does around it takes long enough for
         time.sleep(0.001)  # the other thread to come in (the beat's idle check, a cell's end)
         return time.monotonic()
 
-    monkeypatch.setattr(live, "time", SimpleNamespace(monotonic=clock))
     total = 0
     for _ in range(20):
-        session = live.LiveSession(make_options(np=-2), idle=0.003)
         stopped: list[float] = []
-        session.launcher = SimpleNamespace(
+        launcher = SimpleNamespace(
             poll=lambda: None, stop=lambda stopped=stopped: stopped.append(time.monotonic()) or []
         )
+        session = live.LiveSession(make_options(np=-2), idle=0.003, launcher=launcher, clock=clock)
         session.hub = SimpleNamespace(close=lambda: None, send_to=lambda *args: None)
-        with session._in_cell():  # the set-up cell: the beat starts under it, as in start()
-            threading.Thread(target=session._beat, daemon=True).start()
+        with session.claim():  # the set-up cell: the beat starts under it, as in start()
+            threading.Thread(target=session.beat, daemon=True).start()
             last_end = time.monotonic()
         claims = 0
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                with session._in_cell():
+                with session.claim():
                     claims += 1
                     held = time.monotonic() + 0.004 * (claims % 3)  # some cells outlast idle=
                     while time.monotonic() < held:
-                        assert not session._ended.is_set(), "the session ended under a running cell"
-                    assert not session._ended.is_set(), "the session ended under a running cell"
+                        assert not session.ended, "the session ended under a running cell"
+                    assert not session.ended, "the session ended under a running cell"
                     last_end = time.monotonic()
             except SessionEnded as refused:
                 assert "idle for 0.003 s (idle=)" in str(refused)
@@ -265,9 +261,7 @@ def test_a_cell_holds_the_session_against_an_idle_end_or_finds_it_ended(monkeypa
             time.sleep(0.001 * (claims % 7))  # idle gaps, some longer than idle=
         else:
             pytest.fail("the idle session never ended")
-        assert session._ended.is_set() and stopped[0] - last_end >= 0.003, (
-            "ended sooner than idle= after a cell"
-        )
+        assert session.ended and stopped[0] - last_end >= 0.003, "ended sooner than idle= after a cell"
         total += claims
     assert total > 0
 
@@ -277,9 +271,9 @@ def test_a_cell_that_meets_an_idle_end_runs_on_a_new_session(session, capsys):
     so it runs on a new session, said as such, instead of failing."""
     session.run_line_magic("horovod", "start np=-2 idle=2")
     old = sessions.current()
-    assert old is not None and old._ended.wait(60)  # no cell: the beat ends it
+    assert old is not None and old.wait_ended(60)  # no cell: the beat ends it
     captured = capture_cell("import os\nos.getpid()\n", session.user_ns)
-    value, _ = sessions._run_on(old, captured, None, old.options)
+    value, _ = sessions.run_on(old, captured, None, old.options)
     new = sessions.current()
     assert new is not old and new is not None and value == new.ranks[0].started.pid
     assert "the live session ended (idle for 2 s (idle=)); starting a new one" in capsys.readouterr().err

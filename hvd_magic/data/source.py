@@ -12,13 +12,22 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from typing import Any
 
-from hvd_magic.data.parquet import vector_columns
+from hvd_magic.data.parquet import Piece, parquet_plan, vector_columns
 from hvd_magic.data.split import ShardPlan, partition_offsets, plan_shards
 from hvd_magic.errors import DataError
 
-__all__ = ["KEY", "check_source", "local_shards", "spark_shards", "spark_dataframe"]
+__all__ = [
+    "KEY",
+    "SparkStage",
+    "check_source",
+    "local_shards",
+    "spark_dataframe",
+    "spark_shards",
+    "spark_stage",
+]
 
 KEY = "__hvd_magic_shard"  # the shard key column; the barrier task drops it before writing
 INDEX = "__hvd_magic_row"  # the row's number (for the keys only)
@@ -120,6 +129,33 @@ def spark_shards(df: Any, name: str, np: int, keep: bool) -> tuple[Any, ShardPla
     changed = F.raise_error(F.lit(_NOT_DETERMINISTIC))
     keyed = numbered.withColumn(KEY, F.when(place >= _lookup(counts, partition), changed).otherwise(key))
     return keyed.where(index < F.lit(plan.kept)).drop(INDEX).repartition(np, KEY), plan
+
+
+PARQUET_NOTE = (
+    "; read by the tasks straight from its Parquet files, each rank a contiguous run of rows in "
+    "file order (shuffle within your shard)"
+)
+
+
+@dataclass
+class SparkStage:
+    """What a Spark run's barrier stage reads for ``data=``: the keyed DataFrame (partition *i*
+    is shard *i*), or nothing when each task reads its ``pieces`` of a Parquet scan itself."""
+
+    keyed: Any
+    sizes: list[int]
+    pieces: list[list[Piece]]
+    notice: str
+
+
+def spark_stage(df: Any, name: str, np: int, keep: bool) -> SparkStage:
+    """A plain Parquet scan is read by the tasks from its files; anything else is keyed."""
+    direct = parquet_plan(df, name, np, keep)
+    if direct is not None:
+        pieces, split = direct
+        return SparkStage(None, split.sizes(), pieces, split.notice(name) + PARQUET_NOTE)
+    keyed, split = spark_shards(df, name, np, keep)
+    return SparkStage(keyed, split.sizes(), [], split.notice(name))
 
 
 def _hashable(name: str, data_type: Any) -> Any:

@@ -17,8 +17,8 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from hvd_magic.data.parquet import Piece, parquet_plan
-from hvd_magic.data.source import spark_dataframe, spark_shards
+from hvd_magic.data.parquet import Piece
+from hvd_magic.data.source import spark_dataframe, spark_stage
 from hvd_magic.hub import Hub, RunKeys
 from hvd_magic.launch.base import Launcher
 from hvd_magic.launch.gloo import GlooStore
@@ -59,10 +59,6 @@ STOP_SECONDS = 30.0  # for every task to confirm its stop (SIGINT, SIGTERM, SIGK
 QUIET_SECONDS = 12.0  # ... but not longer than this after the last confirmation
 AFTER_JOB_SECONDS = 2.0  # once the job ended: for confirmations still on their way
 JOB_END_SECONDS = 10.0
-PARQUET_NOTE = (
-    "; read by the tasks straight from its Parquet files, each rank a contiguous run of rows in "
-    "file order (shuffle within your shard)"
-)
 
 
 class SparkLauncher(Launcher):
@@ -115,16 +111,10 @@ class SparkLauncher(Launcher):
 
     @classmethod
     def _with_data(cls, options: RunOptions, session: Any) -> SparkLauncher:
-        df, name = spark_dataframe(options.data, session), options.data_name
-        direct = parquet_plan(df, name, options.ranks, options.keep_remainder)
-        if direct is not None:
-            pieces, split = direct
-            launcher = cls(options.ranks, options.launcher, session, None, split.sizes(), pieces)
-            launcher.notices = [split.notice(name) + PARQUET_NOTE]
-            return launcher
-        keyed, split = spark_shards(df, name, options.ranks, options.keep_remainder)
-        launcher = cls(options.ranks, options.launcher, session, keyed, split.sizes())
-        launcher.notices = [split.notice(name)]
+        df = spark_dataframe(options.data, session)
+        stage = spark_stage(df, options.data_name, options.ranks, options.keep_remainder)
+        launcher = cls(options.ranks, options.launcher, session, stage.keyed, stage.sizes, stage.pieces)
+        launcher.notices = [stage.notice]
         return launcher
 
     def start(self, hub: Hub, env: dict[str, str]) -> None:
@@ -166,18 +156,21 @@ class SparkLauncher(Launcher):
         """Every message the tasks send the driver, until the stop is over."""
         while not self._closed.is_set():
             try:
-                message = self.hub.control.get(timeout=0.2)
+                self.take(self.hub.control.get(timeout=0.2))
             except queue.Empty:
                 continue
-            record = message.record
-            if isinstance(record, Join):
-                self._joined(message.identity, record)
-            elif isinstance(record, LauncherLog):
-                self._launcher_said(message.blob.decode("utf-8", errors="replace").rstrip("\n"))
-            elif isinstance(record, LauncherExit):
-                self._launcher_ended(message.identity, record.code)
-            elif isinstance(record, Stopped):
-                self._stopped[message.identity] = record
+
+    def take(self, message: Message) -> None:
+        """One message a task sent the driver (the control loop's, or a test's)."""
+        record = message.record
+        if isinstance(record, Join):
+            self._joined(message.identity, record)
+        elif isinstance(record, LauncherLog):
+            self._launcher_said(message.blob.decode("utf-8", errors="replace").rstrip("\n"))
+        elif isinstance(record, LauncherExit):
+            self._launcher_ended(message.identity, record.code)
+        elif isinstance(record, Stopped):
+            self._stopped[message.identity] = record
 
     def _launcher_said(self, line: str) -> None:
         self.log.append(line)

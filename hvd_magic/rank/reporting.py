@@ -19,13 +19,15 @@ from hvd_magic.rank import collective_time
 if TYPE_CHECKING:
     from hvd_magic.rank.client import HubClient
 
-__all__ = ["report", "send_file"]
+__all__ = ["Reporter", "attach", "current", "detach", "report", "send_file", "send_file_soon"]
 
 FLUSH_SECONDS = 0.1
 BUFFER_LIMIT = 20_000
 
 
-class _Reporter:
+class Reporter:
+    """Batches a rank's reports (a flush a tenth of a second) and sends its files, one at a time."""
+
     def __init__(self, client: HubClient) -> None:
         self.client = client
         self.buffer: list[dict[str, Any]] = []
@@ -73,6 +75,11 @@ class _Reporter:
             self.files.task_done()
         self.files.task_done()
 
+    @property
+    def running(self) -> bool:
+        """Its flushing thread is alive (until ``close``)."""
+        return self._thread.is_alive()
+
     def close(self) -> None:
         self.files.put(None)
         self.files.join()  # the last checkpoint arrives before the rank says it exited
@@ -81,20 +88,23 @@ class _Reporter:
         self.flush()
 
 
-_reporter: _Reporter | None = None
+_reporter: Reporter | None = None
 
 
-def _attach(client: HubClient) -> None:
+def attach(client: HubClient) -> Reporter:
+    """Start reporting over ``client`` (the worker does, as a rank starts; a test may too)."""
     global _reporter
-    _reporter = _Reporter(client)
+    _reporter = Reporter(client)
+    return _reporter
 
 
-def current() -> _Reporter | None:
+def current() -> Reporter | None:
     """This rank's reporter inside a run (its ``client`` is the rank's connection), else None."""
     return _reporter
 
 
-def _detach() -> None:
+def detach() -> None:
+    """Send what is left and stop reporting (harmless when nothing is attached)."""
     global _reporter
     reporter, _reporter = _reporter, None
     if reporter is not None:

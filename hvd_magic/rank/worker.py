@@ -129,7 +129,7 @@ def main() -> int:
     client.send(Started(host, os.getpid(), local_rank, size))
     forwarder = OutputForwarder(client)
     faulthandler.enable(file=os.fdopen(forwarder.original_stderr, "w"), all_threads=True)
-    reporting._attach(client)
+    reporting.attach(client)
     watch = _time_waits(client, torch_style)
     timeline = (
         TimelineStream(client, os.environ["HOROVOD_TIMELINE"]).start()
@@ -142,7 +142,7 @@ def main() -> int:
     finally:
         if watch is not None:
             watch.stop()
-        reporting._detach()
+        reporting.detach()
         forwarder.close()
         if timeline is not None:
             timeline.finish()

@@ -98,6 +98,10 @@ class Session:
     def _ended(self) -> SessionEnded:
         return SessionEnded(f"the session ended ({self._live.ended_because}): start a new Session")
 
+    def wait_ended(self, timeout: float) -> bool:
+        """Whether the session ended (``idle=``, a lost rank, ``stop``) within ``timeout`` seconds."""
+        return self._live.wait_ended(timeout)
+
     def status(self) -> str:
         """Ranks, hosts, pids, memory, CPU, and whether each is busy."""
         return status_text(self._live)

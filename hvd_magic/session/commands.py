@@ -20,6 +20,7 @@ from hvd_magic.session.live import LiveSession
 __all__ = [
     "VERBS",
     "cell_run",
+    "run_on",
     "current",
     "session_cell_options",
     "start",
@@ -108,7 +109,7 @@ def cell_run(given: dict[str, Any]) -> tuple[RunOptions, CellRun]:
 
     def run(captured: Captured, hosts: dict[int, str]) -> tuple[Any, dict[str, Any]]:
         try:
-            value, returned = _run_on(session, captured, targets, options)
+            value, returned = run_on(session, captured, targets, options)
             return value, returned
         finally:
             live = _session or session
@@ -117,7 +118,7 @@ def cell_run(given: dict[str, Any]) -> tuple[RunOptions, CellRun]:
     return options, run
 
 
-def _run_on(session: LiveSession, captured: Any, targets: list[int] | None, options: RunOptions) -> Any:
+def run_on(session: LiveSession, captured: Any, targets: list[int] | None, options: RunOptions) -> Any:
     """The cell on the session; on a new one when its ranks turn out to have left a silent
     notebook (a kernel stopped, or busy holding the GIL, for the silence limit) as the cell was
     sent: they ran no cell after leaving, so it runs once, on the new session. So does a cell

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import cloudpickle
@@ -42,60 +40,39 @@ from hvd_magic.protocol import (
 )
 from hvd_magic.protocol.env import TIMELINE_DYNAMIC
 from hvd_magic.run.capture import Captured
-from hvd_magic.run.supervisor import BEAT_SECONDS
 from hvd_magic.run.views import RunView, make_view
+from hvd_magic.session import ranks
 from hvd_magic.session.cell import CellLauncher, CellRun
+from hvd_magic.session.ranks import RankInfo
 from hvd_magic.sinks import make_sinks
 
-__all__ = ["LiveSession", "RankInfo", "SILENCE_SECONDS", "beat_interval", "setup_source"]
-
-# A rank that hears no beat for this long exits: the notebook (its kernel) is gone.
-SILENCE_SECONDS = float(os.environ.get("HVD_MAGIC_SESSION_SILENCE", "20"))
-# A short silence limit beats faster: ranks leave only after this many beats were missed (a
-# busy notebook's beat comes late, and two late beats must not end a session).
-BEATS_PER_SILENCE = 8
-
-
-def beat_interval() -> float:
-    """Seconds between a session's beats: one a second, more often under a short limit."""
-    return min(BEAT_SECONDS, SILENCE_SECONDS / BEATS_PER_SILENCE)
-
-
-def setup_source(options: RunOptions) -> str:
-    """The set-up cell every rank runs once: the framework's init, ``hvd`` or ``dist`` kept."""
-    if options.launcher == "torch":
-        return (
-            "import torch, torch.distributed as dist\n"
-            "dist.init_process_group('nccl' if torch.cuda.is_available() else 'gloo')\n"
-        )
-    return (
-        "try:\n    import horovod.torch as hvd\nexcept ImportError:\n"
-        "    import horovod.tensorflow as hvd\nhvd.init()\n"
-    )
-
-
-@dataclass
-class RankInfo:
-    started: Started | None = None
-    inbox: bytes = b""  # the rank's receiving connection (from its first RankStatus)
-    status: RankStatus | None = None
-    answers: int = 0  # RankStatus messages so far
+__all__ = ["LiveSession"]
 
 
 class LiveSession:
     """Ranks that stay up across cells. One per kernel (the magic keeps it). ``timeline``: the
     ranks start with Horovod's dynamic timeline, so that a cell may record its own."""
 
-    def __init__(self, options: RunOptions, idle: float | None = None, timeline: bool = False) -> None:
-        self.options, self.idle, self.timeline = options, idle, timeline
+    def __init__(
+        self,
+        options: RunOptions,
+        idle: float | None = None,
+        timeline: bool = False,
+        *,
+        launcher: launch.Launcher | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``launcher`` (made from ``options`` when not given) and ``clock`` (what ``idle=``
+        and the summary count with) can be stand-ins: the claim and idle rule alone."""
+        self.options, self.idle, self.timeline, self.clock = options, idle, timeline, clock
         self.size = options.ranks
-        self.launcher = launch.create(options)
+        self.launcher = launcher or launch.create(options)
         self.hub: Hub | None = None
         self.ranks: dict[int, RankInfo] = {}
         self.done: dict[int, set[int]] = {}  # cell -> ranks that finished it
         self.cells = itertools.count(1)
         self.lost: str | None = None  # why the session is over, once it is
-        self.began = time.monotonic()
+        self.began = clock()
         self.last_cell = self.began
         self.running = 0  # cells in flight (Session.run may be called from several threads)
         self._ended = threading.Event()
@@ -106,8 +83,8 @@ class LiveSession:
 
     def start(self, view: RunView | None = None) -> str:
         """Start the ranks and run the set-up cell on each; a one-line summary."""
-        first = CellPayload(setup_source(self.options), {})
-        blob = cloudpickle.dumps(SessionPayload(first, silence=SILENCE_SECONDS))
+        first = CellPayload(ranks.setup_source(self.options), {})
+        blob = cloudpickle.dumps(SessionPayload(first, silence=ranks.SILENCE_SECONDS))
         self.hub = Hub(self.launcher.bind_host, blob)
         self.hub.taps[Started] = self._started
         self.hub.taps[CellDone] = self._cell_done
@@ -121,8 +98,8 @@ class LiveSession:
             options = dataclasses.replace(options, env={**options.env, "HOROVOD_TIMELINE": TIMELINE_DYNAMIC})
         # Beats from the start: a rank counts its silence from its first moment, and the set-up
         # cell (imports, hvd.init) may take longer than the limit on a busy machine.
-        with self._in_cell():  # the set-up cell is a cell: idle= counts from its end, not the start's
-            threading.Thread(target=self._beat, name="hvd_magic-beat", daemon=True).start()
+        with self.claim():  # the set-up cell is a cell: idle= counts from its end, not the start's
+            threading.Thread(target=self.beat, name="hvd_magic-beat", daemon=True).start()
             try:
                 CellRun(self.hub, cell, view, options).execute()
             except BaseException:
@@ -133,7 +110,7 @@ class LiveSession:
         return (
             f"live session: {self.size} ranks on {where} ({', '.join(hosts)}), "
             f"{'torch.distributed' if self.options.launcher == 'torch' else 'Horovod'} initialised, "
-            f"in {time.monotonic() - self.began:.1f} s. %%horovod cells run on it; %horovod stop ends it."
+            f"in {self.clock() - self.began:.1f} s. %%horovod cells run on it; %horovod stop ends it."
         )
 
     @property
@@ -147,7 +124,16 @@ class LiveSession:
     @property
     def _over(self) -> bool:
         """Ended, or known to be ending (its processes not polled: see ``live``)."""
-        return self.lost is not None or self._ended.is_set()
+        return self.lost is not None or self.ended
+
+    @property
+    def ended(self) -> bool:
+        """``end()`` ran (by a stop, the beat's idle end, a lost rank), or is running."""
+        return self._ended.is_set()
+
+    def wait_ended(self, timeout: float) -> bool:
+        """Whether the session ended within ``timeout`` seconds."""
+        return self._ended.wait(timeout)
 
     @property
     def ended_because(self) -> str:
@@ -156,7 +142,7 @@ class LiveSession:
 
     def why_ended(self, code: int) -> str:
         if code == SILENT_EXIT:
-            return f"its ranks left: they heard nothing from the notebook for {SILENCE_SECONDS:.0f} s"
+            return f"its ranks left: they heard nothing from the notebook for {ranks.SILENCE_SECONDS:.0f} s"
         return f"its processes ended (exit code {code})"
 
     def left_silent(self) -> bool:
@@ -190,7 +176,7 @@ class LiveSession:
         the lowest of them, and its returned names. ``options``: the session's, or a copy with
         this cell's ``timeout``, ``timeline`` (rank 0 records it: the session must have been
         started with ``timeline``), ``logdir`` and ``mlflow`` (a run folder, an MLflow run, per cell)."""
-        with self._in_cell():  # SessionEnded if it ended before this cell could claim it
+        with self.claim():  # SessionEnded if it ended before this cell could claim it
             assert self.hub is not None
             targets = sorted(targets if targets is not None else range(self.size))
             options = options or self.options
@@ -205,7 +191,7 @@ class LiveSession:
                 return CellRun(self.hub, cell, view, options, sinks=sinks).execute()
 
     @contextmanager
-    def _in_cell(self) -> Iterator[None]:
+    def claim(self) -> Iterator[None]:
         """A cell runs (the set-up cell too): not idle; ``idle=`` counts from its end. The claim
         and the beat's idle end hold the session's lock: a cell either claims the session before
         an idle end, which then waits for the cell's end, or finds it ended (``SessionEnded``),
@@ -218,7 +204,7 @@ class LiveSession:
             yield
         finally:
             with self._lock:  # the beat sees the cell running, or its end stamped: never between
-                self.last_cell = time.monotonic()
+                self.last_cell = self.clock()
                 self.running -= 1
 
     def dispatch(self, order: Cell, targets: list[int], blob: bytes) -> None:
@@ -279,11 +265,13 @@ class LiveSession:
             self._answered.notify_all()
         return message  # on to the cell's run: its record and view
 
-    def _beat(self) -> None:
-        while not self._ended.wait(beat_interval()):
+    def beat(self) -> None:
+        """The session's beat, until it ends (``start`` runs it on a thread of its own): polls the
+        processes, ends the session after ``idle=`` without a cell, and beats the ranks."""
+        while not self._ended.wait(ranks.beat_interval()):
             self.live  # noqa: B018 - polls the processes, and says why the session ended if it did
             with self._lock:  # no cell claims the session between this check and the end
-                if self.idle and not self.running and time.monotonic() - self.last_cell > self.idle:
+                if self.idle and not self.running and self.clock() - self.last_cell > self.idle:
                     self.lost = f"idle for {self.idle:g} s (idle=)"
                     self.end()
                     return

@@ -1,0 +1,45 @@
+"""What a live session's ranks are told and what it keeps of each: the set-up cell they run
+once, how often they hear a beat, how long a silence they wait for before leaving."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from hvd_magic.options import RunOptions
+from hvd_magic.protocol import RankStatus, Started
+from hvd_magic.run.supervisor import BEAT_SECONDS
+
+__all__ = ["BEATS_PER_SILENCE", "SILENCE_SECONDS", "RankInfo", "beat_interval", "setup_source"]
+
+# A rank that hears no beat for this long exits: the notebook (its kernel) is gone.
+SILENCE_SECONDS = float(os.environ.get("HVD_MAGIC_SESSION_SILENCE", "20"))
+# A short silence limit beats faster: ranks leave only after this many beats were missed (a
+# busy notebook's beat comes late, and two late beats must not end a session).
+BEATS_PER_SILENCE = 8
+
+
+def beat_interval() -> float:
+    """Seconds between a session's beats: one a second, more often under a short limit."""
+    return min(BEAT_SECONDS, SILENCE_SECONDS / BEATS_PER_SILENCE)
+
+
+def setup_source(options: RunOptions) -> str:
+    """The set-up cell every rank runs once: the framework's init, ``hvd`` or ``dist`` kept."""
+    if options.launcher == "torch":
+        return (
+            "import torch, torch.distributed as dist\n"
+            "dist.init_process_group('nccl' if torch.cuda.is_available() else 'gloo')\n"
+        )
+    return (
+        "try:\n    import horovod.torch as hvd\nexcept ImportError:\n"
+        "    import horovod.tensorflow as hvd\nhvd.init()\n"
+    )
+
+
+@dataclass
+class RankInfo:
+    started: Started | None = None
+    inbox: bytes = b""  # the rank's receiving connection (from its first RankStatus)
+    status: RankStatus | None = None
+    answers: int = 0  # RankStatus messages so far
