@@ -50,7 +50,7 @@ print(sent * ranks, sum(r.dropped for r in reporters))
 def kernel_side(ranks: int, seconds: float, rate: int) -> None:
     from hvd_magic.hub import Hub
     from hvd_magic.run.supervisor import _pump, _RunState
-    from hvd_magic.widgets.view import LiveView
+    from hvd_magic.widgets.live_view import LiveView
 
     hub = Hub("127.0.0.1", b"")
     view = LiveView(ranks, show=False)

@@ -13,7 +13,7 @@ from hvd_magic.errors import (
     RunTimeout,
     SessionEnded,
 )
-from hvd_magic.rank.callbacks import progress
+from hvd_magic.rank.progress import progress
 from hvd_magic.rank.reporting import report
 
 __all__ = [
@@ -60,9 +60,9 @@ def __getattr__(name: str) -> object:
 
         return Session
     if name == "LiveCallback":  # a Keras callback: built on first use, so TensorFlow loads only then
-        from hvd_magic.rank import callbacks
+        from hvd_magic.rank import progress as loops
 
-        return callbacks.LiveCallback
+        return loops.LiveCallback
     if name == "shard":
         from hvd_magic.data import shard
 

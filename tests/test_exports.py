@@ -81,10 +81,11 @@ def test_live_callback_resolves_to_a_keras_callback() -> None:
 def test_public_names_are_the_real_objects() -> None:
     from hvd_magic import errors
     from hvd_magic.notebook import distributor, runner
-    from hvd_magic.rank import callbacks, reporting
+    from hvd_magic.rank import progress as loops
+    from hvd_magic.rank import reporting
 
     assert hvd_magic.report is reporting.report
-    assert hvd_magic.progress is callbacks.progress
+    assert hvd_magic.progress is loops.progress
     assert hvd_magic.HorovodRunner is runner.HorovodRunner
     from hvd_magic.rank import checkpoints
 

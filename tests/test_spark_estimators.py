@@ -72,7 +72,7 @@ def live_views(monkeypatch):
     from ipywidgets.widgets.tests.utils import setup_test_comm, teardown_test_comm
 
     from hvd_magic.run import supervisor
-    from hvd_magic.widgets.view import LiveView
+    from hvd_magic.widgets.live_view import LiveView
 
     views: list[LiveView] = []
 

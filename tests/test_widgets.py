@@ -169,7 +169,7 @@ def test_final_record_holds_the_curve_data():
 
 def test_curves_catch_up_when_the_run_goes_quiet(comms):
     """Curves redraw at most twice a second; the last points must not wait for a next message."""
-    from hvd_magic.widgets.view import LiveView
+    from hvd_magic.widgets.live_view import LiveView
 
     now = [0.0]
     view = LiveView(1, show=False, clock=lambda: now[0])
@@ -185,7 +185,7 @@ def test_curves_catch_up_when_the_run_goes_quiet(comms):
 
 
 def test_live_view_sends_batched_throttled_updates(comms):
-    from hvd_magic.widgets.view import LiveView
+    from hvd_magic.widgets.live_view import LiveView
 
     now = [0.0]
     view = LiveView(2, show=False, clock=lambda: now[0])
@@ -209,7 +209,7 @@ def test_closing_the_live_view_closes_every_widget_it_opened(comms):
     the plotly figure (5 MB of script in its state) and each one's layout and style too."""
     from ipywidgets import Widget
 
-    from hvd_magic.widgets.view import LiveView
+    from hvd_magic.widgets.live_view import LiveView
 
     view = LiveView(2, show=False)
     view.message(reports(0, {"step": 1, "metrics": {"loss": 1.0}}))

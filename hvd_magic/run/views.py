@@ -89,7 +89,7 @@ def make_view(ranks: int) -> RunView:
 
         shell = get_ipython()
         if shell is not None and type(shell).__name__ == "ZMQInteractiveShell":
-            from hvd_magic.widgets.view import LiveView
+            from hvd_magic.widgets.live_view import LiveView
 
             return LiveView(ranks)
     except ImportError:
