@@ -14,8 +14,9 @@ on Spark in ``test_launch_spark.py``).
 from __future__ import annotations
 
 import json
+import re
 
-from .test_layout import imports_of, modules
+from .test_layout import PACKAGE, imports_of, modules
 
 RANK_SIDE = ("hvd_magic.rank", "hvd_magic.protocol", "hvd_magic.errors", "hvd_magic.data")
 NEVER_IN_A_RANK = ("IPython", "ipykernel", "ipywidgets", "pyspark", "plotly", "anywidget")
@@ -106,3 +107,30 @@ def test_a_local_rank_loads_only_the_rank_side(ip):
     assert [name for name in loaded if name != "hvd_magic" and not within(name, *RANK_SIDE)] == []
     assert "hvd_magic.rank.execute" in loaded  # it is a rank's list (the worker is __main__)
     assert heavy == []
+
+
+def mapped_paths() -> set[str]:
+    """The files docs/architecture.md's map names: a row's first path, and the names after it
+    (in any column) in that path's folder."""
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    named = set()
+    for row in page.splitlines():
+        cells = row.split(" | ")
+        first = re.findall(r"`(hvd_magic/[\w/.]*)`", cells[0])
+        if not row.startswith("| `hvd_magic/") or not first:
+            continue
+        folder = first[0] if first[0].endswith("/") else first[0].rsplit("/", 1)[0] + "/"
+        named |= {path for path in first if not path.endswith("/")}
+        named |= {folder + name for name in re.findall(r"`(\w+\.(?:py|c))`", row)}
+    return named
+
+
+def test_the_architecture_map_names_every_module_and_only_real_ones():
+    modules_here = {
+        str(path.relative_to(PACKAGE.parent))
+        for path in PACKAGE.rglob("*.py")
+        if path.name != "__init__.py" or path.parent.name in ("launch", "data")
+    }
+    named = mapped_paths()
+    assert sorted(modules_here - named) == []  # unmapped: say in the map what it is for
+    assert sorted(path for path in named if not (PACKAGE.parent / path).exists()) == []
