@@ -129,7 +129,6 @@ def make_options(
     """A job's options from the values given (the magic's text or Python's); else ``OptionError``."""
     np_value = parse_np(np)
     notices = check_local_ranks(np_value, parse_oversubscribe(oversubscribe), machine_cores())
-    timeline_path, mark_cycles = parse_timeline(timeline)
     if data is not None:
         try:
             check_source(data, data_name)
@@ -139,24 +138,18 @@ def make_options(
         raise OptionError(
             "remainder= says what to do with rows of data= that do not split evenly; give data="
         )
-    return RunOptions(
+    job = RunOptions(
         np=np_value,
         launcher=_launcher_for(backend, launcher),
         env=parse_env(env),
-        return_names=parse_names(return_names),
-        timeout=parse_timeout(timeout),
-        timeline=timeline_path,
-        mark_cycles=mark_cycles,
         data=data,
         data_name=data_name,
         keep_remainder=parse_remainder(remainder),
         notices=notices,
         retries=parse_retries(retries),
         checkpoint_dir=parse_checkpoint_dir(checkpoint_dir),
-        logdir=parse_logdir(logdir),
-        mlflow=parse_mlflow(mlflow),
-        stragglers=parse_stragglers(stragglers),
     )
+    return _with_run_own(job, return_names, timeout, timeline, logdir, mlflow, stragglers)
 
 
 def _launcher_for(backend: str | None, launcher: str | None) -> str:
@@ -175,6 +168,21 @@ def cell_options(
     stragglers: object = None,
 ) -> RunOptions:
     """A live session's cell: the session's options (``base``) with the cell's own."""
+    cell = _with_run_own(base, return_names, timeout, timeline, logdir, mlflow, stragglers)
+    return dataclasses.replace(cell, notices=[])
+
+
+def _with_run_own(
+    base: RunOptions,
+    return_names: str | list[str] | None,
+    timeout: object,
+    timeline: str | None,
+    logdir: str | None,
+    mlflow: object,
+    stragglers: object,
+) -> RunOptions:
+    """``base`` with a run's own options (a job's, or a session cell's): stragglers= keeps the
+    base's rule when not given."""
     timeline_path, mark_cycles = parse_timeline(timeline)
     return dataclasses.replace(
         base,
@@ -185,5 +193,4 @@ def cell_options(
         logdir=parse_logdir(logdir),
         mlflow=parse_mlflow(mlflow),
         stragglers=base.stragglers if stragglers is None else parse_stragglers(stragglers),
-        notices=[],
     )
