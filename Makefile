@@ -22,7 +22,7 @@ docs: setup
 
 test: setup lint docs
 	cd js && npx vitest run
-	$(PY) -m pytest -ra -n 2 --dist loadgroup --no-loadscope-reorder --durations=25
+	$(PY) -m pytest -ra -n 2 --dist loadscope --no-loadscope-reorder --durations=25
 
 bench: setup
 	$(PY) bench/launch.py

@@ -10,7 +10,7 @@ from IPython.core.interactiveshell import InteractiveShell
 
 from .helpers import SPARK_CONF, SUITE_VARIABLE, leftover_processes
 from .multihost import multihost  # noqa: F401 - the multi-host bed's fixture, for any test module
-from .scheduling import pytest_collection_modifyitems, pytest_configure  # noqa: F401 - xdist's groups
+from .scheduling import pytest_configure, pytest_xdist_make_scheduler  # noqa: F401 - xdist groups
 
 # This suite's mark, inherited by every process it starts (Spark's workers and executors, ranks,
 # the bed's hosts), so that the checks for processes left behind skip another suite's.

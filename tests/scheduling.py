@@ -1,13 +1,17 @@
-"""How the suite's tests are shared between pytest-xdist's workers (``make test``: ``-n 2 --dist
-loadgroup --no-loadscopereorder``): in groups that each run on one worker, the longest first.
+"""How the suite's tests are shared between pytest-xdist's two workers (``make test``: ``-n 2
+--dist loadscope --no-loadscope-reorder``): in groups that each run on one worker, the longest
+first.
 
 A group is a test module (its module-scoped fixtures, a Spark cluster say, are made once), but
-the example notebooks go one a group and Spark Connect's tests one group a server: they share
-nothing, and are the longest. The timeline modules are one group: they share the session's
-recorded timelines. Longest first, so that no worker is left with a long group at the end
-while the other has nothing to do; how long each group took is kept in ``durations.json``,
-written anew by a run with ``HVD_MAGIC_RECORD_DURATIONS=1`` (a group it does not know counts
-as short).
+the example notebooks go one a group (they share nothing, and are the longest), and the
+timeline modules are one group (they share the session's recorded timelines). Longest first,
+so that no worker is left with a long group at the end while the other has nothing to do; how
+long each group took is kept in ``durations.json``, written anew by a run with
+``HVD_MAGIC_RECORD_DURATIONS=1`` (a group it does not know counts as short).
+
+The groups are xdist's scopes, named from the test ids by our own scheduler: xdist's own
+``xdist_group`` marks do nothing under pytest 9 (xdist 3.8 renames ``item._nodeid``, which
+pytest no longer reads).
 """
 
 from __future__ import annotations
@@ -16,28 +20,27 @@ import json
 import os
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 DURATIONS = Path(__file__).with_name("durations.json")
 RECORD_VARIABLE = "HVD_MAGIC_RECORD_DURATIONS"
 ONE_GROUP_EACH = ("test_examples",)  # each test a group of its own
-GROUP_BY_PARAM = {"test_spark_connect": "connect"}  # a group per value of this fixture
 SHARED = {"test_timeline_": "test_timeline"}  # modules named so share one group
 UNKNOWN_SECONDS = 5.0
 
 
-def group_of(item: pytest.Item) -> str:
-    module = Path(str(item.fspath)).stem
+def group_of(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    module = Path(path).stem
     if module in ONE_GROUP_EACH:
-        return f"{module}::{item.name}"
-    if module in GROUP_BY_PARAM:
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        return f"{module}[{params.get(GROUP_BY_PARAM[module], '')}]"
+        return nodeid
     for prefix, group in SHARED.items():
         if module.startswith(prefix):
             return group
-    return module
+    return path
 
 
 def known_seconds() -> dict[str, float]:
@@ -47,27 +50,33 @@ def known_seconds() -> dict[str, float]:
         return {}
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the items
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(group_of(item)))
+class GroupScheduling(LoadScopeScheduling):
+    """xdist's scope scheduling, with our groups as the scopes."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return group_of(nodeid)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadScopeScheduling | None:
+    return GroupScheduling(config, log) if config.getvalue("dist") == "loadscope" else None
 
 
 class LongestFirst:
     """Sorts the items by their group's known time, after pytest's own order (which keeps the
-    tests that share a fixture's value together) and xdist's renaming; each group's tests stay
-    together, in the order pytest gave them."""
+    tests that share a fixture's value together); each group's tests stay together, in the
+    order pytest gave them."""
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         seconds = known_seconds()
-        groups = [group_of(item) for item in items]
+        groups = [group_of(item.nodeid) for item in items]
         first_seen = {group: index for index, group in reversed(list(enumerate(groups)))}
-        order = sorted(
-            range(len(items)),
-            key=lambda i: (-seconds.get(groups[i], UNKNOWN_SECONDS), first_seen[groups[i]], i),
-        )
-        items[:] = [items[i] for i in order]
+
+        def key(index: int) -> tuple[float, int, int]:
+            group = groups[index]
+            return -seconds.get(group, UNKNOWN_SECONDS), first_seen[group], index
+
+        items[:] = [items[index] for index in sorted(range(len(items)), key=key)]
 
 
 class DurationRecorder:
@@ -77,14 +86,12 @@ class DurationRecorder:
         self.seconds: dict[str, float] = defaultdict(float)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        group = report.nodeid.rpartition("@")[2] if "@" in report.nodeid else report.nodeid.split("::")[0]
-        self.seconds[group] += report.duration
+        self.seconds[group_of(report.nodeid)] += report.duration
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if hasattr(session.config, "workerinput"):  # a worker: the controller writes the file
-            return
         merged = known_seconds() | {group: round(value, 1) for group, value in self.seconds.items()}
-        DURATIONS.write_text(json.dumps(dict(sorted(merged.items(), key=lambda kv: -kv[1])), indent=1) + "\n")
+        ordered = dict(sorted(merged.items(), key=lambda item: -item[1]))
+        DURATIONS.write_text(json.dumps(ordered, indent=1) + "\n")
 
 
 def pytest_configure(config: pytest.Config) -> None:

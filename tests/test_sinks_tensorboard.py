@@ -208,5 +208,8 @@ model.fit(np.ones((8, 2)), np.ones((8, 1)), epochs=2, verbose=0,
 
 
 def test_logdir_and_mlflow_are_refused_for_a_live_session(ip, tmp_path):
-    with pytest.raises(UsageError, match="logdir= and mlflow= are for a job of its own"):
-        ip.run_line_magic("horovod", f"start np=-2 logdir={tmp_path}")
+    for option in (f"logdir={tmp_path}", "mlflow=yes"):
+        with pytest.raises(
+            UsageError, match=f"{option.split('=')[0]}= is for a job of its own or a session's cell"
+        ):
+            ip.run_line_magic("horovod", f"start np=-2 {option}")

@@ -206,7 +206,7 @@ def test_ddp_is_timed_when_torch_is_imported_after_the_rank_started():
     """A rank asks for DDP's timing before the cell imports torch: it is in place once torch is."""
     script = (
         "import sys\n"
-        "from hvd_magic import collective_ddp\n"
+        "from hvd_magic.rank import collective_ddp\n"
         "collective_ddp.time_ddp()\n"
         "assert 'torch' not in sys.modules\n"
         "import torch\n"
