@@ -22,10 +22,10 @@ docs: setup
 
 test: setup lint docs
 	cd js && npx vitest run
-	$(PY) -m pytest -ra -n 2 --dist loadscope --no-loadscope-reorder --durations=25 -m 'not slow and not multihost'
-	# the multi-host bed on its own: its hosts' bridge and links come and go, and the Spark runs of
-	# other modules must not meet them (a Keras fit on local-cluster hung beside it, twice)
-	$(PY) -m pytest -ra --durations=10 -m multihost
+	# xdist's loadfile (a module a worker at a time): the schedule CI has passed with. tests/scheduling.py's
+	# longest-first groups (--dist loadscope --no-loadscope-reorder) are faster, but a Keras estimator
+	# fit hung under them in both fresh-clone runs: see docs/testing.md
+	$(PY) -m pytest -ra -n 2 --dist loadfile --durations=25
 
 bench: setup
 	$(PY) bench/launch.py
