@@ -277,3 +277,24 @@ def test_a_cell_that_meets_an_idle_end_runs_on_a_new_session(session, capsys):
     new = sessions.current()
     assert new is not old and new is not None and value == new.ranks[0].started.pid
     assert "the live session ended (idle for 2 s (idle=)); starting a new one" in capsys.readouterr().err
+
+
+def test_status_shows_each_ranks_gpu_figures_where_ranks_have_one():
+    """%horovod status adds a GPU column (NVML's utilisation, memory, temperature) only when a
+    rank reports a GPU; a rank without one (-1) leaves its cell empty."""
+    from hvd_magic.protocol import RankStatus, Started
+    from hvd_magic.session.ranks import RankInfo
+
+    with_gpu = RankStatus(rss=2**30, cpu=50.0, gpu=37.0, gpu_memory=3 * 2**29, gpu_memory_total=141 * 2**30,
+                          gpu_temperature=45.0)  # fmt: skip
+    infos = {
+        0: RankInfo(started=Started(host="gpu-host", pid=11, local_rank=0, size=2), status=with_gpu),
+        1: RankInfo(started=Started(host="cpu-host", pid=12, local_rank=0, size=2), status=RankStatus()),
+    }
+    session = SimpleNamespace(live=True, size=2, began=time.monotonic(), ranks=infos,
+                              options=SimpleNamespace(launcher="gloo"), refresh=lambda: None)  # fmt: skip
+    header, gpu_rank, cpu_rank = sessions.status_text(session).splitlines()[1:]  # type: ignore[arg-type]
+    assert header.endswith("gpu") and gpu_rank.endswith("37 %, 1.5/141 GB, 45 °C")
+    assert "GB" not in cpu_rank and cpu_rank.rstrip().endswith("%")
+    infos[0] = RankInfo(started=infos[0].started, status=RankStatus())
+    assert "gpu" not in sessions.status_text(session).splitlines()[1]  # type: ignore[arg-type]

@@ -65,3 +65,10 @@ class RankStatus(Record):
     cores: int = 0  # CPU cores the rank may run on (its affinity)
     host_cpu: float = -1.0  # percent of its host's CPUs busy since the last beat, all processes
     swapped: int = 0  # bytes its host swapped in and out since it booted
+
+    def gpu_text(self) -> str:
+        """ "37 %, 1.2/141 GB, 45 °C" (what the grid and ``%horovod status`` show), "" without a GPU."""
+        if self.gpu < 0:
+            return ""
+        text = f"{self.gpu:.0f} %, {self.gpu_memory / 2**30:.1f}/{self.gpu_memory_total / 2**30:.0f} GB"
+        return text + (f", {self.gpu_temperature:.0f} °C" if self.gpu_temperature >= 0 else "")

@@ -205,10 +205,12 @@ def status_text(session: LiveSession | None) -> str:
         return f"the live session ended: {session.ended_because}"
     session.refresh()
     now = time.monotonic()
+    gpus = any(info.status is not None and info.status.gpu >= 0 for info in session.ranks.values())
     lines = [
         f"live session: {session.size} ranks, up {_duration(now - session.began)}, "
         f"{'Horovod' if session.options.launcher != 'torch' else 'torch.distributed'}",
-        f"{'rank':>4}  {'host':<16} {'pid':>7}  {'state':<10} {'cells':>5} {'memory':>9} {'cpu':>6}",
+        f"{'rank':>4}  {'host':<16} {'pid':>7}  {'state':<10} {'cells':>5} {'memory':>9} {'cpu':>6}"
+        + ("  gpu" if gpus else ""),
     ]
     for rank in range(session.size):
         info = session.ranks.get(rank)
@@ -221,8 +223,9 @@ def status_text(session: LiveSession | None) -> str:
         cpu = "" if status is None else f"{status.cpu:.0f} %"
         cells = "" if status is None else str(status.cells)
         host = info.started.host[:16]
+        gpu = f"  {status.gpu_text()}" if gpus and status is not None else ""
         lines.append(
-            f"{rank:>4}  {host:<16} {info.started.pid:>7}  {state:<10} {cells:>5} {memory:>9} {cpu:>6}"
+            f"{rank:>4}  {host:<16} {info.started.pid:>7}  {state:<10} {cells:>5} {memory:>9} {cpu:>6}{gpu}"
         )
     return "\n".join(lines)
 

@@ -75,11 +75,7 @@ def _resources(progress: RankProgress) -> list[str]:
         return ["", "", ""]
     live = progress.state in ("starting", "running", "stalled", "skipped")
     memory = f"{status.rss / 2**20:,.0f} MB" if live else f"peak {progress.peak_rss / 2**20:,.0f} MB"
-    gpu = ""
-    if status.gpu >= 0:
-        gpu = f"{status.gpu:.0f} %, {status.gpu_memory / 2**30:.1f}/{status.gpu_memory_total / 2**30:.0f} GB"
-        gpu += f", {status.gpu_temperature:.0f} °C" if status.gpu_temperature >= 0 else ""
-    return [f"{status.cpu:.0f} %" if live else "", memory, gpu]
+    return [f"{status.cpu:.0f} %" if live else "", memory, status.gpu_text()]
 
 
 def _row(progress: RankProgress, now: float) -> str:

@@ -1,0 +1,163 @@
+"""Every GPU path of hvd_magic, proved on one single-GPU machine: ``scripts/gpu_check.sh``.
+
+    scripts/gpu_check.sh --fetch        # here, with PyPI: the wheels and Horovod's source to carry
+    scripts/gpu_check.sh --plan         # what it would carry, build and run; runs nothing
+    scripts/gpu_check.sh                # on the GPU machine: one PASS/FAIL line a check, a summary
+    scripts/gpu_check.sh --cpu          # the same checks' cells on the CPU (the suite runs this)
+
+Each check runs in its own process with a time limit, its output in ``--out`` (``$OUT`` on the
+device tool); the whole run keeps within ``--budget`` seconds (8 minutes by default)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import carry
+import checks
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+LIMITS = {"build": 330, "straggler": 180}  # seconds a check may take; others: DEFAULT_LIMIT
+DEFAULT_LIMIT = 120
+RESULT = "gpu_check result: "
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="gpu_check.sh", description=__doc__.split("\n")[0])
+    parser.add_argument("--plan", action="store_true", help="print what would be carried, built and run")
+    parser.add_argument("--fetch", action="store_true", help="download what to carry (needs PyPI)")
+    parser.add_argument("--python", default="3.12", help="the GPU machine's Python, for --fetch")
+    parser.add_argument("--cpu", action="store_true", help="the checks' cells on the CPU, no build")
+    parser.add_argument("--carry", type=Path, default=ROOT / ".gpu", help="the carried folder")
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "gpu_check-out"))
+    parser.add_argument("--only", default="", help="comma-separated checks (default: all)")
+    parser.add_argument("--budget", type=float, default=480.0, help="seconds for the whole run")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one check in this process
+    return parser.parse_args()
+
+
+def chosen(only: str) -> list[str]:
+    names = [name for name in only.split(",") if name] or list(checks.CHECKS)
+    unknown = [name for name in names if name not in checks.CHECKS]
+    if unknown:
+        raise SystemExit(
+            f"gpu_check: no check named {', '.join(unknown)}; the checks: {', '.join(checks.CHECKS)}"
+        )
+    return names
+
+
+def plan(args: argparse.Namespace) -> None:
+    print("\n".join(carry.describe(carry.Carried(args.carry))))
+    print("build: python -m hvd_magic install-horovod --without-mpi --sdist <carried sdist>")
+    print("  (NCCL from the CUDA toolkit or the nvidia-nccl wheel, Gloo; pip resolves from the carried")
+    print("  folder only; a Horovod wheel carried from an earlier run is installed instead of building)")
+    print(f"run ({'CPU dry-run' if args.cpu else 'GPU'}, within {args.budget:.0f} s):")
+    for name in chosen(args.only):
+        doc = (checks.CHECKS[name].__doc__ or "").split("\n")[0]
+        print(f"  {name:<11} {LIMITS.get(name, DEFAULT_LIMIT):>4} s  {doc}")
+
+
+def environment(carried: carry.Carried, gpu: bool) -> dict[str, str]:
+    env = carried.pip_env()
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    if carried.sdist.exists():
+        env["GPU_CHECK_SDIST"] = str(carried.sdist)
+    python = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    built = sorted(carried.folder.glob(f"horovod-*-{python}-*.whl"))
+    if built:
+        env["GPU_CHECK_WHEEL"] = str(built[-1])
+    if gpu:
+        env.setdefault("HVD_MAGIC_CACHE", str(Path("/tmp/gpu_check-cache")))
+    return env
+
+
+def describe_machine() -> str:
+    smi = shutil.which("nvidia-smi")
+    gpu = "no nvidia-smi"
+    if smi:
+        done = subprocess.run([smi, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, check=False)  # fmt: skip
+        gpu = done.stdout.strip() or done.stderr.strip()
+    tools = ", ".join(
+        f"{tool} {'✓' if shutil.which(tool) else '✗'}" for tool in ("nvcc", "g++", "make", "cmake")
+    )
+    return f"Python {sys.version.split()[0]} at {sys.executable}; GPU: {gpu}; {tools}"
+
+
+def run_check(name: str, gpu: bool, env: dict[str, str], out: Path, limit: float) -> tuple[bool, str]:
+    command = [sys.executable, str(HERE), "--one", name] + ([] if gpu else ["--cpu"])
+    log = out / f"{name}.log"
+    with log.open("w") as sink:
+        try:
+            subprocess.run(
+                command, env=env, stdout=sink, stderr=subprocess.STDOUT, timeout=limit, check=False
+            )
+        except subprocess.TimeoutExpired:
+            return False, f"did not finish within {limit:.0f} s (its output: {log})"
+    said = [line for line in log.read_text(errors="replace").splitlines() if line.startswith(RESULT)]
+    if not said:
+        tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-5:])
+        return False, f"ended without a result: {tail}"
+    passed, detail = json.loads(said[-1][len(RESULT) :])
+    return bool(passed), str(detail)
+
+
+def keep_wheel(out: Path, env: dict[str, str]) -> None:
+    """The wheel install-horovod built, for a later run to carry instead of building again."""
+    for wheel in Path(env.get("HVD_MAGIC_CACHE", "/nonexistent")).glob("*/horovod-*.whl"):
+        shutil.copy(wheel, out / wheel.name)
+
+
+def main() -> int:
+    args = arguments()
+    carried = carry.Carried(args.carry)
+    if args.one:
+        passed, detail = checks.run_one(args.one, gpu=not args.cpu)
+        print(RESULT + json.dumps([passed, detail]), flush=True)
+        return 0
+    if args.fetch:
+        carry.fetch(carried, args.python)
+        print("\n".join(carry.describe(carried)))
+        return 0
+    if args.plan:
+        plan(args)
+        return 0
+    names, began = chosen(args.only), time.monotonic()
+    args.out.mkdir(parents=True, exist_ok=True)
+    print(f"gpu_check: {describe_machine()}", flush=True)
+    gpu, env = not args.cpu, environment(carried, not args.cpu)
+    results: dict[str, bool] = {}
+    if gpu and carried.folder.is_dir():
+        complaint = carry.install(carried)
+        results["carry"] = not complaint
+        said = complaint or "IPython and pyzmq from the carried wheels"
+        print(f"{'PASS' if not complaint else 'FAIL'} carry: {said}", flush=True)
+    for name in names:
+        left = args.budget - (time.monotonic() - began)
+        if left < 20:
+            print(f"FAIL {name}: not run, the budget of {args.budget:.0f} s is spent", flush=True)
+            results[name] = False
+            continue
+        passed, detail = run_check(name, gpu, env, args.out, min(LIMITS.get(name, DEFAULT_LIMIT), left))
+        results[name] = passed
+        print(f"{'PASS' if passed else 'FAIL'} {name}: {detail}", flush=True)
+        if name == "build" and passed and gpu:
+            keep_wheel(args.out, env)
+    failed = [name for name, passed in results.items() if not passed]
+    took = time.monotonic() - began
+    mode = "GPU" if gpu else "CPU dry-run"
+    print(f"gpu_check ({mode}): {len(results) - len(failed)} passed, {len(failed)} failed in {took:.0f} s"
+          + (f": {', '.join(failed)}" if failed else ""), flush=True)  # fmt: skip
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""What a bare GPU machine lacks and the check carries to it: wheels for its Python, and Horovod's
+source. Fetched here (``--fetch``, where PyPI is reachable) into a git-ignored folder that travels
+with the checkout; installed there from that folder alone (pip with no index)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+HOROVOD_SDIST = "horovod-0.28.1.tar.gz"
+LIMIT_BYTES = 60 * 2**20  # what may travel, all of it
+
+# What a CUDA PyTorch image has (the device tool's image lists them) and the checks use as it is.
+IMAGE_HAS = ("torch", "numpy", "psutil", "cloudpickle", "pyarrow", "pandas", "tensorboard", "nvidia-ml-py",
+             "pyyaml", "packaging", "pygments", "typing-extensions")  # fmt: skip
+# hvd_magic's own needs that such an image lacks (IPython and what it imports, pyzmq), and the two
+# build tools install-horovod asks for at versions Horovod 0.28.1 builds with; at the versions
+# the suite runs with.
+WHEELS = (
+    "ipython==9.18.1",
+    "ipython-pygments-lexers==1.1.1",
+    "traitlets==5.16.1",
+    "jedi==0.20.1",
+    "parso==0.8.7",
+    "prompt-toolkit==3.0.53",
+    "wcwidth==0.9.4",
+    "pexpect==4.9.0",
+    "ptyprocess==0.7.0",
+    "decorator==5.3.1",
+    "matplotlib-inline==0.2.2",
+    "stack-data==0.6.3",
+    "asttokens==3.0.2",
+    "executing==2.3.0",
+    "pure-eval==0.2.4",
+    "pyzmq==27.3.0",
+    "setuptools==79.0.1",
+    "cmake==3.31.10",
+)
+# What the checks import from the wheels; the rest of the list is what these need.
+ENTRY_POINTS = ("ipython", "pyzmq")
+PLATFORMS = (
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+)
+
+
+@dataclass(frozen=True)
+class Carried:
+    folder: Path
+
+    @property
+    def wheels(self) -> list[Path]:
+        return sorted(self.folder.glob("*.whl"))
+
+    @property
+    def sdist(self) -> Path:
+        return self.folder / HOROVOD_SDIST
+
+    def size(self) -> int:
+        return sum(path.stat().st_size for path in self.folder.glob("*") if path.is_file())
+
+    def missing(self) -> list[str]:
+        """The requirements with no wheel in the folder yet (and the sdist, if absent)."""
+        have = {_project(path.name) for path in self.wheels}
+        gone = [spec for spec in WHEELS if _project(spec.split("==")[0]) not in have]
+        return gone + ([HOROVOD_SDIST] if not self.sdist.exists() else [])
+
+    def pip_env(self) -> dict[str, str]:
+        """pip reads these: every install resolves from the carried folder, never an index."""
+        return {**os.environ, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(self.folder.resolve())}
+
+
+def _project(name: str) -> str:
+    """A wheel's or requirement's project name, normalised as pip compares them."""
+    return name.split("-")[0].lower().replace("_", "-") if name.endswith(".whl") else name.lower()
+
+
+def fetch(carried: Carried, python: str) -> None:
+    """Downloads the wheels for CPython ``python`` (e.g. "3.12") and Horovod's sdist (needs PyPI)."""
+    carried.folder.mkdir(parents=True, exist_ok=True)
+    platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
+    base = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(carried.folder)]
+    subprocess.run(
+        [*base, "--only-binary=:all:", "--python-version", python, "--implementation", "cp", *platforms]
+        + list(WHEELS),
+        check=True,
+    )
+    subprocess.run([*base, "--no-binary", ":all:", "horovod==0.28.1"], check=True)
+
+
+def install(carried: Carried) -> str:
+    """Installs the carried wheels pip needs into this Python (those already at a fitting version
+    are left as they are); returns pip's complaint, or "" when it worked."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", *ENTRY_POINTS],
+        env=carried.pip_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return "" if done.returncode == 0 else (done.stdout + done.stderr).strip()[-2000:]
+
+
+def describe(carried: Carried) -> list[str]:
+    lines = [f"carry (from {carried.folder}, at most {LIMIT_BYTES // 2**20} MB):"]
+    for path in [*carried.wheels, carried.sdist]:
+        if path.exists():
+            lines.append(f"  {path.name:<60} {path.stat().st_size / 2**20:6.1f} MB")
+    for spec in carried.missing():
+        lines.append(f"  {spec:<60} missing: run `--fetch` where PyPI is reachable")
+    total = carried.size() if carried.folder.is_dir() else 0
+    over = "  OVER THE LIMIT" if total > LIMIT_BYTES else ""
+    lines.append(f"  in all: {total / 2**20:.1f} MB{over}")
+    return lines

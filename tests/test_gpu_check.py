@@ -1,0 +1,56 @@
+"""scripts/gpu_check.sh, the GPU machine's check, kept from rotting where there is no GPU: its plan,
+what it carries, and every check's cells run on the CPU (Gloo where the GPU has NCCL, the CPU
+where it has CUDA) through the same %%horovod, sessions, retries and straggler watch."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import sys
+from pathlib import Path
+
+import tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu_check.sh"
+sys.path.insert(0, str(ROOT / "scripts" / "gpu_check"))
+import carry  # noqa: E402 - the script's own module, beside it
+import checks  # noqa: E402
+
+
+def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = {"PYTHON": sys.executable, "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
+    return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_the_plan_names_what_it_carries_builds_and_runs(tmp_path):
+    done = run("--plan", "--carry", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "install-horovod --without-mpi" in done.stdout
+    for name in checks.CHECKS:
+        assert f"  {name} " in done.stdout
+    assert "ipython==9.18.1" in done.stdout and "missing: run `--fetch`" in done.stdout
+    assert "horovod-0.28.1.tar.gz" in done.stdout
+
+
+def test_what_it_carries_is_what_hvd_magic_needs_at_the_suites_versions():
+    """Each of hvd_magic's requirements is carried or is in a CUDA PyTorch image; each carried
+    wheel is the version this suite runs with (a bumped pin here moves the GPU check too)."""
+    needs = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {need.split(">")[0].split("=")[0].strip().lower() for need in needs}
+    carried = {spec.split("==")[0] for spec in carry.WHEELS}
+    assert names <= carried | set(carry.IMAGE_HAS), names - carried - set(carry.IMAGE_HAS)
+    for spec in carry.WHEELS:
+        name, version = spec.split("==")
+        assert importlib.metadata.version(name) == version, spec
+
+
+def test_every_check_passes_its_cpu_dry_run(tmp_path):
+    done = run("--cpu", "--out", str(tmp_path))
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [line.split(":")[0] for line in lines if line.startswith(("PASS", "FAIL"))] == [
+        f"PASS {name}" for name in checks.CHECKS
+    ]
+    assert f"{len(checks.CHECKS)} passed, 0 failed" in lines[-1]
+    assert sorted(path.stem for path in tmp_path.iterdir()) == sorted(checks.CHECKS)  # each one's log
