@@ -15,7 +15,7 @@ import pytest
 
 from hvd_magic.errors import InstallError
 from hvd_magic.install.build import build_wheel, patch_source
-from hvd_magic.install.detect import Found, Toolchain, detect, find_cmake
+from hvd_magic.install.detect import Found, Nccl, Toolchain, detect, find_cmake
 from hvd_magic.install.plan import HOROVOD_VERSION, BuildPlan, cached_wheel, make_plan
 
 GPP = Found("g++", "12.2.0")
@@ -25,7 +25,7 @@ CMAKE = Found("cmake", "3.25.1")
 def toolchain(**changes: object) -> Toolchain:
     base = dict(
         python="3.11", torch="2.13.0+cpu", torch_cuda=None, torch_problem="", tensorflow="2.21.0",
-        mpirun="4.1.4", mpi_headers=True, compiler=GPP, cmake=CMAKE, nccl=False,
+        mpirun="4.1.4", mpi_headers=True, compiler=GPP, cmake=CMAKE, nccl=None,
     )  # fmt: skip
     return Toolchain(**{**base, **changes})  # type: ignore[arg-type]
 
@@ -34,7 +34,7 @@ def test_the_cache_key_names_what_the_wheel_is_built_against(tmp_path):
     plan = make_plan(toolchain(), tmp_path)
     assert plan.key == "py311-torch2.13.0+cpu-tf2.21.0-ompi4.1.4"  # as scripts/setup.sh always named it
     assert plan.directory == tmp_path / f"horovod-{HOROVOD_VERSION}-{plan.key}"
-    gpu = make_plan(toolchain(torch="2.13.0+cu124", torch_cuda="12.4", nccl=True), tmp_path)
+    gpu = make_plan(toolchain(torch="2.13.0+cu124", torch_cuda="12.4", nccl=Nccl("/usr/include")), tmp_path)
     assert gpu.key.endswith("-cu12.4") and gpu.build_env()["HOROVOD_GPU_OPERATIONS"] == "NCCL"
 
 
@@ -104,6 +104,8 @@ def horovod_like_tree(root: Path) -> Path:
         "horovod/tensorflow/CMakeLists.txt": "list(APPEND SOURCES mpi_ops.cc\n    xla_mpi_ops.cc)\n",
         "horovod/tensorflow/keras/__init__.py": "import tensorflow as tf\nfrom keras import backend as K\n",
         "horovod/tensorflow/keras/callbacks.py": "def f():\n  from keras import backend as K\n",
+        "horovod/common/ops/cuda/CMakeLists.txt": "set(CMAKE_CUDA_STANDARD 11)\n",
+        "horovod/torch/cuda_util.cc": 'cudalib = dlopen("libcuda.so", RTLD_LAZY);\n',
     }.items():
         (source / path).parent.mkdir(parents=True, exist_ok=True)
         (source / path).write_text(text)
@@ -116,6 +118,8 @@ def test_the_source_changes_for_todays_frameworks(tmp_path):
     assert "CMAKE_CXX_STANDARD 17" in (source / "horovod/torch/CMakeLists.txt").read_text()
     assert "xla_mpi_ops" not in (source / "horovod/tensorflow/CMakeLists.txt").read_text()
     assert "\n  K = tf.keras.backend" in (source / "horovod/tensorflow/keras/callbacks.py").read_text()
+    assert "CMAKE_CUDA_STANDARD 17" in (source / "horovod/common/ops/cuda/CMakeLists.txt").read_text()
+    assert 'dlopen("libcuda.so.1",' in (source / "horovod/torch/cuda_util.cc").read_text()
     with pytest.raises(InstallError, match="Horovod's source changed: CMakeLists.txt"):
         patch_source(source, with_tensorflow=True)  # a source that no longer looks as expected
 
@@ -123,8 +127,13 @@ def test_the_source_changes_for_todays_frameworks(tmp_path):
 FAKE_SETUP = """
 import json, os
 from setuptools import setup
+seen = dict((k, v) for k, v in os.environ.items() if k.startswith("HOROVOD_"))
+if "HOROVOD_NCCL_HOME" in seen:  # the NCCL home's links, while the build can see them
+    home = seen["HOROVOD_NCCL_HOME"]
+    seen["links"] = [os.readlink(os.path.join(home, name)) for name in ("include", "lib/libnccl.so")]
+    seen["PATH"] = os.environ["PATH"]
 with open(os.environ["HVD_TEST_BUILD_ENV"], "w") as out:
-    json.dump(dict((k, v) for k, v in os.environ.items() if k.startswith("HOROVOD_")), out)
+    json.dump(seen, out)
 setup(name=NAME, version="0.28.1", py_modules=[])
 """
 
@@ -148,6 +157,30 @@ def test_the_build_patches_builds_with_its_switches_and_caches_the_whole_wheel(t
     switches = json.loads((tmp_path / "env.json").read_text())
     assert switches["HOROVOD_WITH_PYTORCH"] == "1" and switches["HOROVOD_WITHOUT_TENSORFLOW"] == "1"
     assert switches["HOROVOD_CMAKE"] == find_cmake().name  # the cmake the plan checked, not the PATH's
+
+
+def test_pips_nccl_is_built_against_where_its_wheel_put_it(tmp_path, monkeypatch):
+    """CUDA PyTorch brings NCCL as a wheel (``nvidia/nccl/{include,lib}``, only ``libnccl.so.2``):
+    the build gets a NCCL home of links to it, shared linking, and the CUDA toolkit's real folder."""
+    wheel = tmp_path / "site-packages" / "nvidia" / "nccl"
+    (wheel / "include").mkdir(parents=True)
+    (wheel / "lib").mkdir()
+    (wheel / "lib" / "libnccl.so.2").write_bytes(b"")
+    nccl = Nccl(str(wheel / "include"), str(wheel / "lib"))
+    cuda = dict(torch="2.11.0+cu130", torch_cuda="13.0", nccl=nccl, cuda_home="/opt/cuda")
+    gpu = toolchain(tensorflow=None, **cuda)
+    plan = BuildPlan(gpu, tmp_path / "cache", with_mpi=False, pip_first=())
+    env = plan.build_env()
+    assert env["HOROVOD_GPU_OPERATIONS"] == "NCCL" and env["HOROVOD_NCCL_LINK"] == "SHARED"
+    assert env["HOROVOD_CUDA_HOME"] == env["CUDA_HOME"] == "/opt/cuda"
+    assert plan.key.endswith("-cu13.0") and str(wheel / "include") in plan.describe(None)
+    monkeypatch.setenv("HVD_TEST_BUILD_ENV", str(tmp_path / "env.json"))
+    monkeypatch.setenv("HOROVOD_NCCL_LIB", "/somewhere/else")  # would be searched before the home
+    build_wheel(plan, lambda line: None, fake_sdist(tmp_path))
+    switches = json.loads((tmp_path / "env.json").read_text())
+    assert "HOROVOD_NCCL_LIB" not in switches and Path(switches["HOROVOD_NCCL_HOME"]).name == "nccl"
+    assert switches["links"] == [str(wheel / "include"), str(wheel / "lib" / "libnccl.so.2")]
+    assert switches["PATH"].startswith("/opt/cuda/bin:")  # the toolkit's nvcc, not a wrapper elsewhere
 
 
 def test_a_build_without_a_wheel_or_a_bad_archive_is_a_clear_error(tmp_path, monkeypatch):

@@ -41,6 +41,11 @@ def patch_source(source: Path, with_tensorflow: bool) -> None:
     """The changes today's frameworks need, applied to an unpacked Horovod source tree."""
     for cmake in (source / "CMakeLists.txt", source / "horovod" / "torch" / "CMakeLists.txt"):
         _edit(cmake, "set(CMAKE_CXX_STANDARD 14)", "set(CMAKE_CXX_STANDARD 17)")
+    # CUDA 13's headers need C++17 too; and the driver's library is libcuda.so.1 on a machine
+    # without CUDA's development files (the unversioned name comes with them).
+    cuda_kernels = source / "horovod" / "common" / "ops" / "cuda" / "CMakeLists.txt"
+    _edit(cuda_kernels, "set(CMAKE_CUDA_STANDARD 11)", "set(CMAKE_CUDA_STANDARD 17)")
+    _edit(source / "horovod" / "torch" / "cuda_util.cc", 'dlopen("libcuda.so",', 'dlopen("libcuda.so.1",')
     if with_tensorflow:
         tf_cmake = source / "horovod" / "tensorflow" / "CMakeLists.txt"
         lines = tf_cmake.read_text().splitlines(keepends=True)
@@ -120,6 +125,9 @@ def build_wheel(plan: BuildPlan, say: Say, sdist: Path | None = None) -> Path:
         patch_source(source, plan.toolchain.tensorflow is not None)
         say(f"building Horovod {HOROVOD_VERSION} (about 5 minutes on 2 cores; log: {log})")
         env = {**os.environ, **plan.build_env(), "MAKEFLAGS": f"-j{os.cpu_count() or 1}"}
+        _link_nccl(plan, env, work)
+        if "CUDA_HOME" in env:  # its nvcc first, not a wrapper of it elsewhere on the PATH
+            env["PATH"] = f"{env['CUDA_HOME']}/bin{os.pathsep}{env.get('PATH', '')}"
         cmake = find_cmake()  # after pip_first: the cmake it installed, beside this Python
         if cmake.present:
             env["HOROVOD_CMAKE"] = cmake.name  # Horovod's setup.py runs this one, not the PATH's
@@ -141,6 +149,24 @@ def build_wheel(plan: BuildPlan, say: Say, sdist: Path | None = None) -> Path:
         shutil.move(str(built), partial)
         os.replace(partial, wheel)
     return wheel
+
+
+def _link_nccl(plan: BuildPlan, env: dict[str, str], work: Path) -> None:
+    """pip's NCCL has only ``libnccl.so.2`` where CMake looks for ``libnccl.so``: a home for
+    Horovod's build, of links to the wheel's files (the wheel itself is left as it is)."""
+    nccl = plan.toolchain.nccl
+    if nccl is None or nccl.lib is None or not plan.toolchain.gpu:
+        return
+    versioned = sorted(Path(nccl.lib).glob("libnccl.so*"))
+    if not versioned:
+        raise InstallError(f"{nccl.lib} holds no libnccl.so*: NCCL's library is not where its wheel puts it")
+    home = work / "nccl"
+    (home / "lib").mkdir(parents=True)
+    (home / "include").symlink_to(nccl.include)
+    (home / "lib" / "libnccl.so").symlink_to(versioned[0])
+    env["HOROVOD_NCCL_HOME"] = str(home)
+    for name in ("NCCL_ROOT", "HOROVOD_NCCL_INCLUDE", "HOROVOD_NCCL_LIB"):  # searched before the home
+        env.pop(name, None)
 
 
 def _check_import(plan: BuildPlan) -> None:

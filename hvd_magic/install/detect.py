@@ -10,17 +10,17 @@ import importlib.metadata
 import os
 import re
 import shutil
+import site
 import subprocess
 import sys
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Found", "Toolchain", "detect", "distribution_version", "find_cmake", "mpirun_version"]
+__all__ = ["Found", "Nccl", "Toolchain", "detect", "distribution_version", "find_cmake", "mpirun_version"]
 
 TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel")
 NCCL_HEADER_DIRS = ("/usr/include", "/usr/local/cuda/include", "/usr/local/include")
-PIP_NCCL = Path(sys.prefix, "lib", f"python{sys.version_info.major}.{sys.version_info.minor}",
-                "site-packages", "nvidia", "nccl", "include")  # fmt: skip  # pip's nvidia-nccl
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,15 @@ class Found:
 
 
 @dataclass(frozen=True)
+class Nccl:
+    """Where NCCL is: its header's folder, and its library's folder when the compiler would not
+    look there (pip's ``nvidia-nccl-cu*`` wheels: ``site-packages/nvidia/nccl/{include,lib}``)."""
+
+    include: str
+    lib: str | None = None
+
+
+@dataclass(frozen=True)
 class Toolchain:
     python: str  # "3.11"
     torch: str | None  # "2.13.0+cpu"
@@ -46,7 +55,8 @@ class Toolchain:
     mpi_headers: bool
     compiler: Found
     cmake: Found
-    nccl: bool
+    nccl: Nccl | None
+    cuda_home: str | None = None  # the CUDA toolkit's folder (for a CUDA torch, when there is one)
 
     @property
     def python_tag(self) -> str:
@@ -54,7 +64,7 @@ class Toolchain:
 
     @property
     def gpu(self) -> bool:
-        return self.torch_cuda is not None and self.nccl
+        return self.torch_cuda is not None and self.nccl is not None
 
 
 def distribution_version(*names: str) -> str | None:
@@ -128,10 +138,45 @@ def find_cmake() -> Found:
     return Found("cmake", None)
 
 
-def _nccl() -> bool:
+def _nccl() -> Nccl | None:
+    """NCCL as a user's machine has it: ``$HOROVOD_NCCL_HOME``; else the ``nvidia-nccl-cu*`` wheel
+    that CUDA PyTorch brings (the copy torch itself loads, so preferred); else the system's."""
     home = os.environ.get("HOROVOD_NCCL_HOME") or os.environ.get("NCCL_HOME")
-    dirs = [f"{home}/include"] if home else [*NCCL_HEADER_DIRS, str(PIP_NCCL)]
-    return any(Path(d, "nccl.h").exists() for d in dirs)
+    if home:
+        return Nccl(f"{home}/include", f"{home}/lib") if Path(home, "include", "nccl.h").exists() else None
+    for site_packages in sorted({*site.getsitepackages(), sysconfig.get_path("purelib")}):
+        wheel = Path(site_packages, "nvidia", "nccl")
+        if (wheel / "include" / "nccl.h").exists() and any((wheel / "lib").glob("libnccl.so*")):
+            return Nccl(str(wheel / "include"), str(wheel / "lib"))
+    for folder in NCCL_HEADER_DIRS:
+        if Path(folder, "nccl.h").exists():
+            return Nccl(folder)
+    return None
+
+
+def _cuda_home() -> str | None:
+    """The CUDA toolkit's real folder (with ``bin/nvcc`` and ``include/cuda_runtime.h``), also where
+    the PATH's ``nvcc`` is a wrapper script elsewhere (CMake and torch would take its folder)."""
+    candidates = [os.environ[v] for v in ("HOROVOD_CUDA_HOME", "CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        top = re.search(r"^#\$ TOP=(.+)$", _dry_run(nvcc), re.MULTILINE)  # nvcc's own idea of its root
+        candidates += [str(Path(top.group(1).strip()).resolve())] if top else []
+        candidates.append(str(Path(nvcc).resolve().parent.parent))
+    candidates.append("/usr/local/cuda")
+    for home in candidates:
+        if Path(home, "bin", "nvcc").is_file() and Path(home, "include", "cuda_runtime.h").is_file():
+            return str(Path(home).resolve())
+    return None
+
+
+def _dry_run(nvcc: str) -> str:
+    command = [nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout + done.stderr
 
 
 def detect() -> Toolchain:
@@ -146,5 +191,6 @@ def detect() -> Toolchain:
         mpi_headers=_mpi_headers(),
         compiler=_compiler(),
         cmake=find_cmake(),
-        nccl=torch_cuda is not None and _nccl(),
+        nccl=_nccl() if torch_cuda is not None else None,
+        cuda_home=_cuda_home() if torch_cuda is not None else None,
     )

@@ -55,8 +55,12 @@ class BuildPlan:
                 switch("MXNET", False),
             ]
         )
-        if t.gpu:
+        if t.gpu and t.nccl is not None:
             env["HOROVOD_GPU_OPERATIONS"] = "NCCL"
+            if t.nccl.lib is not None:  # pip's NCCL: the shared library torch loads (build links a home)
+                env["HOROVOD_NCCL_LINK"] = "SHARED"
+            if t.cuda_home is not None:  # Horovod's CMake and torch's extension find CUDA here
+                env["HOROVOD_CUDA_HOME"] = env["CUDA_HOME"] = t.cuda_home
         return env
 
     def describe(self, wheel: Path | None) -> str:
@@ -69,7 +73,12 @@ class BuildPlan:
             ),
             ("MPI", f"Open MPI {t.mpirun}: built in" if self.with_mpi else "left out (--without-mpi)"),
             ("Gloo", "built in (launcher=gloo)"),
-            ("GPU operations", f"NCCL (torch CUDA {t.torch_cuda})" if t.gpu else "none: CPU only"),
+            (
+                "GPU operations",
+                f"NCCL (torch CUDA {t.torch_cuda}; {t.nccl.include})"
+                if t.nccl and t.gpu
+                else "none: CPU only",
+            ),  # fmt: skip
             ("compiler", f"{t.compiler.name} {t.compiler.version}"),
             ("cache", str(self.directory)),
             ("wheel", f"cached: {wheel.name}" if wheel else "to build (about 5 minutes on 2 cores)"),

@@ -94,7 +94,7 @@ def describe_machine() -> str:
 
 def run_check(name: str, gpu: bool, env: dict[str, str], out: Path, limit: float) -> tuple[bool, str]:
     command = [sys.executable, str(HERE), "--one", name] + ([] if gpu else ["--cpu"])
-    log = out / f"{name}.log"
+    log = out / "logs" / f"{name}.log"
     with log.open("w") as sink:
         try:
             subprocess.run(
@@ -110,10 +110,22 @@ def run_check(name: str, gpu: bool, env: dict[str, str], out: Path, limit: float
     return bool(passed), str(detail)
 
 
-def keep_wheel(out: Path, env: dict[str, str]) -> None:
-    """The wheel install-horovod built, for a later run to carry instead of building again."""
-    for wheel in Path(env.get("HVD_MAGIC_CACHE", "/nonexistent")).glob("*/horovod-*.whl"):
-        shutil.copy(wheel, out / wheel.name)
+def keep_build(out: Path, env: dict[str, str]) -> None:
+    """The build's log, and the wheel it built where small enough to come back from the device
+    (16 MB), for a later run to carry instead of building again."""
+    for entry in Path(env.get("HVD_MAGIC_CACHE", "/nonexistent")).glob("horovod-*"):
+        for path in [entry / "build.log", *entry.glob("horovod-*.whl")]:
+            if path.is_file() and path.stat().st_size < 16 * 2**20:
+                shutil.copy(path, out / path.name)
+
+
+def gather_logs(out: Path) -> None:
+    """One file of every check's output (the device tool brings back at most 8 files)."""
+    logs = sorted((out / "logs").glob("*.log"))
+    with (out / "checks.log").open("w") as whole:
+        for log in logs:
+            whole.write(f"===== {log.stem}\n{log.read_text(errors='replace')}\n")
+    shutil.rmtree(out / "logs")
 
 
 def main() -> int:
@@ -131,7 +143,7 @@ def main() -> int:
         plan(args)
         return 0
     names, began = chosen(args.only), time.monotonic()
-    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "logs").mkdir(parents=True, exist_ok=True)
     print(f"gpu_check: {describe_machine()}", flush=True)
     gpu, env = not args.cpu, environment(carried, not args.cpu)
     results: dict[str, bool] = {}
@@ -146,11 +158,14 @@ def main() -> int:
             print(f"FAIL {name}: not run, the budget of {args.budget:.0f} s is spent", flush=True)
             results[name] = False
             continue
+        started = time.monotonic()
         passed, detail = run_check(name, gpu, env, args.out, min(LIMITS.get(name, DEFAULT_LIMIT), left))
         results[name] = passed
-        print(f"{'PASS' if passed else 'FAIL'} {name}: {detail}", flush=True)
-        if name == "build" and passed and gpu:
-            keep_wheel(args.out, env)
+        took = f"{time.monotonic() - started:.0f} s"
+        print(f"{'PASS' if passed else 'FAIL'} {name}: {detail} ({took})", flush=True)
+        if name == "build" and gpu:
+            keep_build(args.out, env)
+    gather_logs(args.out)
     failed = [name for name, passed in results.items() if not passed]
     took = time.monotonic() - began
     mode = "GPU" if gpu else "CPU dry-run"
