@@ -24,6 +24,9 @@ from hvd_magic.install.plan import HOROVOD_VERSION, BuildPlan, cached_wheel
 __all__ = ["install", "patch_source"]
 
 Say = Callable[[str], None]
+# Horovod's headers use std::string, std::logic_error and fixed-width integers without including
+# their headers; GCC >= 13's standard library no longer brings them in by the way.
+FORCED_INCLUDES = "-include cstdint -include string -include stdexcept"
 KERAS_IMPORT = re.compile(r"^(\s*)from keras import backend as K$", re.MULTILINE)
 
 
@@ -125,6 +128,7 @@ def build_wheel(plan: BuildPlan, say: Say, sdist: Path | None = None) -> Path:
         patch_source(source, plan.toolchain.tensorflow is not None)
         say(f"building Horovod {HOROVOD_VERSION} (about 5 minutes on 2 cores; log: {log})")
         env = {**os.environ, **plan.build_env(), "MAKEFLAGS": f"-j{os.cpu_count() or 1}"}
+        env["CXXFLAGS"] = f"{FORCED_INCLUDES} {env.get('CXXFLAGS', '')}".strip()
         _link_nccl(plan, env, work)
         if "CUDA_HOME" in env:  # its nvcc first, not a wrapper of it elsewhere on the PATH
             env["PATH"] = f"{env['CUDA_HOME']}/bin{os.pathsep}{env.get('PATH', '')}"

@@ -17,8 +17,8 @@ LIMIT_BYTES = 60 * 2**20  # what may travel, all of it
 IMAGE_HAS = ("torch", "numpy", "psutil", "cloudpickle", "pyarrow", "pandas", "tensorboard", "nvidia-ml-py",
              "pyyaml", "packaging", "pygments", "typing-extensions")  # fmt: skip
 # hvd_magic's own needs that such an image lacks (IPython and what it imports, pyzmq), and the two
-# build tools install-horovod asks for at versions Horovod 0.28.1 builds with; at the versions
-# the suite runs with.
+# build tools install-horovod asks for at versions Horovod 0.28.1 builds with (the image's
+# setuptools 81 and cmake 4.4 are outside them); at the versions the suite runs with.
 WHEELS = (
     "ipython==9.18.1",
     "ipython-pygments-lexers==1.1.1",
@@ -39,6 +39,9 @@ WHEELS = (
     "setuptools==79.0.1",
     "cmake==3.31.10",
 )
+# Horovod's setup.py asks setuptools for cffi (its setup_requires), which fetches it, from the
+# carried folder too; any version serves (these ran the build on an H200).
+BUILD_WHEELS = ("cffi==2.0.0", "pycparser==2.23")
 # What the checks import from the wheels; the rest of the list is what these need.
 ENTRY_POINTS = ("ipython", "pyzmq")
 PLATFORMS = (
@@ -68,7 +71,7 @@ class Carried:
     def missing(self) -> list[str]:
         """The requirements with no wheel in the folder yet (and the sdist, if absent)."""
         have = {_project(path.name) for path in self.wheels}
-        gone = [spec for spec in WHEELS if _project(spec.split("==")[0]) not in have]
+        gone = [spec for spec in WHEELS + BUILD_WHEELS if _project(spec.split("==")[0]) not in have]
         return gone + ([HOROVOD_SDIST] if not self.sdist.exists() else [])
 
     def pip_env(self) -> dict[str, str]:
@@ -88,7 +91,7 @@ def fetch(carried: Carried, python: str) -> None:
     base = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(carried.folder)]
     subprocess.run(
         [*base, "--only-binary=:all:", "--python-version", python, "--implementation", "cp", *platforms]
-        + list(WHEELS),
+        + list(WHEELS + BUILD_WHEELS),
         check=True,
     )
     subprocess.run([*base, "--no-binary", ":all:", "horovod==0.28.1"], check=True)
