@@ -41,6 +41,10 @@ class FakeHub:
         self.closed = False
         self.taps: dict[type, object] = {}
         self.told: list[Record] = []
+        self.inboxes: dict[int, bytes] = {}  # no rank introduced itself: none is asked anything
+
+    def send_to(self, identity: bytes, record: Record, blob: bytes = b"") -> None:
+        self.told.append(record)
 
     def tell_all(self, record: Record) -> None:
         self.told.append(record)

@@ -3,6 +3,8 @@ tensors), uneven work (a rank finishes while another still communicates), an ear
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from hvd_magic import RankFailedError, RunTimeout
@@ -42,6 +44,11 @@ def test_a_stall_is_shown_live_and_named_by_the_timeout():
         model.apply(item)
         seen.append((model.progress[0].state, tuple(model.progress[0].stalled_on)))
     assert ("stalled", ("allreduce.t3",)) in seen
+    # when it was declared stalled, the view was told where each rank was
+    (told,) = [text for text in view.notices if "Where each rank was at the stall:" in text]
+    assert re.search(r"^rank 0 on [^:]+: in line 7 of the cell$", told, re.M), told
+    assert re.search(r"^rank 1 on [^:]+: in \w+ \(mpi_ops\.py:\d+\), from line 5 of the cell$", told, re.M)
+    assert "at the timeout:" in message  # and the timeout said it again
     logs = b"".join(m.blob for m in view.messages if m.rank == 0)
     assert b"stall_inspector" not in logs  # the warning became a Stall message, not log text
     assert leftover_processes() == []

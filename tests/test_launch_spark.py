@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import time
 from types import SimpleNamespace
@@ -309,9 +310,12 @@ def test_interrupt_on_spark_stops_every_rank_on_every_executor(ip, cluster, tmp_
 @pytest.mark.parametrize("launcher", ["mpi", "gloo"])
 def test_nothing_is_left_when_a_timed_out_spark_cell_returns(ip, cluster, tmp_path, launcher):
     cell = waiting_cell(tmp_path, ignore_signals=True)  # only SIGKILL stops these ranks
-    with pytest.raises(RunTimeout):
+    with pytest.raises(RunTimeout) as timed_out:
         ip.run_cell_magic("horovod", f"np=4 launcher={launcher} timeout=5", cell)
     assert run_processes_anywhere() == []
+    # where each rank was, asked of the ranks on the executors over their own connections
+    said = str(timed_out.value)
+    assert re.search(r"at the timeout:\nranks 0, 1, 2, 3 on [^:]+: in line 7 of the cell\n", said), said
 
 
 def test_executor_lost_mid_run_is_a_clear_error(ip, cluster, tmp_path):

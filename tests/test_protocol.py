@@ -69,6 +69,10 @@ EXAMPLES = {
     Kind.RESUMED: protocol.ResumeAnswer(4, step=1200, found=True),
     Kind.STOP_ASKED: protocol.StopAsked(),
     Kind.POLLING: protocol.Polling(),
+    Kind.STACKS_ASKED: protocol.StacksAsked(7),
+    Kind.STACKS: protocol.RankStacks(
+        7, main=[["<horovod cell>", 3, "<module>", "loss = step()"]], others=[["loader", "get (q.py:180)"]]
+    ),
 }
 
 

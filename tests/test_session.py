@@ -4,6 +4,7 @@ real Horovod), cells run on them in kept namespaces; errors, interrupts, status 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -118,15 +119,32 @@ def test_an_interrupt_stops_the_cell_and_keeps_the_state(session, tmp_path):
     assert session.run_cell_magic("horovod", "", "hvd.allreduce(w, op=hvd.Sum).item()") == 3.0
 
 
-def test_an_interrupt_inside_a_collective_returns_and_the_next_cell_starts_anew(session, tmp_path):
+def test_an_interrupt_inside_a_collective_returns_and_the_next_cell_starts_anew(session, tmp_path, capsys):
+    """Before the interrupt, %horovod stacks (from another thread, the cell running) says where
+    each rank is: rank 0 inside Horovod's allreduce from line 5 of the cell, rank 1 on line 4."""
     session.run_line_magic("horovod", "start np=-2")
     cell = "import pathlib, time, torch\n"
     cell += f"pathlib.Path({str(tmp_path)!r}, f'started-{{hvd.rank()}}').touch()\n"
     cell += "if hvd.rank() == 1:\n    time.sleep(3600)\nhvd.allreduce(torch.tensor([1.0]))"  # rank 0 is stuck
     pressed: list[float] = []
-    when_started(tmp_path, 2, lambda: (pressed.append(time.monotonic()), os.kill(os.getpid(), signal.SIGINT)))
+    seen: list[str] = []
+
+    def look_then_interrupt() -> None:
+        deadline = time.monotonic() + 60
+        while not seen or ("from line 5 of the cell" not in seen[-1] and time.monotonic() < deadline):
+            seen.append(sessions.stacks_text(sessions.current()))  # until rank 0 is in the allreduce
+        session.run_line_magic("horovod", "stacks")  # the same, as a notebook prints it
+        pressed.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    when_started(tmp_path, 2, look_then_interrupt)
     with pytest.raises(RunInterrupted) as info:
         session.run_cell_magic("horovod", "", cell)
+    where = seen[-1]
+    assert re.search(r"^rank 0 on [^:]+: in \w+ \(mpi_ops\.py:\d+\), from line 5 of the cell$", where, re.M)
+    assert "  line 5 of the cell: hvd.allreduce(torch.tensor([1.0]))" in where
+    assert re.search(r"^rank 1 on [^:]+: in line 4 of the cell\n  line 4 of the cell: time", where, re.M)
+    assert "from line 5 of the cell" in capsys.readouterr().out
     assert time.monotonic() - pressed[0] < 10
     assert any("the live session ended" in note for note in info.value.__notes__)
     assert wait_for_ranks(tmp_path, 2, timeout=1)

@@ -5,6 +5,7 @@ on Spark is in test_launch_spark.py.)"""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 
@@ -50,8 +51,12 @@ def test_nothing_is_left_when_a_failed_cell_returns(ip, launcher):
 
 @pytest.mark.parametrize("launcher", ["mpi", "gloo"])
 def test_nothing_is_left_when_a_timed_out_cell_returns(ip, tmp_path, launcher):
-    with pytest.raises(RunTimeout):
+    with pytest.raises(RunTimeout) as timed_out:
         ip.run_cell_magic(
             "horovod", f"np=-2 launcher={launcher} timeout=3", waiting_cell(tmp_path, ignore_signals=True)
         )
     assert run_processes_anywhere() == []
+    # the error says where each rank was: the same line of the cell, so said once for both
+    said = str(timed_out.value)
+    assert re.search(r"each rank was at the timeout:\nranks 0, 1 on [^:]+: in line 7 of the cell\n", said)
+    assert "  line 7 of the cell: time.sleep(0.1)" in said, said

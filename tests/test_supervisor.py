@@ -129,9 +129,11 @@ def test_silence_beyond_the_timeout_ends_the_run_naming_the_silent_ranks():
     supervisor, _, _ = run(launcher, timeout=30)
     with pytest.raises(
         RunTimeout, match=r"no rank reported anything for 30 s.*Silent: rank 0 for \d+ s, rank 1"
-    ):
+    ) as timed_out:
         supervisor.execute()
     assert launcher.stops >= 1
+    # where each was: these ranks never opened their inbox, so they could not be asked
+    assert "Where each rank was at the timeout:\nranks 0, 1: no answer" in str(timed_out.value)
 
 
 def test_ranks_that_never_start_end_the_run_after_the_start_timeout(monkeypatch):

@@ -87,6 +87,7 @@ class HorovodMagics(Magics):
             %%horovod rank=0            # on rank 0 only (no collectives in such a cell)
             %%horovod timeline=on       # its own timeline (start ... timeline=yes); logdir=, mlflow=
             %horovod status             # ranks, hosts, pids, memory, CPU, busy or idle
+            %horovod stacks             # where each rank is now: its Python stack
             %horovod stop               # ends the ranks, frees their slots
         """
         if cell is None:
@@ -135,6 +136,9 @@ class HorovodMagics(Magics):
         verb, _, rest = line.strip().partition(" ")
         if verb == "status":
             print(sessions.status_text(sessions.current()))
+            return None
+        if verb == "stacks":
+            print(sessions.stacks_text(sessions.current()))
             return None
         if verb == "stop":
             print(sessions.stop())

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from hvd_magic.protocol.control_messages import (
     Polling,
+    RankStacks,
     ResumeAnswer,
     ResumeRequest,
+    StacksAsked,
     StopAsked,
 )
 from hvd_magic.protocol.env import (
@@ -125,6 +127,7 @@ __all__ = [
     "Polling",
     "Pong",
     "RankError",
+    "RankStacks",
     "RankStatus",
     "Record",
     "record_type",
@@ -136,6 +139,7 @@ __all__ = [
     "SILENT_EXIT",
     "SessionPayload",
     "SparkPlan",
+    "StacksAsked",
     "Stall",
     "Started",
     "StopAsked",

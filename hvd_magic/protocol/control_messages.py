@@ -1,13 +1,14 @@
-"""The records that keep a long run's work: checkpoints asked back by ranks that resume, and a
-stop the ranks reach at a step boundary. Kinds are in ``messages``."""
+"""The records that keep a long run's work and show where it is: checkpoints asked back by ranks
+that resume, a stop the ranks reach at a step boundary, and each rank's stacks asked at any
+moment. Kinds are in ``messages``."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hvd_magic.protocol.messages import Kind, Record, _kind
 
-__all__ = ["Polling", "ResumeAnswer", "ResumeRequest", "StopAsked"]
+__all__ = ["Polling", "RankStacks", "ResumeAnswer", "ResumeRequest", "StacksAsked", "StopAsked"]
 
 
 @_kind(Kind.RESUME)
@@ -38,3 +39,26 @@ class StopAsked(Record):
 @dataclass(frozen=True)
 class Polling(Record):
     """A rank calls ``hvd_magic.stopping()``: the run can stop gracefully (sent once)."""
+
+
+@_kind(Kind.STACKS_ASKED)
+@dataclass(frozen=True)
+class StacksAsked(Record):
+    """Send your threads' Python stacks now (answered from the rank's inbox thread, so also while
+    its cell runs, unless a C call holds the interpreter)."""
+
+    id: int
+
+
+@_kind(Kind.STACKS)
+@dataclass(frozen=True)
+class RankStacks(Record):
+    """A rank's threads at one moment. ``main``: the main thread's frames, outermost first, each
+    ``[file, line, function, source line]``, from the cell's first frame on (empty when the
+    rank is idle between a live session's cells); ``others``: each other thread of the user's
+    as ``[name, "function (file:line)"]``, its innermost frame."""
+
+    id: int
+    main: list[list[str | int]] = field(default_factory=list)
+    others: list[list[str]] = field(default_factory=list)
+    idle: bool = False

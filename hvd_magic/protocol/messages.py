@@ -41,11 +41,13 @@ resume_ask     rank → hub               ``ResumeRequest``   —
 resume_reply   hub → rank               ``ResumeAnswer``    the latest checkpoint
 stop_asked     hub → rank               ``StopAsked``       —
 polling        rank → hub               ``Polling``         —
+stacks_asked   hub → rank               ``StacksAsked``     —
+rank_stacks    rank → hub               ``RankStacks``      —
 =============  =======================  ==================  ================================
 
 A new kind is one ``Kind`` member, one record class (the ranks' here, the Spark tasks' and the
 exec agents' in ``task_messages``, a live session's in ``session_messages``, checkpoints' and
-graceful stops' in ``control_messages``) and one row in this table.
+graceful stops' and stacks' in ``control_messages``) and one row in this table.
 """
 
 from __future__ import annotations
@@ -98,6 +100,8 @@ class Kind(str, Enum):
     RESUMED = "resume_reply"
     STOP_ASKED = "stop_asked"
     POLLING = "polling"
+    STACKS_ASKED = "stacks_asked"
+    STACKS = "rank_stacks"
 
 
 class Record:

@@ -13,8 +13,9 @@ import signal
 import threading
 import time
 
-from hvd_magic.protocol import SILENT_EXIT, Beat, Cell, Interrupt, RankStatus, StopAsked
+from hvd_magic.protocol import SILENT_EXIT, Beat, Cell, Interrupt, RankStatus, StacksAsked, StopAsked
 from hvd_magic.rank.client import HubClient
+from hvd_magic.rank.stacks import snapshot
 from hvd_magic.rank.telemetry import ResourceSampler, gpu_probe
 
 __all__ = ["EXIT_GRACE", "Inbox", "attach", "current"]
@@ -25,12 +26,12 @@ EXIT_GRACE = 5.0  # seconds a cell gets to stop after the notebook went silent, 
 class Inbox:
     """The rank's receiving thread: a live session's cells into ``cells`` (None: stop),
     interrupts to the running cell, a stop asked (``hvd_magic.stopping()``), every ``Beat``
-    answered with a ``RankStatus``. It has a connection of its own
-    (its first ``RankStatus`` introduces it), so that waiting for the notebook never holds up
-    what the cell sends on the rank's main connection."""
+    answered with a ``RankStatus``, every ``StacksAsked`` with the rank's stacks. It has a
+    connection of its own (its first ``RankStatus`` introduces it), so that waiting for the
+    notebook never holds up what the cell sends on the rank's main connection."""
 
-    def __init__(self, client: HubClient, silence: float | None) -> None:
-        self.client, self.silence = client, silence
+    def __init__(self, client: HubClient, silence: float | None, session: bool = False) -> None:
+        self.client, self.silence, self.session = client, silence, session
         self.stop_asked = threading.Event()
         self.cells: queue.Queue[tuple[Cell, bytes] | None] = queue.Queue()
         self.busy = 0  # the cell running, 0 between cells
@@ -62,6 +63,8 @@ class Inbox:
                 self.client.send(self.status())
             elif isinstance(record, StopAsked):
                 self.stop_asked.set()
+            elif isinstance(record, StacksAsked):
+                self.client.send(snapshot(record.id, in_cell=not self.session or self.busy != 0))
 
     def interrupt(self, cell: int) -> None:
         if cell and cell == self.busy:

@@ -46,7 +46,8 @@ class OutputForwarder:
             read_end, write_end = os.pipe()
             os.dup2(write_end, fd)
             os.close(write_end)
-            thread = threading.Thread(target=self._pump, args=(read_end, stream), daemon=True)
+            name = f"hvd_magic-{stream}"
+            thread = threading.Thread(target=self._pump, args=(read_end, stream), name=name, daemon=True)
             thread.start()
             self.threads.append(thread)
         sys.stdout = open(1, "w", buffering=1, closefd=False, encoding="utf-8", errors="replace")

@@ -77,7 +77,8 @@ def _run(
     except BaseException as err:  # noqa: BLE001 - reported, then we exit
         report_error(client, host, err)
         return 1
-    inbox = Inbox(connect(), payload.silence if isinstance(payload, SessionPayload) else None)
+    session = isinstance(payload, SessionPayload)
+    inbox = Inbox(connect(), payload.silence if isinstance(payload, SessionPayload) else None, session)
     rank_inbox.attach(inbox)
     if isinstance(payload, SessionPayload):
         from hvd_magic.rank.session_loop import serve

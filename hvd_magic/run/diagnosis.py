@@ -134,7 +134,7 @@ def start_timeout(record: RunRecord, limit: float) -> RunTimeout:
     )
 
 
-def silence_timeout(record: RunRecord, timeout: float, now: float) -> RunTimeout:
+def silence_timeout(record: RunRecord, timeout: float, now: float, where: str = "") -> RunTimeout:
     silent = ", ".join(
         f"rank {rank} for {now - seen:.0f} s" for rank, seen in sorted(record.last_seen.items()) if rank >= 0
     )
@@ -144,6 +144,7 @@ def silence_timeout(record: RunRecord, timeout: float, now: float) -> RunTimeout
         f"the run was stopped. Silent: {silent or 'every rank'}."
         + (f" Never started: ranks {never}." if never else "")
         + stall_sentence(record, now)
+        + where
     )
 
 

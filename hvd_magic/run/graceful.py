@@ -6,15 +6,17 @@ at a second interrupt, the run is stopped at once, as any other run is at its fi
 While the run is supervised, the notebook's interrupt (SIGINT) is taken by a handler that only
 counts it; the supervising loop raises it at its next ``check``. A ``KeyboardInterrupt`` raised
 wherever the main thread happens to be (inside a lock of the kernel's output stream, of the
-Spark client, of a widget's comm) can leave that lock held and the kernel hung for good.
+Spark client, of a widget's comm) can leave that lock held and the kernel hung for good; and
+while a run is being stopped, interrupts are held back (``interrupts_deferred``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from hvd_magic.protocol import Message, Polling, StopAsked
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
     from hvd_magic.run.checkpoint_store import CheckpointStore
     from hvd_magic.run.views import RunView
 
-__all__ = ["GRACE_SECONDS", "GracefulStop"]
+__all__ = ["GRACE_SECONDS", "GracefulStop", "interrupts_deferred"]
 
 GRACE_SECONDS = 5.0
 
@@ -91,3 +93,16 @@ class GracefulStop:
             raise KeyboardInterrupt
         if self.asked_at is not None and now - self.asked_at > GRACE_SECONDS:
             raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold SIGINT (the notebook's interrupt) back while the block runs; the stop is bounded."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, lambda *_: None)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)

@@ -8,13 +8,10 @@ which view it has: tests drive it with in-memory ones.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import queue
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
@@ -28,11 +25,12 @@ from hvd_magic.protocol import Beat, Message, ResumeRequest
 from hvd_magic.run import diagnosis, stalls
 from hvd_magic.run.capture import Captured
 from hvd_magic.run.checkpoint_store import CheckpointStore
-from hvd_magic.run.graceful import GracefulStop
+from hvd_magic.run.graceful import GracefulStop, interrupts_deferred
 from hvd_magic.run.rank_env import rank_env, stall_seconds
 from hvd_magic.run.rank_files import RankFiles
 from hvd_magic.run.record import RunRecord
 from hvd_magic.run.retry import Attempts, HeldView
+from hvd_magic.run.stacks import where_each_rank
 from hvd_magic.run.stragglers import StragglerWatch
 from hvd_magic.run.views import RunView, make_view
 from hvd_magic.sinks import Sinks, make_sinks
@@ -46,6 +44,7 @@ PUMP_BATCH = 2000
 BEAT_SECONDS = 1.0
 START_TIMEOUT = float(os.environ.get("HVD_MAGIC_START_TIMEOUT", "300"))
 CAUSE_GRACE = 3.0  # seconds to look for the cause behind a "Horovod has been shut down" error
+QUIET_SECONDS = 10.0  # an interrupt after this long without a message also says where each rank was
 
 
 def execute(
@@ -123,6 +122,7 @@ class Run:
         if store is not None:
             hub.responders[ResumeRequest] = store.answer
         self.stall_seconds = stall_seconds(options)
+        self.stall_shown: float | None = None
         self.stragglers = StragglerWatch(options.stragglers)
         self.live_timeline = live_timeline(options.timeline, view, self.files.writing_timeline, options.env)
 
@@ -146,7 +146,7 @@ class Run:
     def _finish(self, error: BaseException | None) -> None:
         """Stop the launcher and say on ``error`` (or in the view) what it could not stop; hand
         the view the last messages; close the view and the hub."""
-        with _interrupts_deferred():  # pressing stop again must not cut the clean-up short
+        with interrupts_deferred():  # pressing stop again must not cut the clean-up short
             leftovers = self.launcher.stop()
             self._pump(wait=0)
             self.files.close()
@@ -163,10 +163,15 @@ class Run:
                 self.hub.close()
 
     def _interrupted(self) -> RunInterrupted:
+        quiet = self.record.stall is not None or self.clock() - self.record.last_message > QUIET_SECONDS
         return RunInterrupted(
             f"interrupted: the {self.options.ranks} ranks were stopped. The notebook's state is unchanged."
             + diagnosis.stall_sentence(self.record, self.clock())
+            + (self._where("when interrupted") if quiet else "")
         )
+
+    def _where(self, when: str) -> str:
+        return where_each_rank(self.hub, self.options.ranks, self.record.started, when)
 
     def _supervise(self) -> Any:
         while True:
@@ -177,6 +182,9 @@ class Run:
                 self._pump(wait=0)  # what came in while it refreshed, before the time checks
             self._watch_waits()
             self._watch_stragglers()
+            if self.record.stall is not None and self.record.stall.since != self.stall_shown:
+                self.stall_shown = self.record.stall.since  # once for each stall, where each rank is
+                self.view.notice("hvd_magic: the run stalled." + self._where("at the stall"))
             if self.record.errors:
                 raise diagnosis.rank_failed(self.record, self._find_cause())  # decided before the stop
             code = self.launcher.poll()
@@ -227,7 +235,7 @@ class Run:
         self.stopper.check(now)
         timeout = self.options.timeout
         if timeout and now - self.record.last_message > timeout:
-            raise diagnosis.silence_timeout(self.record, timeout, now)
+            raise diagnosis.silence_timeout(self.record, timeout, now, self._where("at the timeout"))
 
     def _pump(self, wait: float) -> None:
         """Apply the waiting messages, up to a batch, so the view gets its ticks under any load."""
@@ -284,16 +292,3 @@ class Run:
                 f"could not be loaded in the notebook: {type(err).__name__}: {str(err)[:300]}. End the "
                 "cell with ';' or return plain data (numbers, lists, arrays, state_dicts)."
             ) from None
-
-
-@contextlib.contextmanager
-def _interrupts_deferred() -> Iterator[None]:
-    """Hold SIGINT (the notebook's interrupt) back while the block runs; the stop is bounded."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, lambda *_: None)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)

@@ -12,7 +12,7 @@ from hvd_magic.errors import SessionEnded
 from hvd_magic.options import OptionError, make_options
 from hvd_magic.options.parse import parse_timeout
 from hvd_magic.run.capture import capture_function
-from hvd_magic.session.commands import session_cell_options, status_text, timeline_ready
+from hvd_magic.session.commands import session_cell_options, stacks_text, status_text, timeline_ready
 from hvd_magic.session.live import LiveSession
 
 __all__ = ["Session"]
@@ -105,6 +105,11 @@ class Session:
     def status(self) -> str:
         """Ranks, hosts, pids, memory, CPU, and whether each is busy."""
         return status_text(self._live)
+
+    def stacks(self) -> str:
+        """Where each rank is now: its Python stack, ranks with the same stack shown once. Callable
+        from any thread, also while a cell runs (a hung one, say)."""
+        return stacks_text(self._live)
 
     def stop(self) -> list[str]:
         """End every rank and free its slot; what could not be stopped (normally nothing)."""

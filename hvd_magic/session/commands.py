@@ -1,4 +1,4 @@
-"""The notebook's live session: ``%horovod start|status|stop`` and ``%%horovod`` cells without
+"""The notebook's live session: ``%horovod start|status|stacks|stop`` and ``%%horovod`` cells without
 ``np=`` (the magic module parses, this one keeps the one session of the kernel)."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from IPython.core.error import UsageError
 from hvd_magic.errors import RunError, SessionEnded
 from hvd_magic.options import OPTIONS, OptionError, RunOptions, cell_options
 from hvd_magic.options.table import SESSION_CELL
+from hvd_magic.run import stacks
 from hvd_magic.run.capture import Captured
 from hvd_magic.session.live import LiveSession
 
@@ -23,13 +24,14 @@ __all__ = [
     "run_on",
     "current",
     "session_cell_options",
+    "stacks_text",
     "start",
     "status_text",
     "stop",
     "timeline_ready",
 ]
 
-VERBS = "start|status|stop"
+VERBS = "start|status|stacks|stop"
 _session: LiveSession | None = None
 
 
@@ -228,6 +230,17 @@ def status_text(session: LiveSession | None) -> str:
             f"{rank:>4}  {host:<16} {info.started.pid:>7}  {state:<10} {cells:>5} {memory:>9} {cpu:>6}{gpu}"
         )
     return "\n".join(lines)
+
+
+def stacks_text(session: LiveSession | None, timeout: float = stacks.ASK_SECONDS) -> str:
+    """Where each of the session's ranks is now (asked from any thread, also while a cell runs)."""
+    if session is None:
+        return "no live session: %horovod start np=N starts one"
+    if not session.live or session.hub is None:
+        return f"the live session ended: {session.ended_because}"
+    ranks = range(session.size)
+    hosts = {rank: info.started.host for rank, info in session.ranks.items() if info.started is not None}
+    return stacks.describe(stacks.collector(session.hub).ask(ranks, timeout), ranks, hosts)
 
 
 def _duration(seconds: float) -> str:

@@ -1,0 +1,129 @@
+"""Where every rank is: each rank's stacks asked over its inbox connection and told as one text,
+ranks with the same stack shown once (``%horovod stacks``, ``Session.stacks()``, and the run's
+own asking when it is declared stalled, timed out, or interrupted while quiet)."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from collections.abc import Iterable
+from pathlib import Path
+
+from hvd_magic.hub import Hub
+from hvd_magic.protocol import CELL_FILENAME, Message, RankStacks, StacksAsked
+
+__all__ = ["ASK_SECONDS", "StackCollector", "collector", "describe", "where_each_rank"]
+
+ASK_SECONDS = 3.0  # how long the run waits for the ranks' stacks before it goes on without
+SHOWN_FRAMES = 8  # the innermost frames of a stack shown; the rest are counted
+_ids = itertools.count(1)
+
+
+class StackCollector:
+    """Asks a hub's ranks for their stacks and gathers the answers (from any thread: the
+    answers are taken on the hub's thread, never queued as the run's events)."""
+
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+        self._answers: dict[int, dict[int, RankStacks]] = {}
+        self._arrived = threading.Condition()
+        hub.taps[RankStacks] = self._tap
+
+    def _tap(self, message: Message) -> None:
+        assert isinstance(message.record, RankStacks)
+        with self._arrived:
+            self._answers.setdefault(message.record.id, {})[message.rank] = message.record
+            self._arrived.notify_all()
+
+    def ask(self, ranks: Iterable[int], timeout: float = ASK_SECONDS) -> dict[int, RankStacks]:
+        """The stacks of ``ranks`` that answer within ``timeout`` seconds."""
+        inboxes, asked = dict(self.hub.inboxes), next(_ids)
+        wanted = {rank for rank in ranks if rank in inboxes}  # the others cannot be asked
+        with self._arrived:
+            self._answers[asked] = {}
+        for rank in wanted:
+            self.hub.send_to(inboxes[rank], StacksAsked(asked))
+        with self._arrived:
+            self._arrived.wait_for(lambda: wanted <= set(self._answers[asked]), timeout)
+            return self._answers.pop(asked)
+
+
+_collectors: weakref.WeakKeyDictionary[Hub, StackCollector] = weakref.WeakKeyDictionary()
+
+
+def collector(hub: Hub) -> StackCollector:
+    """The hub's one collector (a live session's hub serves the session and each cell's run)."""
+    if hub not in _collectors:
+        _collectors[hub] = StackCollector(hub)
+    return _collectors[hub]
+
+
+def _place(frame: list[str | int]) -> str:
+    file, line, function, _ = frame
+    if file == CELL_FILENAME:
+        return f"line {line} of the cell" + ("" if function == "<module>" else f", in {function}")
+    return f"{function} ({Path(str(file)).name}:{line})"
+
+
+def _stack_lines(stacks: RankStacks) -> list[str]:
+    if stacks.idle:
+        lines = ["  idle: between cells"]
+    elif not stacks.main:
+        lines = ["  (no Python frame: not yet in the cell)"]
+    else:
+        shown = stacks.main[-SHOWN_FRAMES:]
+        hidden = len(stacks.main) - len(shown)
+        lines = [f"  … {hidden} outer frames"] if hidden else []
+        for frame in shown:
+            source = f": {frame[3]}" if frame[3] else ""
+            lines.append(f"  {_place(frame)}{source}")
+    lines += [f"  thread {name!r}: in {where}" for name, where in stacks.others]
+    return lines
+
+
+def _headline(stacks: RankStacks) -> str:
+    """Innermost: where the rank waits; and the cell's line it waits from."""
+    if stacks.idle or not stacks.main:
+        return "idle" if stacks.idle else "starting"
+    innermost = stacks.main[-1]
+    in_cell = [frame for frame in stacks.main if frame[0] == CELL_FILENAME]
+    where = f"in {_place(innermost)}"
+    if in_cell and in_cell[-1] is not innermost:
+        where += f", from {_place(in_cell[-1])}"
+    return where
+
+
+def describe(
+    answers: dict[int, RankStacks], ranks: Iterable[int], hosts: dict[int, str] | None = None
+) -> str:
+    """Every rank's stack, the same stacks once: "ranks 0, 2: in wait (…), from line 12 of
+    the cell" and the frames; ranks that did not answer said so, with why that happens."""
+    hosts = hosts or {}
+    groups: dict[tuple[object, ...], list[int]] = {}
+    for rank, stacks in sorted(answers.items()):
+        key = (stacks.idle, tuple(tuple(f[:3]) for f in stacks.main), tuple(map(tuple, stacks.others)))
+        groups.setdefault(key, []).append(rank)
+    lines = []
+    for members in groups.values():
+        who = f"rank {members[0]}" if len(members) == 1 else f"ranks {', '.join(map(str, members))}"
+        on = {hosts[rank] for rank in members if rank in hosts}
+        where = f" on {', '.join(sorted(on))}" if on else ""
+        stacks = answers[members[0]]
+        lines.append(f"{who}{where}: {_headline(stacks)}")
+        lines += _stack_lines(stacks)
+    silent = sorted(set(ranks) - set(answers))
+    if silent:
+        who = ", ".join(map(str, silent))
+        lines.append(
+            f"rank{'s' if len(silent) > 1 else ''} {who}: no answer (a C call holding Python's lock, "
+            "or the rank is gone; `py-spy dump --native --pid PID` on its host shows native frames)"
+        )
+    return "\n".join(lines)
+
+
+def where_each_rank(hub: Hub, ranks: int, hosts: dict[int, str], when: str) -> str:
+    """The run's own asking (at a stall, a timeout, an interrupt of a quiet run): a paragraph
+    to add to what it says then."""
+    answers = collector(hub).ask(range(ranks))
+    return f"\n\nWhere each rank was {when}:\n" + describe(answers, range(ranks), hosts)
