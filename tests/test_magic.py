@@ -149,6 +149,9 @@ def test_a_rank_killed_without_a_word_is_named_not_the_rank_it_took_down(ip, lau
         ("np=2 np=3", "option 'np' is given twice"),
         ("-np 2 np=3", "option 'np' is given twice"),
         ("np=-2 timeout=5 --timeout 6", "option 'timeout' is given twice"),
+        ("np=-2 retries=1 checkpoint_dir=nosuch://bucket/x", "no file system is known for 'nosuch://'"),
+        # (s3fs is not in the suite's environment)
+        ("np=-2 retries=1 checkpoint_dir=s3://b", "file system is not installed: pip install s3fs"),
     ],
 )
 def test_bad_options_raise_usage_error_with_usage(ip, line, fragment, capsys):

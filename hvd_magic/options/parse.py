@@ -59,13 +59,45 @@ def parse_retries(value: object) -> int:
 
 
 def parse_checkpoint_dir(value: str | None) -> str | None:
-    if not value or "://" in value:
-        return value or None  # a URL is checked when the run opens it (fsspec)
+    if not value:
+        return None
+    if "://" in value:
+        return _file_system_url("checkpoint_dir", value)
     folder = os.path.abspath(os.path.expanduser(value))
     parent = os.path.dirname(folder)
     if not os.path.isdir(folder) and not os.path.isdir(parent):
         raise OptionError(f"checkpoint_dir={value}: neither it nor its folder {parent} exists; make it first")
     return folder
+
+
+# The schemes named in the error for an unknown one, and the package that adds each.
+COMMON_SCHEMES = {"s3": "s3fs", "gs": "gcsfs", "abfs": "adlfs", "hdfs": "pyarrow", "file": "", "memory": ""}
+
+
+def _file_system_url(option: str, value: str) -> str:
+    """An fsspec URL whose file system is known and installed here (the notebook opens it)."""
+    scheme = value.split("://", 1)[0]
+    common = ", ".join(f"{s}:// ({p})" if p else f"{s}://" for s, p in COMMON_SCHEMES.items())
+    try:
+        import fsspec
+    except ImportError:
+        raise OptionError(
+            f"{option}={value} is a URL, which needs fsspec: pip install fsspec (and the package of "
+            f"its file system: {common}), or give a folder of this machine"
+        ) from None
+    if scheme not in fsspec.available_protocols():
+        raise OptionError(
+            f"{option}={value}: no file system is known for '{scheme}://'. Known here: {common} and "
+            "the other schemes fsspec lists (fsspec.available_protocols()); a package adds its own "
+            "(the one in brackets), or give a folder of this machine"
+        )
+    try:
+        fsspec.get_filesystem_class(scheme)
+    except ImportError as err:
+        package = COMMON_SCHEMES.get(scheme)
+        hint = f"pip install {package}" if package else str(err)
+        raise OptionError(f"{option}={value}: its {scheme}:// file system is not installed: {hint}") from None
+    return value
 
 
 def parse_logdir(value: str | None) -> str | None:
