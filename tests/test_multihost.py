@@ -16,6 +16,7 @@ from . import multihost_cells as cells
 from .multihost import DRIVER, MASTER, WORKERS, Cluster
 from .multihost_faults import (
     files_left,
+    host_processes,
     kill_host,
     restart_worker,
     set_link,
@@ -281,3 +282,21 @@ def test_a_run_with_retries_survives_a_host_killed_mid_run(multihost: Cluster) -
     assert wait_until_gone(bed) == [] and files_left(bed, [name for name in WORKERS if name != host]) == {}
     forget_rank_files(multihost)
     kernel.run(f"import shutil\nshutil.rmtree({store!r})")
+
+
+# Last in the module: it kills the notebook's kernel (the fixture's teardown finds it gone).
+def test_a_dead_notebook_is_noticed_by_every_rank_on_every_host_within_5_s(multihost: Cluster) -> None:
+    """The kernel dies as an out-of-memory kill would take it (SIGKILL, its Spark driver JVM left
+    as it is): its sockets close, and every rank of its live session, on each of the three hosts,
+    sees its connection to the notebook close and exits, well before 20 s of missed beats."""
+    kernel, bed = multihost.kernel, multihost.bed
+    assert kernel is not None and kernel.run("%load_ext hvd_magic").status == "ok"
+    started = kernel.run("%horovod start np=3", timeout=180)
+    assert any("3 ranks on 3 hosts" in text for text in started.shown), started
+    assert kernel.run("%%horovod\nimport time\nstarted = time.time()").status == "ok"
+    (python,) = [p for p in host_processes(bed, DRIVER) if "ipykernel_launcher" in " ".join(p.cmdline())]
+    python.kill()
+    killed = time.monotonic()
+    left = wait_until_gone(bed, timeout=5)
+    assert left == [], f"{time.monotonic() - killed:.1f} s after the kernel died: {left}"
+    print(f"every rank gone {time.monotonic() - killed:.1f} s after the kernel died")
