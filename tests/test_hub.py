@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import socket
+import time
 
 import pytest
 import zmq
@@ -88,3 +89,21 @@ def test_responders_answer_requests_on_the_hubs_thread(hub):
     with pytest.raises(queue.Empty):  # answered, never queued for the run loop
         hub.control.get(timeout=0.5)
     assert hub.events.empty()
+
+
+def test_a_client_sees_its_connection_closed_when_the_hub_is_gone_and_not_before():
+    """A hub that goes (its process dies, or it closes) closes its sockets: the client's
+    ``lost_for`` counts from then, which ranks and Spark tasks take as the notebook gone; while
+    the hub stands it stays 0, however quiet the connection."""
+    hub = Hub("127.0.0.1", payload=b"cell")
+    client = HubClient(hub.address, hub.keys.client_token(), rank=0)
+    try:
+        assert client.fetch_payload(timeout=30) == b"cell"
+        assert client.receive(timeout=1.5) is None and client.lost_for() == 0.0  # quiet, not lost
+        hub.close()
+        deadline = time.monotonic() + 30
+        while client.lost_for() == 0.0 and time.monotonic() < deadline:
+            client.receive(timeout=0.1)
+        assert client.lost_for() > 0.0
+    finally:
+        client.close()

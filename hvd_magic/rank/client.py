@@ -1,7 +1,9 @@
 """A rank's (or a Spark task's) end of the wire: the connection to the notebook's hub.
 
 ZeroMQ with CURVE: the keys come from the run's token (``hub.RunKeys.client_token``), handed over
-in the environment, never on a command line.
+in the environment, never on a command line. The connection is watched: when the notebook's
+process dies its sockets close, and ``lost_for`` says so within moments, where missed beats take
+20 s (a network that is cut closes nothing: that is left to the beats).
 """
 
 from __future__ import annotations
@@ -11,10 +13,13 @@ import threading
 import time
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from hvd_magic.protocol import Hello, Message, Payload, Record, decode, encode
 
-__all__ = ["HubClient"]
+__all__ = ["LOST_SECONDS", "HubClient"]
+
+LOST_SECONDS = 1.0  # a connection closed this long, and not made again: the notebook is gone
 
 
 class HubClient:
@@ -33,6 +38,10 @@ class HubClient:
         self._socket.curve_secretkey = client_secret
         self._socket.sndhwm = 100_000
         self._socket.linger = 10_000  # deliver the last messages (result, error) before exit
+        self._monitor_lock = threading.Lock()
+        watched = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+        self._monitor = self._socket.get_monitor_socket(watched)
+        self._lost_at: float | None = None
         self._socket.connect(address)
 
     def send(self, record: Record, blob: bytes = b"") -> bool:
@@ -81,7 +90,21 @@ class HubClient:
             raise ConnectionError(f"unexpected answer from the hub: {answer.kind.value!r}")
         return answer.blob
 
+    def lost_for(self) -> float:
+        """Seconds since the connection to the notebook was closed by its end (its process gone)
+        without being made again; 0 while it stands (or was never made)."""
+        with self._monitor_lock:
+            while self._monitor.poll(0):
+                event = recv_monitor_message(self._monitor)["event"]
+                if event == zmq.EVENT_DISCONNECTED:
+                    self._lost_at = self._lost_at or time.monotonic()
+                elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    self._lost_at = None
+            return 0.0 if self._lost_at is None else time.monotonic() - self._lost_at
+
     def close(self) -> None:
+        with self._monitor_lock:
+            self._monitor.close(linger=0)
         with self._lock:
             self._socket.close()
         self._context.term()

@@ -14,13 +14,14 @@ import threading
 import time
 
 from hvd_magic.protocol import SILENT_EXIT, Beat, Cell, Interrupt, RankStatus, StacksAsked, StopAsked
-from hvd_magic.rank.client import HubClient
+from hvd_magic.rank.client import LOST_SECONDS, HubClient
 from hvd_magic.rank.stacks import snapshot
 from hvd_magic.rank.telemetry import ResourceSampler, gpu_probe
 
 __all__ = ["EXIT_GRACE", "Inbox", "attach", "current"]
 
 EXIT_GRACE = 5.0  # seconds a cell gets to stop after the notebook went silent, before exit
+LOST_GRACE = 0.5  # ... after the notebook's connection closed (its process is gone)
 
 
 class Inbox:
@@ -48,6 +49,9 @@ class Inbox:
         while True:
             message = self.client.receive(0.5)
             now = time.monotonic()
+            if self.client.lost_for() > LOST_SECONDS:
+                self._notebook_gone(LOST_GRACE)
+                return
             if message is None:
                 if self.silence is not None and now - heard > self.silence:
                     self._notebook_gone()
@@ -87,13 +91,14 @@ class Inbox:
             swapped=int(figures["swapped"]),
         )
 
-    def _notebook_gone(self) -> None:
-        """No beat for the silence limit: the notebook (its kernel) is gone. Stop the cell and
-        leave; a cell stuck where no interrupt reaches (inside a collective) is not waited for."""
+    def _notebook_gone(self, grace: float = EXIT_GRACE) -> None:
+        """The notebook (its kernel) is gone: no beat for the silence limit, or its connection
+        closed. Stop the cell and leave; a cell stuck where no interrupt reaches (inside a
+        collective) is not waited for."""
         self.gone = True
         self.cells.put(None)
         self.interrupt(self.busy)
-        timer = threading.Timer(EXIT_GRACE, os._exit, args=(SILENT_EXIT,))
+        timer = threading.Timer(grace, os._exit, args=(SILENT_EXIT,))
         timer.daemon = True
         timer.start()
 

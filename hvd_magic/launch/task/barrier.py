@@ -47,7 +47,7 @@ from hvd_magic.protocol import (
 )
 from hvd_magic.protocol.env import ENV_AGENT_TOKEN, ENV_AGENTS, ENV_SHARDS, ENV_SLOT_GPUS
 from hvd_magic.protocol.plan import gpu_for_local_rank
-from hvd_magic.rank.client import HubClient
+from hvd_magic.rank.client import LOST_SECONDS, HubClient
 
 __all__ = ["STAGE_SCHEMA", "TaskSpec", "barrier_stage", "barrier_task"]
 PLAN_TIMEOUT = 120.0
@@ -257,6 +257,10 @@ def _hold_slot(client: HubClient, process: subprocess.Popen[bytes] | None) -> in
             code, reported = process.returncode, True
             client.send(LauncherExit(code))
         answer = client.receive(timeout=0.2)
+        if answer is None and client.lost_for() > LOST_SECONDS:  # the notebook is gone: no one releases
+            if process is not None:
+                processes.stop_tree(process)
+            return code
         if answer is None:
             continue
         if isinstance(answer.record, Abort) and process is not None:
