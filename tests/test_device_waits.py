@@ -61,23 +61,29 @@ def test_waits_are_settled_as_new_ones_come_so_a_rank_that_never_reports_keeps_n
     assert waits.in_flight() == 0
 
 
+class Elsewhere(Mark):
+    """An end recorded on another device than its start."""
+
+    elsewhere = True
+
+
+class Broken(Mark):
+    """An end whose device failed (its query raises, as CUDA's does after a fault)."""
+
+    def query(self) -> bool:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
 def test_a_pair_that_cannot_be_read_is_dropped_and_the_others_still_count():
-    waits = DeviceWaits(Mark)
-    unreadable = waits.begin()
-    waits.end(unreadable)
-    waits._pending[-1][1].elsewhere = True  # type: ignore[attr-defined]
-    broken = waits.begin()
-    waits.end(broken)
-    waits._pending[-1][1].query = _raises  # type: ignore[method-assign]
-    start = waits.begin()
-    time.sleep(0.01)
-    waits.end(start)
+    Mark.passed = False
+    made = iter([Mark, Elsewhere, Mark, Broken, Mark, Mark])  # (start, end) of three pairs
+    waits = DeviceWaits(lambda: next(made)())
+    for _ in range(3):
+        start = waits.begin()
+        time.sleep(0.01)
+        waits.end(start)
     Mark.passed = True
     assert 0.01 <= waits() < 10 and waits.in_flight() == 0
-
-
-def _raises() -> bool:
-    raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
 
 def test_the_device_hook_is_chosen_by_the_models_device(monkeypatch):
