@@ -316,3 +316,29 @@ def test_status_shows_each_ranks_gpu_figures_where_ranks_have_one():
     assert "GB" not in cpu_rank and cpu_rank.rstrip().endswith("%")
     infos[0] = RankInfo(started=infos[0].started, status=RankStatus())
     assert "gpu" not in sessions.status_text(session).splitlines()[1]  # type: ignore[arg-type]
+
+
+def test_a_rank_whose_python_cannot_run_is_shown_by_py_spy(session, tmp_path):
+    """A C call that holds Python's lock (libc's sleep through ctypes.PyDLL): the rank cannot
+    answer; py-spy (hvd_magic[debug]) dumps it from the notebook, native frames and the cell's."""
+    session.run_line_magic("horovod", "start np=-2 backend=torch")
+    cell = "import ctypes, os, pathlib\n"
+    cell += f"pathlib.Path({str(tmp_path)!r}, 'started-' + os.environ['RANK']).touch()\n"
+    cell += "if int(os.environ['RANK']) == 1:\n    ctypes.PyDLL(None).sleep(15)\n'done'"
+    seen: list[str] = []
+
+    def look() -> None:  # while the cell runs
+        deadline = time.monotonic() + 60
+        while not seen or ("lock); py-spy dump" not in seen[-1] and time.monotonic() < deadline):
+            seen.append(sessions.stacks_text(sessions.current()))  # rank 1 may not be asleep yet
+
+    when_started(tmp_path, 2, look)
+    assert session.run_cell_magic("horovod", "", cell) == "done"
+    where = seen[-1]
+    assert re.search(
+        r"^rank 1 on [^:]+: no answer from its Python \(a C call holds its lock\); py-spy dump --native:$",
+        where,
+        re.M,
+    )
+    assert "sleep (libc" in where and "<horovod cell>:4" in where, where
+    assert re.search(r"^rank 0 on [^:]+: idle$", where, re.M), where  # done with the cell

@@ -55,6 +55,7 @@ class RunRecord:
     ranks: int
     began: float = 0.0
     started: dict[int, str] = field(default_factory=dict)  # rank -> host
+    pids: dict[int, int] = field(default_factory=dict)  # rank -> its process id, on its host
     exited: dict[int, int] = field(default_factory=dict)  # rank -> exit code
     skipped: set[int] = field(default_factory=set)  # a live session's ranks not in the cell
     errors: list[Failure] = field(default_factory=list)  # in arrival order
@@ -95,6 +96,7 @@ class RunRecord:
             self.ended_waits.pop(message.rank, None)  # it moved on
         if isinstance(record, Started):
             self.started[message.rank] = record.host
+            self.pids[message.rank] = record.pid
         elif isinstance(record, RankError):
             self.errors.append(Failure(message.rank, record))
         elif isinstance(record, Result):

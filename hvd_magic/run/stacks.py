@@ -5,6 +5,10 @@ own asking when it is declared stalled, timed out, or interrupted while quiet)."
 from __future__ import annotations
 
 import itertools
+import shutil
+import socket
+import subprocess
+import sys
 import threading
 import weakref
 from collections.abc import Iterable
@@ -17,6 +21,8 @@ __all__ = ["ASK_SECONDS", "StackCollector", "collector", "describe", "where_each
 
 ASK_SECONDS = 3.0  # how long the run waits for the ranks' stacks before it goes on without
 SHOWN_FRAMES = 8  # the innermost frames of a stack shown; the rest are counted
+NATIVE_LINES = 40  # of py-spy's dump of a rank that could not answer
+PY_SPY_SECONDS = 20.0
 _ids = itertools.count(1)
 
 
@@ -94,12 +100,43 @@ def _headline(stacks: RankStacks) -> str:
     return where
 
 
+def py_spy() -> str | None:
+    """py-spy (``hvd_magic[debug]``): on the PATH, or beside this Python."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return shutil.which("py-spy") or (str(beside) if beside.exists() else None)
+
+
+def native_stacks(silent: Iterable[int], hosts: dict[int, str], pids: dict[int, int]) -> dict[int, str]:
+    """py-spy's dump, native frames too, of each rank that could not answer and runs on this
+    machine (a rank elsewhere is for py-spy on its host: ``describe`` says how)."""
+    tool, here, dumps = py_spy(), socket.gethostname(), dict[int, str]()
+    if tool is None:
+        return {}
+    for rank in silent:
+        if rank not in pids or hosts.get(rank) != here:
+            continue
+        command = [tool, "dump", "--native", "--pid", str(pids[rank])]
+        try:
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=PY_SPY_SECONDS, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as err:
+            dumps[rank] = f"py-spy could not dump it: {err}"
+            continue
+        dumps[rank] = (done.stdout if done.returncode == 0 else done.stderr).strip()
+    return dumps
+
+
 def describe(
-    answers: dict[int, RankStacks], ranks: Iterable[int], hosts: dict[int, str] | None = None
+    answers: dict[int, RankStacks],
+    ranks: Iterable[int],
+    hosts: dict[int, str] | None = None,
+    pids: dict[int, int] | None = None,
 ) -> str:
     """Every rank's stack, the same stacks once: "ranks 0, 2: in wait (…), from line 12 of
-    the cell" and the frames; ranks that did not answer said so, with why that happens."""
-    hosts = hosts or {}
+    the cell" and the frames; ranks that did not answer said so, with py-spy's native dump of
+    those on this machine where py-spy is installed."""
+    hosts, pids = hosts or {}, pids or {}
     groups: dict[tuple[object, ...], list[int]] = {}
     for rank, stacks in sorted(answers.items()):
         key = (stacks.idle, tuple(tuple(f[:3]) for f in stacks.main), tuple(map(tuple, stacks.others)))
@@ -107,23 +144,33 @@ def describe(
     lines = []
     for members in groups.values():
         who = f"rank {members[0]}" if len(members) == 1 else f"ranks {', '.join(map(str, members))}"
-        on = {hosts[rank] for rank in members if rank in hosts}
-        where = f" on {', '.join(sorted(on))}" if on else ""
+        seen_on = {hosts[rank] for rank in members if rank in hosts}
+        where = f" on {', '.join(sorted(seen_on))}" if seen_on else ""
         stacks = answers[members[0]]
         lines.append(f"{who}{where}: {_headline(stacks)}")
         lines += _stack_lines(stacks)
     silent = sorted(set(ranks) - set(answers))
-    if silent:
-        who = ", ".join(map(str, silent))
+    dumps = native_stacks(silent, hosts, pids)
+    for rank in silent:
+        on = f" on {hosts[rank]}" if rank in hosts else ""
+        if rank in dumps:
+            lines.append(
+                f"rank {rank}{on}: no answer from its Python (a C call holds its lock); py-spy dump --native:"
+            )
+            dump = dumps[rank].splitlines()
+            lines += [f"  {line}" for line in dump[:NATIVE_LINES]]
+            lines += [f"  … {len(dump) - NATIVE_LINES} more lines"] if len(dump) > NATIVE_LINES else []
+            continue
+        pid = f" {pids[rank]}" if rank in pids else " PID"
         lines.append(
-            f"rank{'s' if len(silent) > 1 else ''} {who}: no answer (a C call holding Python's lock, "
-            "or the rank is gone; `py-spy dump --native --pid PID` on its host shows native frames)"
+            f"rank {rank}{on}: no answer (a C call holding Python's lock, or the rank is gone; "
+            f"`py-spy dump --native --pid{pid}` on its host shows its native frames)"
         )
     return "\n".join(lines)
 
 
-def where_each_rank(hub: Hub, ranks: int, hosts: dict[int, str], when: str) -> str:
+def where_each_rank(hub: Hub, ranks: int, hosts: dict[int, str], pids: dict[int, int], when: str) -> str:
     """The run's own asking (at a stall, a timeout, an interrupt of a quiet run): a paragraph
     to add to what it says then."""
     answers = collector(hub).ask(range(ranks))
-    return f"\n\nWhere each rank was {when}:\n" + describe(answers, range(ranks), hosts)
+    return f"\n\nWhere each rank was {when}:\n" + describe(answers, range(ranks), hosts, pids)

@@ -171,7 +171,7 @@ class Run:
         )
 
     def _where(self, when: str) -> str:
-        return where_each_rank(self.hub, self.options.ranks, self.record.started, when)
+        return where_each_rank(self.hub, self.options.ranks, self.record.started, self.record.pids, when)
 
     def _supervise(self) -> Any:
         while True:

@@ -239,8 +239,10 @@ def stacks_text(session: LiveSession | None, timeout: float = stacks.ASK_SECONDS
     if not session.live or session.hub is None:
         return f"the live session ended: {session.ended_because}"
     ranks = range(session.size)
-    hosts = {rank: info.started.host for rank, info in session.ranks.items() if info.started is not None}
-    return stacks.describe(stacks.collector(session.hub).ask(ranks, timeout), ranks, hosts)
+    started = {rank: info.started for rank, info in session.ranks.items() if info.started is not None}
+    hosts = {rank: about.host for rank, about in started.items()}
+    pids = {rank: about.pid for rank, about in started.items()}
+    return stacks.describe(stacks.collector(session.hub).ask(ranks, timeout), ranks, hosts, pids)
 
 
 def _duration(seconds: float) -> str:
