@@ -4,6 +4,7 @@ marked themselves started, cells that wait, and forged keys."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import threading
 import time
@@ -38,6 +39,18 @@ def wait_for_files(paths: list[Path], timeout: float) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+def placed_ranks(text: str, when: str) -> dict[int, str]:
+    """From a run's "Where each rank was {when}:" paragraph: each rank named there, with its
+    group's headline ("in line 7 of the cell", "in init (basics.py:105), from line 4 ...")."""
+    paragraph = text.split(f"Where each rank was {when}:\n", 1)[1]
+    placed = {}
+    for line in paragraph.splitlines():
+        found = re.match(r"ranks? ([\d, ]+)(?: on [^:]+)?: (.*)$", line)
+        if found:
+            placed |= {int(rank): found[2] for rank in found[1].split(", ")}
+    return placed
 
 
 def wait_for_ranks(directory: Path, ranks: int, timeout: float = 120) -> bool:

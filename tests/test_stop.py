@@ -5,7 +5,6 @@ on Spark is in test_launch_spark.py.)"""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import time
 
@@ -13,7 +12,7 @@ import pytest
 
 from hvd_magic import RankFailedError, RunInterrupted, RunTimeout
 
-from .helpers import run_processes_anywhere, waiting_cell, when_started
+from .helpers import placed_ranks, run_processes_anywhere, waiting_cell, when_started
 
 FAILING_CELL = (
     "import time, horovod.torch as hvd, torch\nhvd.init()\n"
@@ -56,7 +55,7 @@ def test_nothing_is_left_when_a_timed_out_cell_returns(ip, tmp_path, launcher):
             "horovod", f"np=-2 launcher={launcher} timeout=3", waiting_cell(tmp_path, ignore_signals=True)
         )
     assert run_processes_anywhere() == []
-    # the error says where each rank was: the same line of the cell, so said once for both
-    said = str(timed_out.value)
-    assert re.search(r"each rank was at the timeout:\nranks 0, 1 on [^:]+: in line 7 of the cell\n", said)
-    assert "  line 7 of the cell: time.sleep(0.1)" in said, said
+    # the error says where each rank was: in the cell (its sleep, or still in hvd.init() on a
+    # loaded machine), each rank answering
+    placed = placed_ranks(str(timed_out.value), "at the timeout")
+    assert sorted(placed) == [0, 1] and all("of the cell" in where for where in placed.values()), placed
