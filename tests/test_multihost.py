@@ -119,6 +119,8 @@ def test_a_live_session_spans_the_three_hosts(multihost: Cluster) -> None:
         assert kernel.run("%%horovod\nimport socket\nme = socket.gethostname()").status == "ok"
         names = kernel.run("%%horovod\nsorted(hvd.allgather_object(me))")
         assert names.value == "['hostA', 'hostB', 'hostC']", names
+        stacks = "".join(kernel.run("%horovod stacks").shown)  # each rank asked on its own host
+        assert "ranks 0, 1, 2 on hostA, hostB, hostC: idle" in stacks, stacks
     finally:
         assert kernel.run("%horovod stop").status == "ok"
 

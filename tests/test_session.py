@@ -146,6 +146,10 @@ def test_an_interrupt_inside_a_collective_returns_and_the_next_cell_starts_anew(
     assert re.search(r"^rank 1 on [^:]+: in line 4 of the cell\n  line 4 of the cell: time", where, re.M)
     assert "from line 5 of the cell" in capsys.readouterr().out
     assert time.monotonic() - pressed[0] < 10
+    # the session ended for the rank stuck in the collective: where it was, said in the note
+    ended = next(note for note in info.value.__notes__ if "the live session ended" in note)
+    assert "Where each rank was when the session ended:" in ended
+    assert re.search(r"^rank 0 on [^:]+: in \w+ \(mpi_ops\.py:\d+\), from line 5 of the cell$", ended, re.M)
     assert any("the live session ended" in note for note in info.value.__notes__)
     assert wait_for_ranks(tmp_path, 2, timeout=1)
     assert session.run_cell_magic("horovod", "", "hvd.size()") == 2

@@ -132,8 +132,11 @@ def test_silence_beyond_the_timeout_ends_the_run_naming_the_silent_ranks():
     ) as timed_out:
         supervisor.execute()
     assert launcher.stops >= 1
-    # where each was: these ranks never opened their inbox, so they could not be asked
-    assert "Where each rank was at the timeout:\nranks 0, 1: no answer" in str(timed_out.value)
+    # where each was: these ranks never opened their inbox, so they could not be asked; they are
+    # on another host than this one, so py-spy is for their host, with each one's pid
+    said = str(timed_out.value)
+    assert "Where each rank was at the timeout:\nrank 0 on a: no answer (a C call holding" in said
+    assert "`py-spy dump --native --pid 1` on its host" in said and "--pid 2`" in said
 
 
 def test_ranks_that_never_start_end_the_run_after_the_start_timeout(monkeypatch):

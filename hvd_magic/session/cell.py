@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 from hvd_magic.errors import RunError, RunInterrupted
 from hvd_magic.launch import Launcher, RankDeath
 from hvd_magic.protocol import SILENT_EXIT, Cell
+from hvd_magic.run.stacks import where_each_rank
 from hvd_magic.run.supervisor import Run
 
 if TYPE_CHECKING:
     from hvd_magic.hub import Hub
+    from hvd_magic.session.ranks import RankInfo
 
 
 class LiveSession(Protocol):
@@ -27,6 +29,7 @@ class LiveSession(Protocol):
 
     launcher: Launcher
     lost: str | None
+    ranks: dict[int, RankInfo]
 
     def dispatch(self, order: Cell, targets: list[int], blob: bytes) -> None: ...
 
@@ -50,8 +53,10 @@ class CellLauncher(Launcher):
         self.cell = order.id
         self.bind_host = session.launcher.bind_host
         self.broke: str | None = None  # why the session had to end, if it had to
+        self.hub: Hub | None = None
 
     def start(self, hub: Hub, env: dict[str, str]) -> None:
+        self.hub = hub
         if self.cell == 0:
             self.session.launcher.start(hub, env)  # the ranks run the set-up cell first
         else:
@@ -80,9 +85,17 @@ class CellLauncher(Launcher):
         self.broke = (
             f"rank{'s' if len(stuck) > 1 else ''} {', '.join(map(str, stuck))} did not leave the cell within "
             f"{CELL_STOP_SECONDS:.0f} s (inside a collective that another rank never joined?)"
-        )
+        ) + self._where()
         self.session.lost = self.broke
         return self.session.end()
+
+    def _where(self) -> str:
+        if self.hub is None:
+            return ""
+        started = {rank: info.started for rank, info in self.session.ranks.items() if info.started}
+        hosts = {rank: about.host for rank, about in started.items()}
+        pids = {rank: about.pid for rank, about in started.items()}
+        return where_each_rank(self.hub, len(self.session.ranks), hosts, pids, "when the session ended")
 
     def diagnostics(self) -> str:
         # only when the session's processes ended: a live launcher's output is still being read
