@@ -11,6 +11,7 @@ import time
 import pytest
 
 from hvd_magic import RankFailedError, RunInterrupted, RunTimeout
+from hvd_magic.run import supervisor
 
 from .helpers import placed_ranks, run_processes_anywhere, waiting_cell, when_started
 
@@ -59,3 +60,15 @@ def test_nothing_is_left_when_a_timed_out_cell_returns(ip, tmp_path, launcher):
     # loaded machine), each rank answering
     placed = placed_ranks(str(timed_out.value), "at the timeout")
     assert sorted(placed) == [0, 1] and all("of the cell" in where for where in placed.values()), placed
+
+
+def test_an_interrupt_of_a_quiet_run_says_where_each_rank_was(ip, tmp_path, monkeypatch):
+    """An interrupt of a run that had gone quiet (no message for QUIET_SECONDS; here any run is)
+    says where each rank was when it came, before the ranks are stopped."""
+    monkeypatch.setattr(supervisor, "QUIET_SECONDS", 0.0)
+    when_started(tmp_path, 2, lambda: os.kill(os.getpid(), signal.SIGINT))
+    with pytest.raises(RunInterrupted) as info:
+        ip.run_cell_magic("horovod", "np=-2 launcher=gloo", waiting_cell(tmp_path))
+    placed = placed_ranks(str(info.value), "when interrupted")
+    assert sorted(placed) == [0, 1] and all("of the cell" in where for where in placed.values()), placed
+    assert run_processes_anywhere() == []
