@@ -77,8 +77,8 @@ def _run(
     except BaseException as err:  # noqa: BLE001 - reported, then we exit
         report_error(client, host, err)
         return 1
-    session = isinstance(payload, SessionPayload)
-    inbox = Inbox(connect(), payload.silence if isinstance(payload, SessionPayload) else None, session)
+    silence = payload.silence if isinstance(payload, SessionPayload) else None
+    inbox = Inbox(connect(), silence, session=isinstance(payload, SessionPayload))
     rank_inbox.attach(inbox)
     if isinstance(payload, SessionPayload):
         from hvd_magic.rank.session_loop import serve

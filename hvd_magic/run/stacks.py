@@ -17,7 +17,7 @@ from pathlib import Path
 from hvd_magic.hub import Hub
 from hvd_magic.protocol import CELL_FILENAME, Message, RankStacks, StacksAsked
 
-__all__ = ["ASK_SECONDS", "StackCollector", "collector", "describe", "where_each_rank"]
+__all__ = ["ASK_SECONDS", "StackCollector", "collector", "describe", "where_each_rank", "where_now"]
 
 ASK_SECONDS = 3.0  # how long the run waits for the ranks' stacks before it goes on without
 SHOWN_FRAMES = 8  # the innermost frames of a stack shown; the rest are counted
@@ -169,8 +169,14 @@ def describe(
     return "\n".join(lines)
 
 
+def where_now(
+    hub: Hub, ranks: int, hosts: dict[int, str], pids: dict[int, int], timeout: float = ASK_SECONDS
+) -> str:
+    """Every rank of the hub asked, and the answers told (``describe``)."""
+    return describe(collector(hub).ask(range(ranks), timeout), range(ranks), hosts, pids)
+
+
 def where_each_rank(hub: Hub, ranks: int, hosts: dict[int, str], pids: dict[int, int], when: str) -> str:
     """The run's own asking (at a stall, a timeout, an interrupt of a quiet run): a paragraph
     to add to what it says then."""
-    answers = collector(hub).ask(range(ranks))
-    return f"\n\nWhere each rank was {when}:\n" + describe(answers, range(ranks), hosts, pids)
+    return f"\n\nWhere each rank was {when}:\n" + where_now(hub, ranks, hosts, pids)

@@ -18,6 +18,7 @@ from hvd_magic.launch import Launcher, RankDeath
 from hvd_magic.protocol import SILENT_EXIT, Cell
 from hvd_magic.run.stacks import where_each_rank
 from hvd_magic.run.supervisor import Run
+from hvd_magic.session.ranks import hosts_and_pids
 
 if TYPE_CHECKING:
     from hvd_magic.hub import Hub
@@ -92,9 +93,7 @@ class CellLauncher(Launcher):
     def _where(self) -> str:
         if self.hub is None:
             return ""
-        started = {rank: info.started for rank, info in self.session.ranks.items() if info.started}
-        hosts = {rank: about.host for rank, about in started.items()}
-        pids = {rank: about.pid for rank, about in started.items()}
+        hosts, pids = hosts_and_pids(self.session.ranks)
         return where_each_rank(self.hub, len(self.session.ranks), hosts, pids, "when the session ended")
 
     def diagnostics(self) -> str:

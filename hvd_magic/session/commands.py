@@ -17,6 +17,7 @@ from hvd_magic.options.table import SESSION_CELL
 from hvd_magic.run import stacks
 from hvd_magic.run.capture import Captured
 from hvd_magic.session.live import LiveSession
+from hvd_magic.session.ranks import hosts_and_pids
 
 __all__ = [
     "VERBS",
@@ -238,11 +239,7 @@ def stacks_text(session: LiveSession | None, timeout: float = stacks.ASK_SECONDS
         return "no live session: %horovod start np=N starts one"
     if not session.live or session.hub is None:
         return f"the live session ended: {session.ended_because}"
-    ranks = range(session.size)
-    started = {rank: info.started for rank, info in session.ranks.items() if info.started is not None}
-    hosts = {rank: about.host for rank, about in started.items()}
-    pids = {rank: about.pid for rank, about in started.items()}
-    return stacks.describe(stacks.collector(session.hub).ask(ranks, timeout), ranks, hosts, pids)
+    return stacks.where_now(session.hub, session.size, *hosts_and_pids(session.ranks), timeout)
 
 
 def _duration(seconds: float) -> str:

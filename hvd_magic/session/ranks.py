@@ -10,7 +10,7 @@ from hvd_magic.options import RunOptions
 from hvd_magic.protocol import RankStatus, Started
 from hvd_magic.run.supervisor import BEAT_SECONDS
 
-__all__ = ["BEATS_PER_SILENCE", "SILENCE_SECONDS", "RankInfo", "beat_interval", "setup_source"]
+__all__ = ["BEATS_PER_SILENCE", "SILENCE_SECONDS", "RankInfo", "beat_interval", "hosts_and_pids", "setup_source"]
 
 # A rank that hears no beat for this long exits: the notebook (its kernel) is gone.
 SILENCE_SECONDS = float(os.environ.get("HVD_MAGIC_SESSION_SILENCE", "20"))
@@ -43,3 +43,9 @@ class RankInfo:
     inbox: bytes = b""  # the rank's receiving connection (from its first RankStatus)
     status: RankStatus | None = None
     answers: int = 0  # RankStatus messages so far
+
+
+def hosts_and_pids(ranks: dict[int, RankInfo]) -> tuple[dict[int, str], dict[int, int]]:
+    """Each started rank's host and process id (what ``run.stacks`` names them by)."""
+    started = {rank: info.started for rank, info in ranks.items() if info.started is not None}
+    return {rank: s.host for rank, s in started.items()}, {rank: s.pid for rank, s in started.items()}
