@@ -10,7 +10,14 @@ from hvd_magic.options import RunOptions
 from hvd_magic.protocol import RankStatus, Started
 from hvd_magic.run.supervisor import BEAT_SECONDS
 
-__all__ = ["BEATS_PER_SILENCE", "SILENCE_SECONDS", "RankInfo", "beat_interval", "hosts_and_pids", "setup_source"]
+__all__ = [
+    "BEATS_PER_SILENCE",
+    "SILENCE_SECONDS",
+    "RankInfo",
+    "beat_interval",
+    "hosts_and_pids",
+    "setup_source",
+]
 
 # A rank that hears no beat for this long exits: the notebook (its kernel) is gone.
 SILENCE_SECONDS = float(os.environ.get("HVD_MAGIC_SESSION_SILENCE", "20"))
