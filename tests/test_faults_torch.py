@@ -48,6 +48,7 @@ loss.backward()                              # DDP waits here for rank 1's gradi
 
 LATE_CELL = """import time, torch, torch.distributed as dist
 dist.init_process_group("gloo")
+dist.barrier()                               # both ranks past init: rank 0 may finish now
 if dist.get_rank() == 1:
     time.sleep(1)
     dist.all_reduce(torch.ones(2))           # rank 0 has finished
@@ -103,6 +104,6 @@ def test_a_collective_after_another_rank_finished_is_uneven_work(ip):
     message = str(info.value).split("\n")[0]
     assert info.value.rank == 1, message
     assert "uneven work: rank 0 finished while rank 1 was still in a collective" in message
-    assert "dist.all_reduce(torch.ones(2)) at line 5 of the cell" in message
+    assert "dist.all_reduce(torch.ones(2)) at line 6 of the cell" in message
     assert "torch.distributed.algorithms.Join" in message
     assert leftover_processes() == []
