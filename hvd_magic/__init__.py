@@ -13,12 +13,14 @@ from hvd_magic.errors import (
     RunTimeout,
     SessionEnded,
 )
+from hvd_magic.protocol.failures import FailureClass
 from hvd_magic.rank.progress import progress
 from hvd_magic.rank.reporting import report
 
 __all__ = [
     "CaptureError",
     "DataError",
+    "FailureClass",
     "HorovodMagicError",
     "HorovodRunner",
     "LaunchError",

@@ -20,6 +20,8 @@ remote traceback in IPython (``_render_traceback_``) instead of hvd_magic's own 
 
 from __future__ import annotations
 
+from hvd_magic.protocol.failures import FailureClass
+
 __all__ = [
     "CaptureError",
     "DataError",
@@ -67,7 +69,11 @@ class InstallError(HorovodMagicError):
 
 
 class RunError(HorovodMagicError):
-    """The job started but did not finish cleanly."""
+    """The job started but did not finish cleanly. ``failure`` is the class of what ended it
+    (``FailureClass``: the cell's code, out of memory, a crash, killed, lost, ...) where a rank's
+    failure did; None for an interrupt, a timeout or a launch that went wrong."""
+
+    failure: FailureClass | None = None
 
 
 class RunInterrupted(RunError):
@@ -88,6 +94,8 @@ class RankFailedError(RunError):
     ``rank``, ``host``, ``exc_type`` and ``remote_traceback`` describe the first failure.
     """
 
+    failure: FailureClass
+
     def __init__(
         self,
         rank: int,
@@ -96,7 +104,9 @@ class RankFailedError(RunError):
         message: str,
         remote_traceback: str,
         stopped: int = 0,
+        failure: FailureClass = FailureClass.CODE,
     ) -> None:
+        self.failure = failure
         self.rank = rank
         self.host = host
         self.exc_type = exc_type
@@ -112,7 +122,8 @@ class RankFailedError(RunError):
         what = f"{self.exc_type}: {self.message}" if self.exc_type else self.message
         if tail:
             what = what.rstrip(".")
-        return f"{where} failed: {what}{tail}"
+        named = "" if self.failure is FailureClass.CODE else f" ({self.failure.value})"
+        return f"{where} failed{named}: {what}{tail}"
 
     def __str__(self) -> str:
         if not self.remote_traceback:  # the rank died without one

@@ -56,7 +56,7 @@ def test_a_silent_death_is_blamed_rather_than_the_rank_it_took_down():
     assert death is not None and death.rank == 1
     error = rank_failed(record, death)
     assert error.rank == 1 and "killed by signal 9 (SIGKILL)" in str(error)
-    assert "then rank 0 failed with HorovodInternalError" in str(error)
+    assert "rank 0 then failed because of it (HorovodInternalError)" in str(error)
 
 
 def test_a_death_of_a_rank_that_spoke_is_not_silent():

@@ -19,6 +19,7 @@ import hvd_magic.timeline
 PUBLIC = [
     "CaptureError",
     "DataError",
+    "FailureClass",
     "HorovodMagicError",
     "HorovodRunner",
     "LaunchError",

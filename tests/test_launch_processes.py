@@ -7,6 +7,7 @@ import sys
 
 import psutil
 
+from hvd_magic import FailureClass
 from hvd_magic.launch.processes import (
     death_of,
     family_of,
@@ -25,10 +26,13 @@ def test_thread_budget_divides_cores_among_local_ranks(monkeypatch):
     assert thread_budget_env(local_ranks=2, cores=8, user_env={"OMP_NUM_THREADS": "3"}) == {}
 
 
-def test_death_of_describes_signals_and_codes():
+def test_death_of_describes_signals_and_codes_with_their_class():
     assert death_of(1, -9, "vm").what.startswith("was killed by signal 9 (SIGKILL)")
+    assert death_of(1, -9).failure is FailureClass.KILLED
     assert death_of(1, -15).what == "was killed by signal 15 (SIGTERM)"
+    assert death_of(1, -11).failure is death_of(1, -6).failure is FailureClass.CRASH
     assert death_of(2, 3).what == "exited with code 3 without reporting"
+    assert death_of(2, 3).failure is FailureClass.EXIT
 
 
 def test_worker_command_runs_this_python():

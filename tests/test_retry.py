@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hvd_magic import RankFailedError, RunError, RunInterrupted
+from hvd_magic import FailureClass, RankFailedError, RunError, RunInterrupted
 from hvd_magic.protocol import Message, ResumeRequest
 from hvd_magic.protocol.files import checkpoint_name
 from hvd_magic.run.checkpoint_store import CheckpointStore
@@ -55,16 +55,21 @@ def test_a_killed_rank_is_retried_from_the_last_checkpoint_and_ends_as_if_never_
     assert value == 2.0 * STEPS  # the same as a run that was not killed
     assert (tmp_path / "resumed-0-0").exists() and (tmp_path / "resumed-1-20").exists()  # from step 20
     shown = capsys.readouterr().err
-    assert "rank 1 lost" in shown and "killed by signal 9" in shown and "attempt 2 of 3 from step 20" in shown
+    assert "killed from outside: rank 1 on " in shown and "killed by signal 9" in shown
+    assert "attempt 2 of 3 from step 20" in shown
     assert "finished on attempt 2 of 3" in shown
     assert sorted(os.listdir(store)) == [checkpoint_name(step) for step in (30, 35, 40)]  # the last 3
 
 
 def test_the_users_exception_is_not_retried(ip, tmp_path, capsys):
     cell = training(tmp_path, "raise ValueError('bad row')")
-    with pytest.raises(RankFailedError, match="ValueError: bad row"):
+    with pytest.raises(RankFailedError, match="ValueError: bad row") as info:
         ip.run_cell_magic("horovod", "np=-2 launcher=gloo retries=2", cell)
     assert "attempt 2" not in capsys.readouterr().err
+    assert info.value.failure is FailureClass.CODE
+    assert "not retried (the cell's code raised): the cell's own exception would be raised again" in (
+        info.value.__notes__
+    )
     assert not (tmp_path / "resumed-0-20").exists()
 
 
@@ -73,7 +78,7 @@ def test_retries_exhausted_name_each_attempts_cause(ip, tmp_path):
     with pytest.raises(RunError) as info:
         ip.run_cell_magic("horovod", "np=-2 launcher=gloo retries=1", cell)
     (attempts,) = [note for note in info.value.__notes__ if note.startswith("attempts: ")]
-    assert attempts.count("rank 1 lost") == 2 and "1. " in attempts and "2. " in attempts
+    assert attempts.count("killed from outside: rank 1 on ") == 2 and "1. " in attempts and "2. " in attempts
     assert leftover_processes() == []
 
 
@@ -186,19 +191,35 @@ def test_checkpoints_go_to_an_fsspec_url_whole(tmp_path):
     assert not os.path.exists(staging) and store.steps() == [10, 15, 20]  # the URL's copies stay
 
 
-def test_what_counts_as_lost():
+def test_each_failure_class_and_whether_it_is_retried():
     from hvd_magic.launch import RankDeath
     from hvd_magic.protocol import Exit, RankError, Started
 
     record = RunRecord(2)
     record.apply(Message(Started("hostB", 1, 0, 2), 1), 0.0)
-    assert lost_cause(record, [RankDeath(1, "was killed by signal 9 (SIGKILL)")]) == (
-        "rank 1 lost on hostB (was killed by signal 9 (SIGKILL))"
+    killed = RankDeath(1, "was killed by signal 9 (SIGKILL)", failure=FailureClass.KILLED)
+    assert lost_cause(record, [killed]) == (
+        FailureClass.KILLED,
+        "rank 1 on hostB was killed by signal 9 (SIGKILL)",
     )
-    assert lost_cause(record, []) == "rank 1 on hostB ended without a word"
+    for failure, retried in [
+        (FailureClass.KILLED, True),
+        (FailureClass.LOST, True),
+        (FailureClass.OOM, False),
+        (FailureClass.CRASH, False),
+        (FailureClass.EXIT, False),
+    ]:
+        found = lost_cause(record, [RankDeath(1, "ended", failure=failure)])
+        assert found is not None and found[0] is failure and failure.retried is retried
+        assert bool(failure.why_not_retried) is not retried  # each class not retried says why
+    assert lost_cause(record, []) == (FailureClass.LOST, "rank 1 on hostB ended without a word")
     record.apply(Message(RankError("hostB", "ValueError", "bad"), 1), 0.0)
     record.apply(Message(Exit(1), 1), 0.0)
-    assert lost_cause(record, [RankDeath(1, "exited with code 1")]) is None  # the user's exception
+    assert lost_cause(record, [RankDeath(1, "exited with code 1")]) == (
+        FailureClass.CODE,
+        "rank 1 raised ValueError",
+    )
+    assert not FailureClass.CODE.retried
 
 
 PROGRESS = """

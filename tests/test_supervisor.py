@@ -110,7 +110,8 @@ def test_a_silent_death_seen_by_the_launcher_is_named():
         seen_deaths=[death_of(1, -9, "a")],
     )
     supervisor, _, _ = run(launcher)
-    with pytest.raises(RankFailedError, match=r"rank 1 on a failed: it was killed by signal 9"):
+    said = r"rank 1 on a failed \(killed from outside\): it was killed by signal 9"
+    with pytest.raises(RankFailedError, match=said):
         supervisor.execute()
 
 

@@ -13,6 +13,7 @@ from hvd_magic.data.source import local_shards
 from hvd_magic.errors import LaunchError
 from hvd_magic.launch.base import Launcher
 from hvd_magic.launch.gloo import GlooStore, LoopbackStoreServer, gloo_env, gloo_slots
+from hvd_magic.launch.memory_cgroup import MemoryWatch
 from hvd_magic.launch.mpirun import mpirun_argv, mpirun_deaths
 from hvd_magic.launch.processes import (
     OutputTail,
@@ -44,6 +45,7 @@ class _ProcessGroupLauncher(Launcher):
         self.shards = shards or []  # data=: rank -> its shard file, written by the notebook
         self.processes: list[subprocess.Popen[bytes]] = []
         self.tails: list[OutputTail] = []
+        self.memory: list[MemoryWatch | None] = []  # each process's memory cgroup, from its start
 
     @classmethod
     def for_options(cls, options: RunOptions) -> _ProcessGroupLauncher:
@@ -66,6 +68,7 @@ class _ProcessGroupLauncher(Launcher):
         process = spawn(argv, env, cwd=self.cwd)
         self.processes.append(process)
         self.tails.append(OutputTail(process.stdout))
+        self.memory.append(MemoryWatch.of(process.pid) or MemoryWatch.of(os.getpid()))  # inherited
 
     def poll(self) -> int | None:
         codes = [p.poll() for p in self.processes]
@@ -109,7 +112,7 @@ class LocalMpiLauncher(_ProcessGroupLauncher):
         self._spawn(argv, self.base_env(env))
 
     def deaths(self) -> list[RankDeath]:
-        return mpirun_deaths("\n".join(list(self.tails[0].lines))) if self.tails else []
+        return mpirun_deaths("\n".join(list(self.tails[0].lines)), self.memory[0]) if self.tails else []
 
 
 class _ProcessPerRankLauncher(_ProcessGroupLauncher):
@@ -123,7 +126,7 @@ class _ProcessPerRankLauncher(_ProcessGroupLauncher):
         for rank, process in enumerate(self.processes):
             code = process.poll()
             if code and rank not in seen:
-                self._deaths.append(death_of(rank, code))
+                self._deaths.append(death_of(rank, code, memory=self.memory[rank]))
         return list(self._deaths)
 
 

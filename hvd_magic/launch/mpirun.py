@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from hvd_magic.launch.processes import RankDeath, death_of
+
+if TYPE_CHECKING:
+    from hvd_magic.launch.memory_cgroup import MemoryWatch
 
 __all__ = ["lost_node", "mpirun_argv", "mpirun_deaths"]
 
@@ -61,10 +65,11 @@ def lost_node(line: str) -> str | None:
     return (found[1] or found[2]) if found else None
 
 
-def mpirun_deaths(output: str) -> list[RankDeath]:
-    """The rank mpirun saw end first, from its own report (Open MPI 4); [] if it reported none."""
+def mpirun_deaths(output: str, memory: MemoryWatch | None = None) -> list[RankDeath]:
+    """The rank mpirun saw end first, from its own report (Open MPI 4); [] if it reported none.
+    ``memory``: the memory cgroup the ranks share with mpirun (on this host), if known."""
     if found := _MPIRUN_SIGNAL.search(output):
-        return [death_of(int(found[1]), -int(found[3]), found[2])]
+        return [death_of(int(found[1]), -int(found[3]), found[2], memory)]
     if found := _MPIRUN_IMPROPER.search(output):
         what = "exited without shutting down (os._exit, or a crash outside Python)"
         return [RankDeath(int(found[1]), what, found[2])]

@@ -16,6 +16,8 @@ from typing import IO, Any
 
 import psutil
 
+from hvd_magic.launch.memory_cgroup import MemoryWatch
+from hvd_magic.protocol.failures import FailureClass, class_of_signal
 from hvd_magic.protocol.lifetime import die_with_parent
 
 __all__ = [
@@ -164,17 +166,21 @@ class RankDeath:
     """A rank that ended without a word (no error, no exit event), as its launcher saw it."""
 
     rank: int
-    what: str  # "was killed by signal 9 (SIGKILL)", ...
+    what: str  # "was killed by signal 9 (SIGKILL) from outside the run", ...
     host: str = ""
     host_lost: bool = False  # its whole host went (the launcher stopped the others itself)
+    failure: FailureClass = FailureClass.EXIT
 
 
-def death_of(rank: int, code: int, host: str = "") -> RankDeath:
-    """Describe a rank process's exit status (Popen's: negative for a signal)."""
+def death_of(rank: int, code: int, host: str = "", memory: MemoryWatch | None = None) -> RankDeath:
+    """Describe a rank process's exit status (Popen's: negative for a signal); ``memory`` is the
+    watch of its memory cgroup, taken when it started (None where it could not be read)."""
     if code < 0:
         name = signal.Signals(-code).name if -code in signal.valid_signals() else "?"
         what = f"was killed by signal {-code} ({name})"
-        if -code == signal.SIGKILL:
-            what += ", e.g. by the kernel's out-of-memory killer"
-        return RankDeath(rank, what, host)
+        if -code == signal.SIGKILL and memory is not None and (oom := memory.oom_kill()) is not None:
+            return RankDeath(rank, oom.text(), host, failure=FailureClass.OOM)
+        if -code == signal.SIGKILL and memory is None:
+            what += "; whether by the out-of-memory killer is unknown (no memory cgroup to read)"
+        return RankDeath(rank, what, host, failure=class_of_signal(-code))
     return RankDeath(rank, f"exited with code {code} without reporting", host)

@@ -15,6 +15,7 @@ import queue
 import threading
 import time
 import uuid
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from hvd_magic.data.parquet import Piece
@@ -23,8 +24,15 @@ from hvd_magic.hub import Hub, RunKeys
 from hvd_magic.launch.base import Launcher
 from hvd_magic.launch.gloo import GlooStore
 from hvd_magic.launch.mpirun import lost_node, mpirun_deaths
-from hvd_magic.launch.processes import RankDeath, death_of
-from hvd_magic.launch.spark_plan import lost_host_deaths, make_plan, spark_failure, tasks_on
+from hvd_magic.launch.processes import RankDeath
+from hvd_magic.launch.spark_plan import (
+    lost_executor_deaths,
+    lost_host_deaths,
+    make_plan,
+    spark_failure,
+    task_death,
+    tasks_on,
+)
 from hvd_magic.launch.spark_session import (
     active_or_embedded_session,
     cancel_tag,
@@ -168,7 +176,7 @@ class SparkLauncher(Launcher):
         elif isinstance(record, LauncherLog):
             self._launcher_said(message.blob.decode("utf-8", errors="replace").rstrip("\n"))
         elif isinstance(record, LauncherExit):
-            self._launcher_ended(message.identity, record.code)
+            self._launcher_ended(message.identity, record)
         elif isinstance(record, Stopped):
             self._stopped[message.identity] = record
 
@@ -195,12 +203,12 @@ class SparkLauncher(Launcher):
         for identity in self._joins:
             self.hub.send_to(identity, Plan(plan))
 
-    def _launcher_ended(self, identity: bytes, code: int) -> None:
+    def _launcher_ended(self, identity: bytes, exit: LauncherExit) -> None:
         """Release the tasks once the launchers ended: mpirun's task reports once, Gloo and torch
-        tasks each report their own rank."""
-        self._launcher_exits.append(code)
-        if code and identity in self._rank_of:
-            self._deaths.append(death_of(self._rank_of[identity], code))
+        tasks each report their own rank (and what their host saw of its end)."""
+        self._launcher_exits.append(exit.code)
+        if exit.code and identity in self._rank_of:
+            self._deaths.append(task_death(self._rank_of[identity], exit))
         if len(self._launcher_exits) >= (1 if self.launcher == "mpi" else self.np):
             self.release()
 
@@ -283,8 +291,11 @@ class SparkLauncher(Launcher):
         if self.launcher == "mpi":
             if self._plan is not None and self._lost:
                 return lost_host_deaths(self._plan, self._lost, self.hub.address.split("//")[-1])
-            return [RankDeath(d.rank, d.what) for d in mpirun_deaths("\n".join(list(self.log)))]
-        return list(self._deaths)
+            deaths = [replace(d, host="") for d in mpirun_deaths("\n".join(list(self.log)))]
+        else:
+            deaths = list(self._deaths)
+        placed = [(rank, self._joins[identity]) for identity, rank in self._rank_of.items()]
+        return lost_executor_deaths(self.job_error, placed) or deaths  # the executor's loss came first
 
     def diagnostics(self) -> str:
         parts = list(self.log)

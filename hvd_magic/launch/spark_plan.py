@@ -4,12 +4,22 @@ failed stage or a lost host means for the run's ranks: pure."""
 from __future__ import annotations
 
 import collections
+import re
 
 from hvd_magic.launch.gloo import gloo_slots
-from hvd_magic.launch.processes import RankDeath
-from hvd_magic.protocol import Join, PlanHost, SparkPlan
+from hvd_magic.launch.processes import RankDeath, death_of
+from hvd_magic.protocol import Join, LauncherExit, PlanHost, SparkPlan
+from hvd_magic.protocol.failures import FailureClass
 
-__all__ = ["lost_host_deaths", "make_plan", "mpi_ranks", "spark_failure", "tasks_on"]
+__all__ = [
+    "lost_executor_deaths",
+    "lost_host_deaths",
+    "make_plan",
+    "mpi_ranks",
+    "spark_failure",
+    "task_death",
+    "tasks_on",
+]
 
 
 def make_plan(joins: list[Join], launcher: str) -> SparkPlan:
@@ -65,8 +75,31 @@ def lost_host_deaths(plan: SparkPlan, nodes: list[str], notebook: str) -> list[R
             "contact with its daemon there: the machine, its executor or its network went down (it "
             f"must reach the other hosts and the notebook at {notebook})"
         )
-        deaths += [RankDeath(rank, what, host_lost=True) for rank in ranks[host.token]]
+        deaths += [
+            RankDeath(rank, what, host_lost=True, failure=FailureClass.LOST) for rank in ranks[host.token]
+        ]
     return deaths
+
+
+def task_death(rank: int, exit: LauncherExit) -> RankDeath:
+    """A rank whose task saw its process end badly, as the task described it on its host."""
+    if exit.what and exit.failure in FailureClass.__members__:
+        return RankDeath(rank, exit.what, failure=FailureClass[exit.failure])
+    return death_of(rank, exit.code)  # hostless: the diagnosis takes the rank's own name
+
+
+def lost_executor_deaths(job_error: str, placed: list[tuple[int, Join]]) -> list[RankDeath]:
+    """The ranks (of ``placed``: rank and its task's Join) on the executor whose loss failed the
+    barrier stage, as Spark's error names it; the other ranks were stopped because of it."""
+    found = re.search(r"ExecutorLostFailure \(executor (\S+) ", job_error)
+    if found is None:
+        return []
+    return [
+        RankDeath(rank, f"was lost with executor {join.executor} on {join.ip} ({job_error})",
+                  host_lost=True, failure=FailureClass.LOST)
+        for rank, join in sorted(placed, key=lambda item: item[0])
+        if join.executor == found[1]
+    ]  # fmt: skip
 
 
 def spark_failure(text: str) -> str:

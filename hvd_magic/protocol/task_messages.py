@@ -53,7 +53,12 @@ class LauncherLog(Record):
 @_kind(Kind.LAUNCHER_EXIT)
 @dataclass(frozen=True)
 class LauncherExit(Record):
+    """The process a task started ended: its exit status and, when it failed, what the task saw
+    on its host (``RankDeath.what``, and its ``FailureClass`` by name)."""
+
     code: int
+    what: str = ""
+    failure: str = ""
 
 
 @_kind(Kind.RELEASE)

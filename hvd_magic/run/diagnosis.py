@@ -11,6 +11,7 @@ import re
 from hvd_magic.errors import RankFailedError, RunError, RunTimeout
 from hvd_magic.launch.processes import RankDeath
 from hvd_magic.protocol import CELL_FILENAME
+from hvd_magic.protocol.failures import FailureClass
 from hvd_magic.run.record import RunRecord, is_consequence, timed_out
 
 __all__ = [
@@ -67,9 +68,13 @@ def rank_failed(record: RunRecord, death: RankDeath | None) -> RankFailedError:
             rank=death.rank,
             host=death_host(record, death),
             exc_type="",
-            message=f"it {death.what}; then rank {failure.rank} failed with {failure.error.exc_type}",
+            message=(
+                f"it {death.what}{last_memory(record, death)}; rank {failure.rank} then failed "
+                f"because of it ({failure.error.exc_type})"
+            ),
             remote_traceback="",
             stopped=record.ranks - 1,
+            failure=death.failure,
         )
     error = failure.error
     return RankFailedError(
@@ -79,6 +84,7 @@ def rank_failed(record: RunRecord, death: RankDeath | None) -> RankFailedError:
         message=error.message,
         remote_traceback=error.traceback,
         stopped=record.ranks - 1,
+        failure=FailureClass.CODE if record.cause is not None else FailureClass.COMMUNICATION,
     )
 
 
@@ -93,26 +99,38 @@ def failure_after_exit(record: RunRecord, code: int, deaths: list[RankDeath], ta
     unfinished = [rank for rank in record.started if rank not in record.exited]
     if code == 0 and not never_started and not unfinished and record.result is not None:
         return None
-    problems = []
+    problems, failure = [], FailureClass.LOST if never_started else None
     if never_started:
         problems.append(f"ranks {never_started} never started")
     death = silent_death(record, deaths)
     if death is not None:
-        problems.append(f"{_named(record, death)} {death.what}")
+        failure = death.failure
+        said = f"{_named(record, death)} {death.what}{last_memory(record, death)}"
+        problems.append(f"{death.failure.value}: {said}")
         gone = {death.rank} | ({d.rank for d in deaths if d.host_lost} if death.host_lost else set())
         unfinished = [rank for rank in unfinished if rank not in gone]  # its host's ranks: named
     if unfinished:
         how = "died without reporting (killed, or crashed in native code)"
-        if death is not None and death.host_lost:  # the launcher stops the others itself
-            how = "were stopped"
+        if death is not None:  # the launcher stops the others, or they lost their peer
+            how = "were stopped because of it"
         problems.append(f"ranks {sorted(unfinished)} {how}")
     if record.result is None and not problems:
         problems.append("rank 0 finished without sending its result")
-    return RunError(
+    error = RunError(
         f"the run failed (launcher exit code {code}): "
         + "; ".join(problems or ["see the output above"])
         + (f"\n\nlauncher output:\n{tail}" if tail else "")
     )
+    error.failure = failure
+    return error
+
+
+def last_memory(record: RunRecord, death: RankDeath) -> str:
+    """'; its last reported memory: 1,480 MiB' for a rank the OOM killer took, else ''."""
+    series = record.resources.get(death.rank)
+    if death.failure is not FailureClass.OOM or not series:
+        return ""
+    return f"; its last reported memory: {series[-1][1].rss / 2**20:,.0f} MiB"
 
 
 def death_host(record: RunRecord, death: RankDeath) -> str:

@@ -1,8 +1,8 @@
-"""``retries=N``: a run that lost a rank to something outside the user's code (a killed
-process, a lost executor, a barrier stage that failed) starts again, on whatever slots Spark
-gives, and its code resumes from the latest checkpoint (``hvd_magic.resume()``). A Python
-exception of the user's code is never retried: it would fail again. Neither are an interrupt
-or a run that stopped making progress (``timeout=``).
+"""``retries=N``: a run that lost a rank to something outside the user's code starts again, on
+whatever slots Spark gives, and its code resumes from the latest checkpoint
+(``hvd_magic.resume()``). Which failure classes are retried, and why the others are not, is
+``protocol.failures``' to say (``FailureClass.retried``). Neither are an interrupt nor a run
+that stopped making progress (``timeout=``).
 
 The decision is pure (``lost_cause``); ``Attempts`` keeps the causes, says each new attempt in
 the view, and waits for slots when a lost executor has not come back yet.
@@ -17,6 +17,7 @@ from hvd_magic.errors import LaunchError, RunError, RunInterrupted, RunTimeout
 from hvd_magic.launch import Launcher, RankDeath
 from hvd_magic.options import RunOptions
 from hvd_magic.protocol import Message
+from hvd_magic.protocol.failures import FailureClass
 from hvd_magic.run.checkpoint_store import CheckpointStore
 from hvd_magic.run.diagnosis import death_host, silent_death
 from hvd_magic.run.record import RunRecord
@@ -27,21 +28,26 @@ __all__ = ["Attempts", "HeldView", "lost_cause"]
 SLOT_POLL_SECONDS = 2.0
 
 
-def lost_cause(record: RunRecord, deaths: list[RankDeath]) -> str | None:
-    """What the run lost outside the user's code, or None when a rank's own error ended it."""
+def lost_cause(record: RunRecord, deaths: list[RankDeath]) -> tuple[FailureClass, str] | None:
+    """The class of what ended the run and its words ('rank 1 on hostB was killed by signal 9
+    (SIGKILL)'), or None when nothing is known to have failed. Retried or not: ``.retried``."""
     if record.cause is not None:
-        return None  # a rank raised: the user's code
+        return FailureClass.CODE, f"rank {record.cause.rank} raised {record.cause.error.exc_type}"
     death = silent_death(record, deaths)
     if death is not None:
         host = death_host(record, death)
-        return f"rank {death.rank} lost{f' on {host}' if host else ''} ({death.what})"
+        return death.failure, f"rank {death.rank}{f' on {host}' if host else ''} {death.what}"
     gone = sorted(set(record.started) - set(record.exited))
-    if gone:
+    if gone:  # no launcher saw them end: their Spark tasks went with them
         where = sorted({record.started[rank] for rank in gone if record.started[rank]})
         hosts = f" on {', '.join(where)}" if where else ""
-        return f"rank{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))}{hosts} ended without a word"
+        many = "s" if len(gone) > 1 else ""
+        return FailureClass.LOST, f"rank{many} {', '.join(map(str, gone))}{hosts} ended without a word"
     if record.never_started():
-        return f"ranks {record.never_started()} never started"
+        return FailureClass.LOST, f"ranks {record.never_started()} never started"
+    if record.errors:
+        first = record.errors[0]
+        return FailureClass.COMMUNICATION, f"rank {first.rank}: {first.error.exc_type}"
     return None
 
 
@@ -87,16 +93,20 @@ class Attempts:
     def failed(self, error: BaseException, record: RunRecord, deaths: list[RankDeath]) -> None:
         """Raise ``error`` unless the run may start again; else say so in the view."""
         retryable = isinstance(error, RunError) and not isinstance(error, (RunInterrupted, RunTimeout))
-        cause = lost_cause(record, deaths) if retryable else None
-        if cause is None or len(self.causes) >= self.retries:
+        found = lost_cause(record, deaths) if retryable else None
+        if found is None or not found[0].retried or len(self.causes) >= self.retries:
+            if found is not None and not found[0].retried and len(self.causes) < self.retries:
+                error.add_note(f"not retried ({found[0].value}): {found[0].why_not_retried}")
             if self.causes:
-                tried = [*self.causes, cause or str(error).splitlines()[0]]
+                last = f"{found[0].value}: {found[1]}" if found else str(error).splitlines()[0]
+                tried = [*self.causes, last]
                 error.add_note("attempts: " + "; ".join(f"{n}. {c}" for n, c in enumerate(tried, 1)))
             raise error
-        self.causes.append(cause)
+        failure, words = found
+        self.causes.append(f"{failure.value}: {words}")
         steps = self.store.steps()
         start = f"from {self.unit} {steps[-1]:,}" if steps else "from the start (no checkpoint yet)"
-        self.view.notice(f"{cause}: attempt {len(self.causes) + 1} of {self.retries + 1} {start}")
+        self.view.notice(f"{self.causes[-1]}: attempt {len(self.causes) + 1} of {self.retries + 1} {start}")
 
     def succeeded(self) -> None:
         if self.causes:

@@ -29,6 +29,7 @@ from hvd_magic.data.parquet import Piece, write_manifest
 from hvd_magic.hub import RunKeys
 from hvd_magic.launch import processes
 from hvd_magic.launch.gloo import LoopbackStoreServer, gloo_env
+from hvd_magic.launch.memory_cgroup import MemoryWatch
 from hvd_magic.launch.mpirun import mpirun_argv
 from hvd_magic.launch.task.agent import ExecAgent
 from hvd_magic.launch.task.network import check_reachable, interface_of, own_address
@@ -250,12 +251,16 @@ def _hold_slot(client: HubClient, process: subprocess.Popen[bytes] | None) -> in
         reader = threading.Thread(target=_forward, args=(process, client), daemon=True)
         reader.start()
     code, reported = 0, process is None
+    memory = None  # the memory cgroup where an OOM kill of the process would be counted
+    if process is not None:
+        memory = MemoryWatch.of(process.pid) or MemoryWatch.of(os.getpid())
     while True:
         if not reported and process is not None and process.poll() is not None:
             if reader is not None:
                 reader.join(timeout=5)
             code, reported = process.returncode, True
-            client.send(LauncherExit(code))
+            death = processes.death_of(-1, code, memory=memory)
+            client.send(LauncherExit(code, death.what, death.failure.name) if code else LauncherExit(0))
         answer = client.receive(timeout=0.2)
         if answer is None and client.lost_for() > LOST_SECONDS:  # the notebook is gone: no one releases
             if process is not None:
