@@ -5,6 +5,7 @@ from __future__ import annotations
 from hvd_magic.errors import (
     CaptureError,
     DataError,
+    FailureClass,
     HorovodMagicError,
     LaunchError,
     RankFailedError,
@@ -13,7 +14,6 @@ from hvd_magic.errors import (
     RunTimeout,
     SessionEnded,
 )
-from hvd_magic.protocol.failures import FailureClass
 from hvd_magic.rank.progress import progress
 from hvd_magic.rank.reporting import report
 

@@ -14,6 +14,7 @@ import pytest
 
 from hvd_magic import HorovodRunner, LaunchError, RankFailedError, RunError, RunInterrupted, RunTimeout
 from hvd_magic.launch import spark as spark_launch
+from hvd_magic.launch import spark_plan
 from hvd_magic.launch.spark_session import check_slots
 from hvd_magic.protocol import Join, LauncherExit, LauncherLog, Message, SparkPlan
 from hvd_magic.run.diagnosis import failure_after_exit
@@ -63,13 +64,13 @@ def cluster(tmp_path_factory):
 def plans(monkeypatch):
     """Records the plans the launcher makes (the real function still runs)."""
     made = []
-    real = spark_launch.make_plan
+    real = spark_plan.make_plan
 
     def spy(joins, launcher):
         made.append(real(joins, launcher))
         return made[-1]
 
-    monkeypatch.setattr(spark_launch, "make_plan", spy)
+    monkeypatch.setattr(spark_plan, "make_plan", spy)
     return made
 
 
@@ -83,7 +84,7 @@ def test_spark_plan_groups_tasks_by_executor_and_numbers_ranks_host_by_host():
     joins = [
         Join(partition=p, executor=e, ip=ip, gpus=[str(g)], agent=f"tcp://{ip}:1") for p, e, ip, g in tasks
     ]
-    plan = spark_launch.make_plan(list(reversed(joins)), "gloo")
+    plan = spark_plan.make_plan(list(reversed(joins)), "gloo")
     assert [(h.token, h.partitions, h.gpus) for h in plan.hosts] == [
         ("hvd-host-0", [0, 2], [["0"], ["1"]]),
         ("hvd-host-1", [1, 3], [["0"], ["1"]]),
@@ -341,18 +342,18 @@ def test_a_failed_jobs_java_error_is_cut_to_the_line_that_says_why():
         "ExecutorLostFailure (executor 0 exited caused by one of the running tasks) Reason: Command "
         "exited with code 137\n\tat org.apache.spark.scheduler.DAGScheduler..."
     )
-    assert spark_launch.spark_failure(text).startswith("ExecutorLostFailure (executor 0 exited")
-    assert spark_launch.spark_failure(text.replace("ExecutorLost", "Other")).startswith(
+    assert spark_plan.spark_failure(text).startswith("ExecutorLostFailure (executor 0 exited")
+    assert spark_plan.spark_failure(text.replace("ExecutorLost", "Other")).startswith(
         "Job aborted due to stage failure: Could not recover."
     )
-    assert spark_launch.spark_failure("py4j: something\nelse") == "py4j: something"
+    assert spark_plan.spark_failure("py4j: something\nelse") == "py4j: something"
     python = (
         "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
         '  File "/x/hvd_magic/launch/spark_task.py", line 95, in barrier_stage\n'
         "ConnectionError: hvd_magic: this executor cannot reach the notebook at 10.0.0.1:5000\n"
     )
     assert (
-        spark_launch.spark_failure(python)
+        spark_plan.spark_failure(python)
         == "hvd_magic: this executor cannot reach the notebook at 10.0.0.1:5000"
     )
 

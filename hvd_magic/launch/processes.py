@@ -16,8 +16,8 @@ from typing import IO, Any
 
 import psutil
 
+from hvd_magic.errors import FailureClass, class_of_signal
 from hvd_magic.launch.memory_cgroup import MemoryWatch
-from hvd_magic.protocol.failures import FailureClass, class_of_signal
 from hvd_magic.protocol.lifetime import die_with_parent
 
 __all__ = [

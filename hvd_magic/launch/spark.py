@@ -21,18 +21,11 @@ from typing import TYPE_CHECKING, Any
 from hvd_magic.data.parquet import Piece
 from hvd_magic.data.source import spark_dataframe, spark_stage
 from hvd_magic.hub import Hub, RunKeys
+from hvd_magic.launch import spark_plan
 from hvd_magic.launch.base import Launcher
 from hvd_magic.launch.gloo import GlooStore
 from hvd_magic.launch.mpirun import lost_node, mpirun_deaths
 from hvd_magic.launch.processes import RankDeath
-from hvd_magic.launch.spark_plan import (
-    lost_executor_deaths,
-    lost_host_deaths,
-    make_plan,
-    spark_failure,
-    task_death,
-    tasks_on,
-)
 from hvd_magic.launch.spark_session import (
     active_or_embedded_session,
     cancel_tag,
@@ -61,7 +54,7 @@ from hvd_magic.protocol import (
 if TYPE_CHECKING:
     from hvd_magic.options import RunOptions
 
-__all__ = ["SparkLauncher", "make_plan", "spark_failure"]
+__all__ = ["SparkLauncher"]
 
 STOP_SECONDS = 30.0  # for every task to confirm its stop (SIGINT, SIGTERM, SIGKILL 1.5 s apart)
 QUIET_SECONDS = 12.0  # ... but not longer than this after the last confirmation
@@ -155,7 +148,7 @@ class SparkLauncher(Launcher):
             stage = source.mapInArrow(functools.partial(barrier_stage, spec), STAGE_SCHEMA, barrier=True)
             self.exit_code = max((int(row[0]) for row in stage.collect()), default=1)
         except Exception as err:  # noqa: BLE001 - py4j/gRPC errors: keep the line that says why
-            self.job_error = spark_failure(str(err))
+            self.job_error = spark_plan.spark_failure(str(err))
             self.exit_code = 1
         finally:
             self.session.removeTag(self.tag)
@@ -193,7 +186,7 @@ class SparkLauncher(Launcher):
             self._send_plan()
 
     def _send_plan(self) -> None:
-        plan = self._plan = make_plan(list(self._joins.values()), self.launcher)
+        plan = self._plan = spark_plan.make_plan(list(self._joins.values()), self.launcher)
         if self.launcher == "gloo":
             self._serve_gloo_store(plan)
         if plan.slots:
@@ -208,7 +201,7 @@ class SparkLauncher(Launcher):
         tasks each report their own rank (and what their host saw of its end)."""
         self._launcher_exits.append(exit.code)
         if exit.code and identity in self._rank_of:
-            self._deaths.append(task_death(self._rank_of[identity], exit))
+            self._deaths.append(spark_plan.task_death(self._rank_of[identity], exit))
         if len(self._launcher_exits) >= (1 if self.launcher == "mpi" else self.np):
             self.release()
 
@@ -263,7 +256,7 @@ class SparkLauncher(Launcher):
         when no confirmation came for QUIET_SECONDS, and shortly after the job ended."""
         start = time.monotonic()
         deadline, confirmed = start + STOP_SECONDS, -1
-        expected = self.np - len(tasks_on(self._plan, self._lost))  # a lost host's tasks cannot
+        expected = self.np - len(spark_plan.tasks_on(self._plan, self._lost))  # a lost host's tasks cannot
         while len(self._stopped) < expected and (now := time.monotonic()) < deadline:
             if len(self._stopped) != confirmed:
                 confirmed, deadline = len(self._stopped), min(start + STOP_SECONDS, now + QUIET_SECONDS)
@@ -272,7 +265,7 @@ class SparkLauncher(Launcher):
             time.sleep(0.02)
 
     def _leftovers(self) -> list[str]:
-        leftovers, lost_tasks = [], tasks_on(self._plan, self._lost)
+        leftovers, lost_tasks = [], spark_plan.tasks_on(self._plan, self._lost)
         for identity, join in self._joins.items():
             stopped = self._stopped.get(identity)
             if stopped is None:
@@ -290,12 +283,14 @@ class SparkLauncher(Launcher):
         A host whose daemon mpirun lost (the machine died, or its network) loses all its ranks."""
         if self.launcher == "mpi":
             if self._plan is not None and self._lost:
-                return lost_host_deaths(self._plan, self._lost, self.hub.address.split("//")[-1])
+                return spark_plan.lost_host_deaths(self._plan, self._lost, self.hub.address.split("//")[-1])
             deaths = [replace(d, host="") for d in mpirun_deaths("\n".join(list(self.log)))]
         else:
             deaths = list(self._deaths)
         placed = [(rank, self._joins[identity]) for identity, rank in self._rank_of.items()]
-        return lost_executor_deaths(self.job_error, placed) or deaths  # the executor's loss came first
+        return (
+            spark_plan.lost_executor_deaths(self.job_error, placed) or deaths
+        )  # the executor's loss came first
 
     def diagnostics(self) -> str:
         parts = list(self.log)

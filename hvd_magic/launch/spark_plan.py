@@ -6,10 +6,10 @@ from __future__ import annotations
 import collections
 import re
 
+from hvd_magic.errors import FailureClass
 from hvd_magic.launch.gloo import gloo_slots
 from hvd_magic.launch.processes import RankDeath, death_of
 from hvd_magic.protocol import Join, LauncherExit, PlanHost, SparkPlan
-from hvd_magic.protocol.failures import FailureClass
 
 __all__ = [
     "lost_executor_deaths",

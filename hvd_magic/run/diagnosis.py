@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import re
 
-from hvd_magic.errors import RankFailedError, RunError, RunTimeout
+from hvd_magic.errors import FailureClass, RankFailedError, RunError, RunTimeout
 from hvd_magic.launch.processes import RankDeath
 from hvd_magic.protocol import CELL_FILENAME
-from hvd_magic.protocol.failures import FailureClass
 from hvd_magic.run.record import RunRecord, is_consequence, timed_out
 
 __all__ = [
     "death_host",
     "explained",
     "failure_after_exit",
+    "failure_line",
     "left_behind",
     "left_waiting",
     "rank_failed",
@@ -123,6 +123,14 @@ def failure_after_exit(record: RunRecord, code: int, deaths: list[RankDeath], ta
     )
     error.failure = failure
     return error
+
+
+def failure_line(error: RunError) -> str:
+    """'rank 1 on vm failed (out of memory)': the view's line for a run a rank's failure ended."""
+    failure = error.failure.value if error.failure is not None else "failed"
+    if isinstance(error, RankFailedError):
+        return f"rank {error.rank}{f' on {error.host}' if error.host else ''} failed ({failure})"
+    return f"the run failed ({failure})"
 
 
 def last_memory(record: RunRecord, death: RankDeath) -> str:

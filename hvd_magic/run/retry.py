@@ -1,7 +1,7 @@
 """``retries=N``: a run that lost a rank to something outside the user's code starts again, on
 whatever slots Spark gives, and its code resumes from the latest checkpoint
 (``hvd_magic.resume()``). Which failure classes are retried, and why the others are not, is
-``protocol.failures``' to say (``FailureClass.retried``). Neither are an interrupt nor a run
+``errors.FailureClass`` to say (``.retried``). Neither are an interrupt nor a run
 that stopped making progress (``timeout=``).
 
 The decision is pure (``lost_cause``); ``Attempts`` keeps the causes, says each new attempt in
@@ -13,11 +13,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from hvd_magic.errors import LaunchError, RunError, RunInterrupted, RunTimeout
+from hvd_magic.errors import FailureClass, LaunchError, RunError, RunInterrupted, RunTimeout
 from hvd_magic.launch import Launcher, RankDeath
 from hvd_magic.options import RunOptions
 from hvd_magic.protocol import Message
-from hvd_magic.protocol.failures import FailureClass
 from hvd_magic.run.checkpoint_store import CheckpointStore
 from hvd_magic.run.diagnosis import death_host, silent_death
 from hvd_magic.run.record import RunRecord

@@ -156,6 +156,8 @@ class Run:
                     self.view.notice(f"hvd_magic: {note}")
                 else:
                     error.add_note(note)
+            if isinstance(error, RunError) and error.failure is not None:  # the class, in the record too
+                self.view.notice(f"hvd_magic: {diagnosis.failure_line(error)}")
             self.view.close()
             if self.live_timeline is not None:
                 self.live_timeline.close()
