@@ -12,7 +12,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from hvd_magic import HorovodRunner, LaunchError, RankFailedError, RunError, RunInterrupted, RunTimeout
+from hvd_magic import (
+    FailureClass,
+    HorovodRunner,
+    LaunchError,
+    RankFailedError,
+    RunError,
+    RunInterrupted,
+    RunTimeout,
+)
 from hvd_magic.launch import spark as spark_launch
 from hvd_magic.launch import spark_plan
 from hvd_magic.launch.spark_session import check_slots
@@ -333,6 +341,16 @@ def test_executor_lost_mid_run_is_a_clear_error(ip, cluster, tmp_path):
     assert "ExecutorLostFailure (executor" in message and "exited" in message, message
     assert "died without reporting" in message  # the ranks it took down are not blamed
     assert gone_within(10) == []
+
+
+def test_a_tasks_word_on_its_ranks_end_keeps_the_class_its_host_saw():
+    oom = "was killed by the kernel's out-of-memory killer: the memory cgroup /yarn/c1 hit its limit"
+    death = spark_plan.task_death(1, LauncherExit(-9, oom, FailureClass.OOM.name))
+    assert (death.rank, death.failure, death.what) == (1, FailureClass.OOM, oom)
+    assert spark_plan.task_death(2, LauncherExit(-9)).failure is FailureClass.KILLED  # an older task's word
+    assert (
+        spark_plan.task_death(2, LauncherExit(-11, "crashed", "NO_SUCH_CLASS")).failure is FailureClass.CRASH
+    )
 
 
 def test_a_failed_jobs_java_error_is_cut_to_the_line_that_says_why():

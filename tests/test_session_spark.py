@@ -65,6 +65,7 @@ def test_a_run_that_loses_an_executor_resumes_on_the_one_spark_brings_back(ip, c
     assert ip.run_cell_magic("horovod", "np=2 retries=1", cell) == 2.0 * STEPS  # as if never lost
     shown = capsys.readouterr().err
     assert "attempt 2 of 2 from step 20" in shown and "finished on attempt 2 of 2" in shown
+    assert "executor or host lost: rank" in shown  # the class that ended the first attempt
     assert (tmp_path / "resumed-1-20").exists()
     assert len(before - {e.pid for e in executor_processes()}) == 1  # one executor JVM was lost
     assert gone_within(30) == []

@@ -284,13 +284,8 @@ class SparkLauncher(Launcher):
         if self.launcher == "mpi":
             if self._plan is not None and self._lost:
                 return spark_plan.lost_host_deaths(self._plan, self._lost, self.hub.address.split("//")[-1])
-            deaths = [replace(d, host="") for d in mpirun_deaths("\n".join(list(self.log)))]
-        else:
-            deaths = list(self._deaths)
-        placed = [(rank, self._joins[identity]) for identity, rank in self._rank_of.items()]
-        return (
-            spark_plan.lost_executor_deaths(self.job_error, placed) or deaths
-        )  # the executor's loss came first
+            return [replace(d, host="") for d in mpirun_deaths("\n".join(list(self.log)))]
+        return list(self._deaths)
 
     def diagnostics(self) -> str:
         parts = list(self.log)

@@ -4,7 +4,6 @@ failed stage or a lost host means for the run's ranks: pure."""
 from __future__ import annotations
 
 import collections
-import re
 
 from hvd_magic.errors import FailureClass
 from hvd_magic.launch.gloo import gloo_slots
@@ -12,7 +11,6 @@ from hvd_magic.launch.processes import RankDeath, death_of
 from hvd_magic.protocol import Join, LauncherExit, PlanHost, SparkPlan
 
 __all__ = [
-    "lost_executor_deaths",
     "lost_host_deaths",
     "make_plan",
     "mpi_ranks",
@@ -86,20 +84,6 @@ def task_death(rank: int, exit: LauncherExit) -> RankDeath:
     if exit.what and exit.failure in FailureClass.__members__:
         return RankDeath(rank, exit.what, failure=FailureClass[exit.failure])
     return death_of(rank, exit.code)  # hostless: the diagnosis takes the rank's own name
-
-
-def lost_executor_deaths(job_error: str, placed: list[tuple[int, Join]]) -> list[RankDeath]:
-    """The ranks (of ``placed``: rank and its task's Join) on the executor whose loss failed the
-    barrier stage, as Spark's error names it; the other ranks were stopped because of it."""
-    found = re.search(r"ExecutorLostFailure \(executor (\S+) ", job_error)
-    if found is None:
-        return []
-    return [
-        RankDeath(rank, f"was lost with executor {join.executor} on {join.ip} ({job_error})",
-                  host_lost=True, failure=FailureClass.LOST)
-        for rank, join in sorted(placed, key=lambda item: item[0])
-        if join.executor == found[1]
-    ]  # fmt: skip
 
 
 def spark_failure(text: str) -> str:
