@@ -39,4 +39,5 @@ bench: setup
 	$(PY) bench/session.py --spark
 	$(PY) bench/recovery.py
 	$(PY) bench/telemetry.py
+	$(PY) bench/stragglers.py
 	$(PY) bench/launch_hosts.py --repeat 3

@@ -90,7 +90,7 @@ def test_the_device_hook_is_chosen_by_the_models_device(monkeypatch):
     monkeypatch.setattr(collective_time, "_sources", [])
     monkeypatch.setattr(collective_time, "_measured", False)
     monkeypatch.setattr(collective_ddp, "_device_waits", None)
-    assert collective_ddp.hook_for("cpu") is collective_ddp._timed_allreduce
+    assert collective_ddp.hook_for("cpu") is None  # timed without a hook (HostWait)
     assert collective_ddp.hook_for("mps") is None
     assert callable(collective_ddp.hook_for("cuda"))  # no event is made until a bucket comes
     assert collective_time._sources == [] and not collective_time._measured  # counted once registered

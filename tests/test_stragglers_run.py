@@ -132,8 +132,8 @@ step
 
 
 def test_in_lock_step_ddp_training_the_rank_the_others_wait_for_is_named(tmp_path):
-    """DDP ranks wait in C++, at the end of backward, for the gradients' allreduce: timed through
-    a communication hook that does what DDP does without one, registered at the model's first
+    """DDP ranks wait in C++, at the end of backward, for the gradients' allreduce: timed from the
+    autograd engine (last gradient accumulated to the end of backward), from the model's first
     training forward."""
     named_in_lock_step(DDP_LOCK_STEP, make_options(np=-2, backend="torch", stragglers="0.5/2"), tmp_path)
 
@@ -191,8 +191,9 @@ names = [model._get_ddp_logging_data().get("comm_hook") for model in (plain, hoo
 
 
 def test_ddp_keeps_the_users_hook_and_pickles_as_before(tmp_path):
-    """Only a model without a hook of its own gets the timed default, at its first training
-    forward; the user's hook is theirs, untimed; the timed model pickles as DDP does."""
+    """On the CPU the timing registers no communication hook: DDP's own allreduce and the
+    user's hook run as without hvd_magic, timed from the first training forward on; the timed
+    model pickles as DDP does."""
     options = make_options(np=-2, backend="torch")
     result, _ = execute(capture_cell(DDP_HOOKS, {}), options, RecordingView())
     before, measured, calls, names, grads, pickles = result

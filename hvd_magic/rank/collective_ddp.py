@@ -1,11 +1,16 @@
 """DDP's waits, timed (torch.distributed ranks; see ``collective_time``).
 
 DDP's reducer waits in C++, at the end of ``backward``, for the allreduce of its last bucket of
-gradients. A DDP model without a hook of its own gets, at its first training forward, an
-allreduce of the mean as its communication hook (what DDP does without one), timed from the
-launch of the iteration's last bucket to its completion: on the CPU by the host's clock, on a
-GPU by two CUDA events on the device's streams (``device_waits``: NCCL waits inside a kernel,
-and the host does not see it). Users' own hooks wait where this does not look.
+gradients. From a model's first training forward on:
+
+- on the CPU, that wait is timed on the host's clock from the autograd engine: from the model's
+  last gradient accumulated (DDP then launches its last bucket) to the end of backward, once the
+  reducer has waited for every bucket (``HostWait``). DDP's own C++ allreduce, or the user's
+  hook, stays as it is: one call per parameter and two callbacks a step, nothing per bucket;
+- on a GPU, a model without a hook of its own gets an allreduce of the mean as its
+  communication hook (what DDP does without one), the wait marked by two CUDA events on the
+  device's streams (``device_waits``: NCCL waits inside a kernel, and the host does not see it).
+  Users' own hooks wait where this does not look.
 """
 
 from __future__ import annotations
@@ -20,10 +25,12 @@ from hvd_magic.rank import collective_time
 from hvd_magic.rank.after_import import when_imported
 from hvd_magic.rank.device_waits import DeviceWaits
 
-__all__ = ["time_ddp"]
+__all__ = ["HostWait", "time_ddp", "time_on_host"]
 
 DDP_MODULE = "torch.nn.parallel.distributed"  # loaded by ``import torch``
-_HOOKED = "_hvd_magic_hooked"  # set on a DDP model once its communication hook is registered
+_HOOKED = "_hvd_magic_hooked"  # set on a DDP model once its timing was tried
+_HOST_WAIT = "_hvd_magic_host_wait"  # a CPU model's HostWait
+_TIMED_PARAMETER = "_hvd_magic_timed"  # set on each parameter whose gradient HostWait times
 _device_waits: DeviceWaits | None = None  # this process's CUDA waits, once a model on a GPU is hooked
 _counted = False  # they are a source of collective_time's
 
@@ -47,6 +54,9 @@ def _patch_ddp(module: ModuleType) -> None:
     def forward_hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not self.__dict__.get(_HOOKED) and _training_forward(self):
             _hook_default(self)
+        host_wait = self.__dict__.get(_HOST_WAIT)
+        if host_wait is not None:
+            host_wait.queued = False  # a backward that raised never ran its callbacks
         return forward(self, *args, **kwargs)
 
     ddp._hvd_magic_timed = True
@@ -61,6 +71,9 @@ def _training_forward(model: Any) -> bool:
 
 def _hook_default(model: Any) -> None:
     model.__dict__[_HOOKED] = True  # tried once, whatever comes of it
+    if model.device_type == "cpu":
+        time_on_host(model)
+        return
     try:
         from torch.distributed import _register_comm_hook  # type: ignore[attr-defined]
 
@@ -82,10 +95,8 @@ def _hook_default(model: Any) -> None:
 
 
 def hook_for(device_type: str) -> Callable[[Any, Any], Any] | None:
-    """The timed default hook for a model's device: host-timed on the CPU, event-timed on a
-    CUDA GPU; None elsewhere (not timed)."""
-    if device_type == "cpu":
-        return _timed_allreduce
+    """The timed default hook for a model's device: event-timed on a CUDA GPU; None elsewhere
+    (the CPU is timed without a hook: ``HostWait``; other devices are not timed)."""
     if device_type == "cuda":
         return timed_on_device(_cuda_waits())
     return None
@@ -156,30 +167,51 @@ def _mark(make: Callable[[], Any]) -> Any:
         return None
 
 
-def _timed_allreduce(group: Any, bucket: Any) -> Any:
-    """PyTorch's ``allreduce_hook`` (the mean of the ranks' gradients), timed from the launch of
-    an iteration's last bucket to its completion: DDP waits for it once the backward pass is
-    done. Its future is settled by hand (not ``then``) so that a failed allreduce raises
-    torch's own error, as DDP without a hook does."""
-    import torch
-    import torch.distributed as dist
+class HostWait:
+    """The wait at the end of a DDP model's backward, on the host's clock: from its last gradient
+    accumulated (DDP launches its last bucket's allreduce then) to the end of backward.
 
-    group = group if group is not None else dist.group.WORLD
-    buffer = bucket.buffer()
-    buffer.div_(group.size())
-    start = time.perf_counter() if bucket.is_last() else None
-    reduced = dist.all_reduce(buffer, group=group, async_op=True).get_future()
-    result: Any = torch.futures.Future()
+    The end is taken in a callback of the autograd engine queued from another: the engine runs
+    the callbacks of a backward in the order queued, also those queued while they run, so it
+    comes after DDP's own (queued once its last bucket was ready), which waits for every bucket.
+    """
 
-    def settle(done: Any) -> None:
-        if start is not None:
-            collective_time.add(time.perf_counter() - start)
-        try:
-            value = done.value()[0]
-        except Exception as err:  # noqa: BLE001 - handed on as it came
-            result.set_exception(err)
-        else:
-            result.set_result(value)
+    def __init__(self) -> None:
+        self.last = 0.0
+        self.queued = False
 
-    reduced.add_done_callback(settle)
-    return result
+    def ready(self, _parameter: Any) -> None:
+        """A gradient was accumulated (each parameter's, each backward)."""
+        self.last = time.perf_counter()
+        if not self.queued:
+            self.queued = True
+            _engine().queue_callback(self._after_the_reducer)
+
+    def _after_the_reducer(self) -> None:
+        _engine().queue_callback(self._done)
+
+    def _done(self) -> None:
+        self.queued = False
+        collective_time.add(time.perf_counter() - self.last)
+
+
+def time_on_host(model: Any) -> None:
+    """Time ``model``'s waits by ``HostWait`` (each parameter once, in whichever DDP model)."""
+    try:
+        parameters = [p for p in model.module.parameters() if p.requires_grad]
+        if not parameters or any(getattr(p, _TIMED_PARAMETER, False) for p in parameters):
+            return
+        wait = HostWait()
+        for parameter in parameters:
+            parameter.register_post_accumulate_grad_hook(wait.ready)
+            setattr(parameter, _TIMED_PARAMETER, True)
+    except Exception:  # noqa: BLE001 - another torch: not timed
+        return
+    model.__dict__[_HOST_WAIT] = wait
+    collective_time.measured()
+
+
+def _engine() -> Any:
+    from torch.autograd import Variable
+
+    return Variable._execution_engine

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["add", "add_source", "measured", "switch_off", "waited"]
+__all__ = ["add", "add_source", "measured", "switch_off", "timed", "waited"]
 
 # Modules of Horovod's PyTorch binding that hold ``synchronize`` under that name (the first defines it).
 TIMED_MODULES = (
@@ -94,22 +94,24 @@ def _install() -> bool:
     original = getattr(sys.modules.get(TIMED_MODULES[0]), "synchronize", None)
     if original is None:
         return False
-    timed = _timed(original)
+    timed_one = timed(original)
     for name in TIMED_MODULES:
         module = sys.modules.get(name)
         if module is not None and getattr(module, "synchronize", None) is original:
-            module.synchronize = timed  # type: ignore[attr-defined]
+            module.synchronize = timed_one  # type: ignore[attr-defined]
     _installed = True
     return True
 
 
-def _timed(synchronize: Callable[..., Any]) -> Callable[..., Any]:
+def timed(synchronize: Callable[..., Any]) -> Callable[..., Any]:
+    """``synchronize`` (or any call that waits), its seconds counted (``add``)."""
+
     @functools.wraps(synchronize)
-    def timed(*args: Any, **kwargs: Any) -> Any:
+    def timed_call(*args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
         try:
             return synchronize(*args, **kwargs)
         finally:
             add(time.perf_counter() - start)
 
-    return timed
+    return timed_call
