@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from hvd_magic import RankFailedError
+from hvd_magic import FailureClass, RankFailedError
 from hvd_magic.options import make_options
 from hvd_magic.protocol import Stall
 from hvd_magic.run.capture import capture_cell
@@ -98,12 +98,14 @@ def test_the_rank_behind_is_named_when_the_others_time_out(cell, waits_in):
     assert leftover_processes() == []
 
 
-def test_a_collective_after_another_rank_finished_is_uneven_work(ip):
+def test_a_collective_after_another_rank_finished_is_uneven_work_and_not_retried(ip):
     with pytest.raises(RankFailedError) as info:
-        ip.run_cell_magic("horovod", "np=-2 backend=torch", LATE_CELL)
+        ip.run_cell_magic("horovod", "np=-2 backend=torch retries=1", LATE_CELL)
     message = str(info.value).split("\n")[0]
     assert info.value.rank == 1, message
     assert "uneven work: rank 0 finished while rank 1 was still in a collective" in message
     assert "dist.all_reduce(torch.ones(2)) at line 6 of the cell" in message
     assert "torch.distributed.algorithms.Join" in message
+    assert info.value.failure is FailureClass.CODE  # unequal work would fail again: not retried
+    assert not any(note.startswith("attempts: ") for note in getattr(info.value, "__notes__", []))
     assert leftover_processes() == []
