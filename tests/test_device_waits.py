@@ -5,13 +5,14 @@ hook they time is the one a GPU model gets, run for real on two torch.distribute
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from hvd_magic.options import make_options
-from hvd_magic.rank import collective_ddp, collective_time
 from hvd_magic.rank.device_waits import DeviceWaits
 from hvd_magic.run.capture import capture_cell
 from hvd_magic.run.supervisor import execute
@@ -86,14 +87,17 @@ def test_a_pair_that_cannot_be_read_is_dropped_and_the_others_still_count():
     assert 0.01 <= waits() < 10 and waits.in_flight() == 0
 
 
-def test_the_device_hook_is_chosen_by_the_models_device(monkeypatch):
-    monkeypatch.setattr(collective_time, "_sources", [])
-    monkeypatch.setattr(collective_time, "_measured", False)
-    monkeypatch.setattr(collective_ddp, "_device_waits", None)
-    assert collective_ddp.hook_for("cpu") is None  # timed without a hook (HostWait)
-    assert collective_ddp.hook_for("mps") is None
-    assert callable(collective_ddp.hook_for("cuda"))  # no event is made until a bucket comes
-    assert collective_time._sources == [] and not collective_time._measured  # counted once registered
+def test_the_device_hook_is_chosen_by_the_models_device():
+    """In a fresh process: a hook only for a CUDA GPU (the CPU is timed without one), and nothing
+    counted as this rank's waits until a model's hook is registered."""
+    script = (
+        "from hvd_magic.rank import collective_ddp, collective_time\n"
+        "assert collective_ddp.hook_for('cpu') is None and collective_ddp.hook_for('mps') is None\n"
+        "assert callable(collective_ddp.hook_for('cuda'))  # no event is made until a bucket comes\n"
+        "print('waited', collective_time.waited())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "waited None" in done.stdout, done.stderr[-3000:]
 
 
 DDP_ON_DEVICE = """import time, torch, torch.distributed as dist
