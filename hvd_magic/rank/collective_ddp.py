@@ -185,10 +185,10 @@ class HostWait:
         self.last = time.perf_counter()
         if not self.queued:
             self.queued = True
-            _engine().queue_callback(self._after_the_reducer)
+            _mark(lambda: _engine().queue_callback(self._after_the_reducer))  # untimed if refused
 
     def _after_the_reducer(self) -> None:
-        _engine().queue_callback(self._done)
+        _mark(lambda: _engine().queue_callback(self._done))
 
     def _done(self) -> None:
         self.queued = False
