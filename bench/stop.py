@@ -39,6 +39,8 @@ def _gone_at(deadline: float = 60.0) -> float:
 
 def hvd_magic_stop(np: int, launcher: str) -> tuple[float, float]:
     """(interrupt -> cell returned, interrupt -> all gone) for one %%horovod run."""
+    from timing import QuietView
+
     from hvd_magic import RunInterrupted
     from hvd_magic.options import make_options
     from hvd_magic.run.capture import capture_cell
@@ -55,25 +57,11 @@ def hvd_magic_stop(np: int, launcher: str) -> tuple[float, float]:
     threading.Thread(target=interrupt, daemon=True).start()
     try:
         execute(
-            capture_cell(waiting_cell(directory), {}), make_options(np=np, launcher=launcher), _QuietView()
+            capture_cell(waiting_cell(directory), {}), make_options(np=np, launcher=launcher), QuietView()
         )
     except RunInterrupted:
         returned = time.monotonic()
     return returned - interrupted[0], _gone_at() - interrupted[0]
-
-
-class _QuietView:
-    def notice(self, text: str) -> None:
-        pass
-
-    def message(self, message: object) -> None:
-        pass
-
-    def tick(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def bare_mpirun_stop(np: int) -> tuple[float, float]:

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import argparse
 
+from timing import QuietView
+
 from hvd_magic.options import make_options
-from hvd_magic.protocol import Message
 from hvd_magic.run.capture import capture_cell
 from hvd_magic.run.supervisor import execute
 
@@ -107,22 +108,6 @@ models = {"timed": lambda: timed.train_on_batch(x, y), "off": lambda: off.train_
 PATHS = {"ddp": DDP, "horovod": HOROVOD, "keras": KERAS}
 
 
-class Quiet:
-    """A view that shows nothing: the ranks' output is not what is measured."""
-
-    def notice(self, text: str) -> None:
-        pass
-
-    def message(self, message: Message) -> None:
-        pass
-
-    def tick(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def seconds(path: str, steps: int, np: int = -1) -> tuple[float, float]:
     """Rank 0's median step of the timed copy and of the other, in seconds (the median: a
     step caught by the machine's other work, or by Horovod's cycle, does not move it)."""
@@ -131,7 +116,7 @@ def seconds(path: str, steps: int, np: int = -1) -> tuple[float, float]:
         np=np, backend="torch" if torch else None, launcher=None if torch else "gloo", stragglers="off"
     )
     cell = PATHS[path] + f"STEPS = {steps}\n" + INTERLEAVED
-    (timed, off), _ = execute(capture_cell(cell, {}), options, Quiet())  # rank 0's value
+    (timed, off), _ = execute(capture_cell(cell, {}), options, QuietView())  # rank 0's value
     return float(timed), float(off)
 
 

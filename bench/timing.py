@@ -25,3 +25,19 @@ def median_seconds(run: Callable[[], object], repeat: int) -> float:
 
 def least_seconds(run: Callable[[], object], repeat: int) -> float:
     return min(wall_times(run, repeat))
+
+
+class QuietView:
+    """A run's view that shows nothing: what a benchmark times is not the ranks' output."""
+
+    def notice(self, text: str) -> None:
+        pass
+
+    def message(self, message: object) -> None:
+        pass
+
+    def tick(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
