@@ -30,6 +30,7 @@ from hvd_magic.run.record import RunRecord
 
 from .helpers import (
     ALLREDUCE_FOREVER,
+    SLEEP_FOREVER,
     executor_processes,
     gone_within,
     leftover_processes,
@@ -318,7 +319,15 @@ def test_interrupt_on_spark_stops_every_rank_on_every_executor(ip, cluster, tmp_
 
 @pytest.mark.parametrize("launcher", ["mpi", "gloo"])
 def test_nothing_is_left_when_a_timed_out_spark_cell_returns(ip, cluster, tmp_path, launcher):
-    cell = waiting_cell(tmp_path, ignore_signals=True)  # only SIGKILL stops these ranks
+    # only SIGKILL stops these ranks; each reports until all four started, so the 5 s of silence
+    # begin once every rank is in the cell, however slowly a loaded machine starts one
+    every_rank_in = (
+        f"while len(list(pathlib.Path({str(tmp_path)!r}).glob('started-*'))) < 4:\n"
+        "    hvd_magic.report(waiting=1.0)\n    time.sleep(0.2)\n"
+    )
+    cell = "import hvd_magic\n" + waiting_cell(
+        tmp_path, ignore_signals=True, wait=every_rank_in + SLEEP_FOREVER
+    )
     with pytest.raises(RunTimeout) as timed_out:
         ip.run_cell_magic("horovod", f"np=4 launcher={launcher} timeout=5", cell)
     assert run_processes_anywhere() == []

@@ -148,6 +148,14 @@ def test_ranks_that_never_start_end_the_run_after_the_start_timeout(monkeypatch)
         supervisor.execute()
 
 
+def test_a_launch_slower_than_the_timeout_is_judged_by_the_start_timeout(monkeypatch):
+    monkeypatch.setattr(run_supervisor, "START_TIMEOUT", 50.0)
+    launcher = ScriptedLauncher(code=None)  # no rank has started: not a hang yet
+    supervisor, _, _ = run(launcher, timeout=5)
+    with pytest.raises(RunTimeout, match=r"ranks \[0, 1\] did not start within 50 s"):
+        supervisor.execute()
+
+
 def test_stall_reports_do_not_hold_off_the_timeout_and_are_named_by_it():
     stall = Stall([0], [["allreduce.t3"]], 15.0)
     launcher = ScriptedLauncher(

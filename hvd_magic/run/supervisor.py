@@ -235,8 +235,9 @@ class Run:
         if self.record.never_started() and now - self.record.began > START_TIMEOUT:
             raise diagnosis.start_timeout(self.record, START_TIMEOUT)
         self.stopper.check(now)
-        timeout = self.options.timeout
-        if timeout and now - self.record.last_message > timeout:
+        timeout = self.options.timeout  # a hang's limit: it counts once a rank started (a
+        # launch slower than ``timeout=``, on a busy cluster, is the start limit's to judge)
+        if timeout and self.record.started and now - self.record.last_message > timeout:
             raise diagnosis.silence_timeout(self.record, timeout, now, self._where("at the timeout"))
 
     def _pump(self, wait: float) -> None:
