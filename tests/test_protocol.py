@@ -67,6 +67,8 @@ EXAMPLES = {
     ),
     Kind.RESUME: protocol.ResumeRequest(4),
     Kind.RESUMED: protocol.ResumeAnswer(4, step=1200, found=True),
+    Kind.KEPT_ASK: protocol.KeptRequest(5, step=1200),
+    Kind.KEPT: protocol.KeptAnswer(5, kept=True),
     Kind.STOP_ASKED: protocol.StopAsked(),
     Kind.POLLING: protocol.Polling(),
     Kind.STACKS_ASKED: protocol.StacksAsked(7),

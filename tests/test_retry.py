@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from hvd_magic import FailureClass, RankFailedError, RunError, RunInterrupted
-from hvd_magic.protocol import Message, ResumeRequest
+from hvd_magic.protocol import FileChunk, KeptAnswer, KeptRequest, Message, ResumeRequest
 from hvd_magic.protocol.files import checkpoint_name
 from hvd_magic.run.checkpoint_store import CheckpointStore
+from hvd_magic.run.rank_files import RankFiles
 from hvd_magic.run.record import RunRecord
 from hvd_magic.run.retry import lost_cause
 
@@ -167,6 +168,43 @@ def test_a_second_interrupt_stops_at_once(ip, tmp_path, monkeypatch):
     assert time.monotonic() - started < 120
     assert stops[-1].asked_at is not None  # the first press took the graceful path
     assert leftover_processes() == []
+
+
+WAITED_CHECKPOINT = """
+import os, pathlib, signal, horovod.torch as hvd, torch, hvd_magic
+hvd.init()
+state = hvd_magic.resume()
+if state is None:
+    big = torch.ones(16 * 2**20 // 4)  # 16 MiB: four chunks, not all sent when it was asked for
+    kept = hvd_magic.checkpoint({{"step": 7, "big": big}}, step=7, wait=True)
+    if hvd.rank() == 0:
+        pathlib.Path({marks!r}, f"kept-{{kept}}").touch()
+        os.kill(os.getpid(), signal.SIGKILL)  # the moment it returned
+    hvd.allreduce(torch.ones(1))  # rank 1 waits here for rank 0, which is gone
+(state["step"], float(state["big"].sum()))
+"""
+
+
+def test_a_checkpoint_waited_for_is_kept_though_its_rank_is_killed_the_moment_it_returns(ip, tmp_path):
+    value = ip.run_cell_magic(
+        "horovod", "np=-2 launcher=gloo retries=1", WAITED_CHECKPOINT.format(marks=str(tmp_path))
+    )
+    assert (tmp_path / "kept-True").exists()
+    assert value == (7, 4.0 * 2**20)  # the second attempt resumed from it
+
+
+def test_a_kept_question_is_answered_after_the_chunks_before_it(tmp_path):
+    answers: list[tuple[bytes, object]] = []
+    files = RankFiles(
+        None, None, CheckpointStore(str(tmp_path)), lambda to, record: answers.append((to, record))
+    )
+    files.take(Message(KeptRequest(1, step=5), rank=0, identity=b"r0"))
+    files.take(Message(FileChunk(checkpoint_name(5), last=False), rank=0, blob=b"half"))
+    files.take(Message(KeptRequest(2, step=5), rank=0, identity=b"r0"))
+    files.take(Message(FileChunk(checkpoint_name(5), last=True), rank=0, blob=b"whole"))
+    files.take(Message(KeptRequest(3, step=5), rank=0, identity=b"r0"))
+    assert answers == [(b"r0", KeptAnswer(1)), (b"r0", KeptAnswer(2)), (b"r0", KeptAnswer(3, kept=True))]
+    assert (tmp_path / checkpoint_name(5)).read_bytes() == b"halfwhole"
 
 
 def test_a_torn_checkpoint_is_never_the_latest(tmp_path):

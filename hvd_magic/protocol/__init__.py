@@ -7,6 +7,8 @@ travel (``wire``), environment names (``env``), payloads (``payload``) and the S
 from __future__ import annotations
 
 from hvd_magic.protocol.control_messages import (
+    KeptAnswer,
+    KeptRequest,
     Polling,
     RankStacks,
     ResumeAnswer,
@@ -112,6 +114,8 @@ __all__ = [
     "Hello",
     "Interrupt",
     "Join",
+    "KeptAnswer",
+    "KeptRequest",
     "Kill",
     "Kind",
     "LauncherExit",

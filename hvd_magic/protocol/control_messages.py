@@ -8,7 +8,16 @@ from dataclasses import dataclass, field
 
 from hvd_magic.protocol.messages import Kind, Record, _kind
 
-__all__ = ["Polling", "RankStacks", "ResumeAnswer", "ResumeRequest", "StacksAsked", "StopAsked"]
+__all__ = [
+    "KeptAnswer",
+    "KeptRequest",
+    "Polling",
+    "RankStacks",
+    "ResumeAnswer",
+    "ResumeRequest",
+    "StacksAsked",
+    "StopAsked",
+]
 
 
 @_kind(Kind.RESUME)
@@ -27,6 +36,25 @@ class ResumeAnswer(Record):
     id: int
     step: int = 0
     found: bool = False
+
+
+@_kind(Kind.KEPT_ASK)
+@dataclass(frozen=True)
+class KeptRequest(Record):
+    """Rank 0 asks whether its checkpoint of ``step`` is kept (``checkpoint(..., wait=True)``):
+    sent after the checkpoint's last chunk on the same connection, so it is answered after it."""
+
+    id: int
+    step: int = 0
+
+
+@_kind(Kind.KEPT)
+@dataclass(frozen=True)
+class KeptAnswer(Record):
+    """Whether the checkpoint asked about is whole in the run's checkpoint folder."""
+
+    id: int
+    kept: bool = False
 
 
 @_kind(Kind.STOP_ASKED)

@@ -43,6 +43,8 @@ stop_asked     hub → rank               ``StopAsked``       —
 polling        rank → hub               ``Polling``         —
 stacks_asked   hub → rank               ``StacksAsked``     —
 rank_stacks    rank → hub               ``RankStacks``      —
+kept_ask       rank → hub               ``KeptRequest``     —
+kept_reply     hub → rank               ``KeptAnswer``      —
 =============  =======================  ==================  ================================
 
 A new kind is one ``Kind`` member, one record class (the ranks' here, the Spark tasks' and the
@@ -102,6 +104,8 @@ class Kind(str, Enum):
     POLLING = "polling"
     STACKS_ASKED = "stacks_asked"
     STACKS = "rank_stacks"
+    KEPT_ASK = "kept_ask"
+    KEPT = "kept_reply"
 
 
 class Record:

@@ -21,7 +21,7 @@ from typing import Any
 
 import cloudpickle
 
-from hvd_magic.protocol import Polling, ResumeRequest
+from hvd_magic.protocol import KeptRequest, Polling, ResumeRequest
 from hvd_magic.protocol.files import checkpoint_name
 from hvd_magic.rank import inbox as rank_inbox
 from hvd_magic.rank import reporting
@@ -29,20 +29,35 @@ from hvd_magic.rank import reporting
 __all__ = ["checkpoint", "resume", "stopping"]
 
 RESUME_TIMEOUT = 300.0
+KEPT_TIMEOUT = 300.0  # a checkpoint's last chunk sent, to kept (written, and copied to a URL)
 _polling_told = False
 _agreed = False  # the ranks agreed to stop: later calls say so without a collective, on every rank
 
 
-def checkpoint(state: Any, step: int) -> bool:
+def checkpoint(state: Any, step: int, wait: bool = False) -> bool:
     """On rank 0: send ``state`` (anything picklable: state_dicts, optimizer state, numbers) to
     the notebook, where it is kept whole (written, then renamed) in the run's checkpoint folder
     (``checkpoint_dir=``), the last 3 kept. Other ranks: nothing (False), so every rank may call
-    it. A retried run's ranks find it with ``resume()``."""
+    it. A retried run's ranks find it with ``resume()``.
+
+    It returns once the state is pickled and on its way: training goes on while it travels, and
+    a rank killed meanwhile leaves the previous checkpoint the latest. ``wait=True`` returns once
+    the notebook kept it (True), or False if it could not say so within 5 minutes: before a
+    planned exit, or when a notice says the machine is about to go."""
     reporter = reporting.current()
     if reporter is None or reporter.client.rank != 0:
         return False
     # pickled here (a snapshot: training may change the tensors next), sent in the background
-    return reporting.send_file_soon(checkpoint_name(int(step)), cloudpickle.dumps(state))
+    if not reporting.send_file_soon(checkpoint_name(int(step)), cloudpickle.dumps(state)):
+        return False
+    if not wait:
+        return True
+    reporter.files.join()  # every chunk queued on the connection, in order, before the question
+    try:
+        answer = reporter.client.ask(KeptRequest(0, int(step)), b"", KEPT_TIMEOUT)
+    except TimeoutError:
+        return False
+    return bool(getattr(answer.record, "kept", False))
 
 
 def resume() -> Any:

@@ -4,6 +4,8 @@
   to the path the user asked for, as a JSON array that is always whole but for its closing
   ``]``, which ``close`` writes when the run ends, whether or not rank 0 lived to say so;
 - ``hvd_magic.checkpoint``'s go to the run's ``CheckpointStore``, which keeps the last;
+- a ``KeptRequest`` after a checkpoint (``checkpoint(..., wait=True)``) is answered once the
+  chunks before it on rank 0's connection are taken, so "kept" means whole in the store;
 - other files (``reporting.send_file``: the files an estimator's Keras callbacks wrote) go into
   the run's ``files_dir``.
 Both under a temporary name until their last chunk arrived: a torn file never has its name.
@@ -12,9 +14,10 @@ Both under a temporary name until their last chunk arrived: a torn file never ha
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import BinaryIO
 
-from hvd_magic.protocol import FileChunk, Message
+from hvd_magic.protocol import FileChunk, KeptAnswer, KeptRequest, Message, Record
 from hvd_magic.protocol.files import CHECKPOINT_PREFIX
 from hvd_magic.run.checkpoint_store import CheckpointStore
 
@@ -57,14 +60,22 @@ class RankFiles:
     """Routes rank 0's ``FileChunk`` messages to the timeline copy or to ``files_dir``."""
 
     def __init__(
-        self, timeline: str | None, files_dir: str | None, checkpoints: CheckpointStore | None = None
+        self,
+        timeline: str | None,
+        files_dir: str | None,
+        checkpoints: CheckpointStore | None = None,
+        reply: Callable[[bytes, Record], None] | None = None,
     ) -> None:
         self.timeline = TimelineCopy(timeline) if timeline else None
-        self.files_dir, self.checkpoints = files_dir, checkpoints
+        self.files_dir, self.checkpoints, self.reply = files_dir, checkpoints, reply
         self.started: set[str] = set()
 
     def take(self, message: Message) -> None:
         record = message.record
+        if isinstance(record, KeptRequest) and self.reply is not None:
+            kept = self.checkpoints is not None and record.step in self.checkpoints.steps()
+            self.reply(message.identity, KeptAnswer(record.id, kept=kept))
+            return
         if message.rank != 0 or not isinstance(record, FileChunk):
             return
         if record.name == "timeline":

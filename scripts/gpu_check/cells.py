@@ -133,7 +133,7 @@ for step in range(start, 20):
     optimizer.step()
     if step % 5 == 4:
         hvd_magic.checkpoint({{"step": step + 1, "model": model.state_dict(),
-                              "optimizer": optimizer.state_dict()}}, step=step + 1)
+                              "optimizer": optimizer.state_dict()}}, step=step + 1, wait=True)
     hvd_magic.report(step=step + 1, total=20)
     if step == 12 and not pathlib.Path({marks!r}, "killed").exists():
         pathlib.Path({marks!r}, "killed").touch()
