@@ -217,6 +217,20 @@ def test_a_rank_killed_on_an_executor_is_named(ip, cluster, launcher):
     assert gone_within(10) == []
 
 
+def test_a_breakpoint_on_an_executor_is_a_prompt_at_the_notebook(ip, cluster, monkeypatch, capsys):
+    """Only rank 3's breakpoint stops (the notebook's choice travels to the executors)."""
+    monkeypatch.setenv("HVD_MAGIC_BREAKPOINT_RANKS", "3")
+    typed, asked = ["p x + 1", "c"], []
+    monkeypatch.setattr("builtins.input", lambda prompt="": (asked.append(prompt), typed.pop(0))[1])
+    cell = (
+        "import horovod.torch as hvd, torch\nhvd.init()\nx = hvd.rank() * 10\nbreakpoint()\n"
+        "hvd.allreduce(torch.tensor([float(x)]), op=hvd.Sum).item()\n"
+    )
+    assert ip.run_cell_magic("horovod", "np=4", cell) == 60.0
+    assert len(asked) == 2 and all(prompt.startswith("rank 3 on ") for prompt in asked), asked
+    assert "\n31\n" in capsys.readouterr().out  # rank 3's x, on its executor
+
+
 def test_deaths_on_spark_leave_the_host_to_the_ranks_own_report():
     """mpirun and the plan call hosts hvd-host-N: a death carries no host, so the error names
     the rank's real host from its own report (found on the multi-host bed: "rank 2 on hvd-host-2")."""

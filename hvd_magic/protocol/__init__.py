@@ -7,18 +7,22 @@ travel (``wire``), environment names (``env``), payloads (``payload``) and the S
 from __future__ import annotations
 
 from hvd_magic.protocol.control_messages import (
+    DebuggerLeft,
     KeptAnswer,
     KeptRequest,
     Polling,
+    Prompt,
     RankStacks,
     ResumeAnswer,
     ResumeRequest,
     StacksAsked,
     StopAsked,
+    Typed,
 )
 from hvd_magic.protocol.env import (
     ENV_AGENT_TOKEN,
     ENV_AGENTS,
+    ENV_BREAKPOINT_RANKS,
     ENV_HUB,
     ENV_SHARD,
     ENV_SHARDS,
@@ -91,6 +95,7 @@ __all__ = [
     "Abort",
     "Beat",
     "Cell",
+    "DebuggerLeft",
     "CELL_FILENAME",
     "CellDone",
     "CellPayload",
@@ -99,6 +104,7 @@ __all__ = [
     "encode",
     "ENV_AGENT_TOKEN",
     "ENV_AGENTS",
+    "ENV_BREAKPOINT_RANKS",
     "ENV_HUB",
     "ENV_SHARD",
     "ENV_TIME_WAITS",
@@ -129,6 +135,7 @@ __all__ = [
     "Plan",
     "PlanHost",
     "Polling",
+    "Prompt",
     "Pong",
     "RankError",
     "RankStacks",
@@ -151,5 +158,6 @@ __all__ = [
     "StoreAnswer",
     "StoreRequest",
     "Straggler",
+    "Typed",
     "Waiting",
 ]

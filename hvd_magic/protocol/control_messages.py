@@ -1,6 +1,7 @@
 """The records that keep a long run's work and show where it is: checkpoints asked back by ranks
-that resume, a stop the ranks reach at a step boundary, and each rank's stacks asked at any
-moment. Kinds are in ``messages``."""
+that resume, a stop the ranks reach at a step boundary, each rank's stacks asked at any moment,
+and a rank's questions to the person at the notebook (``input()``, pdb). Kinds are in
+``messages``."""
 
 from __future__ import annotations
 
@@ -9,14 +10,17 @@ from dataclasses import dataclass, field
 from hvd_magic.protocol.messages import Kind, Record, _kind
 
 __all__ = [
+    "DebuggerLeft",
     "KeptAnswer",
     "KeptRequest",
     "Polling",
+    "Prompt",
     "RankStacks",
     "ResumeAnswer",
     "ResumeRequest",
     "StacksAsked",
     "StopAsked",
+    "Typed",
 ]
 
 
@@ -90,3 +94,34 @@ class RankStacks(Record):
     main: list[list[str | int]] = field(default_factory=list)
     others: list[list[str]] = field(default_factory=list)
     idle: bool = False
+
+
+@_kind(Kind.PROMPT)
+@dataclass(frozen=True)
+class Prompt(Record):
+    """A rank asks the person at the notebook for a line: ``text`` is what it wrote since its
+    last question, its last line the prompt (``(Pdb) `` when ``debugger``)."""
+
+    id: int
+    text: str = ""
+    debugger: bool = False
+
+
+@_kind(Kind.TYPED)
+@dataclass(frozen=True)
+class Typed(Record):
+    """The line typed (without its newline); ``closed``: the notebook takes no input (a
+    headless run), nothing was asked."""
+
+    id: int
+    line: str = ""
+    closed: bool = False
+
+
+@_kind(Kind.DEBUGGER_LEFT)
+@dataclass(frozen=True)
+class DebuggerLeft(Record):
+    """A rank's pdb continued or quit: ``text`` is what it wrote after its last prompt. Until
+    then, other ranks' prompts wait: one rank in the debugger at a time."""
+
+    text: str = ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "ENV_AGENTS",
     "ENV_AGENT_TOKEN",
+    "ENV_BREAKPOINT_RANKS",
     "ENV_HUB",
     "ENV_SHARD",
     "ENV_SHARDS",
@@ -24,6 +25,7 @@ ENV_AGENT_TOKEN = "HVD_MAGIC_AGENT_TOKEN"  # the agents' client keys, for the rs
 ENV_VIA_AGENT = "HVD_MAGIC_VIA_AGENT"  # set on what an agent starts: its host token
 ENV_SHARDS = "HVD_MAGIC_SHARDS"  # JSON list: local rank -> its data shard file (data=)
 ENV_SHARD = "HVD_MAGIC_SHARD"  # this rank's data shard file, read by hvd_magic.shard()
+ENV_BREAKPOINT_RANKS = "HVD_MAGIC_BREAKPOINT_RANKS"  # "1", "0,2": whose breakpoints stop (all: unset)
 ENV_TIME_WAITS = "HVD_MAGIC_TIME_WAITS"  # "0": the rank times no waits in collectives (stragglers=off)
 TF_LEVEL_VARIABLE = "TF_CPP_MIN_LOG_LEVEL"  # TensorFlow C++ log level: set by the notebook
 # HOROVOD_TIMELINE's value for a timeline started and stopped by hvd.start_timeline/stop_timeline

@@ -45,11 +45,14 @@ stacks_asked   hub → rank               ``StacksAsked``     —
 rank_stacks    rank → hub               ``RankStacks``      —
 kept_ask       rank → hub               ``KeptRequest``     —
 kept_reply     hub → rank               ``KeptAnswer``      —
+prompt         rank → hub               ``Prompt``          —
+typed          hub → rank               ``Typed``           —
+debugger_left  rank → hub               ``DebuggerLeft``    —
 =============  =======================  ==================  ================================
 
 A new kind is one ``Kind`` member, one record class (the ranks' here, the Spark tasks' and the
 exec agents' in ``task_messages``, a live session's in ``session_messages``, checkpoints' and
-graceful stops' and stacks' in ``control_messages``) and one row in this table.
+graceful stops', stacks' and prompts' in ``control_messages``) and one row in this table.
 """
 
 from __future__ import annotations
@@ -106,6 +109,9 @@ class Kind(str, Enum):
     STACKS = "rank_stacks"
     KEPT_ASK = "kept_ask"
     KEPT = "kept_reply"
+    PROMPT = "prompt"
+    TYPED = "typed"
+    DEBUGGER_LEFT = "debugger_left"
 
 
 class Record:

@@ -6,6 +6,7 @@ worker for a run and by a live session's rank loop for each cell. It must not im
 from __future__ import annotations
 
 import ast
+import bdb
 import linecache
 import sys
 import traceback
@@ -58,6 +59,9 @@ def _user_traceback(err: BaseException) -> str:
     # Drop the worker's own frames: the user's story starts in their cell or function.
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next
+    if isinstance(err, bdb.BdbQuit):  # where the person quit, not the debugger's own frames
+        frames = [frame for frame in traceback.extract_tb(tb) if frame.filename != bdb.__file__]
+        return "Traceback (most recent call last):\n" + "".join(traceback.format_list(frames))
     return "".join(traceback.format_exception(type(err), err, tb))
 
 
@@ -103,4 +107,5 @@ def run_payload(client: HubClient, payload: CellPayload | FunctionPayload, host:
 
 def report_error(client: HubClient, host: str, err: BaseException) -> None:
     sys.stderr.flush()
-    client.send(RankError(host, type(err).__name__, str(err), _user_traceback(err)))
+    said = "quit in the debugger (q)" if isinstance(err, bdb.BdbQuit) else str(err)
+    client.send(RankError(host, type(err).__name__, said, _user_traceback(err)))

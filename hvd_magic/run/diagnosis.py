@@ -26,6 +26,7 @@ __all__ = [
     "stall_sentence",
     "stall_text",
     "start_timeout",
+    "unloadable_value",
 ]
 
 UNEVEN_HINT = (
@@ -283,3 +284,12 @@ def left_waiting(record: RunRecord, now: float) -> RankFailedError:
 
 def _ranks(ranks: list[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+
+
+def unloadable_value(err: Exception) -> RunError:
+    """Rank 0's value arrived but cannot be unpickled in the notebook."""
+    return RunError(
+        f"the run finished, but rank 0's value (the cell's last expression, or return= names) "
+        f"could not be loaded in the notebook: {type(err).__name__}: {str(err)[:300]}. End the "
+        "cell with ';' or return plain data (numbers, lists, arrays, state_dicts)."
+    )

@@ -26,6 +26,7 @@ from hvd_magic.run import diagnosis, stalls
 from hvd_magic.run.capture import Captured
 from hvd_magic.run.checkpoint_store import CheckpointStore
 from hvd_magic.run.graceful import GracefulStop, interrupts_deferred
+from hvd_magic.run.prompts import RankPrompts
 from hvd_magic.run.rank_env import rank_env, stall_seconds
 from hvd_magic.run.rank_files import RankFiles
 from hvd_magic.run.record import RunRecord
@@ -118,6 +119,7 @@ class Run:
         self.record = RunRecord(options.ranks, began=now, last_message=now)
         self.files = RankFiles(options.timeline, options.files_dir, store, hub.send_to)
         self.stopper = GracefulStop(hub, view, store, clock)
+        self.prompts = RankPrompts(hub, view, self.record.started)
         self.last_beat = now
         if store is not None:
             hub.responders[ResumeRequest] = store.answer
@@ -249,6 +251,9 @@ class Run:
                 )
             except queue.Empty:
                 return
+            if self.prompts.take(message):  # asked at the notebook: a person's time is no silence
+                self.record.last_message = self.clock()
+                continue
             now = self.clock()
             self.record.apply(message, now)
             self.stragglers.take(message, now)
@@ -290,8 +295,4 @@ class Run:
         try:
             return cloudpickle.loads(self.record.result)
         except Exception as err:  # noqa: BLE001 - whatever the value's class does when unpickled
-            raise RunError(
-                f"the run finished, but rank 0's value (the cell's last expression, or return= names) "
-                f"could not be loaded in the notebook: {type(err).__name__}: {str(err)[:300]}. End the "
-                "cell with ';' or return plain data (numbers, lists, arrays, state_dicts)."
-            ) from None
+            raise diagnosis.unloadable_value(err) from None
