@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterator
 
 import pytest
+from IPython.core.error import UsageError
 from jupyter_client.manager import start_new_kernel
 
 from hvd_magic import RankFailedError
@@ -178,3 +179,56 @@ def test_a_headless_kernel_passes_a_breakpoint_instead_of_hanging(tmp_path):
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
+
+
+@pytest.fixture
+def session(ip):
+    yield ip
+    from hvd_magic.session import commands
+
+    commands.stop()
+
+
+def test_a_breakpoint_in_a_live_sessions_cell_and_the_session_goes_on(session, person, capsys):
+    session.run_line_magic("horovod", "start np=-2 backend=torch")
+    person.answers = ["p x", "c"]
+    cell = "x = 10 * (dist.get_rank() + 1)\nif dist.get_rank() == 1:\n    breakpoint()\nx\n"
+    assert session.run_cell_magic("horovod", "", cell) == 10
+    assert "\n20\n" in capsys.readouterr().out and len(person.prompts) == 2
+    person.answers = ["q"]
+    with pytest.raises(RankFailedError, match="quit in the debugger"):
+        session.run_cell_magic("horovod", "", cell)
+    assert session.run_cell_magic("horovod", "", "x + 1") == 11  # the ranks were in step: usable
+
+
+FAILING = """secret = 6 * (dist.get_rank() + 1)
+def check(value):
+    limit = value - 1
+    if dist.get_rank() == 1:
+        raise ValueError(f"{value} is over {limit}")
+check(secret)
+"""
+
+
+def test_post_mortem_opens_pdb_where_the_failed_rank_raised(session, person, capsys):
+    session.run_line_magic("horovod", "start np=-2 backend=torch")
+    with pytest.raises(UsageError, match="did not fail: there is nothing to debug"):
+        session.run_line_magic("horovod", "debug")
+    with pytest.raises(RankFailedError, match="ValueError: 12 is over 11"):
+        session.run_cell_magic("horovod", "", FAILING)
+    capsys.readouterr()
+    person.answers = ["p limit, value", "u", "p secret", "q"]
+    session.run_line_magic("horovod", "debug")  # the rank whose error ended the cell: rank 1
+    said = capsys.readouterr().out
+    assert all(prompt.startswith("rank 1 on ") for prompt in person.prompts)
+    assert "ValueError: 12 is over 11" in said and "(11, 12)" in said and "\n12\n" in said
+    person.answers = ["p secret", "q"]  # again: the failure is kept until the next cell
+    session.run_line_magic("horovod", "debug rank=1")
+    assert "\n12\n" in capsys.readouterr().out
+    session.run_line_magic("horovod", "debug rank=0")  # rank 0 did not fail
+    assert "rank 0: its last cell did not fail here" in capsys.readouterr().out
+    session.run_cell_magic("horovod", "", "secret")
+    with pytest.raises(UsageError, match="nothing to debug"):
+        session.run_line_magic("horovod", "debug")
+    with pytest.raises(UsageError, match=r"usage: %horovod debug \[rank=N\]"):
+        session.run_line_magic("horovod", "debug rank=one")

@@ -88,6 +88,7 @@ class HorovodMagics(Magics):
             %%horovod timeline=on       # its own timeline (start ... timeline=yes); logdir=, mlflow=
             %horovod status             # ranks, hosts, pids, memory, CPU, busy or idle
             %horovod stacks             # where each rank is now: its Python stack
+            %horovod debug              # pdb where the last cell failed (rank=N: that rank's)
             %horovod stop               # ends the ranks, frees their slots
         """
         if cell is None:
@@ -142,6 +143,9 @@ class HorovodMagics(Magics):
             return None
         if verb == "stop":
             print(sessions.stop())
+            return None
+        if verb == "debug":
+            print(sessions.debug(rest) or "", end="")
             return None
         if verb != "start":
             raise UsageError(f"usage: %horovod {sessions.VERBS} [options]; a cell: %%horovod np=N\n{usage()}")

@@ -53,6 +53,7 @@ from hvd_magic.protocol.payload import (
     SILENT_EXIT,
     CellPayload,
     FunctionPayload,
+    PostMortem,
     SessionPayload,
 )
 from hvd_magic.protocol.plan import (
@@ -135,6 +136,7 @@ __all__ = [
     "Plan",
     "PlanHost",
     "Polling",
+    "PostMortem",
     "Prompt",
     "Pong",
     "RankError",

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CELL_FILENAME", "SILENT_EXIT", "CellPayload", "FunctionPayload", "SessionPayload"]
+__all__ = ["CELL_FILENAME", "SILENT_EXIT", "CellPayload", "FunctionPayload", "PostMortem", "SessionPayload"]
 
 CELL_FILENAME = "<horovod cell>"  # the cell's name in tracebacks
 
@@ -23,6 +23,12 @@ class CellPayload:
 class FunctionPayload:
     function: Callable[..., Any]
     kwargs: dict[str, Any]
+
+
+@dataclass
+class PostMortem:
+    """A live session's ``%horovod debug``: pdb where the rank's last cell failed (its value:
+    what to say instead, when it did not)."""
 
 
 # A session rank's exit code when it left because the notebook was silent: it ran no cell that

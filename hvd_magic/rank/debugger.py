@@ -17,16 +17,17 @@ import io
 import os
 import pdb
 import sys
-from types import FrameType
+from types import FrameType, TracebackType
 from typing import IO, cast
 
 from hvd_magic.protocol import ENV_BREAKPOINT_RANKS, DebuggerLeft, Prompt
 from hvd_magic.rank import reporting
 
-__all__ = ["RankPdb", "ask", "install", "notebook_input"]
+__all__ = ["RankPdb", "ask", "failed", "forget", "install", "notebook_input", "post_mortem"]
 
 ANSWER_SECONDS = 7 * 24 * 3600.0  # a person answers when they answer
 _closed = False  # the notebook said it takes no input: asked no more
+_failure: tuple[BaseException, TracebackType] | None = None  # a live session's last failed cell
 
 
 def ask(text: str, debugger: bool = False) -> str | None:
@@ -119,3 +120,28 @@ def install() -> None:
     """In a rank, before the user's code: its questions go to the notebook."""
     builtins.input = notebook_input
     pdb.Pdb = RankPdb  # type: ignore[misc]
+
+
+def failed(error: BaseException, traceback: TracebackType | None) -> None:
+    """A cell failed here: kept for ``post_mortem`` (``traceback`` from the user's first frame)."""
+    global _failure
+    _failure = (error, traceback) if traceback is not None else None
+
+
+def forget() -> None:
+    """A new cell: the last failure's frames (and the memory they hold) are let go."""
+    global _failure
+    _failure = None
+
+
+def post_mortem() -> str:
+    """``%horovod debug``: pdb at the frame where this rank's last cell failed, its locals as
+    they were; what to say instead when there is none."""
+    if _failure is None:
+        return f"rank {_rank()}: its last cell did not fail here, so there is nothing to debug"
+    error, traceback = _failure
+    debugger = RankPdb()
+    debugger.reset()
+    debugger.message(f"{type(error).__name__}: {error}")
+    debugger.interaction(None, traceback)
+    return ""

@@ -16,6 +16,7 @@ from typing import Any
 import cloudpickle
 
 from hvd_magic.protocol import CELL_FILENAME, CellPayload, FunctionPayload, RankError, Result
+from hvd_magic.rank import debugger
 from hvd_magic.rank.client import HubClient
 
 __all__ = ["load_payload", "report_error", "run_payload", "user_call"]
@@ -54,11 +55,16 @@ def load_payload(blob: bytes) -> CellPayload | FunctionPayload:
     return payload
 
 
-def _user_traceback(err: BaseException) -> str:
+def _user_frames(err: BaseException) -> types.TracebackType | None:
+    """The traceback without the worker's own frames: the user's story starts in their code."""
     tb: types.TracebackType | None = err.__traceback__
-    # Drop the worker's own frames: the user's story starts in their cell or function.
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next
+    return tb
+
+
+def _user_traceback(err: BaseException) -> str:
+    tb = _user_frames(err)
     if isinstance(err, bdb.BdbQuit):  # where the person quit, not the debugger's own frames
         frames = [frame for frame in traceback.extract_tb(tb) if frame.filename != bdb.__file__]
         return "Traceback (most recent call last):\n" + "".join(traceback.format_list(frames))
@@ -94,6 +100,7 @@ def run_payload(client: HubClient, payload: CellPayload | FunctionPayload, host:
             return err.code if isinstance(err.code, int) else 1
         value, returned = None, {}
     except BaseException as err:  # noqa: BLE001 - every failure is reported, then we exit
+        debugger.failed(err, _user_frames(err))
         report_error(client, host, err)
         return 130 if isinstance(err, KeyboardInterrupt) else 1
     if reply:

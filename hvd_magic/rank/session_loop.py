@@ -19,8 +19,17 @@ from typing import Any
 
 import cloudpickle
 
-from hvd_magic.protocol import SILENT_EXIT, Cell, CellDone, CellPayload, FunctionPayload, SessionPayload
-from hvd_magic.rank import reporting
+from hvd_magic.protocol import (
+    SILENT_EXIT,
+    Cell,
+    CellDone,
+    CellPayload,
+    FunctionPayload,
+    PostMortem,
+    Result,
+    SessionPayload,
+)
+from hvd_magic.rank import debugger, reporting
 from hvd_magic.rank.cell_timeline import CellTimeline
 from hvd_magic.rank.client import HubClient
 from hvd_magic.rank.execute import report_error, run_payload, user_call
@@ -105,8 +114,12 @@ class _Loop:
         """Run one cell; its end (``CellDone``) is sent after all it printed (and, when
         ``timeline`` asks for it on this rank 0, after its timeline)."""
         self.inbox.busy = cell
+        if not isinstance(payload, PostMortem):
+            debugger.forget()  # a failure is debugged until the next cell
         try:
-            if isinstance(payload, BaseException):
+            if isinstance(payload, PostMortem):
+                ok = self._post_mortem(reply)
+            elif isinstance(payload, BaseException):
                 report_error(self.client, self.host, payload)
                 ok = False
             else:
@@ -120,6 +133,12 @@ class _Loop:
         self.sync()
         self.client.send(CellDone(cell, ok))
         return ok
+
+    def _post_mortem(self, reply: bool) -> bool:
+        said = debugger.post_mortem()
+        if reply:
+            self.client.send(Result(), cloudpickle.dumps((said, {})))
+        return True
 
     def _run(self, payload: Any, reply: bool, timeline: Cell | None) -> bool:
         try:

@@ -1,4 +1,4 @@
-"""The notebook's live session: ``%horovod start|status|stacks|stop`` and ``%%horovod`` cells without
+"""The notebook's live session: ``%horovod start|status|stacks|debug|stop`` and ``%%horovod`` cells without
 ``np=`` (the magic module parses, this one keeps the one session of the kernel)."""
 
 from __future__ import annotations
@@ -9,11 +9,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import cloudpickle
 from IPython.core.error import UsageError
 
-from hvd_magic.errors import RunError, SessionEnded
+from hvd_magic.errors import RankFailedError, RunError, SessionEnded
 from hvd_magic.options import OPTIONS, OptionError, RunOptions, cell_options
 from hvd_magic.options.table import SESSION_CELL
+from hvd_magic.protocol import PostMortem
 from hvd_magic.run import stacks
 from hvd_magic.run.capture import Captured
 from hvd_magic.session.live import LiveSession
@@ -22,6 +24,7 @@ from hvd_magic.session.ranks import hosts_and_pids
 __all__ = [
     "VERBS",
     "cell_run",
+    "debug",
     "run_on",
     "current",
     "session_cell_options",
@@ -32,8 +35,9 @@ __all__ = [
     "timeline_ready",
 ]
 
-VERBS = "start|status|stacks|stop"
+VERBS = "start|status|stacks|debug|stop"
 _session: LiveSession | None = None
+_failed: int | None = None  # the rank whose error ended the session's last cell, if one did
 
 
 def current() -> LiveSession | None:
@@ -126,8 +130,13 @@ def run_on(session: LiveSession, captured: Any, targets: list[int] | None, optio
     notebook (a kernel stopped, or busy holding the GIL, for the silence limit) as the cell was
     sent: they ran no cell after leaving, so it runs once, on the new session. So does a cell
     that found the session ended (``idle=`` ended it as the cell came): it ran nowhere."""
+    global _failed
+    _failed = None
     try:
         return session.run(captured, targets, options=options)
+    except RankFailedError as err:
+        _failed = err.rank
+        raise
     except SessionEnded:
         return _alive(session).run(captured, targets, options=options)
     except RunError:
@@ -246,3 +255,24 @@ def _duration(seconds: float) -> str:
     minutes, seconds = divmod(int(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{seconds:02d}" if hours else f"{minutes}:{seconds:02d}"
+
+
+def debug(line: str) -> str:
+    """``%horovod debug [rank=N]``: pdb where the live session's last cell failed, on the rank
+    whose error ended it (or rank N), as ``%debug`` does for the kernel's own cells."""
+    session = _session
+    if session is None or not session.live:
+        raise UsageError(
+            "%horovod debug opens pdb where a rank of a live session's last cell failed, and there is no "
+            "live session: a cell of its own (np=) leaves no rank behind. Start one with %horovod start "
+            "np=N; or put breakpoint() in the cell"
+        )
+    chosen = line.strip().removeprefix("rank=")
+    if chosen and not chosen.isdigit():
+        raise UsageError(f"usage: %horovod debug [rank=N], got {line.strip()!r}")
+    rank = int(chosen) if chosen else _failed
+    if rank is None:
+        raise UsageError("the live session's last cell did not fail: there is nothing to debug")
+    parse_ranks(str(rank), None, session.size)  # one of the session's
+    value, _ = session.run(Captured(cloudpickle.dumps(PostMortem()), []), [rank])
+    return str(value or "")
