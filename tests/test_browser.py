@@ -181,3 +181,46 @@ def test_the_timeline_grows_under_the_cell_during_the_run(live_timeline_lab, tmp
     # streamed in pieces while Horovod wrote it (and rewrote its closing "]"): still one JSON array
     events = json.loads((tmp_path / "run_timeline.json").read_text())
     assert sum(e.get("ph") == "E" for e in events) > 100
+
+
+BREAKPOINT_CELL = """%%horovod np=-2 backend=torch
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+x = 10 * (dist.get_rank() + 1)
+if dist.get_rank() == 1:
+    breakpoint()
+t = torch.tensor([float(x)])
+dist.all_reduce(t)
+print("sum", t.item())
+"""
+
+
+@pytest.fixture
+def breakpoint_lab(tmp_path):
+    yield from _jupyterlab(tmp_path, BREAKPOINT_CELL)
+
+
+@needs_chromium
+def test_a_ranks_breakpoint_is_answered_in_the_pages_input_box(breakpoint_lab):
+    with notebook_page(breakpoint_lab, height=1000) as page:
+        box = page.wait_for_selector(".jp-Stdin-input", timeout=180_000)
+        assert box is not None
+        prompt = page.text_content(".jp-Stdin-prompt") or ""
+        assert prompt.startswith("rank 1 on ") and prompt.rstrip().endswith("(Pdb)"), prompt
+        box.fill("p x")
+        box.press("Enter")
+        # the answer is printed, then the next prompt: an input box again, after "20"
+        page.wait_for_function(
+            """() => [...document.querySelectorAll('.jp-OutputArea-output')]
+                .some(o => /^20$/m.test(o.textContent))""",
+            timeout=60_000,
+        )
+        page.wait_for_function(
+            "() => document.querySelectorAll('.jp-Stdin-input').length === 2", timeout=60_000
+        )
+        page.screenshot(path=str(ARTIFACTS / "breakpoint_in_a_rank.png"))
+        box = page.locator(".jp-Stdin-input").last  # the new prompt's box (the first one keeps "p x")
+        box.fill("c")
+        box.press("Enter")
+        page.wait_for_selector(".hvd-final", timeout=120_000)
+        assert "sum 30.0" in (page.text_content(".hvd-final") or "")
