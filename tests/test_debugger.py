@@ -122,6 +122,11 @@ def test_the_chosen_ranks_breakpoints_stop_and_the_others_pass(ip, person, monke
     person.answers = ["c"]
     assert ip.run_cell_magic("horovod", "np=-2", TWO_AT_A_BREAKPOINT) == 3.0
     assert [int(prompt.split()[1]) for prompt in person.prompts] == [1]
+    person.answers, person.prompts = ["c"], []  # one cell's own choice, in its env=
+    assert (
+        ip.run_cell_magic("horovod", "np=-2 env=HVD_MAGIC_BREAKPOINT_RANKS=0:5", TWO_AT_A_BREAKPOINT) == 3.0
+    )
+    assert [int(prompt.split()[1]) for prompt in person.prompts] == [0]
 
 
 def test_without_a_stdin_a_breakpoint_is_passed_and_said_once(ip, monkeypatch, capsys):

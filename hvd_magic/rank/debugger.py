@@ -4,8 +4,8 @@ A rank has no terminal: each line it reads is a ``Prompt`` on its connection to 
 which asks the person there with the kernel's own input box, labelled with the rank and host,
 and sends back what was typed (``run.prompts``). pdb writes into a buffer that travels with its
 next prompt, so what it printed and its prompt arrive together and in order; the cell's source
-is in ``linecache``, so ``l`` shows it. ``HVD_MAGIC_BREAKPOINT_RANKS`` ("1", "0,2") chooses whose
-breakpoints stop; the others pass them. Where the notebook takes no input (a headless run), the
+is in ``linecache``, so ``l`` shows it. ``HVD_MAGIC_BREAKPOINT_RANKS`` ("1", "0,2", "0:2")
+chooses whose breakpoints stop; the others pass them. Where the notebook takes no input (a headless run), the
 first breakpoint is passed with one line saying so and later ones silently, and ``input()``
 raises EOFError, as Python's does without a stdin: never a hang.
 """
@@ -16,6 +16,7 @@ import builtins
 import io
 import os
 import pdb
+import re
 import sys
 from types import FrameType, TracebackType
 from typing import IO, cast
@@ -85,7 +86,7 @@ def _stops_here() -> bool:
     chosen = os.environ.get(ENV_BREAKPOINT_RANKS, "").strip()
     if _closed or reporting.current() is None:
         return False
-    return not chosen or str(_rank()) in {part.strip() for part in chosen.split(",")}
+    return not chosen or str(_rank()) in re.findall(r"\d+", chosen)  # "1", "0,2", "0:2" (in env=)
 
 
 class RankPdb(pdb.Pdb):
