@@ -36,6 +36,7 @@ __all__ = [
     "load_ipython_extension",
     "progress",
     "report",
+    "resized",
     "resume",
     "shard",
     "stopping",
@@ -65,6 +66,10 @@ def __getattr__(name: str) -> object:
         from hvd_magic.rank import progress as loops
 
         return loops.LiveCallback
+    if name == "resized":  # min_np=: this attempt's ranks, resized from the last's
+        from hvd_magic.rank.resized import resized
+
+        return resized
     if name == "shard":
         from hvd_magic.data import shard
 

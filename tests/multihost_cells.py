@@ -120,3 +120,24 @@ for step in range(state["step"], 60):
     time.sleep(0.1)
 [w.item(), state["step"], sorted(hvd.allgather_object(socket.gethostname()))]
 """
+
+# min_np=2 of 3: the smaller attempt waits at its 8th step until the test has the lost host's
+# worker back (GATE on every host), so that it grows back to 3 at a checkpoint after that.
+GATE = "/tmp/hvd_magic-bed-go"
+ELASTIC = """%%horovod np=3 retries=3 min_np=2 resize_wait=5 checkpoint_dir={store}
+import os, socket, time, horovod.torch as hvd, torch, hvd_magic
+hvd.init()
+state = hvd_magic.resume() or {{"step": 0, "w": torch.zeros(1), "sizes": []}}
+w, start = state["w"], state["step"]
+sizes = state["sizes"] + [[start, hvd.size(), hvd_magic.resized()]]
+open(f"/tmp/hvd_magic-bed-rank-{{hvd.rank()}}", "w").write(str(start))
+for step in range(start, 120):
+    w = w + hvd.allreduce(torch.ones(1), op=hvd.Average)  # one a step, whatever the size
+    if step % 5 == 4:
+        hvd_magic.checkpoint({{"step": step + 1, "w": w, "sizes": sizes}}, step=step + 1)
+    hvd_magic.report(step=step + 1, total=120)
+    while hvd.size() == 2 and step == start + 7 and not os.path.exists({gate!r}):
+        time.sleep(0.1)
+    time.sleep(0.1)
+[w.item(), sizes, sorted(hvd.allgather_object(socket.gethostname()))]
+"""

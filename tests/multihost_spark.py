@@ -116,6 +116,16 @@ def alive_workers(master_ip: str) -> list[str]:
     return sorted(w["host"] for w in state.get("workers", []) if w["state"] == "ALIVE")
 
 
+def app_cores(master_ip: str) -> int:
+    """The cores the master granted the running applications (0 if it does not answer)."""
+    try:
+        with _DIRECT.open(f"http://{master_ip}:{MASTER_WEB_PORT}/json", timeout=2) as answer:
+            state = json.load(answer)
+    except (OSError, ValueError):
+        return 0
+    return sum(int(app.get("cores", 0)) for app in state.get("activeapps", []))
+
+
 def wait_for_workers(master_ip: str, count: int, log_dir: Path, timeout: float = START_SECONDS) -> None:
     deadline = time.monotonic() + timeout
     while len(alive_workers(master_ip)) < count:

@@ -35,6 +35,7 @@ PUBLIC = [
     "load_ipython_extension",
     "progress",
     "report",
+    "resized",
     "resume",
     "shard",
     "stopping",

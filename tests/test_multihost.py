@@ -24,7 +24,7 @@ from .multihost_faults import (
     wait_until_clean,
     wait_until_gone,
 )
-from .multihost_spark import start_worker
+from .multihost_spark import app_cores, start_worker
 
 pytestmark = pytest.mark.multihost
 
@@ -284,6 +284,58 @@ def test_a_run_with_retries_survives_a_host_killed_mid_run(multihost: Cluster) -
     assert wait_until_gone(bed) == [] and files_left(bed, [name for name in WORKERS if name != host]) == {}
     forget_rank_files(multihost)
     kernel.run(f"import shutil\nshutil.rmtree({store!r})")
+
+
+def test_min_np_goes_on_with_two_ranks_after_a_host_is_lost_and_grows_back_to_three(
+    multihost: Cluster,
+) -> None:
+    """Elastic: a host killed for good (no free slot elsewhere): after resize_wait the run goes
+    on with the 2 slots there are, from the last checkpoint, hvd.size() 2 and resized() (3, 2);
+    the host's worker comes back: at the next checkpoint the run stops and starts again with 3,
+    from that checkpoint, and finishes. No step is counted twice and none goes back further than
+    one checkpoint interval."""
+    kernel, bed = multihost.kernel, multihost.bed
+    assert kernel is not None and kernel.run("%load_ext hvd_magic").status == "ok"
+    forget_rank_files(multihost)
+    store = f"/tmp/hvd_magic-bed-checkpoints-{uuid.uuid4().hex[:8]}"
+    lost: list[str] = []
+
+    def lose_a_host_then_bring_it_back() -> None:
+        host, _ = victim(multihost)
+        wait_for_file(bed, [DRIVER], f"{store}/{checkpoint_name(10)}", timeout=120)
+        kill_host(bed, host)
+        lost.append(host)
+        forget_rank_files(multihost)
+        others = [name for name in WORKERS if name != host]
+        wait_for_file(bed, others, "/tmp/hvd_magic-bed-rank-1", timeout=120)  # the smaller attempt runs
+        start_worker(bed, host, multihost.master_url, 1, multihost.log_dir)
+        deadline = time.monotonic() + 90
+        while app_cores(multihost.ip(MASTER)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for name in WORKERS:
+            bed.run(name, ["touch", cells.GATE])
+
+    thread = threading.Thread(target=lose_a_host_then_bring_it_back, daemon=True)
+    thread.start()
+    try:
+        outcome = kernel.run(cells.ELASTIC.format(store=store, gate=cells.GATE), timeout=400)
+        thread.join(timeout=60)
+        shown = "".join(outcome.shown)
+        assert outcome.status == "ok", f"{outcome.ename}: {outcome.evalue}\n{shown[-3000:]}"
+        total, sizes, hosts = ast.literal_eval(outcome.value)
+        assert total == 120.0 and hosts == ["hostA", "hostB", "hostC"]  # every step once
+        (first, full), (shrunk, smaller), (grown, again) = [(s, (n, r)) for s, n, r in sizes]
+        assert (first, full) == (0, (3, None)) and smaller == (2, (3, 2)) and again == (3, (2, 3)), sizes
+        assert 10 <= shrunk < grown and shrunk % 5 == 0 and grown % 5 == 0, sizes  # from checkpoints
+        assert (
+            "3 → 2 ranks: " in shown and "rank" in shown and "2 → 3 ranks: the cluster has the slots" in shown
+        )
+    finally:
+        for name in WORKERS:
+            bed.run(name, ["rm", "-f", cells.GATE])
+        kernel.run(f"import shutil\nshutil.rmtree({store!r}, ignore_errors=True)")
+    assert wait_until_gone(bed) == []
+    forget_rank_files(multihost)
 
 
 # Last in the module: it kills the notebook's kernel (the fixture's teardown finds it gone).

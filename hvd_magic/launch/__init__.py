@@ -27,7 +27,7 @@ from hvd_magic.launch.processes import RankDeath
 if TYPE_CHECKING:
     from hvd_magic.options import RunOptions
 
-__all__ = ["Launcher", "RankDeath", "create"]
+__all__ = ["Launcher", "RankDeath", "create", "slots_now"]
 
 
 def create(options: RunOptions) -> Launcher:
@@ -44,3 +44,14 @@ def create(options: RunOptions) -> Launcher:
     from hvd_magic.launch.spark import SparkLauncher
 
     return SparkLauncher.for_options(options)
+
+
+def slots_now(options: RunOptions) -> int | None:
+    """How many ranks could run at once now: a Spark cluster's slots (its live executors');
+    None on this machine, or where the cluster does not tell (Spark Connect)."""
+    if options.np < 0:
+        return None
+    from hvd_magic.launch.spark_session import active_or_embedded_session, is_connect, slots_available
+
+    session = getattr(options.data, "sparkSession", None) or active_or_embedded_session()
+    return None if is_connect(session) else slots_available(session)

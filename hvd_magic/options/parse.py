@@ -17,17 +17,22 @@ __all__ = [
     "parse_env",
     "parse_launcher",
     "parse_logdir",
+    "parse_min_np",
     "parse_mlflow",
     "parse_names",
     "parse_np",
     "parse_oversubscribe",
     "parse_remainder",
+    "parse_resize_wait",
     "parse_retries",
     "parse_stragglers",
     "parse_timeline",
     "parse_timeout",
     "parse_yes_no",
 ]
+
+
+RESIZE_WAIT_SECONDS = 30.0  # after a loss, for all np slots, before going on with min_np=
 
 
 class OptionError(ValueError):
@@ -224,3 +229,39 @@ def parse_backend(value: str | None, launcher: str | None) -> str | None:
             "ranks, which need neither: drop launcher="
         )
     return "torch"
+
+
+def parse_min_np(value: object, ranks: int, retries: int) -> int | None:
+    """``min_np=M``: 1 <= M <= np, and only with retries (a resize is a restart)."""
+    if value is None:
+        return None
+    try:
+        min_np = int(str(value))
+    except ValueError:
+        raise OptionError(f"min_np must be a whole number of ranks, got {value!r}") from None
+    if not 1 <= min_np <= ranks:
+        raise OptionError(
+            f"min_np={min_np} must be between 1 and np ({ranks}): the fewest ranks to go on with"
+        )
+    if retries < 1:
+        raise OptionError(
+            f"min_np={min_np} goes on with fewer ranks when a run starts again after a loss: give "
+            f"retries= too (e.g. retries=3 min_np={min_np})"
+        )
+    return min_np
+
+
+def parse_resize_wait(value: object, min_np: int | None) -> float:
+    if value is None:
+        return RESIZE_WAIT_SECONDS
+    if min_np is None:
+        raise OptionError(
+            "resize_wait= is how long to wait for all np slots before going on with min_np=; give min_np="
+        )
+    try:
+        seconds = float(str(value))
+    except ValueError:
+        raise OptionError(f"resize_wait must be a number of seconds, got {value!r}") from None
+    if seconds < 0:
+        raise OptionError(f"resize_wait must be 0 or more seconds, got {value!r}")
+    return seconds

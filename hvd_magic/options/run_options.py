@@ -17,11 +17,13 @@ from hvd_magic.options.parse import (
     parse_env,
     parse_launcher,
     parse_logdir,
+    parse_min_np,
     parse_mlflow,
     parse_names,
     parse_np,
     parse_oversubscribe,
     parse_remainder,
+    parse_resize_wait,
     parse_retries,
     parse_stragglers,
     parse_timeline,
@@ -55,6 +57,8 @@ class RunOptions:
     files_dir: str | None = None  # where files rank 0 sends (send_file) are written; None: refused
     notices: list[str] = field(default_factory=list)  # told in the cell before the run starts
     retries: int = 0  # times a run that lost a rank (not to the user's code) starts again
+    min_np: int | None = None  # after a loss, go on with this many ranks or more (None: np only)
+    resize_wait: float = 30.0  # ... once all np slots were not back within this many seconds
     checkpoint_dir: str | None = None  # where hvd_magic.checkpoint() keeps them; None: a temporary folder
     checkpoint_unit: str = "step"  # what a checkpoint's number counts, in the view (estimators: "epoch")
     logdir: str | None = None  # TensorBoard event files: a folder per run in it
@@ -121,6 +125,8 @@ def make_options(
     backend: str | None = None,
     oversubscribe: object = None,
     retries: object = None,
+    min_np: object = None,
+    resize_wait: object = None,
     checkpoint_dir: str | None = None,
     logdir: str | None = None,
     mlflow: object = None,
@@ -138,6 +144,8 @@ def make_options(
         raise OptionError(
             "remainder= says what to do with rows of data= that do not split evenly; give data="
         )
+    retries_value = parse_retries(retries)
+    min_np_value = parse_min_np(min_np, abs(np_value), retries_value)
     job = RunOptions(
         np=np_value,
         launcher=_launcher_for(backend, launcher),
@@ -146,7 +154,9 @@ def make_options(
         data_name=data_name,
         keep_remainder=parse_remainder(remainder),
         notices=notices,
-        retries=parse_retries(retries),
+        retries=retries_value,
+        min_np=min_np_value,
+        resize_wait=parse_resize_wait(resize_wait, min_np_value),
         checkpoint_dir=parse_checkpoint_dir(checkpoint_dir),
     )
     return _with_run_own(job, return_names, timeout, timeline, logdir, mlflow, stragglers)

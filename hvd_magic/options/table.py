@@ -176,6 +176,23 @@ OPTIONS: tuple[Option, ...] = (
         refusals={place: NO_RESTARTS for place in (START, SESSION_CELL, SESSION, SESSION_RUN)},
     ),
     Option(
+        "min_np",
+        "with retries=: after a loss, go on with at least M ranks (the slots there are) from the last "
+        "checkpoint instead of waiting for all np; back to np at a checkpoint once the slots return",
+        _JOBS,
+        value="M",
+        default="np (never fewer)",
+        refusals={place: NO_RESTARTS for place in (START, SESSION_CELL, SESSION, SESSION_RUN)},
+    ),
+    Option(
+        "resize_wait",
+        "with min_np=: how long to wait for all np slots after a loss before going on with fewer",
+        _JOBS,
+        value="SECONDS",
+        default="30",
+        refusals={place: NO_RESTARTS for place in (START, SESSION_CELL, SESSION, SESSION_RUN)},
+    ),
+    Option(
         "checkpoint_dir",
         "where hvd_magic.checkpoint() keeps the checkpoints: a folder of this machine or an fsspec URL",
         _JOBS,

@@ -7,6 +7,7 @@ __all__ = [
     "ENV_AGENT_TOKEN",
     "ENV_BREAKPOINT_RANKS",
     "ENV_HUB",
+    "ENV_RESIZED",
     "ENV_SHARD",
     "ENV_SHARDS",
     "ENV_SLOT_GPUS",
@@ -26,6 +27,7 @@ ENV_VIA_AGENT = "HVD_MAGIC_VIA_AGENT"  # set on what an agent starts: its host t
 ENV_SHARDS = "HVD_MAGIC_SHARDS"  # JSON list: local rank -> its data shard file (data=)
 ENV_SHARD = "HVD_MAGIC_SHARD"  # this rank's data shard file, read by hvd_magic.shard()
 ENV_BREAKPOINT_RANKS = "HVD_MAGIC_BREAKPOINT_RANKS"  # "1", "0,2": whose breakpoints stop (all: unset)
+ENV_RESIZED = "HVD_MAGIC_RESIZED"  # "4,3": this attempt's ranks, resized from 4 to 3 (min_np=)
 ENV_TIME_WAITS = "HVD_MAGIC_TIME_WAITS"  # "0": the rank times no waits in collectives (stragglers=off)
 TF_LEVEL_VARIABLE = "TF_CPP_MIN_LOG_LEVEL"  # TensorFlow C++ log level: set by the notebook
 # HOROVOD_TIMELINE's value for a timeline started and stopped by hvd.start_timeline/stop_timeline

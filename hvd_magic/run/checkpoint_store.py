@@ -32,6 +32,7 @@ class CheckpointStore:
 
     def __init__(self, target: str | None = None, keep: int = KEEP) -> None:
         self.keep = keep
+        self.last_landed: int | None = None  # the step of the checkpoint that arrived last
         self.given = bool(target)
         self.remote = bool(target) and "://" in str(target)
         self.fs: Any = None
@@ -88,6 +89,8 @@ class CheckpointStore:
 
     def landed(self, path: str) -> None:
         """A checkpoint arrived whole at ``path`` (in ``folder``): publish it, keep the last."""
+        found = _NAME.match(os.path.basename(path))
+        self.last_landed = int(found.group(1)) if found else self.last_landed
         if self.remote:
             final = f"{self.target}/{os.path.basename(path)}"
             self.fs.put_file(path, f"{final}.partial")

@@ -20,11 +20,10 @@ from hvd_magic.protocol import Message
 from hvd_magic.run.checkpoint_store import CheckpointStore
 from hvd_magic.run.diagnosis import death_host, silent_death
 from hvd_magic.run.record import RunRecord
+from hvd_magic.run.resize import SLOT_POLL_SECONDS, Sizes, Slots, SlotsBack
 from hvd_magic.run.views import RunView
 
 __all__ = ["Attempts", "HeldView", "lost_cause"]
-
-SLOT_POLL_SECONDS = 2.0
 
 
 def lost_cause(record: RunRecord, deaths: list[RankDeath]) -> tuple[FailureClass, str] | None:
@@ -70,20 +69,30 @@ class HeldView:
 
 
 class Attempts:
-    def __init__(self, options: RunOptions, view: RunView, store: CheckpointStore) -> None:
+    def __init__(
+        self, options: RunOptions, view: RunView, store: CheckpointStore, slots: Slots = lambda options: None
+    ) -> None:
         self.retries, self.view, self.store = options.retries, view, store
         self.unit = options.checkpoint_unit
         self.causes: list[str] = []
+        self.sizes = Sizes(options, view, store, slots)
+        self.again = False  # the last attempt ended to start again (a loss retried, or slots back)
 
-    def launcher(
-        self, create: Callable[[RunOptions], Launcher], options: RunOptions, wait: float
-    ) -> Launcher:
+    @property
+    def options(self) -> RunOptions:
+        """The next (or current) attempt's: its np is the run's, or the size min_np= chose."""
+        return self.sizes.current
+
+    def launcher(self, create: Callable[[RunOptions], Launcher], wait: float) -> Launcher:
         """A launcher for the next attempt; after a loss, wait up to ``wait`` seconds for the
         slots it needs (a lost executor takes a while to come back)."""
+        if self.again:
+            self.sizes.next(self.causes[-1] if self.causes else "")
+            self.again = False
         deadline = time.monotonic() + wait
         while True:
             try:
-                return create(options)
+                return create(self.options)
             except LaunchError:
                 if not self.causes or time.monotonic() > deadline:
                     raise
@@ -91,6 +100,9 @@ class Attempts:
 
     def failed(self, error: BaseException, record: RunRecord, deaths: list[RankDeath]) -> None:
         """Raise ``error`` unless the run may start again; else say so in the view."""
+        self.again = True
+        if isinstance(error, SlotsBack):  # not a failure: not counted against retries
+            return
         retryable = isinstance(error, RunError) and not isinstance(error, (RunInterrupted, RunTimeout))
         found = lost_cause(record, deaths) if retryable else None
         if found is not None and isinstance(error, RunError) and error.failure is not None:
@@ -113,3 +125,5 @@ class Attempts:
         if self.causes:
             earlier = "; ".join(f"{n}. {c}" for n, c in enumerate(self.causes, 1))
             self.view.notice(f"finished on attempt {len(self.causes) + 1} of {self.retries + 1} ({earlier})")
+        if self.sizes.changes:
+            self.view.notice(f"hvd_magic: resized: {'; '.join(self.sizes.changes)}")

@@ -30,10 +30,11 @@ from hvd_magic.run.prompts import RankPrompts
 from hvd_magic.run.rank_env import rank_env, stall_seconds
 from hvd_magic.run.rank_files import RankFiles
 from hvd_magic.run.record import RunRecord
+from hvd_magic.run.resize import SlotsBack
 from hvd_magic.run.retry import Attempts, HeldView
 from hvd_magic.run.stacks import where_each_rank
 from hvd_magic.run.stragglers import StragglerWatch
-from hvd_magic.run.views import RunView, make_view
+from hvd_magic.run.views import RunView, make_view, timeline_notice
 from hvd_magic.sinks import Sinks, make_sinks
 from hvd_magic.timeline.live import live_timeline
 
@@ -61,25 +62,21 @@ def _attempts(
     captured: Captured, options: RunOptions, view: RunView | None, sinks: Sinks, hosts: dict[int, str]
 ) -> Any:
     view = view or make_view(options.ranks)
-    for text in [*options.notices, *captured.notices]:
+    for text in [*options.notices, *captured.notices, *timeline_notice(options.timeline)]:
         view.notice(text)
-    if options.timeline:
-        view.notice(
-            f"timeline on, written to {options.timeline}: recording it slows training "
-            "(HorovodRunner's docs measured ~40 % for Inception3)"
-        )
     store = CheckpointStore(options.checkpoint_dir)
-    attempts = Attempts(options, view, store)
+    attempts = Attempts(options, view, store, launch.slots_now)
     shown = HeldView(view) if options.retries else view
     try:
         while True:
             try:
-                launcher = attempts.launcher(launch.create, options, START_TIMEOUT)
+                launcher = attempts.launcher(launch.create, START_TIMEOUT)
             except KeyboardInterrupt:
                 raise RunInterrupted("interrupted before any rank started; nothing was launched.") from None
             for text in launcher.notices:
                 view.notice(text)
-            run = Run(Hub(launcher.bind_host, captured.blob), launcher, shown, options, store, sinks)
+            run = Run(Hub(launcher.bind_host, captured.blob), launcher, shown, attempts.options, store, sinks)
+            run.grow = attempts.sizes.grow_check()
             try:
                 value = run.execute()
             except BaseException as err:  # noqa: BLE001 - raised again unless the run may start again
@@ -102,6 +99,7 @@ class Run:
     wait = 0.1  # seconds the loop waits for a message before it polls the launcher
     keeps_hub = False  # a live session's cell: the hub outlives the run
     beats = True  # ask the ranks for their resources every BEAT_SECONDS (a session beats itself)
+    grow: Callable[[], bool] | None = None  # a smaller run (min_np=): stop now, the slots are back?
 
     def __init__(
         self,
@@ -237,6 +235,8 @@ class Run:
         if self.record.never_started() and now - self.record.began > START_TIMEOUT:
             raise diagnosis.start_timeout(self.record, START_TIMEOUT)
         self.stopper.check(now)
+        if self.grow is not None and self.grow():
+            raise SlotsBack()
         timeout = self.options.timeout  # a hang's limit: it counts once a rank started (a
         # launch slower than ``timeout=``, on a busy cluster, is the start limit's to judge)
         if timeout and self.record.started and now - self.record.last_message > timeout:

@@ -7,7 +7,7 @@ from typing import Protocol, TextIO
 
 from hvd_magic.protocol import Log, LogDecoder, Message, Stall, Straggler
 
-__all__ = ["ConsoleView", "RunView", "make_view"]
+__all__ = ["ConsoleView", "RunView", "make_view", "timeline_notice"]
 
 
 class RunView(Protocol):
@@ -95,3 +95,13 @@ def make_view(ranks: int) -> RunView:
     except ImportError:
         pass
     return ConsoleView()
+
+
+def timeline_notice(path: str | None) -> list[str]:
+    """What a run recording a timeline says first."""
+    if not path:
+        return []
+    return [
+        f"timeline on, written to {path}: recording it slows training (HorovodRunner's docs measured "
+        "~40 % for Inception3)"
+    ]

@@ -1,0 +1,115 @@
+"""``min_np=``: each attempt's size, decided from the slots a cluster has (an in-memory count
+here; the real one, a host lost and back on the multi-host bed, is in test_multihost), and the
+options refused before anything launches."""
+
+from __future__ import annotations
+
+import pytest
+from IPython.core.error import UsageError
+
+from hvd_magic import HorovodRunner
+from hvd_magic.options import make_options
+from hvd_magic.protocol import ENV_RESIZED
+from hvd_magic.protocol.files import checkpoint_name
+from hvd_magic.rank.resized import resized
+from hvd_magic.run.checkpoint_store import CheckpointStore
+from hvd_magic.run.resize import Sizes
+
+from .helpers import RecordingView
+
+
+class Cluster:
+    """Slots that a test sets; each count asked is kept."""
+
+    def __init__(self, slots: int | None) -> None:
+        self.slots, self.asked = slots, 0
+
+    def __call__(self, options: object) -> int | None:
+        self.asked += 1
+        return self.slots
+
+
+def sizes(tmp_path, cluster: Cluster, **given: object) -> tuple[Sizes, RecordingView, CheckpointStore]:
+    options = make_options(np=4, retries=3, min_np=2, resize_wait=0, env={"A": "1"}, **given)  # type: ignore[arg-type]
+    view, store = RecordingView(), CheckpointStore(str(tmp_path))
+    return Sizes(options, view, store, cluster), view, store
+
+
+def land(store: CheckpointStore, step: int) -> None:
+    path = f"{store.folder}/{checkpoint_name(step)}"
+    open(path, "wb").close()
+    store.landed(path)
+
+
+def test_after_a_loss_a_run_goes_on_with_the_slots_there_are_and_says_so(tmp_path):
+    cluster = Cluster(3)
+    resize, view, store = sizes(tmp_path, cluster)
+    land(store, 20)
+    smaller = resize.next("executor or host lost: rank 3 on hostD ended without a word")
+    assert smaller.np == 3 and smaller.env == {"A": "1", ENV_RESIZED: "4,3"}
+    assert view.notices == [
+        "hvd_magic: 4 → 3 ranks: executor or host lost: rank 3 on hostD ended without a word; 4 slots were "
+        "not there within 0 s, from step 20"
+    ]
+
+
+def test_fewer_slots_than_min_np_or_none_told_keep_np(tmp_path):
+    for slots in (1, None, 4, 6):
+        resize, view, _ = sizes(tmp_path, Cluster(slots))
+        assert resize.next("lost").np == 4 and ENV_RESIZED not in resize.current.env and view.notices == []
+
+
+def test_without_min_np_the_slots_are_not_even_counted(tmp_path):
+    cluster = Cluster(1)
+    options = make_options(np=4, retries=3)
+    resize = Sizes(options, RecordingView(), CheckpointStore(str(tmp_path)), cluster)
+    assert resize.next("lost").np == 4 and cluster.asked == 0 and resize.grow_check() is None
+
+
+def test_a_smaller_run_grows_at_a_checkpoint_once_the_slots_are_back(tmp_path):
+    cluster = Cluster(3)
+    resize, view, store = sizes(tmp_path, cluster)
+    resize.next("lost")
+    grow = resize.grow_check()
+    assert grow is not None
+    asked = cluster.asked
+    assert not grow() and cluster.asked == asked  # no new checkpoint: the slots are not counted
+    land(store, 25)
+    assert not grow()  # a checkpoint, and still 3 slots
+    cluster.slots = 4
+    assert not grow()  # the slots are back, but no checkpoint landed since
+    land(store, 30)
+    assert grow()
+    full = resize.next("")
+    assert full.np == 4 and full.env[ENV_RESIZED] == "3,4" and resize.grow_check() is None
+    assert view.notices[-1] == "hvd_magic: 3 → 4 ranks: the cluster has the slots again, from step 30"
+    assert resize.changes == [notice.removeprefix("hvd_magic: ") for notice in view.notices]
+
+
+def test_resized_reads_the_attempts_change(monkeypatch):
+    assert resized() is None
+    monkeypatch.setenv(ENV_RESIZED, "4,3")
+    assert resized() == (4, 3)
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ("np=4 min_np=2", "give retries= too"),
+        ("np=4 retries=2 min_np=5", r"min_np=5 must be between 1 and np \(4\)"),
+        ("np=4 retries=2 min_np=0", r"min_np=0 must be between 1 and np \(4\)"),
+        ("np=4 retries=2 min_np=two", "min_np must be a whole number of ranks"),
+        ("np=4 retries=2 resize_wait=10", "give min_np="),
+        ("np=4 retries=2 min_np=2 resize_wait=soon", "resize_wait must be a number of seconds"),
+    ],
+)
+def test_bad_min_np_is_refused_before_launch(ip, line, said):
+    with pytest.raises(UsageError, match=said):
+        ip.run_cell_magic("horovod", line, "1")
+
+
+def test_min_np_is_for_a_job_not_a_live_session(ip):
+    with pytest.raises(UsageError, match="min_np= restarts a run's ranks from its latest checkpoint"):
+        ip.run_line_magic("horovod", "start np=-2 min_np=1")
+    with pytest.raises(ValueError, match="give retries= too"):
+        HorovodRunner(np=4, min_np=2)
