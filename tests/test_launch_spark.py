@@ -63,6 +63,7 @@ def cluster(tmp_path_factory):
         "spark.executor.resource.gpu.discoveryScript": str(gpus),
         "spark.task.resource.gpu.amount": "1",
         "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "1",
+        "spark.decommission.enabled": "true",  # an executor decommissions itself on SIGPWR
     }
     with spark_session("local-cluster[2,2,1024]", conf) as session:
         check_slots(session, 4, wait=60)  # executors register after the session starts
@@ -229,6 +230,41 @@ def test_a_breakpoint_on_an_executor_is_a_prompt_at_the_notebook(ip, cluster, mo
     assert ip.run_cell_magic("horovod", "np=4", cell) == 60.0
     assert len(asked) == 2 and all(prompt.startswith("rank 3 on ") for prompt in asked), asked
     assert "\n31\n" in capsys.readouterr().out  # rank 3's x, on its executor
+
+
+PREEMPTED = """import pathlib, time, horovod.torch as hvd, torch, hvd_magic
+hvd.init()
+state = hvd_magic.resume() or {{"step": 0, "w": torch.zeros(1), "starts": []}}
+w, starts = state["w"], state["starts"] + [state["step"]]
+pathlib.Path({marks!r}, f"started-{{hvd.rank()}}").touch()
+end = state["step"] + 20 if state["step"] else 3000  # the first attempt: until the notice
+for step in range(state["step"], end):
+    w = w + hvd.allreduce(torch.ones(1), op=hvd.Average)  # one a step
+    hvd_magic.report(step=step + 1, total=end)
+    if hvd_magic.stopping():  # the only checkpoint: written where the notice found the ranks
+        hvd_magic.checkpoint({{"step": step + 1, "w": w, "starts": starts}}, step=step + 1, wait=True)
+        break
+    time.sleep(0.02)
+(w.item(), starts)
+"""
+
+
+def test_a_decommission_notice_checkpoints_where_the_ranks_are_and_the_run_goes_on(
+    ip, cluster, tmp_path, capsys
+):
+    """Spark decommissions an executor of the run (SIGPWR, spark.decommission.enabled): the ranks
+    hear it at their next stopping(), checkpoint there and stop; the run starts again from that
+    checkpoint: every step counted once, none lost past the notice."""
+    executor = executor_processes()[0]
+    when_started(tmp_path, 4, lambda: os.kill(executor.pid, signal.SIGPWR))
+    total, starts = ip.run_cell_magic("horovod", "np=4 retries=1", PREEMPTED.format(marks=str(tmp_path)))
+    assert len(starts) == 2 and starts[0] == 0 and 0 < starts[1] < 3000, starts
+    assert total == starts[1] + 20  # the steps before the notice, then the second attempt's 20
+    shown = capsys.readouterr()
+    said = shown.out + shown.err
+    assert "preemption notice: Spark is decommissioning executor" in said, said[-2000:]
+    assert "hvd_magic: stopping: Spark is decommissioning executor" in said
+    assert f"attempt 2 of 2 from step {starts[1]}" in said
 
 
 def test_deaths_on_spark_leave_the_host_to_the_ranks_own_report():

@@ -36,6 +36,11 @@ class Launcher:
         """The launcher's own output (e.g. mpirun's error block), bounded."""
         return ""
 
+    def preempted(self) -> str | None:
+        """A notice that the ranks' machines are about to go (a decommissioned executor), once
+        one came; None where there is none or the launcher cannot tell."""
+        return None
+
     def deaths(self) -> list[RankDeath]:
         """Ranks seen to end badly, in the order seen, where the launcher can tell (some of
         them may have reported an error before they ended)."""

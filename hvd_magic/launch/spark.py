@@ -31,6 +31,7 @@ from hvd_magic.launch.spark_session import (
     cancel_tag,
     check_dynamic_allocation,
     check_slots,
+    decommissioned,
     driver_address,
     embedded_notice,
     task_cpus,
@@ -286,6 +287,11 @@ class SparkLauncher(Launcher):
                 return spark_plan.lost_host_deaths(self._plan, self._lost, self.hub.address.split("//")[-1])
             return [replace(d, host="") for d in mpirun_deaths("\n".join(list(self.log)))]
         return list(self._deaths)
+
+    def preempted(self) -> str | None:
+        places = {join.executor: join.ip for join in self._joins.values()}
+        gone = ", ".join(f"{name} ({places[name]})" for name in decommissioned(self.session, sorted(places)))
+        return f"Spark is decommissioning executor {gone}" if gone else None
 
     def diagnostics(self) -> str:
         parts = list(self.log)

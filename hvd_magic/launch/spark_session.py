@@ -236,3 +236,13 @@ def check_slots(session: Any, np: int, wait: float = SLOT_WAIT_SECONDS) -> None:
 
 def task_cpus(session: Any) -> int:
     return int(conf(session, "spark.task.cpus") or "1")
+
+
+def decommissioned(session: Any, executors: list[str]) -> list[str]:
+    """Which of ``executors`` Spark is decommissioning (a worker told to leave, SIGPWR on a
+    standalone worker, a Kubernetes pod's termination: ``spark.decommission.enabled``); none
+    where the session does not tell (Connect)."""
+    if is_connect(session) or not executors:
+        return []
+    scheduler = session.sparkContext._jsc.sc().taskScheduler()
+    return [name for name in executors if scheduler.getExecutorDecommissionState(name).isDefined()]

@@ -64,7 +64,10 @@ class KeptAnswer(Record):
 @_kind(Kind.STOP_ASKED)
 @dataclass(frozen=True)
 class StopAsked(Record):
-    """The notebook asks the ranks to stop at their next step boundary (``hvd_magic.stopping()``)."""
+    """The notebook asks the ranks to stop at their next step boundary (``hvd_magic.stopping()``);
+    ``reason``: a preemption notice (empty: the user's interrupt)."""
+
+    reason: str = ""
 
 
 @_kind(Kind.POLLING)

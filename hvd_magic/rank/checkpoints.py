@@ -72,7 +72,8 @@ def resume() -> Any:
 
 
 def stopping() -> bool:
-    """Whether the notebook asked the run to stop (its first interrupt). A collective: every
+    """Whether the notebook asked the run to stop (its first interrupt, or a preemption notice:
+    Spark decommissioning an executor of the run, said on stderr). A collective: every
     rank calls it at the same place in its loop, and all get the same answer, so that no rank
     leaves a collective the others are in. Then write a final checkpoint and leave the loop;
     the cell returns rank 0's value."""
@@ -86,6 +87,8 @@ def stopping() -> bool:
         _polling_told = True
         reporter.client.send(Polling())
     _agreed = _any_rank(inbox.stop_asked.is_set())
+    if _agreed and inbox.stop_reason:
+        print(f"hvd_magic: stopping: {inbox.stop_reason}", file=sys.stderr, flush=True)
     return _agreed
 
 

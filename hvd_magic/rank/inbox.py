@@ -34,6 +34,7 @@ class Inbox:
     def __init__(self, client: HubClient, silence: float | None, session: bool = False) -> None:
         self.client, self.silence, self.session = client, silence, session
         self.stop_asked = threading.Event()
+        self.stop_reason = ""  # why, when not the user's interrupt (a preemption notice)
         self.cells: queue.Queue[tuple[Cell, bytes] | None] = queue.Queue()
         self.busy = 0  # the cell running, 0 between cells
         self.finished = 0
@@ -66,6 +67,7 @@ class Inbox:
             elif isinstance(record, Beat):
                 self.client.send(self.status())
             elif isinstance(record, StopAsked):
+                self.stop_reason = record.reason
                 self.stop_asked.set()
             elif isinstance(record, StacksAsked):
                 self.client.send(snapshot(record.id, in_cell=not self.session or self.busy != 0))

@@ -3,6 +3,11 @@
 checkpoint and the run ends with rank 0's value); if they have not within ``GRACE_SECONDS``, or
 at a second interrupt, the run is stopped at once, as any other run is at its first.
 
+A preemption notice (the launcher's ``preempted``: Spark decommissioning an executor of the run)
+asks the same of ranks that poll, with the notice as the reason; once they stopped, the run ends
+in a ``RunError`` of class LOST, which ``retries=`` starts again from that checkpoint (with
+``min_np=``, on the slots that are left): no step past the notice is lost.
+
 While the run is supervised, the notebook's interrupt (SIGINT) is taken by a handler that only
 counts it; the supervising loop raises it at its next ``check``. A ``KeyboardInterrupt`` raised
 wherever the main thread happens to be (inside a lock of the kernel's output stream, of the
@@ -19,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from hvd_magic.errors import FailureClass, RunError
 from hvd_magic.protocol import Message, Polling, StopAsked
 
 if TYPE_CHECKING:
@@ -28,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["GRACE_SECONDS", "GracefulStop", "interrupts_deferred"]
 
 GRACE_SECONDS = 5.0
+NOTICE_SECONDS = 1.0  # how often the launcher is asked for a preemption notice
 
 
 class GracefulStop:
@@ -37,8 +44,11 @@ class GracefulStop:
         view: RunView,
         store: CheckpointStore | None,
         clock: Callable[[], float] = time.monotonic,
+        notices: Callable[[], str | None] = lambda: None,
     ) -> None:
-        self.hub, self.view, self.store, self.clock = hub, view, store, clock
+        self.hub, self.view, self.store, self.clock, self.notices = hub, view, store, clock, notices
+        self.preempted: str | None = None  # a notice the polling ranks were asked to stop for
+        self.next_look = 0.0
         self.polls = False  # a rank called stopping(): this run can stop at a step boundary
         self.asked_at: float | None = None
         self.interrupts = self.raised = 0  # SIGINTs received, and raised as KeyboardInterrupt
@@ -76,12 +86,16 @@ class GracefulStop:
                     f"{GRACE_SECONDS:.0f} s)"
                 )
                 continue
+            store = self.store
+            steps = store.steps() if store is not None else []
+            where = f" at step {steps[-1]:,}; its checkpoint is in {store.target}" if store and steps else ""
+            if self.preempted is not None:
+                error = RunError(
+                    f"preempted: {self.preempted}: the ranks stopped{where or ' (no checkpoint)'}"
+                )
+                error.failure = FailureClass.LOST  # retried: from that checkpoint
+                raise error
             if self.asked_at is not None:
-                store = self.store
-                steps = store.steps() if store is not None else []
-                where = ""
-                if store is not None and steps:
-                    where = f" at step {steps[-1]:,}; its checkpoint is in {store.target}"
                 self.view.notice(f"stopped on request{where}")
             return value
 
@@ -93,6 +107,16 @@ class GracefulStop:
             raise KeyboardInterrupt
         if self.asked_at is not None and now - self.asked_at > GRACE_SECONDS:
             raise KeyboardInterrupt
+        if self.preempted is None and self.asked_at is None and now >= self.next_look:
+            self.next_look = now + NOTICE_SECONDS
+            notice = self.notices()
+            if notice is not None and self.polls:
+                self.preempted = notice
+                self.hub.tell_all(StopAsked(notice))
+                self.view.notice(
+                    f"hvd_magic: preemption notice: {notice}: the ranks write a checkpoint at their next "
+                    "step boundary and stop; with retries= the run starts again from it"
+                )
 
 
 @contextlib.contextmanager

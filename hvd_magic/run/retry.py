@@ -105,8 +105,9 @@ class Attempts:
             return
         retryable = isinstance(error, RunError) and not isinstance(error, (RunInterrupted, RunTimeout))
         found = lost_cause(record, deaths) if retryable else None
-        if found is not None and isinstance(error, RunError) and error.failure is not None:
-            found = (error.failure, found[1])  # the error's class: its diagnosis saw the whole run
+        if isinstance(error, RunError) and error.failure is not None and retryable:
+            # the error's class: its diagnosis saw the whole run (a preemption: no rank failed)
+            found = (error.failure, found[1] if found else str(error).splitlines()[0])
         if found is None or not found[0].retried or len(self.causes) >= self.retries:
             if found is not None and not found[0].retried and len(self.causes) < self.retries:
                 error.add_note(f"not retried ({found[0].value}): {found[0].why_not_retried}")

@@ -116,7 +116,7 @@ class Run:
         now = clock()
         self.record = RunRecord(options.ranks, began=now, last_message=now)
         self.files = RankFiles(options.timeline, options.files_dir, store, hub.send_to)
-        self.stopper = GracefulStop(hub, view, store, clock)
+        self.stopper = GracefulStop(hub, view, store, clock, launcher.preempted)
         self.prompts = RankPrompts(hub, view, self.record.started)
         self.last_beat = now
         if store is not None:

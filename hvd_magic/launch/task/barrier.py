@@ -12,6 +12,7 @@ driver's store. Every task holds its slot (and GPU) until the driver releases it
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import json
@@ -79,12 +80,23 @@ def barrier_stage(spec: TaskSpec, batches: Iterator[Any]) -> Iterator[Any]:
     yield pa.RecordBatch.from_pydict({"code": [barrier_task(spec, batches)]})
 
 
+def executor_id(address: str) -> str:
+    """This task's executor as Spark's scheduler names it (its JVM's ``--executor-id``: what a
+    decommission is told by); the task's address where there is none (local mode)."""
+    for process in psutil.Process().parents():
+        with contextlib.suppress(psutil.Error):
+            argv = process.cmdline()
+            if "--executor-id" in argv[:-1]:
+                return str(argv[argv.index("--executor-id") + 1])
+    return address
+
+
 def barrier_task(spec: TaskSpec, batches: Iterator[Any]) -> int:
     from pyspark import BarrierTaskContext
 
     context = BarrierTaskContext.get()
     partition = context.partitionId()
-    executor = context.getTaskInfos()[partition].address
+    executor = executor_id(context.getTaskInfos()[partition].address)
     shard = _write_shard(spec, partition, executor, batches) if spec.shard_sizes else ""
     try:
         return _run_task(spec, context, partition, executor, shard)
