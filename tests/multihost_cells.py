@@ -141,3 +141,22 @@ for step in range(start, 120):
     time.sleep(0.1)
 [w.item(), sizes, sorted(hvd.allgather_object(socket.gethostname()))]
 """
+
+# A preemption notice (a worker decommissioned): the first attempt runs until the ranks are asked to
+# stop, checkpoints there, and the next attempt runs 20 steps more from it.
+PREEMPTED = """%%horovod np=3 retries=2 min_np=2 resize_wait=5 checkpoint_dir={store}
+import time, horovod.torch as hvd, torch, hvd_magic
+hvd.init()
+state = hvd_magic.resume() or {{"step": 0, "w": torch.zeros(1), "starts": []}}
+w, starts = state["w"], state["starts"] + [(state["step"], hvd.size())]
+open(f"/tmp/hvd_magic-bed-rank-{{hvd.rank()}}", "w").write(str(state["step"]))
+end = state["step"] + 20 if state["step"] else 3000
+for step in range(state["step"], end):
+    w = w + hvd.allreduce(torch.ones(1), op=hvd.Average)
+    hvd_magic.report(step=step + 1, total=end)
+    if hvd_magic.stopping():
+        hvd_magic.checkpoint({{"step": step + 1, "w": w, "starts": starts}}, step=step + 1, wait=True)
+        break
+    time.sleep(0.05)
+[w.item(), starts]
+"""

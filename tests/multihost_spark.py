@@ -38,7 +38,7 @@ spark = (
     .config("spark.driver.host", {ip!r})
     .config("spark.executor.cores", "{cores}").config("spark.cores.max", "{slots}")
     .config("spark.executor.memory", "512m").config("spark.ui.enabled", "false")
-    .config("spark.ui.showConsoleProgress", "false")
+    .config("spark.ui.showConsoleProgress", "false").config("spark.decommission.enabled", "true")
     .getOrCreate()
 )
 spark.sparkContext.setLogLevel("ERROR")
@@ -60,6 +60,7 @@ def spark_env(ip: str) -> dict[str, str]:
         "PYSPARK_PYTHON": sys.executable,
         "SPARK_LOCAL_IP": ip,
         "SPARK_CONF_DIR": str(SPARK_CONF),  # the suite's JVM options; the checkout is in the image
+        "SPARK_WORKER_OPTS": "-Dspark.decommission.enabled=true",  # SIGPWR: a graceful leave
     }
 
 

@@ -4,6 +4,7 @@ other hosts, each with its own name, address and disk."""
 from __future__ import annotations
 
 import ast
+import signal
 import threading
 import time
 import uuid
@@ -334,6 +335,47 @@ def test_min_np_goes_on_with_two_ranks_after_a_host_is_lost_and_grows_back_to_th
         for name in WORKERS:
             bed.run(name, ["rm", "-f", cells.GATE])
         kernel.run(f"import shutil\nshutil.rmtree({store!r}, ignore_errors=True)")
+    assert wait_until_gone(bed) == []
+    forget_rank_files(multihost)
+
+
+def test_a_decommissioned_worker_preempts_the_run_with_no_step_lost_and_min_np_goes_on(
+    multihost: Cluster,
+) -> None:
+    """SIGPWR to a host's Spark worker (spark.decommission.enabled), as a spot reclaim or a
+    scale-down sends it: the ranks hear the notice at their next stopping(), checkpoint there and
+    stop; the next attempt finds the host's slot gone (a decommissioned worker gets no executor)
+    and goes on with 2 ranks from that very step."""
+    kernel, bed = multihost.kernel, multihost.bed
+    assert kernel is not None and kernel.run("%load_ext hvd_magic").status == "ok"
+    forget_rank_files(multihost)
+    store = f"/tmp/hvd_magic-bed-checkpoints-{uuid.uuid4().hex[:8]}"
+    noticed: list[str] = []
+
+    def decommission_a_worker() -> None:
+        host, _ = victim(multihost)
+        worker = next(p for p in host_processes(bed, host) if "deploy.worker.Worker" in " ".join(p.cmdline()))
+        worker.send_signal(signal.SIGPWR)
+        noticed.append(host)
+
+    thread = threading.Thread(target=decommission_a_worker, daemon=True)
+    thread.start()
+    try:
+        outcome = kernel.run(cells.PREEMPTED.format(store=store), timeout=400)
+        thread.join(timeout=60)
+        shown = "".join(outcome.shown)
+        assert outcome.status == "ok", f"{outcome.ename}: {outcome.evalue}\n{shown[-3000:]}"
+        total, starts = ast.literal_eval(outcome.value)
+        (first, size), (stopped, smaller) = starts
+        assert (first, size, smaller) == (0, 3, 2) and stopped > 0, starts
+        assert total == stopped + 20  # every step once: none lost past the notice, none twice
+        assert "preemption notice: Spark is decommissioning executor" in shown, shown[-3000:]
+        assert "3 → 2 ranks: executor or host lost: preempted: " in shown
+    finally:
+        kernel.run(f"import shutil\nshutil.rmtree({store!r}, ignore_errors=True)")
+        for host in noticed:  # a decommissioned worker does not come back by itself
+            kill_host(bed, host)
+            restart_worker(multihost, host, 3)
     assert wait_until_gone(bed) == []
     forget_rank_files(multihost)
 

@@ -96,22 +96,22 @@ def barrier_task(spec: TaskSpec, batches: Iterator[Any]) -> int:
 
     context = BarrierTaskContext.get()
     partition = context.partitionId()
-    executor = executor_id(context.getTaskInfos()[partition].address)
-    shard = _write_shard(spec, partition, executor, batches) if spec.shard_sizes else ""
+    address = context.getTaskInfos()[partition].address
+    shard = _write_shard(spec, partition, address, batches) if spec.shard_sizes else ""
     try:
-        return _run_task(spec, context, partition, executor, shard)
+        return _run_task(spec, context, partition, executor_id(address), shard)
     finally:
         if shard:
             os.unlink(shard)
 
 
-def _write_shard(spec: TaskSpec, partition: int, executor: str, batches: Iterator[Any]) -> str:
+def _write_shard(spec: TaskSpec, partition: int, address: str, batches: Iterator[Any]) -> str:
     """This partition (exactly one shard) into a file on this executor, for the rank here."""
     from hvd_magic.data.files import scratch_dir, write_shard
     from hvd_magic.data.source import KEY
 
     path = os.path.join(scratch_dir(), f"hvd_magic-{spec.run_id}-shard-{partition}.arrow")
-    metadata = {"partition": str(partition), "executor": executor, "pid": str(os.getpid())}
+    metadata = {"partition": str(partition), "executor": address, "pid": str(os.getpid())}
     if spec.pieces:  # a plain Parquet scan: the rank reads its rows from the files
         return write_manifest(path, spec.pieces[partition], metadata)
     first = next(batches, None)
