@@ -72,6 +72,7 @@ EXAMPLES = {
     Kind.PROMPT: protocol.Prompt(3, "> <horovod cell>(2)<module>()\n-> x = 1\n(Pdb) ", debugger=True),
     Kind.TYPED: protocol.Typed(3, "p x"),
     Kind.DEBUGGER_LEFT: protocol.DebuggerLeft("--Return--\n"),
+    Kind.NOTICED: protocol.Noticed("AWS spot interruption notice: {...}"),
     Kind.STOP_ASKED: protocol.StopAsked("Spark is decommissioning executor 2 (10.0.0.3)"),
     Kind.POLLING: protocol.Polling(),
     Kind.STACKS_ASKED: protocol.StacksAsked(7),

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from IPython.core.error import UsageError
 
 from hvd_magic import FailureClass, RankFailedError, RunError, RunInterrupted
 from hvd_magic.protocol import FileChunk, KeptAnswer, KeptRequest, Message, ResumeRequest
@@ -191,6 +192,49 @@ def test_a_checkpoint_waited_for_is_kept_though_its_rank_is_killed_the_moment_it
     )
     assert (tmp_path / "kept-True").exists()
     assert value == (7, 4.0 * 2**20)  # the second attempt resumed from it
+
+
+NOTICED = """import os, pathlib, time, horovod.torch as hvd, torch, hvd_magic
+hvd.init()
+state = hvd_magic.resume() or {{"step": 0, "w": torch.zeros(1), "starts": []}}
+w, starts = state["w"], state["starts"] + [state["step"]]
+pathlib.Path({marks!r}, f"started-{{hvd.rank()}}").touch()
+end = state["step"] + 20 if state["step"] else 3000  # the first attempt: until the notice
+for step in range(state["step"], end):
+    w = w + hvd.allreduce(torch.ones(1), op=hvd.Average)  # one a step
+    if hvd_magic.stopping():
+        hvd_magic.checkpoint({{"step": step + 1, "w": w, "starts": starts}}, step=step + 1, wait=True)
+        if hvd.rank() == 0:
+            os.unlink({notice!r})  # in this test, the machine stays
+        break
+    time.sleep(0.02)
+(w.item(), starts)
+"""
+
+
+def test_a_clouds_notice_read_on_the_ranks_machine_checkpoints_where_they_are(ip, tmp_path, capsys):
+    """HVD_MAGIC_PREEMPTION=file:PATH (what aws, gcp and azure read from their metadata service):
+    the ranks see the notice appear, checkpoint at their next stopping() and the run starts again
+    from that step, every step counted once."""
+    notice = tmp_path / "spot-notice"
+    when_started(tmp_path, 2, lambda: notice.write_text("reclaimed in 2 minutes\n"))
+    line = f"np=-2 launcher=gloo retries=1 env=HVD_MAGIC_PREEMPTION=file:{notice}"
+    total, starts = ip.run_cell_magic(
+        "horovod", line, NOTICED.format(marks=str(tmp_path), notice=str(notice))
+    )
+    assert len(starts) == 2 and starts[0] == 0 and 0 < starts[1] < 3000, starts
+    assert total == starts[1] + 20
+    said = capsys.readouterr().err
+    assert (
+        "preemption notice: rank " in said
+        and ": reclaimed in 2 minutes: the ranks write a checkpoint" in said
+    )
+    assert f"attempt 2 of 2 from step {starts[1]}" in said
+
+
+def test_a_preemption_source_that_means_nothing_is_refused_before_launch(ip):
+    with pytest.raises(UsageError, match="HVD_MAGIC_PREEMPTION=oracle: say where each rank looks"):
+        ip.run_cell_magic("horovod", "np=-2 env=HVD_MAGIC_PREEMPTION=oracle", "1")
 
 
 def test_a_kept_question_is_answered_after_the_chunks_before_it(tmp_path):

@@ -29,6 +29,7 @@ from hvd_magic.options.parse import (
     parse_timeline,
     parse_timeout,
 )
+from hvd_magic.protocol.env import ENV_PREEMPTION, preemption_error
 from hvd_magic.run.stragglers import StragglerRule
 
 __all__ = [
@@ -144,12 +145,16 @@ def make_options(
         raise OptionError(
             "remainder= says what to do with rows of data= that do not split evenly; give data="
         )
+    env_value = parse_env(env)
+    preemption = env_value.get(ENV_PREEMPTION, os.environ.get(ENV_PREEMPTION, ""))
+    if preemption and (problem := preemption_error(preemption)):
+        raise OptionError(problem)
     retries_value = parse_retries(retries)
     min_np_value = parse_min_np(min_np, abs(np_value), retries_value)
     job = RunOptions(
         np=np_value,
         launcher=_launcher_for(backend, launcher),
-        env=parse_env(env),
+        env=env_value,
         data=data,
         data_name=data_name,
         keep_remainder=parse_remainder(remainder),

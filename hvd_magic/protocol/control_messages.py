@@ -13,6 +13,7 @@ __all__ = [
     "DebuggerLeft",
     "KeptAnswer",
     "KeptRequest",
+    "Noticed",
     "Polling",
     "Prompt",
     "RankStacks",
@@ -126,5 +127,13 @@ class Typed(Record):
 class DebuggerLeft(Record):
     """A rank's pdb continued or quit: ``text`` is what it wrote after its last prompt. Until
     then, other ranks' prompts wait: one rank in the debugger at a time."""
+
+    text: str = ""
+
+
+@_kind(Kind.NOTICED)
+@dataclass(frozen=True)
+class Noticed(Record):
+    """A rank's machine is about to be taken (a cloud's preemption notice it read): ``text``."""
 
     text: str = ""

@@ -7,6 +7,7 @@ __all__ = [
     "ENV_AGENT_TOKEN",
     "ENV_BREAKPOINT_RANKS",
     "ENV_HUB",
+    "ENV_PREEMPTION",
     "ENV_RESIZED",
     "ENV_SHARD",
     "ENV_SHARDS",
@@ -16,6 +17,7 @@ __all__ = [
     "ENV_VIA_AGENT",
     "TF_LEVEL_VARIABLE",
     "TIMELINE_DYNAMIC",
+    "preemption_error",
 ]
 
 ENV_HUB = "HVD_MAGIC_HUB"  # the hub's address, for the worker
@@ -27,9 +29,20 @@ ENV_VIA_AGENT = "HVD_MAGIC_VIA_AGENT"  # set on what an agent starts: its host t
 ENV_SHARDS = "HVD_MAGIC_SHARDS"  # JSON list: local rank -> its data shard file (data=)
 ENV_SHARD = "HVD_MAGIC_SHARD"  # this rank's data shard file, read by hvd_magic.shard()
 ENV_BREAKPOINT_RANKS = "HVD_MAGIC_BREAKPOINT_RANKS"  # "1", "0,2": whose breakpoints stop (all: unset)
+ENV_PREEMPTION = "HVD_MAGIC_PREEMPTION"  # aws, gcp, azure or file:PATH: a notice each rank looks for
 ENV_RESIZED = "HVD_MAGIC_RESIZED"  # "4,3": this attempt's ranks, resized from 4 to 3 (min_np=)
 ENV_TIME_WAITS = "HVD_MAGIC_TIME_WAITS"  # "0": the rank times no waits in collectives (stragglers=off)
 TF_LEVEL_VARIABLE = "TF_CPP_MIN_LOG_LEVEL"  # TensorFlow C++ log level: set by the notebook
 # HOROVOD_TIMELINE's value for a timeline started and stopped by hvd.start_timeline/stop_timeline
 # (a live session's cells): no file of its own until then.
 TIMELINE_DYNAMIC = "DYNAMIC"
+
+
+def preemption_error(value: str) -> str | None:
+    """What is wrong with an ``HVD_MAGIC_PREEMPTION`` value, or None."""
+    if value.startswith("file:") and len(value) > len("file:") or value.lower() in ("aws", "gcp", "azure"):
+        return None
+    return (
+        f"{ENV_PREEMPTION}={value}: say where each rank looks for a preemption notice: aws, gcp, azure "
+        "(the cloud's metadata service) or file:PATH (a file a node agent writes)"
+    )

@@ -48,6 +48,7 @@ kept_reply     hub → rank               ``KeptAnswer``      —
 prompt         rank → hub               ``Prompt``          —
 typed          hub → rank               ``Typed``           —
 debugger_left  rank → hub               ``DebuggerLeft``    —
+noticed        rank → hub               ``Noticed``         —
 =============  =======================  ==================  ================================
 
 A new kind is one ``Kind`` member, one record class (the ranks' here, the Spark tasks' and the
@@ -112,6 +113,7 @@ class Kind(str, Enum):
     PROMPT = "prompt"
     TYPED = "typed"
     DEBUGGER_LEFT = "debugger_left"
+    NOTICED = "noticed"
 
 
 class Record:

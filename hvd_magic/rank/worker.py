@@ -30,7 +30,7 @@ from hvd_magic.protocol import (
 from hvd_magic.protocol.env import TIMELINE_DYNAMIC
 from hvd_magic.protocol.lifetime import die_with_parent
 from hvd_magic.protocol.plan import gpu_for_local_rank
-from hvd_magic.rank import collective_ddp, collective_tf, collective_time, debugger, reporting
+from hvd_magic.rank import collective_ddp, collective_tf, collective_time, debugger, notices, reporting
 from hvd_magic.rank import inbox as rank_inbox
 from hvd_magic.rank.client import HubClient
 from hvd_magic.rank.execute import load_payload, report_error, run_payload
@@ -132,6 +132,7 @@ def main() -> int:
     faulthandler.enable(file=os.fdopen(forwarder.original_stderr, "w"), all_threads=True)
     reporting.attach(client)
     debugger.install()  # input() and pdb ask at the notebook
+    notices.watch(client)  # a cloud's preemption notice on this machine (HVD_MAGIC_PREEMPTION)
     watch = _time_waits(client, torch_style)
     timeline = (
         TimelineStream(client, os.environ["HOROVOD_TIMELINE"]).start()

@@ -3,7 +3,8 @@
 checkpoint and the run ends with rank 0's value); if they have not within ``GRACE_SECONDS``, or
 at a second interrupt, the run is stopped at once, as any other run is at its first.
 
-A preemption notice (the launcher's ``preempted``: Spark decommissioning an executor of the run)
+A preemption notice (the launcher's ``preempted``: Spark decommissioning an executor of the run;
+or a rank's ``Noticed``: a cloud's notice read on its machine, ``rank.notices``)
 asks the same of ranks that poll, with the notice as the reason; once they stopped, the run ends
 in a ``RunError`` of class LOST, which ``retries=`` starts again from that checkpoint (with
 ``min_np=``, on the slots that are left): no step past the notice is lost.
@@ -25,7 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from hvd_magic.errors import FailureClass, RunError
-from hvd_magic.protocol import Message, Polling, StopAsked
+from hvd_magic.protocol import Message, Noticed, Polling, StopAsked
 
 if TYPE_CHECKING:
     from hvd_magic.run.checkpoint_store import CheckpointStore
@@ -49,13 +50,19 @@ class GracefulStop:
         self.hub, self.view, self.store, self.clock, self.notices = hub, view, store, clock, notices
         self.preempted: str | None = None  # a notice the polling ranks were asked to stop for
         self.next_look = 0.0
+        self.noticed: str | None = None  # a rank's own notice (a cloud's, on its machine)
         self.polls = False  # a rank called stopping(): this run can stop at a step boundary
         self.asked_at: float | None = None
         self.interrupts = self.raised = 0  # SIGINTs received, and raised as KeyboardInterrupt
         hub.taps[Polling] = self._polling
+        hub.taps[Noticed] = self._noticed
 
     def _polling(self, message: Message) -> None:
         self.polls = True
+
+    def _noticed(self, message: Message) -> None:
+        assert isinstance(message.record, Noticed)
+        self.noticed = self.noticed or f"rank {message.rank}: {message.record.text}"
 
     def supervise(self, supervise: Callable[[], Any]) -> Any:
         """Run ``supervise`` (a loop that calls ``check``); the first interrupt of a run that
@@ -109,7 +116,7 @@ class GracefulStop:
             raise KeyboardInterrupt
         if self.preempted is None and self.asked_at is None and now >= self.next_look:
             self.next_look = now + NOTICE_SECONDS
-            notice = self.notices()
+            notice = self.noticed or self.notices()
             if notice is not None and self.polls:
                 self.preempted = notice
                 self.hub.tell_all(StopAsked(notice))

@@ -9,7 +9,14 @@ import uuid
 
 from hvd_magic.hub import Hub
 from hvd_magic.options import RunOptions
-from hvd_magic.protocol.env import ENV_BREAKPOINT_RANKS, ENV_HUB, ENV_TIME_WAITS, ENV_TOKEN, TF_LEVEL_VARIABLE
+from hvd_magic.protocol.env import (
+    ENV_BREAKPOINT_RANKS,
+    ENV_HUB,
+    ENV_PREEMPTION,
+    ENV_TIME_WAITS,
+    ENV_TOKEN,
+    TF_LEVEL_VARIABLE,
+)
 
 __all__ = ["STALL_VARIABLE", "rank_env", "stall_seconds"]
 
@@ -27,8 +34,9 @@ def rank_env(options: RunOptions, hub: Hub) -> dict[str, str]:
         TF_LEVEL_VARIABLE: "1",  # TF's C++ INFO lines: in a notebook they reach the terminal, not the cell
     }
     env |= {name: value for name, value in defaults.items() if name not in env and name not in os.environ}
-    if ENV_BREAKPOINT_RANKS in os.environ and ENV_BREAKPOINT_RANKS not in env:  # to executors too
-        env[ENV_BREAKPOINT_RANKS] = os.environ[ENV_BREAKPOINT_RANKS]
+    for name in (ENV_BREAKPOINT_RANKS, ENV_PREEMPTION):  # the notebook's choices, to executors too
+        if name in os.environ and name not in env:
+            env[name] = os.environ[name]
     if options.timeline:
         # Written on rank 0's host (maybe an executor), streamed back by the worker at the end.
         env["HOROVOD_TIMELINE"] = os.path.join(

@@ -1,0 +1,106 @@
+"""Preemption notices read on a rank's own machine: a cloud's spot or preemptible VM says it
+is about to be taken a minute or two ahead, on a local metadata URL only that VM can reach.
+
+``HVD_MAGIC_PREEMPTION`` (in the notebook, or a cell's ``env=``) names where to look:
+
+- ``aws``: EC2's spot instance-action (IMDSv2), present two minutes before an interruption;
+- ``gcp``: Compute Engine's ``instance/preempted``, ``TRUE`` once the VM is being preempted;
+- ``azure``: the scheduled events of the VM, a ``Preempt`` or ``Terminate`` event;
+- ``file:PATH``: a file that appears (what a node's own agent writes; also for tests).
+
+Each rank's inbox thread looks every ``LOOK_SECONDS`` and tells the notebook once, which then
+asks every rank to checkpoint at its next ``hvd_magic.stopping()``, as for Spark's decommission.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import urllib.request
+from collections.abc import Callable
+
+from hvd_magic.protocol import ENV_PREEMPTION, Noticed
+from hvd_magic.rank.client import HubClient
+
+__all__ = ["LOOK_SECONDS", "watch", "watcher"]
+
+LOOK_SECONDS = 5.0
+_TIMEOUT = 2.0
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # link-local: never a proxy
+AWS = "http://169.254.169.254/latest"
+GCP = "http://metadata.google.internal/computeMetadata/v1/instance/preempted"
+AZURE = "http://169.254.169.254/metadata/scheduledevents?api-version=2020-07-01"
+
+
+def _get(url: str, headers: dict[str, str], method: str = "GET") -> str | None:
+    """The answer's body, or None for no answer or an error status (no notice)."""
+    request = urllib.request.Request(url, headers=headers, method=method)
+    try:
+        with _DIRECT.open(request, timeout=_TIMEOUT) as answer:
+            return str(answer.read().decode("utf-8", "replace"))
+    except (OSError, ValueError):
+        return None
+
+
+def aws() -> str | None:
+    token = _get(f"{AWS}/api/token", {"X-aws-ec2-metadata-token-ttl-seconds": "60"}, "PUT")
+    headers = {"X-aws-ec2-metadata-token": token} if token else {}
+    action = _get(f"{AWS}/meta-data/spot/instance-action", headers)  # 404 until a notice
+    return f"AWS spot interruption notice: {action.strip()}" if action else None
+
+
+def gcp() -> str | None:
+    answer = _get(GCP, {"Metadata-Flavor": "Google"})
+    return "Compute Engine is preempting this VM" if answer and answer.strip().upper() == "TRUE" else None
+
+
+def azure() -> str | None:
+    answer = _get(AZURE, {"Metadata": "true"})
+    try:
+        events = json.loads(answer or "{}").get("Events", [])
+    except ValueError:
+        return None
+    going = [event for event in events if event.get("EventType") in ("Preempt", "Terminate")]
+    if not going:
+        return None
+    return f"Azure scheduled event: {going[0].get('EventType')} at {going[0].get('NotBefore', 'soon')}"
+
+
+def _file(path: str) -> Callable[[], str | None]:
+    def look() -> str | None:
+        try:
+            with open(path, encoding="utf-8") as notice:
+                said = notice.readline().strip()
+        except OSError:
+            return None
+        return said or f"{path} appeared"
+
+    return look
+
+
+def watcher() -> Callable[[], str | None] | None:
+    """What this rank looks at for a notice (``HVD_MAGIC_PREEMPTION``, checked in the notebook
+    before launch); None when nothing."""
+    where = os.environ.get(ENV_PREEMPTION, "").strip()
+    if where.startswith("file:"):
+        return _file(where.removeprefix("file:"))
+    return {"aws": aws, "gcp": gcp, "azure": azure}.get(where.lower())
+
+
+def watch(client: HubClient) -> None:
+    """Look for a notice on a thread of its own (a metadata service may take its time to not
+    answer); tell the notebook of the first one."""
+    look = watcher()
+    if look is None:
+        return
+
+    def loop() -> None:
+        stop = threading.Event()
+        while not stop.wait(LOOK_SECONDS):
+            said = look()
+            if said:
+                client.send(Noticed(said))
+                return
+
+    threading.Thread(target=loop, name="hvd_magic-notices", daemon=True).start()
