@@ -301,6 +301,7 @@ def test_cross_validator_runs_each_fit_as_one_job(spark):
         ({"loss_constructors": [lambda **_: None]}, ValueError, "needs one of loss= and loss_constructors="),
         ({"frobnicate": 1}, TypeError, "has no parameter frobnicate"),
         ({"retries": -1}, ValueError, "TorchEstimator: retries must be 0 or more, got -1"),
+        ({"retries": 0, "min_np": 1}, ValueError, "TorchEstimator: min_np=1 goes on with fewer ranks"),
     ],
 )
 def test_bad_input_is_refused_before_launch(mnist, change, error, message):

@@ -179,7 +179,7 @@ OPTIONS: tuple[Option, ...] = (
         "min_np",
         "with retries=: after a loss, go on with at least M ranks (the slots there are) from the last "
         "checkpoint instead of waiting for all np; back to np at a checkpoint once the slots return",
-        _JOBS,
+        _JOBS | {ESTIMATORS},
         value="M",
         default="np (never fewer)",
         refusals={place: NO_RESTARTS for place in (START, SESSION_CELL, SESSION, SESSION_RUN)},

@@ -202,6 +202,7 @@ class HorovodEstimator(Estimator[HorovodModel], EstimatorParams, UnusedParams, M
                 data=data,
                 data_name="(the DataFrame given to fit)",
                 retries=self.getOrDefault("retries"),
+                min_np=self.getOrDefault("min_np"),
             )
         except OptionError as err:
             raise ValueError(f"{type(self).__name__}: {err}") from None

@@ -173,6 +173,13 @@ class EstimatorParams(ModelParams):
         f"(default {DEFAULT_RETRIES})",
         TypeConverters.toInt,
     )
+    min_np = _param(
+        "min_np",
+        "hvd_magic's own: after a loss, go on with at least this many ranks from the last epoch's "
+        "checkpoint instead of waiting for num_proc slots; back to num_proc at a later epoch once they "
+        "return (default: never fewer)",
+        TypeConverters.toInt,
+    )
 
     def __init__(self) -> None:
         super().__init__()
@@ -187,6 +194,7 @@ class EstimatorParams(ModelParams):
             inmemory_cache_all=False,
             use_gpu=True,
             retries=DEFAULT_RETRIES,
+            min_np=None,
             metrics=[],
             callbacks=[],
             custom_objects={},
