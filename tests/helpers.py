@@ -182,3 +182,26 @@ class RecordingView:
 
     def close(self) -> None:
         self.closed = True
+
+
+def stopped_by_a_notice(marks: Path, then: str = "") -> str:
+    """A cell whose first attempt trains (one step: +1 to w) until ``hvd_magic.stopping()`` says
+    stop (a preemption notice), checkpoints there, waiting until it is kept, runs ``then`` on
+    rank 0 and leaves; a later attempt resumes and trains 20 steps more. Rank ``r`` touches
+    ``started-r`` in ``marks``. Its value: (w, the step each attempt started from)."""
+    return f"""import os, pathlib, time, horovod.torch as hvd, torch, hvd_magic
+hvd.init()
+state = hvd_magic.resume() or {{"step": 0, "w": torch.zeros(1), "starts": []}}
+w, starts = state["w"], state["starts"] + [state["step"]]
+pathlib.Path({str(marks)!r}, f"started-{{hvd.rank()}}").touch()
+end = state["step"] + 20 if state["step"] else 3000  # the first attempt: until the notice
+for step in range(state["step"], end):
+    w = w + hvd.allreduce(torch.ones(1), op=hvd.Average)  # one a step
+    if hvd_magic.stopping():  # the only checkpoint: written where the notice found the ranks
+        hvd_magic.checkpoint({{"step": step + 1, "w": w, "starts": starts}}, step=step + 1, wait=True)
+        if hvd.rank() == 0:
+            {then or "pass"}
+        break
+    time.sleep(0.02)
+(w.item(), starts)
+"""

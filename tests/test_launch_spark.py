@@ -36,6 +36,7 @@ from .helpers import (
     leftover_processes,
     placed_ranks,
     run_processes_anywhere,
+    stopped_by_a_notice,
     waiting_cell,
     when_started,
 )
@@ -232,23 +233,6 @@ def test_a_breakpoint_on_an_executor_is_a_prompt_at_the_notebook(ip, cluster, mo
     assert "\n31\n" in capsys.readouterr().out  # rank 3's x, on its executor
 
 
-PREEMPTED = """import pathlib, time, horovod.torch as hvd, torch, hvd_magic
-hvd.init()
-state = hvd_magic.resume() or {{"step": 0, "w": torch.zeros(1), "starts": []}}
-w, starts = state["w"], state["starts"] + [state["step"]]
-pathlib.Path({marks!r}, f"started-{{hvd.rank()}}").touch()
-end = state["step"] + 20 if state["step"] else 3000  # the first attempt: until the notice
-for step in range(state["step"], end):
-    w = w + hvd.allreduce(torch.ones(1), op=hvd.Average)  # one a step
-    hvd_magic.report(step=step + 1, total=end)
-    if hvd_magic.stopping():  # the only checkpoint: written where the notice found the ranks
-        hvd_magic.checkpoint({{"step": step + 1, "w": w, "starts": starts}}, step=step + 1, wait=True)
-        break
-    time.sleep(0.02)
-(w.item(), starts)
-"""
-
-
 def test_a_decommission_notice_checkpoints_where_the_ranks_are_and_the_run_goes_on(
     ip, cluster, tmp_path, capsys
 ):
@@ -257,7 +241,7 @@ def test_a_decommission_notice_checkpoints_where_the_ranks_are_and_the_run_goes_
     checkpoint: every step counted once, none lost past the notice."""
     executor = executor_processes()[0]
     when_started(tmp_path, 4, lambda: os.kill(executor.pid, signal.SIGPWR))
-    total, starts = ip.run_cell_magic("horovod", "np=4 retries=1", PREEMPTED.format(marks=str(tmp_path)))
+    total, starts = ip.run_cell_magic("horovod", "np=4 retries=1", stopped_by_a_notice(tmp_path))
     assert len(starts) == 2 and starts[0] == 0 and 0 < starts[1] < 3000, starts
     assert total == starts[1] + 20  # the steps before the notice, then the second attempt's 20
     shown = capsys.readouterr()

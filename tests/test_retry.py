@@ -20,7 +20,7 @@ from hvd_magic.run.rank_files import RankFiles
 from hvd_magic.run.record import RunRecord
 from hvd_magic.run.retry import lost_cause
 
-from .helpers import leftover_processes, when_started
+from .helpers import leftover_processes, stopped_by_a_notice, when_started
 
 STEPS = 40
 
@@ -194,24 +194,6 @@ def test_a_checkpoint_waited_for_is_kept_though_its_rank_is_killed_the_moment_it
     assert value == (7, 4.0 * 2**20)  # the second attempt resumed from it
 
 
-NOTICED = """import os, pathlib, time, horovod.torch as hvd, torch, hvd_magic
-hvd.init()
-state = hvd_magic.resume() or {{"step": 0, "w": torch.zeros(1), "starts": []}}
-w, starts = state["w"], state["starts"] + [state["step"]]
-pathlib.Path({marks!r}, f"started-{{hvd.rank()}}").touch()
-end = state["step"] + 20 if state["step"] else 3000  # the first attempt: until the notice
-for step in range(state["step"], end):
-    w = w + hvd.allreduce(torch.ones(1), op=hvd.Average)  # one a step
-    if hvd_magic.stopping():
-        hvd_magic.checkpoint({{"step": step + 1, "w": w, "starts": starts}}, step=step + 1, wait=True)
-        if hvd.rank() == 0:
-            os.unlink({notice!r})  # in this test, the machine stays
-        break
-    time.sleep(0.02)
-(w.item(), starts)
-"""
-
-
 def test_a_clouds_notice_read_on_the_ranks_machine_checkpoints_where_they_are(ip, tmp_path, capsys):
     """HVD_MAGIC_PREEMPTION=file:PATH (what aws, gcp and azure read from their metadata service):
     the ranks see the notice appear, checkpoint at their next stopping() and the run starts again
@@ -219,9 +201,8 @@ def test_a_clouds_notice_read_on_the_ranks_machine_checkpoints_where_they_are(ip
     notice = tmp_path / "spot-notice"
     when_started(tmp_path, 2, lambda: notice.write_text("reclaimed in 2 minutes\n"))
     line = f"np=-2 launcher=gloo retries=1 env=HVD_MAGIC_PREEMPTION=file:{notice}"
-    total, starts = ip.run_cell_magic(
-        "horovod", line, NOTICED.format(marks=str(tmp_path), notice=str(notice))
-    )
+    stays = f"os.unlink({str(notice)!r})  # in this test, the machine stays"
+    total, starts = ip.run_cell_magic("horovod", line, stopped_by_a_notice(tmp_path, then=stays))
     assert len(starts) == 2 and starts[0] == 0 and 0 < starts[1] < 3000, starts
     assert total == starts[1] + 20
     said = capsys.readouterr().err

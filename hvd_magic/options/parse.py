@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from hvd_magic.run.stragglers import StragglerRule, parse_rule
 from hvd_magic.sinks.extras import mlflow_module, tensorboard_record_writer
@@ -32,6 +34,7 @@ __all__ = [
 ]
 
 
+Number = TypeVar("Number", int, float)
 RESIZE_WAIT_SECONDS = 30.0  # after a loss, for all np slots, before going on with min_np=
 
 
@@ -39,11 +42,16 @@ class OptionError(ValueError):
     """A bad option; the magic turns it into a UsageError, the keyword APIs into a ValueError."""
 
 
-def parse_np(value: object) -> int:
+def _as(convert: Callable[[str], Number], value: object, said: str) -> Number:
+    """``value`` converted, or an ``OptionError`` that says what it must be and what it was."""
     try:
-        np = int(str(value))
+        return convert(str(value))
     except ValueError:
-        raise OptionError(f"np must be a whole number, got {value!r}") from None
+        raise OptionError(f"{said}, got {value!r}") from None
+
+
+def parse_np(value: object) -> int:
+    np = _as(int, value, "np must be a whole number")
     if np == 0:
         raise OptionError(
             "np must not be 0: use np=-N to run N ranks on this machine, np=N for N ranks on Spark"
@@ -54,10 +62,7 @@ def parse_np(value: object) -> int:
 def parse_retries(value: object) -> int:
     if value is None:
         return 0
-    try:
-        retries = int(str(value))
-    except ValueError:
-        raise OptionError(f"retries must be a whole number, got {value!r}") from None
+    retries = _as(int, value, "retries must be a whole number")
     if retries < 0:
         raise OptionError(f"retries must be 0 or more, got {retries}")
     return retries
@@ -188,10 +193,7 @@ def parse_launcher(value: str | None) -> str:
 def parse_timeout(value: object) -> float | None:
     if value is None:
         return None
-    try:
-        seconds = float(str(value))
-    except ValueError:
-        raise OptionError(f"timeout must be a number of seconds, got {value!r}") from None
+    seconds = _as(float, value, "timeout must be a number of seconds")
     if seconds <= 0:
         raise OptionError(f"timeout must be positive, got {value!r}")
     return seconds
@@ -235,10 +237,7 @@ def parse_min_np(value: object, ranks: int, retries: int) -> int | None:
     """``min_np=M``: 1 <= M <= np, and only with retries (a resize is a restart)."""
     if value is None:
         return None
-    try:
-        min_np = int(str(value))
-    except ValueError:
-        raise OptionError(f"min_np must be a whole number of ranks, got {value!r}") from None
+    min_np = _as(int, value, "min_np must be a whole number of ranks")
     if not 1 <= min_np <= ranks:
         raise OptionError(
             f"min_np={min_np} must be between 1 and np ({ranks}): the fewest ranks to go on with"
@@ -258,10 +257,7 @@ def parse_resize_wait(value: object, min_np: int | None) -> float:
         raise OptionError(
             "resize_wait= is how long to wait for all np slots before going on with min_np=; give min_np="
         )
-    try:
-        seconds = float(str(value))
-    except ValueError:
-        raise OptionError(f"resize_wait must be a number of seconds, got {value!r}") from None
+    seconds = _as(float, value, "resize_wait must be a number of seconds")
     if seconds < 0:
         raise OptionError(f"resize_wait must be 0 or more seconds, got {value!r}")
     return seconds

@@ -145,10 +145,7 @@ def make_options(
         raise OptionError(
             "remainder= says what to do with rows of data= that do not split evenly; give data="
         )
-    env_value = parse_env(env)
-    preemption = env_value.get(ENV_PREEMPTION, os.environ.get(ENV_PREEMPTION, ""))
-    if preemption and (problem := preemption_error(preemption)):
-        raise OptionError(problem)
+    env_value = _checked_env(env)
     retries_value = parse_retries(retries)
     min_np_value = parse_min_np(min_np, abs(np_value), retries_value)
     job = RunOptions(
@@ -165,6 +162,15 @@ def make_options(
         checkpoint_dir=parse_checkpoint_dir(checkpoint_dir),
     )
     return _with_run_own(job, return_names, timeout, timeline, logdir, mlflow, stragglers)
+
+
+def _checked_env(env: str | dict[str, str] | None) -> dict[str, str]:
+    """``env=``, with the preemption notice's source checked (the notebook's own variable too)."""
+    values = parse_env(env)
+    preemption = values.get(ENV_PREEMPTION, os.environ.get(ENV_PREEMPTION, ""))
+    if preemption and (problem := preemption_error(preemption)):
+        raise OptionError(problem)
+    return values
 
 
 def _launcher_for(backend: str | None, launcher: str | None) -> str:

@@ -45,9 +45,8 @@ class GracefulStop:
         view: RunView,
         store: CheckpointStore | None,
         clock: Callable[[], float] = time.monotonic,
-        notices: Callable[[], str | None] = lambda: None,
     ) -> None:
-        self.hub, self.view, self.store, self.clock, self.notices = hub, view, store, clock, notices
+        self.hub, self.view, self.store, self.clock = hub, view, store, clock
         self.preempted: str | None = None  # a notice the polling ranks were asked to stop for
         self.next_look = 0.0
         self.noticed: str | None = None  # a rank's own notice (a cloud's, on its machine)
@@ -106,9 +105,10 @@ class GracefulStop:
                 self.view.notice(f"stopped on request{where}")
             return value
 
-    def check(self, now: float) -> None:
+    def check(self, now: float, notices: Callable[[], str | None] = lambda: None) -> None:
         """An interrupt received since the last check, raised here; past the grace after a
-        stop was asked: stop at once."""
+        stop was asked: stop at once. ``notices``: the launcher's preemption notice, if any (not
+        kept: the hub's taps hold this object, and a launcher they held would outlive its run)."""
         if self.interrupts > self.raised:
             self.raised = self.interrupts
             raise KeyboardInterrupt
@@ -116,7 +116,7 @@ class GracefulStop:
             raise KeyboardInterrupt
         if self.preempted is None and self.asked_at is None and now >= self.next_look:
             self.next_look = now + NOTICE_SECONDS
-            notice = self.noticed or self.notices()
+            notice = self.noticed or notices()
             if notice is not None and self.polls:
                 self.preempted = notice
                 self.hub.tell_all(StopAsked(notice))

@@ -116,7 +116,7 @@ class Run:
         now = clock()
         self.record = RunRecord(options.ranks, began=now, last_message=now)
         self.files = RankFiles(options.timeline, options.files_dir, store, hub.send_to)
-        self.stopper = GracefulStop(hub, view, store, clock, launcher.preempted)
+        self.stopper = GracefulStop(hub, view, store, clock)
         self.prompts = RankPrompts(hub, view, self.record.started)
         self.last_beat = now
         if store is not None:
@@ -234,7 +234,7 @@ class Run:
         now = self.clock()
         if self.record.never_started() and now - self.record.began > START_TIMEOUT:
             raise diagnosis.start_timeout(self.record, START_TIMEOUT)
-        self.stopper.check(now)
+        self.stopper.check(now, self.launcher.preempted)
         if self.grow is not None and self.grow():
             raise SlotsBack()
         timeout = self.options.timeout  # a hang's limit: it counts once a rank started (a
