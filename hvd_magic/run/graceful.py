@@ -92,18 +92,24 @@ class GracefulStop:
                     f"{GRACE_SECONDS:.0f} s)"
                 )
                 continue
-            store = self.store
-            steps = store.steps() if store is not None else []
-            where = f" at step {steps[-1]:,}; its checkpoint is in {store.target}" if store and steps else ""
             if self.preempted is not None:
                 error = RunError(
-                    f"preempted: {self.preempted}: the ranks stopped{where or ' (no checkpoint)'}"
+                    f"preempted: {self.preempted}: the ranks stopped{self._where() or ' (no checkpoint)'}"
                 )
                 error.failure = FailureClass.LOST  # retried: from that checkpoint
                 raise error
             if self.asked_at is not None:
-                self.view.notice(f"stopped on request{where}")
+                self.view.notice(f"stopped on request{self._where()}")
             return value
+
+    def _where(self) -> str:
+        """Where the ranks stopped: their last checkpoint (listed only when a stop was asked)."""
+        steps = self.store.steps() if self.store is not None else []
+        return (
+            f" at step {steps[-1]:,}; its checkpoint is in {self.store.target}"
+            if self.store and steps
+            else ""
+        )
 
     def check(self, now: float, notices: Callable[[], str | None] = lambda: None) -> None:
         """An interrupt received since the last check, raised here; past the grace after a
