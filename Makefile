@@ -38,6 +38,7 @@ bench: setup
 	$(PY) bench/doctor.py
 	$(PY) bench/session.py --spark
 	$(PY) bench/recovery.py
+	$(PY) bench/resize.py
 	$(PY) bench/telemetry.py
 	$(PY) bench/stragglers.py
 	$(PY) bench/launch_hosts.py --repeat 3

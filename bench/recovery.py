@@ -7,9 +7,9 @@
 - a preemption notice (issue 43): SIGPWR to an executor JVM (``spark.decommission.enabled``) while
   its ranks train; the figure is the time from the signal to the ranks' checkpoint kept in the
   notebook (``checkpoint(..., wait=True)`` returned on rank 0).
-- not here: a host's return to the run at full size (``min_np=``). local-cluster starts a killed
-  executor again before the run's next attempt starts, so a run there never goes on smaller; the
-  multi-host bed's test (tests/test_multihost.py, min_np) is where it is shown.
+- not here: a host's return to the run at full size (``min_np=``): local-cluster starts a killed
+  executor again before the run's next attempt starts, so a run there never goes on smaller;
+  ``bench/resize.py`` times it on a standalone cluster whose worker is held away.
 - checkpoint overhead on local ranks (np=-2): the same training (a 1.2M-parameter MLP, 600 steps)
   with and without ``hvd_magic.checkpoint`` of its model and optimizer every 100 steps. Target:
   <= 2 % of the training time.

@@ -9,9 +9,10 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
+import psutil
 import pyspark
 
 from .helpers import free_port
@@ -54,62 +55,81 @@ def spark_session(master: str, conf: dict[str, str]) -> Iterator[object]:
             jvm.System.clearProperty(key)
 
 
-def _wait_for_workers(web_port: int, count: int, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{web_port}/json", timeout=2) as answer:
-                state = json.load(answer)
-            if sum(w["state"] == "ALIVE" for w in state.get("workers", [])) >= count:
-                return
-        except (OSError, ValueError):  # not listening yet, or a half-written answer while it starts
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"the standalone cluster did not get {count} workers within {timeout:.0f} s")
+class Standalone:
+    """A real Spark standalone master on 127.0.0.1 and one worker per address in ``worker_hosts``
+    (``cores`` each): a worker can be lost for good (killed with its executors) and started again,
+    as a host that goes and comes back."""
 
+    def __init__(self, worker_hosts: list[str], cores: int, log_dir: Path) -> None:
+        self.hosts, self.cores, self.log_dir = worker_hosts, cores, log_dir
+        self.port, self.web_port = free_port(), free_port()
+        self.url = f"spark://127.0.0.1:{self.port}"
+        self.env = dict(
+            os.environ, SPARK_HOME=str(SPARK_HOME), PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1"
+        )
+        self.master: subprocess.Popen[bytes] | None = None
+        self.workers: dict[str, subprocess.Popen[bytes]] = {}
+        self.starts = 0
 
-@contextmanager
-def standalone_cluster(worker_hosts: list[str], cores: int, log_dir: Path) -> Iterator[str]:
-    """A real Spark standalone master on 127.0.0.1 and one worker per address in ``worker_hosts``."""
-    spark_class = str(SPARK_HOME / "bin" / "spark-class")
-    port, web_port = free_port(), free_port()
-    env = dict(
-        os.environ, SPARK_HOME=str(SPARK_HOME), PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1"
-    )
-    processes = []
-
-    def start(argv: list[str], name: str, extra_env: dict[str, str]) -> None:
-        log = open(log_dir / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
-        processes.append(
-            subprocess.Popen(
-                [spark_class, *argv],
-                env=env | extra_env,
+    def _start(self, argv: list[str], name: str, extra_env: dict[str, str]) -> subprocess.Popen[bytes]:
+        with open(self.log_dir / f"{name}.log", "a") as log:  # the child keeps its own copy
+            return subprocess.Popen(
+                [str(SPARK_HOME / "bin" / "spark-class"), *argv],
+                env=self.env | extra_env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,
+                start_new_session=True,  # a group of its own: its executors go with it
             )
-        )
 
-    master_argv = ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port)]
-    start([*master_argv, "--webui-port", str(web_port)], "master", {})
-    for index, host in enumerate(worker_hosts):
-        start(
+    def start(self) -> None:
+        master = ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(self.port)]
+        self.master = self._start([*master, "--webui-port", str(self.web_port)], "master", {})
+        for host in self.hosts:
+            self.start_worker(host)
+        self.wait_for_workers(len(self.hosts))
+
+    def start_worker(self, host: str) -> None:
+        self.starts += 1
+        self.workers[host] = self._start(
             [
                 "org.apache.spark.deploy.worker.Worker",
                 "--host", host,
-                "--cores", str(cores),
+                "--cores", str(self.cores),
                 "--memory", "1g",
                 "--webui-port", str(free_port()),
-                "--work-dir", str(log_dir / f"work-{index}"),
-                f"spark://127.0.0.1:{port}",
+                "--work-dir", str(self.log_dir / f"work-{self.starts}"),
+                self.url,
             ],
-            f"worker-{index}",
+            f"worker-{host}",
             {"SPARK_LOCAL_IP": host},
         )  # fmt: skip
-    try:
-        _wait_for_workers(web_port, len(worker_hosts))
-        yield f"spark://127.0.0.1:{port}"
-    finally:
+
+    def lose_worker(self, host: str) -> None:
+        """SIGKILL to the worker on ``host`` and everything under it, as a host that goes takes its
+        processes with it: its executors, their Python workers and the ranks they started."""
+        worker = self.workers.pop(host)
+        for process in [*psutil.Process(worker.pid).children(recursive=True), psutil.Process(worker.pid)]:
+            with suppress(psutil.NoSuchProcess):
+                process.kill()
+        worker.wait()
+
+    def alive_workers(self) -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}/json", timeout=2) as answer:
+                state = json.load(answer)
+        except (OSError, ValueError):  # not listening yet, or a half-written answer while it starts
+            return 0
+        return sum(w["state"] == "ALIVE" for w in state.get("workers", []))
+
+    def wait_for_workers(self, count: int, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.alive_workers() < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the standalone cluster had not {count} workers within {timeout:.0f} s")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        processes = [*self.workers.values(), *([self.master] if self.master else [])]
         for process in processes:
             process.terminate()
         for process in processes:
@@ -117,3 +137,14 @@ def standalone_cluster(worker_hosts: list[str], cores: int, log_dir: Path) -> It
                 process.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 process.kill()
+
+
+@contextmanager
+def standalone_cluster(worker_hosts: list[str], cores: int, log_dir: Path) -> Iterator[Standalone]:
+    """A :class:`Standalone` cluster, started, and stopped on the way out."""
+    cluster = Standalone(worker_hosts, cores, log_dir)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()

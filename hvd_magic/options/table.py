@@ -187,7 +187,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "resize_wait",
         "with min_np=: how long to wait for all np slots after a loss before going on with fewer",
-        _JOBS,
+        _JOBS | {ESTIMATORS},
         value="SECONDS",
         default="30",
         refusals={place: NO_RESTARTS for place in (START, SESSION_CELL, SESSION, SESSION_RUN)},

@@ -203,6 +203,7 @@ class HorovodEstimator(Estimator[HorovodModel], EstimatorParams, UnusedParams, M
                 data_name="(the DataFrame given to fit)",
                 retries=self.getOrDefault("retries"),
                 min_np=self.getOrDefault("min_np"),
+                resize_wait=self.getOrDefault("resize_wait"),
             )
         except OptionError as err:
             raise ValueError(f"{type(self).__name__}: {err}") from None

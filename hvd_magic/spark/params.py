@@ -180,6 +180,12 @@ class EstimatorParams(ModelParams):
         "return (default: never fewer)",
         TypeConverters.toInt,
     )
+    resize_wait = _param(
+        "resize_wait",
+        "hvd_magic's own: with min_np, the seconds to wait for num_proc slots after a loss before going "
+        "on with fewer (default 30)",
+        TypeConverters.toFloat,
+    )
 
     def __init__(self) -> None:
         super().__init__()
@@ -195,6 +201,7 @@ class EstimatorParams(ModelParams):
             use_gpu=True,
             retries=DEFAULT_RETRIES,
             min_np=None,
+            resize_wait=None,
             metrics=[],
             callbacks=[],
             custom_objects={},
