@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import time
 from types import SimpleNamespace
@@ -24,7 +25,7 @@ from hvd_magic import (
 from hvd_magic.launch import spark as spark_launch
 from hvd_magic.launch import spark_plan
 from hvd_magic.launch.spark_session import check_slots
-from hvd_magic.protocol import Join, LauncherExit, LauncherLog, Message, SparkPlan
+from hvd_magic.protocol import Join, LauncherExit, LauncherLog, Message, SparkPlan, Stopped
 from hvd_magic.run.diagnosis import failure_after_exit
 from hvd_magic.run.record import RunRecord
 
@@ -382,8 +383,41 @@ def test_executor_lost_mid_run_is_a_clear_error(ip, cluster, tmp_path):
     assert time.monotonic() - killed[0] < 90  # Spark alone would retry the stage for 10 minutes
     message = str(info.value)
     assert "ExecutorLostFailure (executor" in message and "exited" in message, message
-    assert "died without reporting" in message  # the ranks it took down are not blamed
+    # the first cause named: the executor, its ranks and Spark's word; the others stopped by it
+    pattern = (
+        r"executor or host lost: rank (\d) on \S+ was lost with executor \d+ on [\d.]+ \(ranks (\d), (\d)\): "
+        r"Spark lost the executor \(Command exited with code 137\); "
+        r"ranks \[(\d), (\d)\] were stopped because of it"
+    )
+    found = re.search(pattern, message)
+    assert found is not None, message
+    first, *on_it, stopped_a, stopped_b = found.groups()
+    assert first == on_it[0] and sorted([*on_it, stopped_a, stopped_b]) == ["0", "1", "2", "3"], message
     assert gone_within(10) == []
+
+
+@pytest.mark.parametrize("launcher", ["mpi", "gloo"])
+def test_the_ranks_of_an_executor_spark_lost_are_named_and_its_tasks_not_waited_for(launcher):
+    joins = [
+        Join(partition, executor=str(partition // 2), ip=f"10.0.0.{partition // 2}") for partition in range(4)
+    ]
+    plan = spark_plan.make_plan(joins, launcher)
+    deaths = spark_plan.lost_executor_deaths(plan, launcher, {"1": "worker lost: 10.0.0.1 disassociated"})
+    assert [(d.rank, d.failure, d.host_lost) for d in deaths] == [
+        (2, FailureClass.LOST, True),
+        (3, FailureClass.LOST, True),
+    ]
+    assert deaths[0].what == (
+        "was lost with executor 1 on 10.0.0.1 (ranks 2, 3): Spark lost the executor "
+        "(worker lost: 10.0.0.1 disassociated)"
+    )
+    gone = spark_plan.tasks_on(plan, [], executors={"1"})
+    assert gone == [2, 3]
+    assert spark_plan.leftovers(joins, {0: Stopped("0"), 1: Stopped("0", ["42: python"])}, gone) == [
+        "42: python (executor 0)",
+        "task 2 on executor 1 (10.0.0.1) did not confirm (its host or executor was lost)",
+        "task 3 on executor 1 (10.0.0.1) did not confirm (its host or executor was lost)",
+    ]
 
 
 def test_a_tasks_word_on_its_ranks_end_keeps_the_class_its_host_saw():

@@ -20,7 +20,7 @@ from typing import Any
 
 import psutil
 
-from hvd_magic.protocol import GlooSlot
+from hvd_magic.protocol import GlooSlot, Message, Record, StoreAnswer, StoreRequest
 
 __all__ = ["GlooStore", "LoopbackStoreServer", "gloo_env", "gloo_slots"]
 
@@ -81,6 +81,13 @@ class GlooStore:
                 self._delete(scope, key)
                 return 200, b""
         return 405, b""
+
+    def answer(self, message: Message) -> tuple[Record, bytes]:
+        """A hub responder: a Spark task's relayed ``StoreRequest``, answered from this store."""
+        request = message.record
+        assert isinstance(request, StoreRequest)
+        status, value = self.request(request.method, request.path, message.blob)
+        return StoreAnswer(request.id, status), value
 
     def _delete(self, scope: str, key: str) -> None:
         if scope in self._scope_size:

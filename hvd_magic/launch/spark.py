@@ -34,6 +34,7 @@ from hvd_magic.launch.spark_session import (
     decommissioned,
     driver_address,
     embedded_notice,
+    lost_executors,
     task_cpus,
 )
 from hvd_magic.launch.task.barrier import STAGE_SCHEMA, TaskSpec, barrier_stage
@@ -44,11 +45,9 @@ from hvd_magic.protocol import (
     LauncherLog,
     Message,
     Plan,
-    Record,
     Release,
     SparkPlan,
     Stopped,
-    StoreAnswer,
     StoreRequest,
 )
 
@@ -96,6 +95,7 @@ class SparkLauncher(Launcher):
         self._job: threading.Thread | None = None
         self._plan: SparkPlan | None = None
         self._lost: list[str] = []  # hosts (plan tokens) mpirun lost: their tasks cannot answer
+        self._gone: dict[str, str] = {}  # executors Spark lost, and why: nor can theirs
 
     @classmethod
     def for_options(cls, options: RunOptions) -> SparkLauncher:
@@ -189,7 +189,7 @@ class SparkLauncher(Launcher):
     def _send_plan(self) -> None:
         plan = self._plan = spark_plan.make_plan(list(self._joins.values()), self.launcher)
         if self.launcher == "gloo":
-            self._serve_gloo_store(plan)
+            self.hub.responders[StoreRequest] = GlooStore(plan.slots.values()).answer  # relayed by tasks
         if plan.slots:
             for identity, join in self._joins.items():
                 slot = plan.slots[join.partition]
@@ -205,18 +205,6 @@ class SparkLauncher(Launcher):
             self._deaths.append(spark_plan.task_death(self._rank_of[identity], exit))
         if len(self._launcher_exits) >= (1 if self.launcher == "mpi" else self.np):
             self.release()
-
-    def _serve_gloo_store(self, plan: SparkPlan) -> None:
-        """Answer the tasks' relayed Gloo store requests from a store on the driver."""
-        store = GlooStore(plan.slots.values())
-
-        def answer(message: Message) -> tuple[Record, bytes]:
-            request = message.record
-            assert isinstance(request, StoreRequest)
-            status, value = store.request(request.method, request.path, message.blob)
-            return StoreAnswer(request.id, status), value
-
-        self.hub.responders[StoreRequest] = answer
 
     def release(self, record: Release | Abort = Release()) -> None:  # noqa: B008 - immutable
         """Let every task return (their slots and GPUs go back to Spark); ``Abort`` kills first."""
@@ -242,7 +230,7 @@ class SparkLauncher(Launcher):
             return self._leftovers()
         self.release(Abort())
         self._wait_for_confirmations()
-        if not self._lost:  # a lost host's task never ends by itself: cancel at once
+        if not self._lost and not self._executors_lost():  # their tasks never end: cancel at once
             self._job.join(timeout=JOB_END_SECONDS)
         if self._job.is_alive():  # tasks that never answered, or Spark retrying the stage
             cancel_tag(self.session, self.tag, JOB_END_SECONDS)
@@ -257,8 +245,7 @@ class SparkLauncher(Launcher):
         when no confirmation came for QUIET_SECONDS, and shortly after the job ended."""
         start = time.monotonic()
         deadline, confirmed = start + STOP_SECONDS, -1
-        expected = self.np - len(spark_plan.tasks_on(self._plan, self._lost))  # a lost host's tasks cannot
-        while len(self._stopped) < expected and (now := time.monotonic()) < deadline:
+        while len(self._stopped) < self.np - len(self._gone_tasks()) and (now := time.monotonic()) < deadline:
             if len(self._stopped) != confirmed:
                 confirmed, deadline = len(self._stopped), min(start + STOP_SECONDS, now + QUIET_SECONDS)
             if self._job is not None and not self._job.is_alive():
@@ -266,27 +253,35 @@ class SparkLauncher(Launcher):
             time.sleep(0.02)
 
     def _leftovers(self) -> list[str]:
-        leftovers, lost_tasks = [], spark_plan.tasks_on(self._plan, self._lost)
-        for identity, join in self._joins.items():
-            stopped = self._stopped.get(identity)
-            if stopped is None:
-                lost = join.partition in lost_tasks
-                leftovers.append(
-                    f"task {join.partition} on executor {join.executor} ({join.ip}) did not confirm"
-                    + (" (its host was lost)" if lost else "")
-                )
-            else:
-                leftovers += [f"{item} (executor {stopped.executor})" for item in stopped.remaining]
-        return leftovers
+        stopped = {self._joins[identity].partition: said for identity, said in self._stopped.items()}
+        return spark_plan.leftovers(self._joins.values(), stopped, self._gone_tasks())
+
+    def _gone_tasks(self) -> list[int]:
+        """The tasks on a host mpirun lost or an executor Spark lost: they cannot answer."""
+        return spark_plan.tasks_on(self._plan, self._lost, self._executors_lost())
+
+    def _executors_lost(self) -> dict[str, str]:
+        """The run's executors Spark lost, with its word why (asked again while it has none)."""
+        if self._plan is not None:
+            ask = [host.executor for host in self._plan.hosts if not self._gone.get(host.executor)]
+            self._gone.update(lost_executors(self.session, ask))
+        return self._gone
 
     def deaths(self) -> list[RankDeath]:
         """Hostless: mpirun and the plan name hosts hvd-host-N; diagnosis takes the rank's own name.
-        A host whose daemon mpirun lost (the machine died, or its network) loses all its ranks."""
-        if self.launcher == "mpi":
-            if self._plan is not None and self._lost:
-                return spark_plan.lost_host_deaths(self._plan, self._lost, self.hub.address.split("//")[-1])
-            return [replace(d, host="") for d in mpirun_deaths("\n".join(list(self.log)))]
-        return list(self._deaths)
+        An executor Spark lost took its ranks with it: named first, as the cause of the rest. A
+        host whose daemon mpirun lost (the machine died, or its network) loses all its ranks."""
+        lost, first = self._executors_lost(), []
+        if self._plan is not None and lost:
+            first = spark_plan.lost_executor_deaths(self._plan, self.launcher, lost)
+        if self.launcher != "mpi":
+            rest = list(self._deaths)
+        elif self._plan is not None and self._lost:
+            rest = spark_plan.lost_host_deaths(self._plan, self._lost, self.hub.address.split("//")[-1])
+        else:
+            rest = [replace(d, host="") for d in mpirun_deaths("\n".join(list(self.log)))]
+        named = {death.rank for death in first}
+        return first + [death for death in rest if death.rank not in named]
 
     def preempted(self) -> str | None:
         places = {join.executor: join.ip for join in self._joins.values()}

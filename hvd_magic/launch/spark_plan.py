@@ -4,13 +4,16 @@ failed stage or a lost host means for the run's ranks: pure."""
 from __future__ import annotations
 
 import collections
+from collections.abc import Collection
 
 from hvd_magic.errors import FailureClass
 from hvd_magic.launch.gloo import gloo_slots
 from hvd_magic.launch.processes import RankDeath, death_of
-from hvd_magic.protocol import Join, LauncherExit, PlanHost, SparkPlan
+from hvd_magic.protocol import Join, LauncherExit, PlanHost, SparkPlan, Stopped
 
 __all__ = [
+    "leftovers",
+    "lost_executor_deaths",
     "lost_host_deaths",
     "make_plan",
     "mpi_ranks",
@@ -55,9 +58,38 @@ def mpi_ranks(plan: SparkPlan) -> dict[str, list[int]]:
     return ranks
 
 
-def tasks_on(plan: SparkPlan | None, nodes: list[str]) -> list[int]:
-    """The partitions (tasks) on the hosts ``nodes`` (plan tokens)."""
-    return [p for host in plan.hosts if host.token in nodes for p in host.partitions] if plan else []
+def tasks_on(plan: SparkPlan | None, nodes: list[str], executors: Collection[str] = ()) -> list[int]:
+    """The partitions (tasks) on the hosts ``nodes`` (plan tokens) or on the ``executors``."""
+    if plan is None:
+        return []
+    hosts = [host for host in plan.hosts if host.token in nodes or host.executor in executors]
+    return [partition for host in hosts for partition in host.partitions]
+
+
+def lost_executor_deaths(plan: SparkPlan, launcher: str, lost: dict[str, str]) -> list[RankDeath]:
+    """Every rank of each executor Spark lost (``lost``: its id and Spark's word for why)."""
+    mpi, deaths = mpi_ranks(plan) if launcher == "mpi" else {}, []
+    for host in (h for h in plan.hosts if h.executor in lost):
+        ranks = mpi.get(host.token) or [plan.slots[p].rank for p in host.partitions]
+        listed = f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+        why = f" ({lost[host.executor]})" if lost[host.executor] else ""
+        what = f"was lost with executor {host.executor} on {host.ip} ({listed}): Spark lost the executor{why}"
+        deaths += [RankDeath(rank, what, host_lost=True, failure=FailureClass.LOST) for rank in ranks]
+    return deaths
+
+
+def leftovers(joins: Collection[Join], stopped: dict[int, Stopped], gone: list[int]) -> list[str]:
+    """What the run's tasks could not stop: a task that never confirmed (``gone``: the tasks
+    whose host or executor was lost), and what a confirming task listed (``stopped``: by task)."""
+    said = []
+    for join in joins:
+        confirmed = stopped.get(join.partition)
+        if confirmed is None:
+            why = " (its host or executor was lost)" if join.partition in gone else ""
+            said.append(f"task {join.partition} on executor {join.executor} ({join.ip}) did not confirm{why}")
+        else:
+            said += [f"{item} (executor {confirmed.executor})" for item in confirmed.remaining]
+    return said
 
 
 def lost_host_deaths(plan: SparkPlan, nodes: list[str], notebook: str) -> list[RankDeath]:

@@ -246,3 +246,24 @@ def decommissioned(session: Any, executors: list[str]) -> list[str]:
         return []
     scheduler = session.sparkContext._jsc.sc().taskScheduler()
     return [name for name in executors if scheduler.getExecutorDecommissionState(name).isDefined()]
+
+
+def lost_executors(session: Any, executors: list[str]) -> dict[str, str]:
+    """Which of ``executors`` Spark has lost, each with its word for why (``Command exited with
+    code 137``, ``worker lost: ... disassociated``; empty until its status store has it); none
+    where the session does not tell (Connect), and no name Spark never had (local mode's tasks
+    name their address)."""
+    if is_connect(session) or not executors:
+        return {}
+    context = session.sparkContext._jsc.sc()
+    scheduler = context.taskScheduler()
+    gone = {name for name in executors if not scheduler.isExecutorAlive(name)}
+    if not gone:
+        return {}
+    known, listed = {}, context.statusStore().executorList(False)  # False: the removed ones too
+    for index in range(listed.size()):
+        summary = listed.apply(index)
+        if summary.id() in gone:
+            reason = summary.removeReason()
+            known[str(summary.id())] = str(reason.get()) if reason.isDefined() else ""
+    return known
