@@ -255,14 +255,14 @@ def lost_executors(session: Any, executors: list[str]) -> dict[str, str]:
     name their address)."""
     if is_connect(session) or not executors:
         return {}
-    context = session.sparkContext._jsc.sc()
-    scheduler = context.taskScheduler()
-    gone = {name for name in executors if not scheduler.isExecutorAlive(name)}
-    if not gone:
+    try:  # Spark's own calls (private[spark]): a Spark without them tells nothing
+        context = session.sparkContext._jsc.sc()
+        gone = {name for name in executors if not context.taskScheduler().isExecutorAlive(name)}
+        listed = context.statusStore().executorList(False) if gone else None  # False: the removed too
+    except Exception:  # noqa: BLE001 - py4j's errors, or no such method in this Spark
         return {}
-    known, listed = {}, context.statusStore().executorList(False)  # False: the removed ones too
-    for index in range(listed.size()):
-        summary = listed.apply(index)
+    known = {}
+    for summary in (listed.apply(index) for index in range(listed.size())) if listed else ():
         if summary.id() in gone:
             reason = summary.removeReason()
             known[str(summary.id())] = str(reason.get()) if reason.isDefined() else ""
