@@ -160,3 +160,12 @@ for step in range(state["step"], end):
     time.sleep(0.05)
 [w.item(), starts]
 """
+
+# Rank 1 in a C call that holds Python's lock (libc's sleep through ctypes.PyDLL) at the timeout.
+HOLDS_THE_LOCK = """%%horovod np=3 timeout=5
+import ctypes, time, horovod.torch as hvd
+hvd.init()
+time.sleep(1)
+if hvd.rank() == 1: ctypes.PyDLL(None).sleep(60)
+time.sleep(60)
+"""

@@ -352,6 +352,26 @@ def test_interrupt_on_spark_stops_every_rank_on_every_executor(ip, cluster, tmp_
     assert HorovodRunner(np=2).run(rank_sum()) == 3.0  # the next run works
 
 
+def test_a_spark_rank_whose_python_cannot_run_is_dumped_by_py_spy_on_its_own_host(ip, cluster, tmp_path):
+    """At the timeout, rank 1 is in a C call that holds Python's lock (libc's sleep through
+    ctypes.PyDLL) and cannot answer: the Spark task it runs under dumps it with py-spy on the
+    executor's host and sends the dump back, native frames and the cell's line."""
+    cell = "import ctypes, os, pathlib, time, torch.distributed as dist\ndist.init_process_group('gloo')\n"
+    cell += f"pathlib.Path({str(tmp_path)!r}, f'started-{{dist.get_rank()}}').touch()\n"
+    cell += "if dist.get_rank() == 1:\n    ctypes.PyDLL(None).sleep(60)\ntime.sleep(60)\n"
+    with pytest.raises(RunTimeout) as timed_out:
+        ip.run_cell_magic("horovod", "np=2 backend=torch timeout=5", cell)
+    said = str(timed_out.value)
+    assert re.search(
+        r"^rank 1 on \S+: no answer from its Python \(a C call holds its lock\); py-spy dump", said, re.M
+    )
+    assert "sleep (libc" in said and "<horovod cell>:5" in said, said
+    assert re.search(
+        r"^rank 0 on \S+: in <module> \(<horovod cell>:6\)|^rank 0 on \S+: in line 6 of the cell", said, re.M
+    )
+    assert run_processes_anywhere() == []
+
+
 @pytest.mark.parametrize("launcher", ["mpi", "gloo"])
 def test_nothing_is_left_when_a_timed_out_spark_cell_returns(ip, cluster, tmp_path, launcher):
     # only SIGKILL stops these ranks; each reports until all four started, so the 5 s of silence

@@ -4,6 +4,7 @@ other hosts, each with its own name, address and disk."""
 from __future__ import annotations
 
 import ast
+import re
 import signal
 import threading
 import time
@@ -124,6 +125,22 @@ def test_a_live_session_spans_the_three_hosts(multihost: Cluster) -> None:
         assert "ranks 0, 1, 2 on hostA, hostB, hostC: idle" in stacks, stacks
     finally:
         assert kernel.run("%horovod stop").status == "ok"
+
+
+def test_a_rank_whose_python_cannot_run_is_dumped_by_py_spy_on_its_own_host(multihost: Cluster) -> None:
+    """At the timeout, rank 1 (on another host than the notebook's) is in a C call that holds
+    Python's lock: the Spark task it runs under dumps it with py-spy there and sends the dump back;
+    the notebook, on its own host, could not have."""
+    kernel = multihost.kernel
+    assert kernel is not None and kernel.run("%load_ext hvd_magic").status == "ok"
+    outcome = kernel.run(cells.HOLDS_THE_LOCK, timeout=240)
+    assert outcome.status == "error" and outcome.ename == "RunTimeout", outcome
+    said = outcome.evalue
+    assert re.search(
+        r"^rank 1 on host[ABC]: no answer from its Python \(a C call holds its lock\); py-spy", said, re.M
+    )
+    assert "sleep (libc" in said and "<horovod cell>:4" in said, said  # the line under the magic's
+    assert wait_until_gone(multihost.bed) == []
 
 
 def test_an_estimators_model_dir_lives_on_the_notebooks_host_only(multihost: Cluster) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import socket
 from typing import TYPE_CHECKING
 
+from hvd_magic.launch import native
 from hvd_magic.launch.processes import RankDeath
 
 if TYPE_CHECKING:
@@ -40,6 +42,12 @@ class Launcher:
         """A notice that the ranks' machines are about to go (a decommissioned executor), once
         one came; None where there is none or the launcher cannot tell."""
         return None
+
+    def native_stacks(self, pids: dict[int, int], hosts: dict[int, str]) -> dict[int, str]:
+        """py-spy's dump (native frames too) of each rank in ``pids`` (rank → pid) that the
+        launcher can reach; here, those on this machine (``hosts``: each rank's host name)."""
+        here = socket.gethostname()
+        return native.dumps({rank: pid for rank, pid in pids.items() if hosts.get(rank) == here})
 
     def deaths(self) -> list[RankDeath]:
         """Ranks seen to end badly, in the order seen, where the launcher can tell (some of

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from hvd_magic.data.parquet import Piece
 from hvd_magic.data.source import spark_dataframe, spark_stage
 from hvd_magic.hub import Hub, RunKeys
-from hvd_magic.launch import spark_plan
+from hvd_magic.launch import native, spark_plan
 from hvd_magic.launch.base import Launcher
 from hvd_magic.launch.gloo import GlooStore
 from hvd_magic.launch.mpirun import lost_node, mpirun_deaths
@@ -282,6 +282,10 @@ class SparkLauncher(Launcher):
             rest = [replace(d, host="") for d in mpirun_deaths("\n".join(list(self.log)))]
         named = {death.rank for death in first}
         return first + [death for death in rest if death.rank not in named]
+
+    def native_stacks(self, pids: dict[int, int], hosts: dict[int, str]) -> dict[int, str]:
+        """Each dumped on its own host, by the task it runs under."""
+        return native.TaskDumps.of(self.hub).ask(list(self._joins), pids)
 
     def preempted(self) -> str | None:
         places = {join.executor: join.ip for join in self._joins.values()}

@@ -28,6 +28,8 @@ abort          driver → task            ``Abort``           —
 stopped        task → driver            ``Stopped``         —
 store_request  task → driver            ``StoreRequest``    a Gloo store PUT body
 store_answer   driver → task            ``StoreAnswer``     the stored value
+native_asked   driver → task            ``NativeAsked``     —
+native_dumps   task → driver            ``NativeDumps``     —
 exec           rsh client → agent       ``Exec``            —
 output         agent → rsh client       ``Output``          the command's output bytes
 ping, pong     rsh client ⇄ agent       ``Ping``, ``Pong``  —
@@ -114,6 +116,8 @@ class Kind(str, Enum):
     TYPED = "typed"
     DEBUGGER_LEFT = "debugger_left"
     NOTICED = "noticed"
+    NATIVE_ASKED = "native_asked"
+    NATIVE_DUMPS = "native_dumps"
 
 
 class Record:

@@ -10,8 +10,8 @@ from hvd_magic.protocol.messages import Kind, Record, _kind
 from hvd_magic.protocol.plan import SparkPlan
 
 __all__ = [
-    "Abort", "Exec", "Join", "Kill", "LauncherExit", "LauncherLog", "Output", "Ping", "Plan", "Pong",
-    "Release", "Stopped", "StoreAnswer", "StoreRequest",
+    "Abort", "Exec", "Join", "Kill", "LauncherExit", "LauncherLog", "NativeAsked", "NativeDumps",
+    "Output", "Ping", "Plan", "Pong", "Release", "Stopped", "StoreAnswer", "StoreRequest",
 ]  # fmt: skip
 
 
@@ -125,3 +125,24 @@ class Pong(Record):
 @dataclass(frozen=True)
 class Kill(Record):
     pass
+
+
+@_kind(Kind.NATIVE_ASKED)
+@dataclass(frozen=True)
+class NativeAsked(Record):
+    """Dump the native stacks (py-spy) of the ranks among ``pids`` that run under this task:
+    ranks whose Python could not answer, on the task's own host."""
+
+    id: int
+    ranks: list[int]
+    pids: list[int]
+
+
+@_kind(Kind.NATIVE_DUMPS)
+@dataclass(frozen=True)
+class NativeDumps(Record):
+    """A task's answer: py-spy's dump of each of its ranks asked (none where it has none)."""
+
+    id: int
+    ranks: list[int] = field(default_factory=list)
+    dumps: list[str] = field(default_factory=list)

@@ -5,16 +5,13 @@ own asking when it is declared stalled, timed out, or interrupted while quiet)."
 from __future__ import annotations
 
 import itertools
-import shutil
-import socket
-import subprocess
-import sys
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from hvd_magic.hub import Hub
+from hvd_magic.launch.base import Launcher
 from hvd_magic.protocol import CELL_FILENAME, Message, RankStacks, StacksAsked
 
 __all__ = ["ASK_SECONDS", "StackCollector", "collector", "describe", "where_each_rank", "where_now"]
@@ -22,7 +19,7 @@ __all__ = ["ASK_SECONDS", "StackCollector", "collector", "describe", "where_each
 ASK_SECONDS = 3.0  # how long the run waits for the ranks' stacks before it goes on without
 SHOWN_FRAMES = 8  # the innermost frames of a stack shown; the rest are counted
 NATIVE_LINES = 40  # of py-spy's dump of a rank that could not answer
-PY_SPY_SECONDS = 20.0
+Native = Callable[[dict[int, int], dict[int, str]], dict[int, str]]  # (pids, hosts) → each rank's dump
 _ids = itertools.count(1)
 
 
@@ -100,42 +97,17 @@ def _headline(stacks: RankStacks) -> str:
     return where
 
 
-def py_spy() -> str | None:
-    """py-spy (``hvd_magic[debug]``): on the PATH, or beside this Python."""
-    beside = Path(sys.executable).parent / "py-spy"
-    return shutil.which("py-spy") or (str(beside) if beside.exists() else None)
-
-
-def native_stacks(silent: Iterable[int], hosts: dict[int, str], pids: dict[int, int]) -> dict[int, str]:
-    """py-spy's dump, native frames too, of each rank that could not answer and runs on this
-    machine (a rank elsewhere is for py-spy on its host: ``describe`` says how)."""
-    tool, here, dumps = py_spy(), socket.gethostname(), dict[int, str]()
-    if tool is None:
-        return {}
-    for rank in silent:
-        if rank not in pids or hosts.get(rank) != here:
-            continue
-        command = [tool, "dump", "--native", "--pid", str(pids[rank])]
-        try:
-            done = subprocess.run(
-                command, capture_output=True, text=True, timeout=PY_SPY_SECONDS, check=False
-            )
-        except (OSError, subprocess.TimeoutExpired) as err:
-            dumps[rank] = f"py-spy could not dump it: {err}"
-            continue
-        dumps[rank] = (done.stdout if done.returncode == 0 else done.stderr).strip()
-    return dumps
-
-
 def describe(
     answers: dict[int, RankStacks],
     ranks: Iterable[int],
     hosts: dict[int, str] | None = None,
     pids: dict[int, int] | None = None,
+    native: Native | None = None,
 ) -> str:
     """Every rank's stack, the same stacks once: "ranks 0, 2: in wait (…), from line 12 of
-    the cell" and the frames; ranks that did not answer said so, with py-spy's native dump of
-    those on this machine where py-spy is installed."""
+    the cell" and the frames; ranks that did not answer said so, with py-spy's native dump where
+    ``native`` (a launcher's ``native_stacks``; by default: of the ranks on this machine) can
+    take one on the rank's host and py-spy is installed there."""
     hosts, pids = hosts or {}, pids or {}
     groups: dict[tuple[object, ...], list[int]] = {}
     for rank, stacks in sorted(answers.items()):
@@ -150,7 +122,8 @@ def describe(
         lines.append(f"{who}{where}: {_headline(stacks)}")
         lines += _stack_lines(stacks)
     silent = sorted(set(ranks) - set(answers))
-    dumps = native_stacks(silent, hosts, pids)
+    asked = {rank: pids[rank] for rank in silent if rank in pids}
+    dumps = (native or Launcher().native_stacks)(asked, hosts) if asked else {}
     for rank in silent:
         on = f" on {hosts[rank]}" if rank in hosts else ""
         if rank in dumps:
@@ -170,13 +143,20 @@ def describe(
 
 
 def where_now(
-    hub: Hub, ranks: int, hosts: dict[int, str], pids: dict[int, int], timeout: float = ASK_SECONDS
+    hub: Hub,
+    ranks: int,
+    hosts: dict[int, str],
+    pids: dict[int, int],
+    native: Native | None = None,
+    timeout: float = ASK_SECONDS,
 ) -> str:
     """Every rank of the hub asked, and the answers told (``describe``)."""
-    return describe(collector(hub).ask(range(ranks), timeout), range(ranks), hosts, pids)
+    return describe(collector(hub).ask(range(ranks), timeout), range(ranks), hosts, pids, native)
 
 
-def where_each_rank(hub: Hub, ranks: int, hosts: dict[int, str], pids: dict[int, int], when: str) -> str:
+def where_each_rank(
+    hub: Hub, ranks: int, hosts: dict[int, str], pids: dict[int, int], native: Native, when: str
+) -> str:
     """The run's own asking (at a stall, a timeout, an interrupt of a quiet run): a paragraph
     to add to what it says then."""
-    return f"\n\nWhere each rank was {when}:\n" + where_now(hub, ranks, hosts, pids)
+    return f"\n\nWhere each rank was {when}:\n" + where_now(hub, ranks, hosts, pids, native)

@@ -173,7 +173,8 @@ class Run:
         )
 
     def _where(self, when: str) -> str:
-        return where_each_rank(self.hub, self.options.ranks, self.record.started, self.record.pids, when)
+        started, pids = self.record.started, self.record.pids
+        return where_each_rank(self.hub, self.options.ranks, started, pids, self.launcher.native_stacks, when)
 
     def _supervise(self) -> Any:
         while True:

@@ -94,7 +94,8 @@ class CellLauncher(Launcher):
         if self.hub is None:
             return ""
         hosts, pids = hosts_and_pids(self.session.ranks)
-        return where_each_rank(self.hub, len(self.session.ranks), hosts, pids, "when the session ended")
+        when = "when the session ended"
+        return where_each_rank(self.hub, len(self.session.ranks), hosts, pids, self.native_stacks, when)
 
     def diagnostics(self) -> str:
         # only when the session's processes ended: a live launcher's output is still being read
@@ -102,6 +103,9 @@ class CellLauncher(Launcher):
 
     def deaths(self) -> list[RankDeath]:
         return self.session.launcher.deaths()
+
+    def native_stacks(self, pids: dict[int, int], hosts: dict[int, str]) -> dict[int, str]:
+        return self.session.launcher.native_stacks(pids, hosts)
 
 
 class CellRun(Run):

@@ -248,7 +248,8 @@ def stacks_text(session: LiveSession | None, timeout: float = stacks.ASK_SECONDS
         return "no live session: %horovod start np=N starts one"
     if not session.live or session.hub is None:
         return f"the live session ended: {session.ended_because}"
-    return stacks.where_now(session.hub, session.size, *hosts_and_pids(session.ranks), timeout)
+    hosts, pids = hosts_and_pids(session.ranks)
+    return stacks.where_now(session.hub, session.size, hosts, pids, session.launcher.native_stacks, timeout)
 
 
 def _duration(seconds: float) -> str:

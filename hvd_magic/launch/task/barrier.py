@@ -19,7 +19,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,16 +29,14 @@ from hvd_magic.data.parquet import Piece, write_manifest
 from hvd_magic.hub import RunKeys
 from hvd_magic.launch import processes
 from hvd_magic.launch.gloo import LoopbackStoreServer, gloo_env
-from hvd_magic.launch.memory_cgroup import MemoryWatch
 from hvd_magic.launch.mpirun import mpirun_argv
 from hvd_magic.launch.task.agent import ExecAgent
 from hvd_magic.launch.task.network import check_reachable, interface_of, own_address
+from hvd_magic.launch.task.slot import hold_slot
 from hvd_magic.launch.torch_dist import free_port, torch_env
 from hvd_magic.protocol import (
     Abort,
     Join,
-    LauncherExit,
-    LauncherLog,
     Plan,
     Release,
     SparkPlan,
@@ -49,7 +46,7 @@ from hvd_magic.protocol import (
 )
 from hvd_magic.protocol.env import ENV_AGENT_TOKEN, ENV_AGENTS, ENV_SHARDS, ENV_SLOT_GPUS
 from hvd_magic.protocol.plan import gpu_for_local_rank
-from hvd_magic.rank.client import LOST_SECONDS, HubClient
+from hvd_magic.rank.client import HubClient
 
 __all__ = ["STAGE_SCHEMA", "TaskSpec", "barrier_stage", "barrier_task"]
 PLAN_TIMEOUT = 120.0
@@ -185,7 +182,7 @@ def _mpi_task(spec: TaskSpec, plan: SparkPlan, partition: int, agent: ExecAgent,
         agent.host_env = {ENV_SLOT_GPUS: json.dumps(host.gpus), ENV_SHARDS: json.dumps(host.shards)}
         agent.host_env |= processes.thread_budget_env(local_ranks, local_ranks * spec.task_cpus, spec.env)
     process = _start_mpirun(spec, plan, agent.scratch()) if partition == plan.mpirun_partition else None
-    return _hold_slot(client, process)
+    return hold_slot(client, process)
 
 
 def _start_mpirun(spec: TaskSpec, plan: SparkPlan, scratch: str) -> subprocess.Popen[bytes]:
@@ -229,7 +226,7 @@ def _rank_env(spec: TaskSpec, plan: SparkPlan, partition: int) -> dict[str, str]
 def _torch_task(spec: TaskSpec, plan: SparkPlan, partition: int, client: HubClient) -> int:
     """backend=torch: this task's rank, with rank 0's store on the first host."""
     master = torch_env(plan.slots[partition], plan.hosts[0].ip, plan.master_port)
-    return _hold_slot(
+    return hold_slot(
         client, processes.spawn(processes.worker_command(), _rank_env(spec, plan, partition) | master)
     )
 
@@ -242,7 +239,7 @@ def _gloo_task(spec: TaskSpec, plan: SparkPlan, partition: int, client: HubClien
     store = LoopbackStoreServer(functools.partial(_ask_driver, relay))
     env |= gloo_env(slot, store.port, interface_of(host.ip))
     try:
-        return _hold_slot(client, processes.spawn(processes.worker_command(), env))
+        return hold_slot(client, processes.spawn(processes.worker_command(), env))
     finally:
         store.close()
         relay.close()
@@ -254,43 +251,6 @@ def _ask_driver(relay: HubClient, method: str, path: str, body: bytes) -> tuple[
     if not isinstance(answer.record, StoreAnswer):
         raise ValueError(f"the driver answered a store request with {answer.kind.value!r}")
     return answer.record.status, answer.blob
-
-
-def _hold_slot(client: HubClient, process: subprocess.Popen[bytes] | None) -> int:
-    """Forward the process's output, report its exit, and keep the slot until released."""
-    reader = None
-    if process is not None:
-        reader = threading.Thread(target=_forward, args=(process, client), daemon=True)
-        reader.start()
-    code, reported = 0, process is None
-    memory = None  # the memory cgroup where an OOM kill of the process would be counted
-    if process is not None:
-        memory = MemoryWatch.of(process.pid) or MemoryWatch.of(os.getpid())
-    while True:
-        if not reported and process is not None and process.poll() is not None:
-            if reader is not None:
-                reader.join(timeout=5)
-            code, reported = process.returncode, True
-            death = processes.death_of(-1, code, memory=memory)
-            client.send(LauncherExit(code, death.what, death.failure.name) if code else LauncherExit(0))
-        answer = client.receive(timeout=0.2)
-        if answer is None and client.lost_for() > LOST_SECONDS:  # the notebook is gone: no one releases
-            if process is not None:
-                processes.stop_tree(process)
-            return code
-        if answer is None:
-            continue
-        if isinstance(answer.record, Abort) and process is not None:
-            processes.stop_tree(process)
-            code = process.wait()
-        if isinstance(answer.record, (Release, Abort)):
-            return code
-
-
-def _forward(process: subprocess.Popen[bytes], client: HubClient) -> None:
-    assert process.stdout is not None
-    for line in process.stdout:
-        client.send(LauncherLog(), line)
 
 
 def _descendants() -> list[psutil.Process]:
