@@ -57,6 +57,7 @@ class FailureClass(enum.Enum):
     CRASH = "crashed"
     KILLED = "killed from outside"
     LOST = "executor or host lost"
+    CANCELLED = "cancelled in Spark"
     COMMUNICATION = "communication error"
     EXIT = "exited without a word"
 
@@ -77,6 +78,10 @@ class FailureClass(enum.Enum):
             ),
             FailureClass.CRASH: "a crash in native code usually comes back with the same code and data",
             FailureClass.EXIT: "the rank's own code (or a library in it) chose to exit",
+            FailureClass.CANCELLED: (
+                "someone cancelled the Spark job on purpose (the Spark UI's kill, cancelAllJobs, its job "
+                "group or tag): starting it again would undo that"
+            ),
         }.get(self, "")
 
 

@@ -417,6 +417,23 @@ def test_executor_lost_mid_run_is_a_clear_error(ip, cluster, tmp_path):
 
 
 @pytest.mark.parametrize("launcher", ["mpi", "gloo"])
+def test_a_job_cancelled_in_spark_is_named_so_and_not_retried(ip, cluster, tmp_path, launcher):
+    """Someone cancels the run's Spark job (here ``cancelAllJobs``, as the Spark UI's kill or a
+    job group's cancel would): the error says Spark cancelled it, in Spark's words, whatever the
+    ranks then said, and retries= does not undo it."""
+    when_started(tmp_path, 4, lambda: cluster.sparkContext.cancelAllJobs())
+    with pytest.raises((RankFailedError, RunError)) as info:
+        cell = waiting_cell(tmp_path, wait=ALLREDUCE_FOREVER)
+        ip.run_cell_magic("horovod", f"np=4 launcher={launcher} retries=2", cell)
+    said = str(info.value)
+    assert info.value.failure is FailureClass.CANCELLED, said
+    assert "was stopped: Spark cancelled the run's tasks (Job " in said, said
+    assert "cancelled as part of cancellation of all jobs)" in said, said
+    assert "attempt 2" not in said and info.value.__notes__[0].startswith("not retried (cancelled in Spark)")
+    assert run_processes_anywhere() == []
+
+
+@pytest.mark.parametrize("launcher", ["mpi", "gloo"])
 def test_the_ranks_of_an_executor_spark_lost_are_named_and_its_tasks_not_waited_for(launcher):
     joins = [
         Join(partition, executor=str(partition // 2), ip=f"10.0.0.{partition // 2}") for partition in range(4)

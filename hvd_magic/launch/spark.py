@@ -96,6 +96,7 @@ class SparkLauncher(Launcher):
         self._plan: SparkPlan | None = None
         self._lost: list[str] = []  # hosts (plan tokens) mpirun lost: their tasks cannot answer
         self._gone: dict[str, str] = {}  # executors Spark lost, and why: nor can theirs
+        self._cancelled = ""  # Spark's word when it cancelled the job, not this run's stop
 
     @classmethod
     def for_options(cls, options: RunOptions) -> SparkLauncher:
@@ -149,7 +150,9 @@ class SparkLauncher(Launcher):
             stage = source.mapInArrow(functools.partial(barrier_stage, spec), STAGE_SCHEMA, barrier=True)
             self.exit_code = max((int(row[0]) for row in stage.collect()), default=1)
         except Exception as err:  # noqa: BLE001 - py4j/gRPC errors: keep the line that says why
-            self.job_error = spark_plan.spark_failure(str(err))
+            cancelled = spark_plan.cancelled_by_spark(str(err))
+            self.job_error = cancelled or spark_plan.spark_failure(str(err))
+            self._cancelled = cancelled if cancelled and self._ending is None else ""
             self.exit_code = 1
         finally:
             self.session.removeTag(self.tag)
@@ -271,9 +274,8 @@ class SparkLauncher(Launcher):
         """Hostless: mpirun and the plan name hosts hvd-host-N; diagnosis takes the rank's own name.
         An executor Spark lost took its ranks with it: named first, as the cause of the rest. A
         host whose daemon mpirun lost (the machine died, or its network) loses all its ranks."""
-        lost, first = self._executors_lost(), []
-        if self._plan is not None and lost:
-            first = spark_plan.lost_executor_deaths(self._plan, self.launcher, lost)
+        first = spark_plan.lost_executor_deaths(self._plan, self.launcher, self._executors_lost())
+        first = first or spark_plan.cancelled_deaths(self.np, self._cancelled)
         if self.launcher != "mpi":
             rest = list(self._deaths)
         elif self._plan is not None and self._lost:
@@ -293,7 +295,4 @@ class SparkLauncher(Launcher):
         return f"Spark is decommissioning executor {gone}" if gone else None
 
     def diagnostics(self) -> str:
-        parts = list(self.log)
-        if self.job_error:
-            parts.append(f"Spark job: {self.job_error}")
-        return "\n".join(parts)
+        return "\n".join([*self.log, *([f"Spark job: {self.job_error}"] if self.job_error else [])])

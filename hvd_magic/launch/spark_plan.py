@@ -4,6 +4,7 @@ failed stage or a lost host means for the run's ranks: pure."""
 from __future__ import annotations
 
 import collections
+import re
 from collections.abc import Collection
 
 from hvd_magic.errors import FailureClass
@@ -12,6 +13,8 @@ from hvd_magic.launch.processes import RankDeath, death_of
 from hvd_magic.protocol import Join, LauncherExit, PlanHost, SparkPlan, Stopped
 
 __all__ = [
+    "cancelled_by_spark",
+    "cancelled_deaths",
     "leftovers",
     "lost_executor_deaths",
     "lost_host_deaths",
@@ -66,8 +69,10 @@ def tasks_on(plan: SparkPlan | None, nodes: list[str], executors: Collection[str
     return [partition for host in hosts for partition in host.partitions]
 
 
-def lost_executor_deaths(plan: SparkPlan, launcher: str, lost: dict[str, str]) -> list[RankDeath]:
+def lost_executor_deaths(plan: SparkPlan | None, launcher: str, lost: dict[str, str]) -> list[RankDeath]:
     """Every rank of each executor Spark lost (``lost``: its id and Spark's word for why)."""
+    if plan is None or not lost:
+        return []
     mpi, deaths = mpi_ranks(plan) if launcher == "mpi" else {}, []
     for host in (h for h in plan.hosts if h.executor in lost):
         ranks = mpi.get(host.token) or [plan.slots[p].rank for p in host.partitions]
@@ -76,6 +81,19 @@ def lost_executor_deaths(plan: SparkPlan, launcher: str, lost: dict[str, str]) -
         what = f"was lost with executor {host.executor} on {host.ip} ({listed}): Spark lost the executor{why}"
         deaths += [RankDeath(rank, what, host_lost=True, failure=FailureClass.LOST) for rank in ranks]
     return deaths
+
+
+def cancelled_by_spark(text: str) -> str | None:
+    """Spark's word when the job was cancelled (its UI's kill, ``cancelAllJobs``, a job group or
+    tag cancelled): 'Job 3 cancelled as part of cancellation of all jobs'; else None."""
+    found = re.search(r"(Job \d+ cancelled.*?)(?: SQLSTATE: \w+)?\s*$", text, re.M)
+    return found.group(1) if found else None
+
+
+def cancelled_deaths(np: int, why: str) -> list[RankDeath]:
+    """Every rank, when Spark cancelled the run's job (``why``: its word; none when it did not)."""
+    what = f"was stopped: Spark cancelled the run's tasks ({why})"
+    return [RankDeath(rank, what, failure=FailureClass.CANCELLED) for rank in range(np)] if why else []
 
 
 def leftovers(joins: Collection[Join], stopped: dict[int, Stopped], gone: list[int]) -> list[str]:
