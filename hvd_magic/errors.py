@@ -125,9 +125,12 @@ class InstallError(HorovodMagicError):
 class RunError(HorovodMagicError):
     """The job started but did not finish cleanly. ``failure`` is the class of what ended it
     (``FailureClass``: the cell's code, out of memory, a crash, killed, lost, ...) where a rank's
-    failure did; None for an interrupt, a timeout or a launch that went wrong."""
+    failure did; None for an interrupt, a timeout or a launch that went wrong. ``cause`` says what
+    ended it in a few words ('rank 1 on hostB was killed by signal 9 (SIGKILL)'), as each
+    attempt's line of a run with ``retries=`` does."""
 
     failure: FailureClass | None = None
+    cause: str = ""
 
 
 class RunInterrupted(RunError):

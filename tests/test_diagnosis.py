@@ -11,12 +11,10 @@ from hvd_magic.run.diagnosis import (
     failure_after_exit,
     left_behind,
     rank_failed,
-    silence_timeout,
     silent_death,
-    stall_text,
-    start_timeout,
 )
 from hvd_magic.run.record import RunRecord, is_consequence
+from hvd_magic.run.timeouts import silence_timeout, stall_text, start_timeout
 
 SHUT_DOWN = RankError("vm", "HorovodInternalError", "Horovod has been shut down. This was caused by ...")
 

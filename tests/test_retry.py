@@ -18,7 +18,6 @@ from hvd_magic.protocol.files import checkpoint_name
 from hvd_magic.run.checkpoint_store import CheckpointStore
 from hvd_magic.run.rank_files import RankFiles
 from hvd_magic.run.record import RunRecord
-from hvd_magic.run.retry import lost_cause
 
 from .helpers import leftover_processes, stopped_by_a_notice, when_started
 
@@ -255,33 +254,35 @@ def test_checkpoints_go_to_an_fsspec_url_whole(tmp_path):
 
 
 def test_each_failure_class_and_whether_it_is_retried():
+    """The diagnosis decides each failure's class and words once (``RunError.failure``,
+    ``.cause``); the retry policy reads them from the error."""
     from hvd_magic.launch import RankDeath
     from hvd_magic.protocol import Exit, RankError, Started
+    from hvd_magic.run.diagnosis import failure_after_exit
+
+    def ended(deaths: list[RankDeath]) -> tuple[FailureClass | None, str]:
+        error = failure_after_exit(record, 1, deaths, "")
+        assert error is not None
+        return error.failure, error.cause
 
     record = RunRecord(2)
     record.apply(Message(Started("hostB", 1, 0, 2), 1), 0.0)
     killed = RankDeath(1, "was killed by signal 9 (SIGKILL)", failure=FailureClass.KILLED)
-    assert lost_cause(record, [killed]) == (
-        FailureClass.KILLED,
-        "rank 1 on hostB was killed by signal 9 (SIGKILL)",
-    )
+    assert ended([killed]) == (FailureClass.KILLED, "rank 1 on hostB was killed by signal 9 (SIGKILL)")
     for failure, retried in [
         (FailureClass.KILLED, True),
         (FailureClass.LOST, True),
         (FailureClass.OOM, False),
         (FailureClass.CRASH, False),
         (FailureClass.EXIT, False),
+        (FailureClass.CANCELLED, False),
     ]:
-        found = lost_cause(record, [RankDeath(1, "ended", failure=failure)])
-        assert found is not None and found[0] is failure and failure.retried is retried
+        assert ended([RankDeath(1, "ended", failure=failure)])[0] is failure and failure.retried is retried
         assert bool(failure.why_not_retried) is not retried  # each class not retried says why
-    assert lost_cause(record, []) == (FailureClass.LOST, "rank 1 on hostB ended without a word")
+    assert ended([]) == (FailureClass.LOST, "rank 1 on hostB ended without a word")
     record.apply(Message(RankError("hostB", "ValueError", "bad"), 1), 0.0)
     record.apply(Message(Exit(1), 1), 0.0)
-    assert lost_cause(record, [RankDeath(1, "exited with code 1")]) == (
-        FailureClass.CODE,
-        "rank 1 raised ValueError",
-    )
+    assert ended([RankDeath(1, "exited with code 1")]) == (FailureClass.CODE, "rank 1 raised ValueError")
     assert not FailureClass.CODE.retried
 
 

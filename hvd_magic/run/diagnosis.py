@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import re
 
-from hvd_magic.errors import FailureClass, RankFailedError, RunError, RunTimeout
+from hvd_magic.errors import FailureClass, RankFailedError, RunError
 from hvd_magic.launch.processes import RankDeath
 from hvd_magic.protocol import CELL_FILENAME
 from hvd_magic.run.record import RunRecord, is_consequence, timed_out
+from hvd_magic.run.timeouts import UNEVEN_HINT
 
 __all__ = [
     "death_host",
@@ -19,22 +20,10 @@ __all__ = [
     "failure_after_exit",
     "failure_line",
     "left_behind",
-    "left_waiting",
     "rank_failed",
-    "silence_timeout",
     "silent_death",
-    "stall_sentence",
-    "stall_text",
-    "start_timeout",
     "unloadable_value",
 ]
-
-UNEVEN_HINT = (
-    "This usually means the ranks had unequal work: shards of different sizes, or a different "
-    "number of steps or batches per rank. Give every rank the same number of batches (equal "
-    "shards, dropping the remainder), or let a rank that runs out of data join the others "
-    "(Horovod: hvd.join(); DDP: the torch.distributed.algorithms.Join context manager)."
-)
 
 
 def silent_death(record: RunRecord, deaths: list[RankDeath]) -> RankDeath | None:
@@ -58,6 +47,29 @@ def rank_failed(record: RunRecord, death: RankDeath | None) -> RankFailedError:
     """The error for a run in which a rank failed: its cause if a rank reported one, else the
     rank that died without a word (when the launcher saw one), else ranks that finished early
     (uneven work), else the first error."""
+    error = _rank_failed(record, death)
+    error.cause = _cause(record, death)
+    return error
+
+
+def _cause(record: RunRecord, death: RankDeath | None) -> str:
+    """What ended the run, in a few words (``RunError.cause``: each attempt's line says it)."""
+    if record.cause is not None:
+        return f"rank {record.cause.rank} raised {record.cause.error.exc_type}"
+    if death is not None:
+        host = death_host(record, death)
+        return f"rank {death.rank}{f' on {host}' if host else ''} {death.what}"
+    gone = sorted(set(record.started) - set(record.exited))
+    if gone:  # no launcher saw them end: their Spark tasks went with them
+        where = sorted({record.started[rank] for rank in gone if record.started[rank]})
+        hosts = f" on {', '.join(where)}" if where else ""
+        return f"rank{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))}{hosts} ended without a word"
+    if record.never_started():
+        return f"ranks {record.never_started()} never started"
+    return f"rank {record.errors[0].rank}: {record.errors[0].error.exc_type}" if record.errors else ""
+
+
+def _rank_failed(record: RunRecord, death: RankDeath | None) -> RankFailedError:
     failure = record.first_error
     assert failure is not None, "rank_failed needs a recorded error"
     if record.cause is None and death is None and (uneven := uneven_work(record)) is not None:
@@ -115,6 +127,7 @@ def failure_after_exit(record: RunRecord, code: int, deaths: list[RankDeath], ta
         if death is not None:  # the launcher stops the others, or they lost their peer
             how = "were stopped because of it"
         problems.append(f"ranks {sorted(unfinished)} {how}")
+        failure = failure or FailureClass.LOST  # no launcher saw them end: their Spark tasks went too
     if record.result is None and not problems:
         problems.append("rank 0 finished without sending its result")
     error = RunError(
@@ -122,7 +135,7 @@ def failure_after_exit(record: RunRecord, code: int, deaths: list[RankDeath], ta
         + "; ".join(problems or ["see the output above"])
         + (f"\n\nlauncher output:\n{tail}" if tail else "")
     )
-    error.failure = failure
+    error.failure, error.cause = failure, _cause(record, death)
     return error
 
 
@@ -151,28 +164,6 @@ def _named(record: RunRecord, death: RankDeath) -> str:
     """'rank 2', and its host when the host is what was lost ('rank 2 on hostC')."""
     host = death_host(record, death)
     return f"rank {death.rank} on {host}" if death.host_lost and host else f"rank {death.rank}"
-
-
-def start_timeout(record: RunRecord, limit: float) -> RunTimeout:
-    return RunTimeout(
-        f"ranks {record.never_started()} did not start within {limit:.0f} s ({len(record.started)} of "
-        f"{record.ranks} did); the run was stopped. Check the launcher output above, or set "
-        "HVD_MAGIC_START_TIMEOUT for slow clusters."
-    )
-
-
-def silence_timeout(record: RunRecord, timeout: float, now: float, where: str = "") -> RunTimeout:
-    silent = ", ".join(
-        f"rank {rank} for {now - seen:.0f} s" for rank, seen in sorted(record.last_seen.items()) if rank >= 0
-    )
-    never = record.never_started()
-    return RunTimeout(
-        f"no rank reported anything for {timeout:.0f} s (timeout={timeout:g}); "
-        f"the run was stopped. Silent: {silent or 'every rank'}."
-        + (f" Never started: ranks {never}." if never else "")
-        + stall_sentence(record, now)
-        + where
-    )
 
 
 def uneven_work(record: RunRecord) -> RankFailedError | None:
@@ -208,26 +199,6 @@ def collective_in(traceback: str) -> str:
     return "a collective"
 
 
-def stall_text(record: RunRecord, now: float) -> str:
-    """'stalled: rank 0 never submitted allreduce.t3 (rank 1 waiting 63 s)', or ''."""
-    if record.stall is None:
-        return ""
-    stall = record.stall.stall
-    waiting = [rank for rank in range(record.ranks) if rank not in stall.ranks]
-    who = f"rank {waiting[0]}" if len(waiting) == 1 else f"ranks {', '.join(map(str, waiting))}"
-    seconds = now - record.stall.since + stall.threshold
-    return f"stalled: {stall.missing()} ({who} waiting over {seconds:.0f} s)"
-
-
-def stall_sentence(record: RunRecord, now: float) -> str:
-    """' Horovod says it stalled: ...' (or ' It stalled: ...' from torch ranks' waits), or ''."""
-    text = stall_text(record, now)
-    if record.stall is None or not text:
-        return ""
-    source = record.stall.stall.source
-    return f" {source} says it {text}." if source else f" It {text}."
-
-
 def left_behind(record: RunRecord) -> RankFailedError | None:
     """torch.distributed ranks timed out waiting (their waits are known): blame the ranks that
     were not waiting in the same call, as Horovod's stall inspector would (a rank waiting in
@@ -258,32 +229,6 @@ def left_behind(record: RunRecord) -> RankFailedError | None:
         remote_traceback=late.error.traceback,
         stopped=record.ranks - 1,
     )
-
-
-def left_waiting(record: RunRecord, now: float) -> RankFailedError:
-    """Ranks finished while the others wait for them in a torch.distributed call (which would
-    wait until torch's timeout, 30 minutes by default)."""
-    assert record.stall is not None, "left_waiting needs the stall"
-    stall = record.stall.stall
-    gone = stall.ranks[0]
-    waiting = sorted(record.waits)
-    return RankFailedError(
-        rank=gone,
-        host=record.started.get(gone, ""),
-        exc_type="",
-        message=(
-            f"it finished without reaching {stall.tensors[0][0]}, where "
-            f"{_ranks(waiting)} waited over {now - min(w.since for w in record.waits.values()):.0f} s "
-            f"for it. Every rank must make the same torch.distributed calls, in the same order. "
-            f"{UNEVEN_HINT}"
-        ),
-        remote_traceback="",
-        stopped=record.ranks - 1,
-    )
-
-
-def _ranks(ranks: list[int]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
 
 
 def unloadable_value(err: Exception) -> RunError:

@@ -4,8 +4,9 @@ whatever slots Spark gives, and its code resumes from the latest checkpoint
 ``errors.FailureClass`` to say (``.retried``). Neither are an interrupt nor a run
 that stopped making progress (``timeout=``).
 
-The decision is pure (``lost_cause``); ``Attempts`` keeps the causes, says each new attempt in
-the view, and waits for slots when a lost executor has not come back yet.
+The class and the words come with the error (``RunError.failure``, ``.cause``: the diagnosis
+decides them once); ``Attempts`` keeps the causes, says each new attempt in the view, and waits
+for slots when a lost executor has not come back yet.
 """
 
 from __future__ import annotations
@@ -13,40 +14,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from hvd_magic.errors import FailureClass, LaunchError, RunError, RunInterrupted, RunTimeout
-from hvd_magic.launch import Launcher, RankDeath
+from hvd_magic.errors import LaunchError, RunError, RunInterrupted, RunTimeout
+from hvd_magic.launch import Launcher
 from hvd_magic.options import RunOptions
 from hvd_magic.protocol import Message
 from hvd_magic.run.checkpoint_store import CheckpointStore
-from hvd_magic.run.diagnosis import death_host, silent_death
-from hvd_magic.run.record import RunRecord
 from hvd_magic.run.resize import SLOT_POLL_SECONDS, Sizes, Slots, SlotsBack
 from hvd_magic.run.views import RunView
 
-__all__ = ["Attempts", "HeldView", "lost_cause"]
-
-
-def lost_cause(record: RunRecord, deaths: list[RankDeath]) -> tuple[FailureClass, str] | None:
-    """The class of what ended the run and its words ('rank 1 on hostB was killed by signal 9
-    (SIGKILL)'), or None when nothing is known to have failed. Retried or not: ``.retried``."""
-    if record.cause is not None:
-        return FailureClass.CODE, f"rank {record.cause.rank} raised {record.cause.error.exc_type}"
-    death = silent_death(record, deaths)
-    if death is not None:
-        host = death_host(record, death)
-        return death.failure, f"rank {death.rank}{f' on {host}' if host else ''} {death.what}"
-    gone = sorted(set(record.started) - set(record.exited))
-    if gone:  # no launcher saw them end: their Spark tasks went with them
-        where = sorted({record.started[rank] for rank in gone if record.started[rank]})
-        hosts = f" on {', '.join(where)}" if where else ""
-        many = "s" if len(gone) > 1 else ""
-        return FailureClass.LOST, f"rank{many} {', '.join(map(str, gone))}{hosts} ended without a word"
-    if record.never_started():
-        return FailureClass.LOST, f"ranks {record.never_started()} never started"
-    if record.errors:
-        first = record.errors[0]
-        return FailureClass.COMMUNICATION, f"rank {first.rank}: {first.error.exc_type}"
-    return None
+__all__ = ["Attempts", "HeldView"]
 
 
 class HeldView:
@@ -98,16 +74,15 @@ class Attempts:
                     raise
                 time.sleep(SLOT_POLL_SECONDS)
 
-    def failed(self, error: BaseException, record: RunRecord, deaths: list[RankDeath]) -> None:
-        """Raise ``error`` unless the run may start again; else say so in the view."""
+    def failed(self, error: BaseException) -> None:
+        """Raise ``error`` unless the run may start again (its class, ``RunError.failure``, is
+        retried and retries are left); else say so in the view."""
         self.again = True
         if isinstance(error, SlotsBack):  # not a failure: not counted against retries
             return
-        retryable = isinstance(error, RunError) and not isinstance(error, (RunInterrupted, RunTimeout))
-        found = lost_cause(record, deaths) if retryable else None
-        if isinstance(error, RunError) and error.failure is not None and retryable:
-            # the error's class: its diagnosis saw the whole run (a preemption: no rank failed)
-            found = (error.failure, found[1] if found else str(error).splitlines()[0])
+        found, ended = None, isinstance(error, (RunInterrupted, RunTimeout))  # stopped, not failed
+        if isinstance(error, RunError) and not ended and error.failure is not None:
+            found = (error.failure, error.cause or str(error).splitlines()[0])  # a preemption: no rank failed
         if found is None or not found[0].retried or len(self.causes) >= self.retries:
             if found is not None and not found[0].retried and len(self.causes) < self.retries:
                 error.add_note(f"not retried ({found[0].value}): {found[0].why_not_retried}")

@@ -22,7 +22,7 @@ from hvd_magic.hub import Hub
 from hvd_magic.launch import Launcher
 from hvd_magic.options import RunOptions
 from hvd_magic.protocol import Beat, Message, ResumeRequest
-from hvd_magic.run import diagnosis, stalls
+from hvd_magic.run import diagnosis, stalls, timeouts
 from hvd_magic.run.capture import Captured
 from hvd_magic.run.checkpoint_store import CheckpointStore
 from hvd_magic.run.graceful import GracefulStop, interrupts_deferred
@@ -80,7 +80,7 @@ def _attempts(
             try:
                 value = run.execute()
             except BaseException as err:  # noqa: BLE001 - raised again unless the run may start again
-                attempts.failed(err, run.record, launcher.deaths())
+                attempts.failed(err)
                 continue
             finally:
                 hosts.clear()
@@ -168,7 +168,7 @@ class Run:
         quiet = self.record.stall is not None or self.clock() - self.record.last_message > QUIET_SECONDS
         return RunInterrupted(
             f"interrupted: the {self.options.ranks} ranks were stopped. The notebook's state is unchanged."
-            + diagnosis.stall_sentence(self.record, self.clock())
+            + timeouts.stall_sentence(self.record, self.clock())
             + (self._where("when interrupted") if quiet else "")
         )
 
@@ -218,7 +218,7 @@ class Run:
         if stall != current:
             self._own(Message(stall), now)
         if all(rank in self.record.exited for rank in stall.ranks):
-            raise diagnosis.left_waiting(self.record, now)
+            raise timeouts.left_waiting(self.record, now)
 
     def _watch_stragglers(self) -> None:
         now = self.clock()
@@ -234,14 +234,14 @@ class Run:
     def _check_time_limits(self) -> None:
         now = self.clock()
         if self.record.never_started() and now - self.record.began > START_TIMEOUT:
-            raise diagnosis.start_timeout(self.record, START_TIMEOUT)
+            raise timeouts.start_timeout(self.record, START_TIMEOUT)
         self.stopper.check(now, self.launcher.preempted)
         if self.grow is not None and self.grow():
             raise SlotsBack()
         timeout = self.options.timeout  # a hang's limit: it counts once a rank started (a
         # launch slower than ``timeout=``, on a busy cluster, is the start limit's to judge)
         if timeout and self.record.started and now - self.record.last_message > timeout:
-            raise diagnosis.silence_timeout(self.record, timeout, now, self._where("at the timeout"))
+            raise timeouts.silence_timeout(self.record, timeout, now, self._where("at the timeout"))
 
     def _pump(self, wait: float) -> None:
         """Apply the waiting messages, up to a batch, so the view gets its ticks under any load."""
