@@ -1,7 +1,8 @@
 """Straggler timing benchmark: what timing the waits in collectives adds to a training step.
 
 The straggler watch (on by default) times each rank's waits in collectives: DDP's gradient
-allreduce on the CPU (``collective_ddp.time_on_host``), Horovod-torch's ``synchronize``
+allreduce (``collective_ddp.time_model``: on the host's clock on the CPU, with CUDA events on a
+GPU), Horovod-torch's ``synchronize``
 (``collective_time.timed``), Horovod-TensorFlow's gradient allreduce in the graph
 (``collective_tf.timed``). Whole runs with and without it differ here by up to 10 % from run to
 run (a shared 2-core machine), and even two copies trained in turn on 2 ranks by ±3 %
@@ -10,9 +11,11 @@ one rank (no other rank to wait for, so the waits are nothing and only the timin
 differs) trains two copies of the same small model (two Linear layers, 64-row batches), one
 timed and one not, a step of each in turn, which goes first alternating. Printed: each copy's
 median step, the difference, and that difference as a share of the same model's step on 2
-ranks (measured in the same run). Target (issue 41): <= 1 %.
+ranks (measured in the same run). Target (issue 41): <= 1 %. ``--device cuda`` measures the
+torch paths on a GPU (the GPU check runs it): one GPU cannot hold 2 NCCL ranks, so the cost is
+a share of the 1-rank step there, a stricter measure.
 
-Usage: python bench/stragglers.py [--steps 3000] [--paths ddp,horovod,keras]
+Usage: python bench/stragglers.py [--steps 3000] [--paths ddp,horovod,keras] [--device cuda]
 """
 
 from __future__ import annotations
@@ -29,8 +32,10 @@ TORCH_MODELS = """
 import time, torch
 torch.manual_seed(0)
 def net():
-    return torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
-x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    return model.to(DEVICE)
+x, y = torch.randn(64, 256, device=DEVICE), torch.randint(0, 10, (64,), device=DEVICE)
+SYNC = torch.cuda.synchronize if DEVICE == "cuda" else (lambda: None)  # a step's kernels done
 """
 
 # ``models`` maps "timed" and "off" to a function running one training step of that copy.
@@ -41,6 +46,7 @@ for i in range(20 + STEPS):
     for name in (("timed", "off") if i % 2 else ("off", "timed")):
         start = time.perf_counter()
         models[name]()
+        SYNC()
         if i >= 20:
             spent[name].append(time.perf_counter() - start)
 (statistics.median(spent["timed"]), statistics.median(spent["off"]))
@@ -52,7 +58,7 @@ DDP = (
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from hvd_magic.rank import collective_ddp
-dist.init_process_group("gloo")
+dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo")
 def stepper(model):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     def step():
@@ -61,7 +67,7 @@ def stepper(model):
         opt.step()
     return step
 timed, off = DDP(net()), DDP(net())
-collective_ddp.time_on_host(timed)
+collective_ddp.time_model(timed)
 models = {"timed": stepper(timed), "off": stepper(off)}
 """
 )
@@ -89,6 +95,7 @@ models = {"timed": stepper("timed", net(), timed_sync), "off": stepper("off", ne
 
 KERAS = """
 import time, numpy as np, tensorflow as tf, horovod.tensorflow.keras as hvd
+SYNC = lambda: None  # train_on_batch returns with its step done
 from hvd_magic.rank import collective_tf
 hvd.init()
 tf.random.set_seed(0)
@@ -108,14 +115,14 @@ models = {"timed": lambda: timed.train_on_batch(x, y), "off": lambda: off.train_
 PATHS = {"ddp": DDP, "horovod": HOROVOD, "keras": KERAS}
 
 
-def seconds(path: str, steps: int, np: int = -1) -> tuple[float, float]:
+def seconds(path: str, steps: int, np: int = -1, device: str = "cpu") -> tuple[float, float]:
     """Rank 0's median step of the timed copy and of the other, in seconds (the median: a
     step caught by the machine's other work, or by Horovod's cycle, does not move it)."""
     torch = path == "ddp"
     options = make_options(
         np=np, backend="torch" if torch else None, launcher=None if torch else "gloo", stragglers="off"
     )
-    cell = PATHS[path] + f"STEPS = {steps}\n" + INTERLEAVED
+    cell = f"DEVICE = {device!r}\nSTEPS = {steps}\n" + PATHS[path] + INTERLEAVED
     (timed, off), _ = execute(capture_cell(cell, {}), options, QuietView())  # rank 0's value
     return float(timed), float(off)
 
@@ -124,17 +131,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--paths", default="ddp,horovod,keras")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args()
-    print(f"straggler timing: its cost on 1 rank, {args.steps} steps of each copy, in turn")
+    print(f"straggler timing: its cost on 1 rank, {args.steps} steps of each copy, in turn, {args.device}")
     for path in args.paths.split(","):
-        timed, off = seconds(path, args.steps)
-        _, on_two = seconds(path, args.steps // 3, np=-2)  # the step the cost is a share of
-        added = timed - off
-        print(
-            f"  {path:8s} 1 rank: timed {1e3 * timed:6.3f} ms, not {1e3 * off:6.3f} ms a step: added "
-            f"{1e6 * added:+4.0f} us = {100 * added / on_two:+5.2f} % of a 2-rank step "
-            f"({1e3 * on_two:5.2f} ms)   target <= 1 %"
-        )
+        print(f"  {path:8s} {cost(path, args.steps, args.device)}")
+
+
+def cost(path: str, steps: int, device: str = "cpu") -> str:
+    """One path's line: each copy's step, the added time and its share (see the module's text)."""
+    timed, off = seconds(path, steps, device=device)
+    if device == "cpu":
+        _, base = seconds(path, steps // 3, np=-2)  # the step the cost is a share of
+        of = f"a 2-rank step ({1e3 * base:5.2f} ms)"
+    else:
+        base, of = off, f"the 1-rank step ({1e3 * off:5.2f} ms)"
+    added = timed - off
+    return (
+        f"1 rank: timed {1e3 * timed:6.3f} ms, not {1e3 * off:6.3f} ms a step: added "
+        f"{1e6 * added:+4.0f} us = {100 * added / base:+5.2f} % of {of}   target <= 1 %"
+    )
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from hvd_magic.rank import collective_time
 from hvd_magic.rank.after_import import when_imported
 from hvd_magic.rank.device_waits import DeviceWaits
 
-__all__ = ["HostWait", "time_ddp", "time_on_host"]
+__all__ = ["HostWait", "time_ddp", "time_model", "time_on_host"]
 
 DDP_MODULE = "torch.nn.parallel.distributed"  # loaded by ``import torch``
 _HOOKED = "_hvd_magic_hooked"  # set on a DDP model once its timing was tried
@@ -53,7 +53,7 @@ def _patch_ddp(module: ModuleType) -> None:
 
     def forward_hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not self.__dict__.get(_HOOKED) and _training_forward(self):
-            _hook_default(self)
+            time_model(self)
         host_wait = self.__dict__.get(_HOST_WAIT)
         if host_wait is not None:
             host_wait.queued = False  # a backward that raised never ran its callbacks
@@ -69,7 +69,9 @@ def _training_forward(model: Any) -> bool:
     return bool(torch.is_grad_enabled() and getattr(model, "require_backward_grad_sync", False))
 
 
-def _hook_default(model: Any) -> None:
+def time_model(model: Any) -> None:
+    """Time this DDP model's waits now, as its first training forward in a rank does: on the
+    CPU from the autograd engine, on a CUDA GPU by DDP's default hook with events, else not."""
     model.__dict__[_HOOKED] = True  # tried once, whatever comes of it
     if model.device_type == "cpu":
         time_on_host(model)

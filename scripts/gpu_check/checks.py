@@ -236,6 +236,22 @@ def retry(mode: Mode) -> str:
     return f"killed at step 13, resumed from step 10 on {device}; weights as never killed"
 
 
+def timing(mode: Mode) -> str:
+    """What timing the waits adds to a step (issue 41, ``bench/stragglers.py``): DDP's CUDA-event
+    hook and Horovod-torch's timed synchronize, each beside an untimed copy in the same rank; on
+    the GPU, within 1 % of the 1-rank step (one GPU cannot hold two NCCL ranks)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import stragglers
+
+    said = []
+    for path in ("ddp", "horovod"):
+        timed, off = stragglers.seconds(path, 2000 if mode.gpu else 200, device=mode.device)
+        share = 100 * (timed - off) / off
+        said.append(f"{path}: {1e6 * (timed - off):+.0f} us = {share:+.2f} % of a {1e3 * off:.2f} ms step")
+        expect(share <= 1.0 or not mode.gpu, f"timing the waits costs more than 1 %: {said[-1]}")
+    return f"on {mode.device}: " + "; ".join(said)
+
+
 # In this order: what needs no Horovod first, so that a build that fails or overruns the budget
 # leaves the rest proved; Horovod's own check after its build.
 CHECKS: dict[str, Callable[[Mode], str]] = {
@@ -246,6 +262,7 @@ CHECKS: dict[str, Callable[[Mode], str]] = {
     "retry": retry,
     "build": build,
     "horovod": horovod,
+    "timing": timing,
 }
 
 
