@@ -129,8 +129,20 @@ def run_processes_anywhere() -> list[str]:
     found = []
     for process in psutil.process_iter():
         if _run_process(process) and not _of_another_suite(process):
-            found.append(f"{process.pid}: {_cmdline(process)[:200]}")
+            found.append(f"{process.pid}: {_cmdline(process)[:200]}{_whence(process)}")
     return found
+
+
+def _whence(process: psutil.Process) -> str:
+    """' (12 s old, rank 2 of run X, parent 41: python -m pyspark.daemon)': what a leftover is."""
+    try:
+        env, age = process.environ(), time.time() - process.create_time()
+        parent = process.parent()
+        above = f"parent {parent.pid}: {_cmdline(parent)[:80]}" if parent else "no parent"
+    except psutil.Error:
+        return ""
+    rank = env.get("HOROVOD_RANK") or env.get("RANK") or env.get("OMPI_COMM_WORLD_RANK") or "?"
+    return f" ({age:.0f} s old, rank {rank}, {above})"
 
 
 def _of_another_suite(process: psutil.Process) -> bool:

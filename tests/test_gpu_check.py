@@ -5,11 +5,14 @@ where it has CUDA) through the same %%horovod, sessions, retries and straggler w
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import tomllib
+
+from .helpers import SUITE_VARIABLE
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
@@ -19,7 +22,10 @@ import checks  # noqa: E402
 
 
 def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    # a bare environment, as on the GPU machine; the suite's mark, so that its ranks are known as
+    # this test's, not taken for leftovers by a test running beside it (helpers.run_processes_anywhere)
     env = {"PYTHON": sys.executable, "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
+    env[SUITE_VARIABLE] = os.environ[SUITE_VARIABLE]
     return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 

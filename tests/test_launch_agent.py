@@ -63,7 +63,7 @@ def test_secret_is_not_on_the_command_line(agent):
     token = agent.keys.client_token()
     env = dict(os.environ, **{ENV_AGENTS: json.dumps({"hvd-host-0": agent.address}), ENV_AGENT_TOKEN: token})
     process = subprocess.Popen(
-        [sys.executable, "-m", "hvd_magic.launch.task.agent", "hvd-host-0", "ps -eo args"],
+        [sys.executable, "-m", "hvd_magic.launch.task.agent", "hvd-host-0", "ps -ww -eo args"],
         env=env,
         stdout=subprocess.PIPE,
         text=True,

@@ -328,7 +328,7 @@ def test_run_secrets_never_appear_on_command_lines(ip, cluster, monkeypatch):
     # and all ranks are alive.
     cell = (
         "import os, subprocess, horovod.torch as hvd\nhvd.init()\nhvd.barrier()\n"
-        "table = subprocess.run(['ps', '-eo', 'args'], capture_output=True, text=True).stdout\n"
+        "table = subprocess.run(['ps', '-ww', '-eo', 'args'], capture_output=True, text=True).stdout\n"
         "hvd.barrier()\ntable + repr(dict(os.environ))"  # what a cell printing its environment shows
     )
     table = ip.run_cell_magic("horovod", "np=4", cell)
