@@ -161,11 +161,14 @@ for step in range(state["step"], end):
 [w.item(), starts]
 """
 
-# Rank 1 in a C call that holds Python's lock (libc's sleep through ctypes.PyDLL) at the timeout.
+# Rank 1 in a C call that holds Python's lock (libc's sleep through ctypes.PyDLL) at the timeout:
+# every rank reports once all are past init, so the 5 s of silence begin there, however slow the
+# start, and rank 1 is in its C call by the time they end.
 HOLDS_THE_LOCK = """%%horovod np=3 timeout=5
-import ctypes, time, horovod.torch as hvd
+import ctypes, time, horovod.torch as hvd, torch, hvd_magic
 hvd.init()
-time.sleep(1)
+hvd.allreduce(torch.ones(1))
+hvd_magic.report(step=1)
 if hvd.rank() == 1: ctypes.PyDLL(None).sleep(60)
 time.sleep(60)
 """

@@ -106,12 +106,19 @@ class Standalone:
 
     def lose_worker(self, host: str) -> None:
         """SIGKILL to the worker on ``host`` and everything under it, as a host that goes takes its
-        processes with it: its executors, their Python workers and the ranks they started."""
-        worker = self.workers.pop(host)
-        for process in [*psutil.Process(worker.pid).children(recursive=True), psutil.Process(worker.pid)]:
+        processes with it: its executors, their Python workers and the ranks they started. The
+        whole tree is stopped first (SIGSTOP, the worker before its children), so that a worker
+        cannot start a new executor for one that died before it (it did, once)."""
+        worker = psutil.Process(self.workers.pop(host).pid)
+        worker.suspend()
+        tree = [worker, *worker.children(recursive=True)]
+        for process in tree:
+            with suppress(psutil.NoSuchProcess):
+                process.suspend()
+        for process in tree:
             with suppress(psutil.NoSuchProcess):
                 process.kill()
-        worker.wait()
+        psutil.wait_procs(tree, timeout=30)
 
     def alive_workers(self) -> int:
         try:

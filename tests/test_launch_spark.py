@@ -356,8 +356,8 @@ def test_a_spark_rank_whose_python_cannot_run_is_dumped_by_py_spy_on_its_own_hos
     """At the timeout, rank 1 is in a C call that holds Python's lock (libc's sleep through
     ctypes.PyDLL) and cannot answer: the Spark task it runs under dumps it with py-spy on the
     executor's host and sends the dump back, native frames and the cell's line."""
-    cell = "import ctypes, os, pathlib, time, torch.distributed as dist\ndist.init_process_group('gloo')\n"
-    cell += f"pathlib.Path({str(tmp_path)!r}, f'started-{{dist.get_rank()}}').touch()\n"
+    cell = "import ctypes, time, torch.distributed as dist, hvd_magic\ndist.init_process_group('gloo')\n"
+    cell += "dist.barrier()\nhvd_magic.report(step=1)\n"  # the 5 s of silence begin once both are past init
     cell += "if dist.get_rank() == 1:\n    ctypes.PyDLL(None).sleep(60)\ntime.sleep(60)\n"
     with pytest.raises(RunTimeout) as timed_out:
         ip.run_cell_magic("horovod", "np=2 backend=torch timeout=5", cell)
@@ -365,9 +365,9 @@ def test_a_spark_rank_whose_python_cannot_run_is_dumped_by_py_spy_on_its_own_hos
     assert re.search(
         r"^rank 1 on \S+: no answer from its Python \(a C call holds its lock\); py-spy dump", said, re.M
     )
-    assert "sleep (libc" in said and "<horovod cell>:5" in said, said
+    assert "sleep (libc" in said and "<horovod cell>:6" in said, said
     assert re.search(
-        r"^rank 0 on \S+: in <module> \(<horovod cell>:6\)|^rank 0 on \S+: in line 6 of the cell", said, re.M
+        r"^rank 0 on \S+: in <module> \(<horovod cell>:7\)|^rank 0 on \S+: in line 7 of the cell", said, re.M
     )
     assert run_processes_anywhere() == []
 

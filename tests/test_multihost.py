@@ -139,7 +139,7 @@ def test_a_rank_whose_python_cannot_run_is_dumped_by_py_spy_on_its_own_host(mult
     assert re.search(
         r"^rank 1 on host[ABC]: no answer from its Python \(a C call holds its lock\); py-spy", said, re.M
     )
-    assert "sleep (libc" in said and "<horovod cell>:4" in said, said  # the line under the magic's
+    assert "sleep (libc" in said and "<horovod cell>:5" in said, said  # the line under the magic's
     assert wait_until_gone(multihost.bed) == []
 
 
