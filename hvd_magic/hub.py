@@ -13,21 +13,25 @@ on the hub's thread by a responder).
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, cast
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 from hvd_magic.protocol import CONTROL_RECORDS, Hello, Message, Payload, RankStatus, Record, decode, encode
 
-__all__ = ["CurveServer", "Hub", "RunKeys"]
+__all__ = ["CurveServer", "Hub", "Replies", "RunKeys"]
 
 _POLL_MS = 200
 Responder = Callable[[Message], tuple[Record, bytes]]
 Tap = Callable[[Message], "Message | None"]
+_question_ids = itertools.count(1)
 
 
 @dataclass(frozen=True)
@@ -184,3 +188,44 @@ class Hub(CurveServer):
                 return
             message = tapped
         (self.control if isinstance(message.record, CONTROL_RECORDS) else self.events).put(message)
+
+
+class Replies:
+    """The answers to a question the notebook asks over a hub (each rank's stacks, each Spark
+    task's native dumps), gathered on the hub's thread by the question's ``id``: one per hub and
+    answer type (``Replies.of``); an answer that comes after its question's wait is dropped."""
+
+    def __init__(self, hub: Hub, answer: type[Record]) -> None:
+        self._answers: dict[int, list[Message]] = {}
+        self._arrived = threading.Condition()
+        hub.taps[answer] = self._tap
+
+    @classmethod
+    def of(cls, hub: Hub, answer: type[Record]) -> Replies:
+        kept = _replies.setdefault(hub, {})
+        if answer not in kept:
+            kept[answer] = cls(hub, answer)
+        return kept[answer]
+
+    def _tap(self, message: Message) -> None:
+        with self._arrived:
+            answers = self._answers.get(int(cast(Any, message.record).id))
+            if answers is not None:
+                answers.append(message)
+                self._arrived.notify_all()
+
+    def ask(
+        self, send: Callable[[int], object], enough: Callable[[list[Message]], bool], timeout: float
+    ) -> list[Message]:
+        """``send(id)`` asks; the answers to that id, once ``enough`` of them came or ``timeout``
+        seconds passed."""
+        asked = next(_question_ids)
+        with self._arrived:
+            self._answers[asked] = []
+        send(asked)
+        with self._arrived:
+            self._arrived.wait_for(lambda: enough(self._answers[asked]), timeout)
+            return self._answers.pop(asked)
+
+
+_replies: weakref.WeakKeyDictionary[Hub, dict[type[Record], Replies]] = weakref.WeakKeyDictionary()

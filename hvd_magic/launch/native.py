@@ -6,27 +6,21 @@ another host is shown as well as one here."""
 
 from __future__ import annotations
 
-import itertools
 import shutil
 import subprocess
 import sys
-import threading
-import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import cast
 
 import psutil
 
+from hvd_magic.hub import Hub, Replies
 from hvd_magic.protocol import Message, NativeAsked, NativeDumps
 
-if TYPE_CHECKING:
-    from hvd_magic.hub import Hub
-
-__all__ = ["PY_SPY_SECONDS", "TaskDumps", "answer", "dumps", "py_spy"]
+__all__ = ["PY_SPY_SECONDS", "answer", "ask_tasks", "dumps", "py_spy"]
 
 PY_SPY_SECONDS = 20.0  # for one rank's dump
-_ids = itertools.count(1)
 
 
 def py_spy() -> str | None:
@@ -62,47 +56,21 @@ def answer(send: Callable[[NativeDumps], object], asked: NativeAsked) -> None:
     send(NativeDumps(asked.id, list(found), list(found.values())))
 
 
-class TaskDumps:
-    """The driver's end: asks every task of a Spark run for its ranks' dumps and gathers the
-    answers (taken on the hub's thread; a late answer is dropped)."""
+def ask_tasks(hub: Hub, tasks: list[bytes], pids: dict[int, int]) -> dict[int, str]:
+    """The driver's end on Spark: each rank's dump, from the task it runs under, once every task
+    answered (or each rank is in), or a bound passed."""
+    found = dict[int, str]()
 
-    def __init__(self, hub: Hub) -> None:
-        self.hub = hub
-        self._answers: dict[int, list[NativeDumps]] = {}
-        self._arrived = threading.Condition()
-        hub.taps[NativeDumps] = self._tap
-
-    @classmethod
-    def of(cls, hub: Hub) -> TaskDumps:
-        """The hub's one (its tap is one per record type)."""
-        if hub not in _task_dumps:
-            _task_dumps[hub] = cls(hub)
-        return _task_dumps[hub]
-
-    def _tap(self, message: Message) -> None:
-        assert isinstance(message.record, NativeDumps)
-        with self._arrived:
-            if message.record.id in self._answers:
-                self._answers[message.record.id].append(message.record)
-                self._arrived.notify_all()
-
-    def ask(self, tasks: list[bytes], pids: dict[int, int]) -> dict[int, str]:
-        """Each rank's dump, from the task it runs under, once every task answered (or each
-        rank is in), or a bound passed."""
-        asked, found = next(_ids), dict[int, str]()
-        with self._arrived:
-            self._answers[asked] = []
+    def send(asked: int) -> None:
         for task in tasks:
-            self.hub.send_to(task, NativeAsked(asked, list(pids), list(pids.values())))
+            hub.send_to(task, NativeAsked(asked, list(pids), list(pids.values())))
 
-        def complete() -> bool:
-            found.update((r, d) for a in self._answers[asked] for r, d in zip(a.ranks, a.dumps, strict=True))
-            return len(self._answers[asked]) >= len(tasks) or set(pids) <= set(found)
+    def enough(answers: list[Message]) -> bool:
+        found.clear()
+        for answer in answers:
+            record = cast(NativeDumps, answer.record)
+            found.update(zip(record.ranks, record.dumps, strict=True))
+        return len(answers) >= len(tasks) or set(pids) <= set(found)
 
-        with self._arrived:
-            self._arrived.wait_for(complete, PY_SPY_SECONDS * 2)
-            del self._answers[asked]
-        return found
-
-
-_task_dumps: weakref.WeakKeyDictionary[Hub, TaskDumps] = weakref.WeakKeyDictionary()
+    enough(Replies.of(hub, NativeDumps).ask(send, enough, PY_SPY_SECONDS * 2))
+    return found

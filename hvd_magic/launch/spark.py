@@ -60,6 +60,7 @@ STOP_SECONDS = 30.0  # for every task to confirm its stop (SIGINT, SIGTERM, SIGK
 QUIET_SECONDS = 12.0  # ... but not longer than this after the last confirmation
 AFTER_JOB_SECONDS = 2.0  # once the job ended: for confirmations still on their way
 JOB_END_SECONDS = 10.0
+ASK_SPARK_SECONDS = 1.0  # how often a stop asks Spark which executors it lost
 
 
 class SparkLauncher(Launcher):
@@ -96,6 +97,7 @@ class SparkLauncher(Launcher):
         self._plan: SparkPlan | None = None
         self._lost: list[str] = []  # hosts (plan tokens) mpirun lost: their tasks cannot answer
         self._gone: dict[str, str] = {}  # executors Spark lost, and why: nor can theirs
+        self._asked_spark = 0.0
         self._cancelled = ""  # Spark's word when it cancelled the job, not this run's stop
 
     @classmethod
@@ -194,9 +196,7 @@ class SparkLauncher(Launcher):
         if self.launcher == "gloo":
             self.hub.responders[StoreRequest] = GlooStore(plan.slots.values()).answer  # relayed by tasks
         if plan.slots:
-            for identity, join in self._joins.items():
-                slot = plan.slots[join.partition]
-                self._rank_of[identity] = slot.rank
+            self._rank_of = {task: plan.slots[join.partition].rank for task, join in self._joins.items()}
         for identity in self._joins:
             self.hub.send_to(identity, Plan(plan))
 
@@ -243,9 +243,9 @@ class SparkLauncher(Launcher):
         return self._leftovers()
 
     def _wait_for_confirmations(self) -> None:
-        """Until all np tasks confirmed (those on a host mpirun lost aside). Bounded: a task
-        Spark killed (a lost executor, a failed stage) never confirms, so the wait also ends
-        when no confirmation came for QUIET_SECONDS, and shortly after the job ended."""
+        """Until all np tasks confirmed (those on a host or executor lost aside). Bounded: a task
+        Spark killed (a failed stage) never confirms, so the wait also ends when no confirmation
+        came for QUIET_SECONDS, and shortly after the job ended."""
         start = time.monotonic()
         deadline, confirmed = start + STOP_SECONDS, -1
         while len(self._stopped) < self.np - len(self._gone_tasks()) and (now := time.monotonic()) < deadline:
@@ -257,15 +257,16 @@ class SparkLauncher(Launcher):
 
     def _leftovers(self) -> list[str]:
         stopped = {self._joins[identity].partition: said for identity, said in self._stopped.items()}
-        return spark_plan.leftovers(self._joins.values(), stopped, self._gone_tasks())
+        return spark_plan.leftovers(self._joins.values(), stopped, self._gone_tasks(fresh=True))
 
-    def _gone_tasks(self) -> list[int]:
+    def _gone_tasks(self, fresh: bool = False) -> list[int]:
         """The tasks on a host mpirun lost or an executor Spark lost: they cannot answer."""
-        return spark_plan.tasks_on(self._plan, self._lost, self._executors_lost())
+        return spark_plan.tasks_on(self._plan, self._lost, self._executors_lost(fresh))
 
-    def _executors_lost(self) -> dict[str, str]:
-        """The run's executors Spark lost, with its word why (asked again while it has none)."""
-        if self._plan is not None:
+    def _executors_lost(self, fresh: bool = False) -> dict[str, str]:
+        """The run's executors Spark lost, and its word why (asked anew if ``fresh``, else once a second)."""
+        if self._plan is not None and (fresh or time.monotonic() - self._asked_spark >= ASK_SPARK_SECONDS):
+            self._asked_spark = time.monotonic()
             ask = [host.executor for host in self._plan.hosts if not self._gone.get(host.executor)]
             self._gone.update(lost_executors(self.session, ask))
         return self._gone
@@ -274,7 +275,7 @@ class SparkLauncher(Launcher):
         """Hostless: mpirun and the plan name hosts hvd-host-N; diagnosis takes the rank's own name.
         An executor Spark lost took its ranks with it: named first, as the cause of the rest. A
         host whose daemon mpirun lost (the machine died, or its network) loses all its ranks."""
-        first = spark_plan.lost_executor_deaths(self._plan, self.launcher, self._executors_lost())
+        first = spark_plan.lost_executor_deaths(self._plan, self.launcher, self._executors_lost(fresh=True))
         first = first or spark_plan.cancelled_deaths(self.np, self._cancelled)
         if self.launcher != "mpi":
             rest = list(self._deaths)
@@ -287,7 +288,7 @@ class SparkLauncher(Launcher):
 
     def native_stacks(self, pids: dict[int, int], hosts: dict[int, str]) -> dict[int, str]:
         """Each dumped on its own host, by the task it runs under."""
-        return native.TaskDumps.of(self.hub).ask(list(self._joins), pids)
+        return native.ask_tasks(self.hub, list(self._joins), pids)
 
     def preempted(self) -> str | None:
         places = {join.executor: join.ip for join in self._joins.values()}

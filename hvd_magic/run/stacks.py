@@ -4,62 +4,34 @@ own asking when it is declared stalled, timed out, or interrupted while quiet)."
 
 from __future__ import annotations
 
-import itertools
-import threading
-import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import cast
 
-from hvd_magic.hub import Hub
+from hvd_magic.hub import Hub, Replies
 from hvd_magic.launch.base import Launcher
-from hvd_magic.protocol import CELL_FILENAME, Message, RankStacks, StacksAsked
+from hvd_magic.protocol import CELL_FILENAME, RankStacks, StacksAsked
 
-__all__ = ["ASK_SECONDS", "StackCollector", "collector", "describe", "where_each_rank", "where_now"]
+__all__ = ["ASK_SECONDS", "ask", "describe", "where_each_rank", "where_now"]
 
 ASK_SECONDS = 3.0  # how long the run waits for the ranks' stacks before it goes on without
 SHOWN_FRAMES = 8  # the innermost frames of a stack shown; the rest are counted
 NATIVE_LINES = 40  # of py-spy's dump of a rank that could not answer
 Native = Callable[[dict[int, int], dict[int, str]], dict[int, str]]  # (pids, hosts) → each rank's dump
-_ids = itertools.count(1)
 
 
-class StackCollector:
-    """Asks a hub's ranks for their stacks and gathers the answers (from any thread: the
-    answers are taken on the hub's thread, never queued as the run's events)."""
+def ask(hub: Hub, ranks: Iterable[int], timeout: float = ASK_SECONDS) -> dict[int, RankStacks]:
+    """The stacks of ``ranks`` that answer within ``timeout`` seconds (from any thread: the answers
+    are taken on the hub's thread, never queued as the run's events)."""
+    inboxes = dict(hub.inboxes)
+    wanted = {rank for rank in ranks if rank in inboxes}  # the others cannot be asked
 
-    def __init__(self, hub: Hub) -> None:
-        self.hub = hub
-        self._answers: dict[int, dict[int, RankStacks]] = {}
-        self._arrived = threading.Condition()
-        hub.taps[RankStacks] = self._tap
-
-    def _tap(self, message: Message) -> None:
-        assert isinstance(message.record, RankStacks)
-        with self._arrived:
-            self._answers.setdefault(message.record.id, {})[message.rank] = message.record
-            self._arrived.notify_all()
-
-    def ask(self, ranks: Iterable[int], timeout: float = ASK_SECONDS) -> dict[int, RankStacks]:
-        """The stacks of ``ranks`` that answer within ``timeout`` seconds."""
-        inboxes, asked = dict(self.hub.inboxes), next(_ids)
-        wanted = {rank for rank in ranks if rank in inboxes}  # the others cannot be asked
-        with self._arrived:
-            self._answers[asked] = {}
+    def send(asked: int) -> None:
         for rank in wanted:
-            self.hub.send_to(inboxes[rank], StacksAsked(asked))
-        with self._arrived:
-            self._arrived.wait_for(lambda: wanted <= set(self._answers[asked]), timeout)
-            return self._answers.pop(asked)
+            hub.send_to(inboxes[rank], StacksAsked(asked))
 
-
-_collectors: weakref.WeakKeyDictionary[Hub, StackCollector] = weakref.WeakKeyDictionary()
-
-
-def collector(hub: Hub) -> StackCollector:
-    """The hub's one collector (a live session's hub serves the session and each cell's run)."""
-    if hub not in _collectors:
-        _collectors[hub] = StackCollector(hub)
-    return _collectors[hub]
+    answers = Replies.of(hub, RankStacks).ask(send, lambda got: wanted <= {m.rank for m in got}, timeout)
+    return {message.rank: cast(RankStacks, message.record) for message in answers}
 
 
 def _place(frame: list[str | int]) -> str:
@@ -151,7 +123,7 @@ def where_now(
     timeout: float = ASK_SECONDS,
 ) -> str:
     """Every rank of the hub asked, and the answers told (``describe``)."""
-    return describe(collector(hub).ask(range(ranks), timeout), range(ranks), hosts, pids, native)
+    return describe(ask(hub, range(ranks), timeout), range(ranks), hosts, pids, native)
 
 
 def where_each_rank(
