@@ -9,9 +9,9 @@ import time
 import pytest
 import zmq
 
-from hvd_magic.hub import Hub
+from hvd_magic.hub import Hub, Replies
 from hvd_magic.launch.gloo import GlooStore, gloo_slots
-from hvd_magic.protocol import Kind, Log, Result, StoreAnswer, StoreRequest
+from hvd_magic.protocol import Kind, Log, RankStacks, Result, StoreAnswer, StoreRequest
 from hvd_magic.rank.client import HubClient
 
 from .helpers import forged_token
@@ -107,3 +107,31 @@ def test_a_client_sees_its_connection_closed_when_the_hub_is_gone_and_not_before
         assert client.lost_for() > 0.0
     finally:
         client.close()
+
+
+def test_replies_gather_the_answers_to_their_question_only_and_drop_late_ones(hub):
+    client = HubClient(hub.address, hub.keys.client_token(), rank=1)
+    assert client.fetch_payload(timeout=10) == b"the payload"
+    replies = Replies.of(hub, RankStacks)
+    assert Replies.of(hub, RankStacks) is replies  # one per hub and answer type
+    questions: list[int] = []
+
+    def send(asked: int) -> None:  # the peer answers a question nobody asked, then this one
+        questions.append(asked)
+        client.send(RankStacks(asked + 1000, [["cell", 1, "<module>", "x"]]))
+        client.send(RankStacks(asked, [["cell", 2, "<module>", "y"]]))
+
+    first = replies.ask(send, lambda answers: len(answers) >= 1, timeout=30)
+    assert [(m.rank, m.record) for m in first] == [
+        (1, RankStacks(questions[0], [["cell", 2, "<module>", "y"]]))
+    ]
+
+    def send_late_first(asked: int) -> None:  # the first question's answer, late, before this one's
+        questions.append(asked)
+        client.send(RankStacks(questions[0]))
+        client.send(RankStacks(asked))
+
+    second = replies.ask(send_late_first, lambda answers: len(answers) >= 1, timeout=30)
+    client.close()
+    assert [m.record for m in second] == [RankStacks(questions[1])]  # the late one was dropped
+    assert hub.events.qsize() == 1  # the Hello only: answers are never queued as the run's events
