@@ -16,7 +16,6 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -165,6 +164,7 @@ class Hub(CurveServer):
         self.responders: dict[type[Record], Responder] = {}
         self.taps: dict[type[Record], Tap] = {}
         self.inboxes: dict[int, bytes] = {}  # each rank's receiving connection (its RankStatus's)
+        self.replies: dict[type[Record], Replies] = {}  # Replies.of: one per answer type
         super().__init__(bind_host, RunKeys.generate(), "hvd_magic-hub")
 
     def tell_all(self, record: Record) -> None:
@@ -202,10 +202,9 @@ class Replies:
 
     @classmethod
     def of(cls, hub: Hub, answer: type[Record]) -> Replies:
-        kept = _replies.setdefault(hub, {})
-        if answer not in kept:
-            kept[answer] = cls(hub, answer)
-        return kept[answer]
+        if answer not in hub.replies:
+            hub.replies[answer] = cls(hub, answer)
+        return hub.replies[answer]
 
     def _tap(self, message: Message) -> None:
         with self._arrived:
@@ -226,6 +225,3 @@ class Replies:
         with self._arrived:
             self._arrived.wait_for(lambda: enough(self._answers[asked]), timeout)
             return self._answers.pop(asked)
-
-
-_replies: weakref.WeakKeyDictionary[Hub, dict[type[Record], Replies]] = weakref.WeakKeyDictionary()

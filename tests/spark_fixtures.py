@@ -110,11 +110,12 @@ class Standalone:
         whole tree is stopped first (SIGSTOP, the worker before its children), so that a worker
         cannot start a new executor for one that died before it (it did, once)."""
         worker = psutil.Process(self.workers.pop(host).pid)
-        worker.suspend()
-        tree = [worker, *worker.children(recursive=True)]
-        for process in tree:
+        worker.suspend()  # first: it can start nothing while its children are listed and stopped
+        children = worker.children(recursive=True)
+        for process in children:
             with suppress(psutil.NoSuchProcess):
                 process.suspend()
+        tree = [worker, *children]
         for process in tree:
             with suppress(psutil.NoSuchProcess):
                 process.kill()

@@ -59,18 +59,20 @@ def answer(send: Callable[[NativeDumps], object], asked: NativeAsked) -> None:
 def ask_tasks(hub: Hub, tasks: list[bytes], pids: dict[int, int]) -> dict[int, str]:
     """The driver's end on Spark: each rank's dump, from the task it runs under, once every task
     answered (or each rank is in), or a bound passed."""
-    found = dict[int, str]()
 
     def send(asked: int) -> None:
         for task in tasks:
             hub.send_to(task, NativeAsked(asked, list(pids), list(pids.values())))
 
     def enough(answers: list[Message]) -> bool:
-        found.clear()
-        for answer in answers:
-            record = cast(NativeDumps, answer.record)
-            found.update(zip(record.ranks, record.dumps, strict=True))
-        return len(answers) >= len(tasks) or set(pids) <= set(found)
+        return len(answers) >= len(tasks) or set(pids) <= set(_dumps_in(answers))
 
-    enough(Replies.of(hub, NativeDumps).ask(send, enough, PY_SPY_SECONDS * 2))
+    return _dumps_in(Replies.of(hub, NativeDumps).ask(send, enough, PY_SPY_SECONDS * 2))
+
+
+def _dumps_in(answers: list[Message]) -> dict[int, str]:
+    found = dict[int, str]()
+    for answer in answers:
+        record = cast(NativeDumps, answer.record)
+        found.update(zip(record.ranks, record.dumps, strict=True))
     return found
