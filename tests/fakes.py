@@ -40,6 +40,7 @@ class FakeHub:
         self.keys = RunKeys.generate()
         self.closed = False
         self.taps: dict[type, object] = {}
+        self.replies: dict[type, object] = {}  # hub.Replies.of keeps each answer type's here
         self.told: list[Record] = []
         self.inboxes: dict[int, bytes] = {}  # no rank introduced itself: none is asked anything
 
