@@ -127,6 +127,24 @@ def test_np4_spreads_over_both_executors_with_each_rank_on_its_slots_gpu(ip, clu
     assert leftover_processes() == []
 
 
+def test_the_next_cells_tasks_run_in_the_python_workers_spark_kept_from_the_last(ip, cluster, tmp_path):
+    """Spark keeps a task's Python worker for the next task only if the task read all its input;
+    then a cell's tasks do not start (and import our task code) anew in fresh workers."""
+    cell = (
+        "import os, pathlib\n"
+        "pathlib.Path({folder!r}, os.environ['RANK']).write_text(str(os.getppid()))  # the task's pid\n"
+    )
+    workers = []
+    for run in ("first", "second"):
+        folder = tmp_path / run
+        folder.mkdir()
+        ip.run_cell_magic("horovod", "np=4 backend=torch", cell.format(folder=str(folder)))
+        workers.append(sorted(path.read_text() for path in folder.iterdir()))
+    assert len(set(workers[0])) == 4  # four slots, four tasks, each in its own worker
+    assert workers[1] == workers[0]
+    assert leftover_processes() == []
+
+
 def test_gloo_launcher_on_spark_serves_its_store_to_its_ranks_only(ip, cluster, tmp_path):
     forged: dict[int, tuple[str, int | None]] = {}
 

@@ -74,7 +74,10 @@ def barrier_stage(spec: TaskSpec, batches: Iterator[Any]) -> Iterator[Any]:
     """The function of the barrier stage (``mapInArrow(..., barrier=True)``)."""
     import pyarrow as pa
 
-    yield pa.RecordBatch.from_pydict({"code": [barrier_task(spec, batches)]})
+    code = barrier_task(spec, batches)
+    for _ in batches:  # read to its end: Spark reuses a Python worker only if it read its input
+        pass
+    yield pa.RecordBatch.from_pydict({"code": [code]})
 
 
 def executor_id(address: str) -> str:
