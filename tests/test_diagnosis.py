@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from hvd_magic import RankFailedError, RunError, RunTimeout
+from hvd_magic.errors import FailureClass
 from hvd_magic.launch.processes import death_of
+from hvd_magic.launch.spark_plan import cancelled_deaths
 from hvd_magic.protocol import Exit, Message, RankError, Reports, Result, Stall, Started, Waiting
 from hvd_magic.run.diagnosis import (
     collective_in,
@@ -84,6 +86,22 @@ def test_what_went_wrong_after_the_launcher_ended_is_said_in_one_error():
     )
     no_result = record_of(1, (0, Started("a", 1, 0, 1)), (0, Exit(0)))
     assert "rank 0 finished without sending its result" in str(failure_after_exit(no_result, 0, [], ""))
+
+
+def test_a_run_spark_cancelled_is_named_as_the_runs_failure_not_as_rank_0s():
+    started = [(rank, Started("vm", 10 + rank, rank, 3)) for rank in range(3)]
+    deaths = cancelled_deaths(3, "Job 7 cancelled as part of cancellation of all jobs")
+    quiet = failure_after_exit(record_of(3, *started), 1, deaths, "")
+    consequence = record_of(3, *started, (2, SHUT_DOWN))  # a rank that saw its peers go, then spoke
+    spoke = rank_failed(consequence, silent_death(consequence, deaths))
+    for error in (quiet, spoke):
+        assert isinstance(error, RunError) and not isinstance(error, RankFailedError), error
+        assert str(error) == (
+            "the run was stopped: Spark cancelled the run's tasks (Job 7 cancelled as part of "
+            "cancellation of all jobs); its 3 ranks with it"
+        )
+        assert error.failure is FailureClass.CANCELLED and "rank 0" not in error.cause
+    assert cancelled_deaths(3, "") == []  # not cancelled: nothing to say
 
 
 def test_errors_recorded_before_the_launcher_ended_win():
