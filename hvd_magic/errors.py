@@ -80,7 +80,7 @@ class FailureClass(enum.Enum):
             FailureClass.EXIT: "the rank's own code (or a library in it) chose to exit",
             FailureClass.CANCELLED: (
                 "someone cancelled the Spark job on purpose (the Spark UI's kill, cancelAllJobs, its job "
-                "group or tag): starting it again would undo that"
+                "group or tag, a Spark Connect client's interrupt): starting it again would undo that"
             ),
         }.get(self, "")
 

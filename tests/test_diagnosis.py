@@ -5,7 +5,7 @@ from __future__ import annotations
 from hvd_magic import RankFailedError, RunError, RunTimeout
 from hvd_magic.errors import FailureClass
 from hvd_magic.launch.processes import death_of
-from hvd_magic.launch.spark_plan import cancelled_deaths
+from hvd_magic.launch.spark_plan import cancelled_by_spark, cancelled_deaths
 from hvd_magic.protocol import Exit, Message, RankError, Reports, Result, Stall, Started, Waiting
 from hvd_magic.run.diagnosis import (
     collective_in,
@@ -102,6 +102,17 @@ def test_a_run_spark_cancelled_is_named_as_the_runs_failure_not_as_rank_0s():
         )
         assert error.failure is FailureClass.CANCELLED and "rank 0" not in error.cause
     assert cancelled_deaths(3, "") == []  # not cancelled: nothing to say
+
+
+def test_spark_s_word_for_a_cancel_is_read_from_classic_and_connect_errors():
+    classic = "org.apache.spark.SparkException: Job 3 cancelled as part of cancellation of all jobs\n\tat ..."
+    connect = (
+        "(org.apache.spark.SparkSQLException) [OPERATION_CANCELED] Operation has been canceled. "
+        "SQLSTATE: HY008\n\nJVM stacktrace:\norg.apache.spark.SparkSQLException\n\tat ..."
+    )
+    assert cancelled_by_spark(classic) == "Job 3 cancelled as part of cancellation of all jobs"
+    assert cancelled_by_spark(connect) == "OPERATION_CANCELED: Operation has been canceled"
+    assert cancelled_by_spark("[TASK_FAILED] Task 0 in stage 1 failed 1 times") is None
 
 
 def test_errors_recorded_before_the_launcher_ended_win():

@@ -129,6 +129,33 @@ def test_a_failing_rank_is_named_on_a_connect_session(connect, request):
     assert run_processes_anywhere() == []
 
 
+def test_a_run_another_client_interrupts_is_named_cancelled_and_not_retried(connect, tmp_path, request):
+    """Another Spark Connect client's ``interruptAll`` (here the notebook's own session, from a
+    thread) cancels the run's operation: the error says so in Spark's word, and retries= does not
+    start it again."""
+    on_executors_only(request)
+    connect.run(
+        "import pathlib, threading, time\n"
+        "def _interrupt_once_started():\n"
+        f"    while len(list(pathlib.Path({str(tmp_path)!r}).glob('started-*'))) < 2:\n"
+        "        time.sleep(0.1)\n"
+        "    spark.interruptAll()\n"
+        "threading.Thread(target=_interrupt_once_started, daemon=True).start()"
+    )
+    cell = (
+        "import os, pathlib, time\n"
+        f"pathlib.Path({str(tmp_path)!r}, 'started-' + os.environ['OMPI_COMM_WORLD_RANK']).touch()\n"
+        "time.sleep(600)"
+    )
+    outcome = connect.run("%%horovod np=2 retries=1\n" + cell)
+    assert outcome.ename == "RunError", outcome
+    said = "the run was stopped: Spark cancelled the run's tasks (OPERATION_CANCELED: Operation has been"
+    assert outcome.evalue.startswith(said), outcome
+    shown = "".join(outcome.shown)
+    assert "the run failed (cancelled in Spark)" in shown and "attempt 2" not in shown, outcome
+    assert run_processes_anywhere() == []
+
+
 TAG_RECORDER = """
 from hvd_magic.launch.spark import SparkLauncher
 launch_tags = []

@@ -85,9 +85,14 @@ def lost_executor_deaths(plan: SparkPlan | None, launcher: str, lost: dict[str, 
 
 def cancelled_by_spark(text: str) -> str | None:
     """Spark's word when the job was cancelled (its UI's kill, ``cancelAllJobs``, a job group or
-    tag cancelled): 'Job 3 cancelled as part of cancellation of all jobs'; else None."""
+    tag cancelled): 'Job 3 cancelled as part of cancellation of all jobs'; on Spark Connect (an
+    ``interruptAll``, ``interruptOperation`` or ``interruptTag`` of another client):
+    'OPERATION_CANCELED: Operation has been canceled'; else None."""
     found = re.search(r"(Job \d+ cancelled.*?)(?: SQLSTATE: \w+)?\s*$", text, re.M)
-    return found.group(1) if found else None
+    if found:
+        return found.group(1)
+    found = re.search(r"\[(OPERATION_CANCELED)\] (.*?)\.?(?: SQLSTATE: \w+)?\s*$", text, re.M)
+    return f"{found.group(1)}: {found.group(2)}" if found else None
 
 
 def cancelled_deaths(np: int, why: str) -> list[RankDeath]:
