@@ -94,7 +94,7 @@ class DurationRecorder:
         DURATIONS.write_text(json.dumps(ordered, indent=1) + "\n")
 
 
-def pytest_configure(config: pytest.Config) -> None:
+def configure(config: pytest.Config) -> None:
     config.pluginmanager.register(LongestFirst(), "hvd-magic-longest-first")
     if os.environ.get(RECORD_VARIABLE) == "1" and not hasattr(config, "workerinput"):
         config.pluginmanager.register(DurationRecorder(), "hvd-magic-durations")

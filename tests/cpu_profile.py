@@ -1,0 +1,89 @@
+"""Where the suite's CPU goes, test module by test module (``HVD_MAGIC_CPU_PROFILE=1``; root).
+
+The suite is bound by CPU on two cores, so a module's cost is the CPU that it and everything it
+starts use: ranks, mpirun, Spark's JVMs and Python workers, kernels, browsers, the bed's hosts.
+Each xdist worker moves itself into a cgroup of its own (cgroup v1's ``cpuacct``), which every
+process it starts inherits, however far it is reparented; the group's CPU is read as each test's
+setup, call and teardown ends, and the difference is kept on the report (``cpu_s`` in its user
+properties, hence in a ``--junitxml`` file too). The controller adds them up by module and
+prints the table at the end of the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections import defaultdict
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+VARIABLE = "HVD_MAGIC_CPU_PROFILE"
+CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+KEY = "cpu_s"
+
+
+class CpuMeter:
+    """On a worker: its cgroup's CPU time, read as each phase of a test ends."""
+
+    def __init__(self, group: Path) -> None:
+        self.group = group
+        self.last = self.seconds()
+
+    @classmethod
+    def start(cls, name: str) -> CpuMeter | None:
+        """This process in a new cgroup ``name``; None where cgroup v1's cpuacct is not writable."""
+        group = CPUACCT / name
+        try:
+            group.mkdir(exist_ok=True)
+            (group / "cgroup.procs").write_text(str(os.getpid()))
+        except OSError:
+            return None
+        return cls(group)
+
+    def seconds(self) -> float:
+        return int((self.group / "cpuacct.usage").read_text()) / 1e9
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[Any]) -> Generator[Any]:
+        outcome = yield
+        now = self.seconds()
+        outcome.get_result().user_properties.append((KEY, round(now - self.last, 2)))
+        self.last = now
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        """Back to the root group, and the group removed (it stays while a process is left in it)."""
+        with contextlib.suppress(OSError):
+            (CPUACCT / "cgroup.procs").write_text(str(os.getpid()))
+            self.group.rmdir()
+
+
+class CpuTable:
+    """On the controller: CPU-seconds by test module, from every worker's reports."""
+
+    def __init__(self) -> None:
+        self.by_module: dict[str, float] = defaultdict(float)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        module = Path(report.nodeid.split("::", 1)[0]).stem
+        self.by_module[module] += sum(value for key, value in report.user_properties if key == KEY)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        total = sum(self.by_module.values())
+        terminalreporter.write_sep("=", f"CPU-seconds by test module ({total:,.0f} in all)")
+        for module, seconds in sorted(self.by_module.items(), key=lambda item: -item[1]):
+            share = 100 * seconds / max(total, 1e-9)
+            terminalreporter.write_line(f"{seconds:9,.0f}  {share:5.1f} %  {module}")
+
+
+def configure(config: pytest.Config) -> None:
+    if os.environ.get(VARIABLE) != "1":
+        return
+    worker = getattr(config, "workerinput", {}).get("workerid", "main")
+    meter = CpuMeter.start(f"hvd_magic-suite-{os.getpid()}-{worker}")
+    if meter is not None:
+        config.pluginmanager.register(meter, "hvd-magic-cpu-meter")
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(CpuTable(), "hvd-magic-cpu-table")
