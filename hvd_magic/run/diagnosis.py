@@ -21,7 +21,6 @@ __all__ = [
     "failure_line",
     "left_behind",
     "rank_failed",
-    "run_cancelled",
     "silent_death",
     "unloadable_value",
 ]
@@ -49,17 +48,18 @@ def rank_failed(record: RunRecord, death: RankDeath | None) -> RunError:
     rank that died without a word (when the launcher saw one), else ranks that finished early
     (uneven work), else the first error. A run Spark cancelled is the run's failure, no rank's."""
     if record.cause is None and death is not None and death.failure is FailureClass.CANCELLED:
-        return run_cancelled(record, death)
+        return _run_cancelled(record, death)
     error: RunError = _rank_failed(record, death)
     error.cause = _cause(record, death)
     return error
 
 
-def run_cancelled(record: RunRecord, death: RankDeath) -> RunError:
-    """'the run was stopped: Spark cancelled the run's tasks (Job 3 cancelled ...); its 4 ranks
-    with it': what stopped every rank at once is named as the run's, not as rank 0's."""
+def _run_cancelled(record: RunRecord, death: RankDeath) -> RunError:
+    """'the run was stopped: Spark cancelled the run's tasks (Job 3 cancelled ...); all 4 of its
+    ranks ended with it': what ended every rank at once is named as the run's, not as rank 0's."""
     what = f"the run {death.what}"
-    error = RunError(f"{what}; its {record.ranks} rank{'s' if record.ranks != 1 else ''} with it")
+    ranks = f"all {record.ranks} of its ranks" if record.ranks > 1 else "its rank"
+    error = RunError(f"{what}; {ranks} ended with it")
     error.failure, error.cause = death.failure, what
     return error
 
@@ -129,7 +129,7 @@ def failure_after_exit(record: RunRecord, code: int, deaths: list[RankDeath], ta
         problems.append(f"ranks {never_started} never started")
     death = silent_death(record, deaths)
     if death is not None and death.failure is FailureClass.CANCELLED:
-        return run_cancelled(record, death)
+        return _run_cancelled(record, death)
     if death is not None:
         failure = death.failure
         said = f"{_named(record, death)} {death.what}{last_memory(record, death)}"
