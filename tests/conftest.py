@@ -11,13 +11,15 @@ from IPython.core.interactiveshell import InteractiveShell
 from . import cpu_profile, scheduling
 from .helpers import SPARK_CONF, SUITE_VARIABLE, leftover_processes
 from .multihost import multihost  # noqa: F401 - the multi-host bed's fixture, for any test module
-from .scheduling import pytest_xdist_make_scheduler  # noqa: F401 - xdist groups
 
 # This suite's mark, inherited by every process it starts (Spark's workers and executors, ranks,
 # the bed's hosts), so that the checks for processes left behind skip another suite's.
 os.environ[SUITE_VARIABLE] = uuid.uuid4().hex
 # The suite's Spark JVMs are small and short-lived: see spark-conf/spark-defaults.conf.
 os.environ["SPARK_CONF_DIR"] = str(SPARK_CONF)
+
+
+pytest_xdist_make_scheduler = scheduling.pytest_xdist_make_scheduler  # xdist's groups: ours
 
 
 def pytest_configure(config: pytest.Config) -> None:

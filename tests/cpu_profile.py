@@ -4,15 +4,16 @@ The suite is bound by CPU on two cores, so a module's cost is the CPU that it an
 starts use: ranks, mpirun, Spark's JVMs and Python workers, kernels, browsers, the bed's hosts.
 Each xdist worker moves itself into a cgroup of its own (cgroup v1's ``cpuacct``), which every
 process it starts inherits, however far it is reparented; the group's CPU is read as each test's
-setup, call and teardown ends, and the difference is kept on the report (``cpu_s`` in its user
-properties, hence in a ``--junitxml`` file too). The controller adds them up by module and
-prints the table at the end of the run.
+setup, call and teardown ends, and the test's sum is kept on its teardown report (``cpu_s`` in
+its user properties, which pytest's ``--junitxml`` file takes from that report). The controller
+adds them up by module and prints the table at the end of the run.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections import defaultdict
 from collections.abc import Generator
 from pathlib import Path
@@ -26,37 +27,52 @@ KEY = "cpu_s"
 
 
 class CpuMeter:
-    """On a worker: its cgroup's CPU time, read as each phase of a test ends."""
+    """On a worker: its cgroup's CPU time, read as each phase of a test ends; the test's whole
+    figure goes on its teardown report (the one pytest's JUnit file takes properties from)."""
 
-    def __init__(self, group: Path) -> None:
-        self.group = group
+    def __init__(self, group: Path, home: str) -> None:
+        self.group, self.home = group, home
         self.last = self.seconds()
+        self.test = 0.0  # the running test's CPU so far
 
     @classmethod
     def start(cls, name: str) -> CpuMeter | None:
         """This process in a new cgroup ``name``; None where cgroup v1's cpuacct is not writable."""
         group = CPUACCT / name
         try:
+            home = next(
+                line.split(":", 2)[2]
+                for line in Path("/proc/self/cgroup").read_text().splitlines()
+                if line.split(":")[1] == "cpuacct"
+            )
             group.mkdir(exist_ok=True)
             (group / "cgroup.procs").write_text(str(os.getpid()))
-        except OSError:
+        except (OSError, StopIteration) as err:
+            warnings.warn(
+                f"{VARIABLE}: no cpuacct cgroup to measure in ({err}); nothing measured", stacklevel=1
+            )
             return None
-        return cls(group)
+        return cls(group, home)
 
     def seconds(self) -> float:
         return int((self.group / "cpuacct.usage").read_text()) / 1e9
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.last = self.seconds()  # collection is no test's
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[Any]) -> Generator[Any]:
         outcome = yield
         now = self.seconds()
-        outcome.get_result().user_properties.append((KEY, round(now - self.last, 2)))
-        self.last = now
+        self.test, self.last = self.test + now - self.last, now
+        if call.when == "teardown":
+            outcome.get_result().user_properties.append((KEY, round(self.test, 2)))
+            self.test = 0.0
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
-        """Back to the root group, and the group removed (it stays while a process is left in it)."""
+        """Back to the group it came from, and its own removed (kept while a process is left in it)."""
         with contextlib.suppress(OSError):
-            (CPUACCT / "cgroup.procs").write_text(str(os.getpid()))
+            (CPUACCT / self.home.lstrip("/") / "cgroup.procs").write_text(str(os.getpid()))
             self.group.rmdir()
 
 
@@ -79,11 +95,14 @@ class CpuTable:
 
 
 def configure(config: pytest.Config) -> None:
+    """With ``HVD_MAGIC_CPU_PROFILE=1``: a meter where tests run (each xdist worker, or pytest
+    itself without xdist), the table where reports come together (xdist's controller, or pytest)."""
     if os.environ.get(VARIABLE) != "1":
         return
-    worker = getattr(config, "workerinput", {}).get("workerid", "main")
-    meter = CpuMeter.start(f"hvd_magic-suite-{os.getpid()}-{worker}")
-    if meter is not None:
-        config.pluginmanager.register(meter, "hvd-magic-cpu-meter")
-    if not hasattr(config, "workerinput"):
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    if worker is not None or not config.getoption("numprocesses", None):
+        meter = CpuMeter.start(f"hvd_magic-suite-{os.getpid()}-{worker or 'main'}")
+        if meter is not None:
+            config.pluginmanager.register(meter, "hvd-magic-cpu-meter")
+    if worker is None:
         config.pluginmanager.register(CpuTable(), "hvd-magic-cpu-table")

@@ -98,7 +98,7 @@ def test_a_run_spark_cancelled_is_named_as_the_runs_failure_not_as_rank_0s():
         assert isinstance(error, RunError) and not isinstance(error, RankFailedError), error
         assert str(error) == (
             "the run was stopped: Spark cancelled the run's tasks (Job 7 cancelled as part of "
-            "cancellation of all jobs); all 3 of its ranks ended with it"
+            "cancellation of all jobs); its ranks ended with it"
         )
         assert error.failure is FailureClass.CANCELLED and "rank 0" not in error.cause
     assert cancelled_deaths(3, "") == []  # not cancelled: nothing to say

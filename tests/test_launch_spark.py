@@ -447,7 +447,7 @@ def test_a_job_cancelled_in_spark_is_named_so_and_not_retried(ip, cluster, tmp_p
     assert info.value.failure is FailureClass.CANCELLED, said
     assert not isinstance(info.value, RankFailedError), said  # the run's failure, not rank 0's
     assert said.startswith("the run was stopped: Spark cancelled the run's tasks (Job "), said
-    assert "all 4 of its ranks ended with it" in said, said
+    assert "its ranks ended with it" in said, said
     assert "cancelled as part of cancellation of all jobs)" in said, said
     assert "attempt 2" not in said and info.value.__notes__[0].startswith("not retried (cancelled in Spark)")
     assert run_processes_anywhere() == []

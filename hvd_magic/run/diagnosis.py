@@ -47,19 +47,21 @@ def rank_failed(record: RunRecord, death: RankDeath | None) -> RunError:
     """The error for a run in which a rank failed: its cause if a rank reported one, else the
     rank that died without a word (when the launcher saw one), else ranks that finished early
     (uneven work), else the first error. A run Spark cancelled is the run's failure, no rank's."""
-    if record.cause is None and death is not None and death.failure is FailureClass.CANCELLED:
-        return _run_cancelled(record, death)
+    if record.cause is None and (cancelled := _run_cancelled(death)) is not None:
+        return cancelled
     error: RunError = _rank_failed(record, death)
     error.cause = _cause(record, death)
     return error
 
 
-def _run_cancelled(record: RunRecord, death: RankDeath) -> RunError:
-    """'the run was stopped: Spark cancelled the run's tasks (Job 3 cancelled ...); all 4 of its
-    ranks ended with it': what ended every rank at once is named as the run's, not as rank 0's."""
+def _run_cancelled(death: RankDeath | None) -> RunError | None:
+    """'the run was stopped: Spark cancelled the run's tasks (Job 3 cancelled ...); its ranks
+    ended with it' where Spark cancelled the run (each rank's death says so): the run's failure,
+    not rank 0's; else None."""
+    if death is None or death.failure is not FailureClass.CANCELLED:
+        return None
     what = f"the run {death.what}"
-    ranks = f"all {record.ranks} of its ranks" if record.ranks > 1 else "its rank"
-    error = RunError(f"{what}; {ranks} ended with it")
+    error = RunError(f"{what}; its ranks ended with it")
     error.failure, error.cause = death.failure, what
     return error
 
@@ -128,8 +130,8 @@ def failure_after_exit(record: RunRecord, code: int, deaths: list[RankDeath], ta
     if never_started:
         problems.append(f"ranks {never_started} never started")
     death = silent_death(record, deaths)
-    if death is not None and death.failure is FailureClass.CANCELLED:
-        return _run_cancelled(record, death)
+    if (cancelled := _run_cancelled(death)) is not None:
+        return cancelled
     if death is not None:
         failure = death.failure
         said = f"{_named(record, death)} {death.what}{last_memory(record, death)}"

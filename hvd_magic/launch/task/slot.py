@@ -3,9 +3,12 @@ reported (with what its host saw of it), the notebook's asks answered, until it 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import threading
+
+import zmq
 
 from hvd_magic.launch import native, processes
 from hvd_magic.launch.memory_cgroup import MemoryWatch
@@ -50,5 +53,8 @@ def hold_slot(client: HubClient, process: subprocess.Popen[bytes] | None) -> int
 
 def _forward(process: subprocess.Popen[bytes], client: HubClient) -> None:
     assert process.stdout is not None
-    for line in process.stdout:
-        client.send(LauncherLog(), line)
+    # The task may end (and close its client) before the output does; Spark keeps the task's
+    # Python worker for the next task, where this thread must end quietly, not with a traceback.
+    with contextlib.suppress(zmq.ZMQError):
+        for line in process.stdout:
+            client.send(LauncherLog(), line)
