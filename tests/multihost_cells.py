@@ -162,13 +162,14 @@ for step in range(state["step"], end):
 """
 
 # Rank 1 in a C call that holds Python's lock (libc's sleep through ctypes.PyDLL) at the timeout:
-# every rank reports once all are past init, so the 5 s of silence begin there, however slow the
-# start, and rank 1 is in its C call by the time they end.
-HOLDS_THE_LOCK = """%%horovod np=3 timeout=5
+# every rank reports once all are past init, and rank 1 is in its C call 20 s later. The silence
+# counts from the ranks' start too, so 20 s also leaves a loaded machine time to import torch
+# (with timeout=5, three ranks importing it at once were still in the import when it ended).
+HOLDS_THE_LOCK = """%%horovod np=3 timeout=20
 import ctypes, time, horovod.torch as hvd, torch, hvd_magic
 hvd.init()
 hvd.allreduce(torch.ones(1))
 hvd_magic.report(step=1)
-if hvd.rank() == 1: ctypes.PyDLL(None).sleep(60)
-time.sleep(60)
+if hvd.rank() == 1: ctypes.PyDLL(None).sleep(90)
+time.sleep(90)
 """

@@ -375,10 +375,12 @@ def test_a_spark_rank_whose_python_cannot_run_is_dumped_by_py_spy_on_its_own_hos
     ctypes.PyDLL) and cannot answer: the Spark task it runs under dumps it with py-spy on the
     executor's host and sends the dump back, native frames and the cell's line."""
     cell = "import ctypes, time, torch.distributed as dist, hvd_magic\ndist.init_process_group('gloo')\n"
-    cell += "dist.barrier()\nhvd_magic.report(step=1)\n"  # the 5 s of silence begin once both are past init
-    cell += "if dist.get_rank() == 1:\n    ctypes.PyDLL(None).sleep(60)\ntime.sleep(60)\n"
+    cell += "dist.barrier()\nhvd_magic.report(step=1)\n"
+    cell += "if dist.get_rank() == 1:\n    ctypes.PyDLL(None).sleep(90)\ntime.sleep(90)\n"
+    # timeout= counts silence from the ranks' start too: 20 s leaves a loaded machine time to
+    # import torch (the bed's three ranks once took more than 5 s and timed out in the import)
     with pytest.raises(RunTimeout) as timed_out:
-        ip.run_cell_magic("horovod", "np=2 backend=torch timeout=5", cell)
+        ip.run_cell_magic("horovod", "np=2 backend=torch timeout=20", cell)
     said = str(timed_out.value)
     assert re.search(
         r"^rank 1 on \S+: no answer from its Python \(a C call holds its lock\); py-spy dump", said, re.M
