@@ -38,6 +38,15 @@ def test_client_with_the_run_keys_gets_the_payload_and_delivers(hub):
     assert messages[1].record == Log("stdout") and messages[1].blob == b"hello\n"
 
 
+def test_a_closed_client_drops_what_is_sent_to_it_without_raising(hub):
+    """A task's threads can outlive its client (Spark keeps the Python worker for the next task)."""
+    client = HubClient(hub.address, hub.keys.client_token(), rank=0)
+    assert client.send(Log("stdout"), b"before\n") and not client.closed
+    client.close()
+    assert client.closed
+    assert client.send(Log("stdout"), b"after\n") is False
+
+
 def test_client_with_other_keys_is_refused(hub):
     client = HubClient(hub.address, forged_token(hub.keys.server_public), rank=0)
     with pytest.raises(TimeoutError):

@@ -45,9 +45,13 @@ class HubClient:
         self._socket.connect(address)
 
     def send(self, record: Record, blob: bytes = b"") -> bool:
-        """Queue one message; returns False (and drops it) if the send queue is full."""
+        """Queue one message; returns False (and drops it) if the send queue is full or the client
+        was closed: a thread that outlives its task's client (output still coming, a py-spy dump
+        still being taken) ends quietly instead of raising."""
         frames = encode(record, self.rank, blob)
         with self._lock:
+            if self._socket.closed:
+                return False
             try:
                 self._socket.send_multipart(frames, zmq.NOBLOCK)
                 return True
@@ -89,6 +93,10 @@ class HubClient:
         if not isinstance(answer.record, Payload):
             raise ConnectionError(f"unexpected answer from the hub: {answer.kind.value!r}")
         return answer.blob
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._socket.closed)
 
     def lost_for(self) -> float:
         """Seconds since the connection to the notebook was closed by its end (its process gone)

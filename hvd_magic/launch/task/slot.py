@@ -3,16 +3,13 @@ reported (with what its host saw of it), the notebook's asks answered, until it 
 
 from __future__ import annotations
 
-import functools
 import os
 import subprocess
 import threading
 
-import zmq
-
 from hvd_magic.launch import native, processes
 from hvd_magic.launch.memory_cgroup import MemoryWatch
-from hvd_magic.protocol import Abort, LauncherExit, LauncherLog, NativeAsked, Record, Release
+from hvd_magic.protocol import Abort, LauncherExit, LauncherLog, NativeAsked, Release
 from hvd_magic.rank.client import LOST_SECONDS, HubClient
 
 __all__ = ["hold_slot"]
@@ -43,8 +40,7 @@ def hold_slot(client: HubClient, process: subprocess.Popen[bytes] | None) -> int
         if answer is None:
             continue
         if isinstance(answer.record, NativeAsked):  # py-spy takes a while: the loop goes on
-            send = functools.partial(_send_quietly, client)
-            threading.Thread(target=native.answer, args=(send, answer.record), daemon=True).start()
+            threading.Thread(target=native.answer, args=(client.send, answer.record), daemon=True).start()
         if isinstance(answer.record, Abort) and process is not None:
             processes.stop_tree(process)
             code = process.wait()
@@ -55,17 +51,6 @@ def hold_slot(client: HubClient, process: subprocess.Popen[bytes] | None) -> int
 def _forward(process: subprocess.Popen[bytes], client: HubClient) -> None:
     assert process.stdout is not None
     for line in process.stdout:
-        if not _send_quietly(client, LauncherLog(), line):
+        client.send(LauncherLog(), line)
+        if client.closed:  # the task ended before its output did: Spark keeps its Python worker
             return
-
-
-def _send_quietly(client: HubClient, record: Record, blob: bytes = b"") -> bool:
-    """Send from a thread of the task's (a message the full queue drops is dropped, as
-    ``HubClient.send`` does); False once the task closed its client. The task may end before
-    its threads do (output still coming, py-spy still dumping), and Spark keeps the task's
-    Python worker for the next task: such a thread must end quietly there, not with a traceback."""
-    try:
-        client.send(record, blob)
-    except zmq.ZMQError:
-        return False
-    return True
