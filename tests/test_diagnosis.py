@@ -5,7 +5,7 @@ from __future__ import annotations
 from hvd_magic import RankFailedError, RunError, RunTimeout
 from hvd_magic.errors import FailureClass
 from hvd_magic.launch.processes import death_of
-from hvd_magic.launch.spark_plan import cancelled_by_spark, cancelled_deaths
+from hvd_magic.launch.spark_plan import cancelled_by_spark, stopped_by_spark
 from hvd_magic.protocol import Exit, Message, RankError, Reports, Result, Stall, Started, Waiting
 from hvd_magic.run.diagnosis import (
     collective_in,
@@ -13,6 +13,7 @@ from hvd_magic.run.diagnosis import (
     failure_after_exit,
     left_behind,
     rank_failed,
+    run_stopped,
     silent_death,
 )
 from hvd_magic.run.record import RunRecord, is_consequence
@@ -90,18 +91,32 @@ def test_what_went_wrong_after_the_launcher_ended_is_said_in_one_error():
 
 def test_a_run_spark_cancelled_is_named_as_the_runs_failure_not_as_rank_0s():
     started = [(rank, Started("vm", 10 + rank, rank, 3)) for rank in range(3)]
-    deaths = cancelled_deaths(3, "Job 7 cancelled as part of cancellation of all jobs")
-    quiet = failure_after_exit(record_of(3, *started), 1, deaths, "")
+    ended_by = stopped_by_spark("Job 7 cancelled as part of cancellation of all jobs")
+    quiet = failure_after_exit(record_of(3, *started), 1, [], "", ended_by)
     consequence = record_of(3, *started, (2, SHUT_DOWN))  # a rank that saw its peers go, then spoke
-    spoke = rank_failed(consequence, silent_death(consequence, deaths))
-    for error in (quiet, spoke):
+    assert explained(consequence, [], ended_by) and not explained(consequence, [])
+    spoke = rank_failed(consequence, None, ended_by)
+    every_rank_spoke = record_of(3, *started, *[(rank, SHUT_DOWN) for rank in range(3)])
+    for error in (quiet, spoke, failure_after_exit(every_rank_spoke, 1, [], "", ended_by)):
         assert isinstance(error, RunError) and not isinstance(error, RankFailedError), error
         assert str(error) == (
             "the run was stopped: Spark cancelled the run's tasks (Job 7 cancelled as part of "
             "cancellation of all jobs); its ranks ended with it"
         )
         assert error.failure is FailureClass.CANCELLED and "rank 0" not in error.cause
-    assert cancelled_deaths(3, "") == []  # not cancelled: nothing to say
+    own_error = record_of(3, *started, (1, RankError("vm", "ValueError", "bad")))  # the cause, before
+    assert isinstance(rank_failed(own_error, None, ended_by), RankFailedError)
+
+
+def test_a_spark_session_stopped_under_the_run_is_not_called_a_cancel_of_the_run():
+    word = cancelled_by_spark(
+        "org.apache.spark.SparkException: Job 4 cancelled because SparkContext was shut down"
+    )
+    assert word == "Job 4 cancelled because SparkContext was shut down"
+    assert stopped_by_spark(word) == f"its Spark session was stopped while it ran ({word})"
+    assert str(run_stopped(stopped_by_spark(word))).startswith(
+        "the run was stopped: its Spark session was stopped"
+    )
 
 
 def test_spark_s_word_for_a_cancel_is_read_from_classic_and_connect_errors():

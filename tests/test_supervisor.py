@@ -10,6 +10,7 @@ import cloudpickle
 import pytest
 
 from hvd_magic import RankFailedError, RunError, RunInterrupted, RunTimeout
+from hvd_magic.errors import FailureClass
 from hvd_magic.launch.processes import death_of
 from hvd_magic.options import make_options
 from hvd_magic.protocol import (
@@ -113,6 +114,21 @@ def test_a_silent_death_seen_by_the_launcher_is_named():
     said = r"rank 1 on a failed \(killed from outside\): it was killed by signal 9"
     with pytest.raises(RankFailedError, match=said):
         supervisor.execute()
+
+
+def test_a_run_stopped_from_outside_is_the_runs_failure_though_every_rank_spoke_first():
+    """Spark cancelled the job: each rank saw its peers go and said so before the launcher's word."""
+    started = [send(0, Started("a", 1, 0, 2)), send(1, Started("b", 2, 1, 2))]
+    launcher = ScriptedLauncher(on_start=[*started, send(0, SHUT_DOWN), send(1, SHUT_DOWN)], code=None)
+    launcher.ended_by = (
+        "Spark cancelled the run's tasks (Job 3 cancelled as part of cancellation of all jobs)"
+    )
+    supervisor, _, view = run(launcher)
+    with pytest.raises(RunError) as info:
+        supervisor.execute()
+    assert not isinstance(info.value, RankFailedError) and info.value.failure is FailureClass.CANCELLED
+    assert str(info.value) == f"the run was stopped: {launcher.ended_by}; its ranks ended with it"
+    assert "hvd_magic: the run failed (cancelled in Spark)" in view.notices
 
 
 def test_a_consequence_alone_is_reported_after_the_grace():

@@ -19,6 +19,9 @@ class Launcher:
 
     bind_host = "127.0.0.1"
     notices: list[str] = []  # told to the user before the run (e.g. how data= was split)
+    # what stopped the whole run from outside, where the launcher can tell ("Spark cancelled the
+    # run's tasks (...)"): the run's failure, not a rank's
+    ended_by: str | None = None
 
     def start(self, hub: Hub, env: dict[str, str]) -> None:
         """Start the ranks; ``env`` (the hub's address and keys among it) goes to every rank."""

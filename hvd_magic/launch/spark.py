@@ -98,7 +98,6 @@ class SparkLauncher(Launcher):
         self._lost: list[str] = []  # hosts (plan tokens) mpirun lost: their tasks cannot answer
         self._gone: dict[str, str] = {}  # executors Spark lost, and why: nor can theirs
         self._asked_spark = 0.0
-        self._cancelled = ""  # Spark's word when it cancelled the job, not this run's stop
 
     @classmethod
     def for_options(cls, options: RunOptions) -> SparkLauncher:
@@ -154,7 +153,8 @@ class SparkLauncher(Launcher):
         except Exception as err:  # noqa: BLE001 - py4j/gRPC errors: keep the line that says why
             cancelled = spark_plan.cancelled_by_spark(str(err))
             self.job_error = cancelled or spark_plan.spark_failure(str(err))
-            self._cancelled = cancelled if cancelled and self._ending is None else ""
+            if cancelled and self._ending is None:  # not this run's stop; before exit_code, for poll()
+                self.ended_by = spark_plan.stopped_by_spark(cancelled)
             self.exit_code = 1
         finally:
             self.session.removeTag(self.tag)
@@ -276,7 +276,6 @@ class SparkLauncher(Launcher):
         An executor Spark lost took its ranks with it: named first, as the cause of the rest. A
         host whose daemon mpirun lost (the machine died, or its network) loses all its ranks."""
         first = spark_plan.lost_executor_deaths(self._plan, self.launcher, self._executors_lost(fresh=True))
-        first = first or spark_plan.cancelled_deaths(self.np, self._cancelled)
         if self.launcher != "mpi":
             rest = list(self._deaths)
         elif self._plan is not None and self._lost:

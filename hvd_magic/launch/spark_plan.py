@@ -14,13 +14,13 @@ from hvd_magic.protocol import Join, LauncherExit, PlanHost, SparkPlan, Stopped
 
 __all__ = [
     "cancelled_by_spark",
-    "cancelled_deaths",
     "leftovers",
     "lost_executor_deaths",
     "lost_host_deaths",
     "make_plan",
     "mpi_ranks",
     "spark_failure",
+    "stopped_by_spark",
     "task_death",
     "tasks_on",
 ]
@@ -95,10 +95,13 @@ def cancelled_by_spark(text: str) -> str | None:
     return f"{found.group(1)}: {found.group(2)}" if found else None
 
 
-def cancelled_deaths(np: int, why: str) -> list[RankDeath]:
-    """Every rank, when Spark cancelled the run's job (``why``: its word; none when it did not)."""
-    what = f"was stopped: Spark cancelled the run's tasks ({why})"
-    return [RankDeath(rank, what, failure=FailureClass.CANCELLED) for rank in range(np)] if why else []
+def stopped_by_spark(word: str) -> str:
+    """What stopped a run whose job Spark cancelled (``word``: ``cancelled_by_spark``'s): the
+    session stopped under the run ('Job 3 cancelled because SparkContext was shut down'), or a
+    cancel of the run's job, from the UI, another thread or another client."""
+    if "SparkContext was shut down" in word:
+        return f"its Spark session was stopped while it ran ({word})"
+    return f"Spark cancelled the run's tasks ({word})"
 
 
 def leftovers(joins: Collection[Join], stopped: dict[int, Stopped], gone: list[int]) -> list[str]:

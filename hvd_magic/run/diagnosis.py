@@ -21,6 +21,7 @@ __all__ = [
     "failure_line",
     "left_behind",
     "rank_failed",
+    "run_stopped",
     "silent_death",
     "unloadable_value",
 ]
@@ -32,37 +33,37 @@ def silent_death(record: RunRecord, deaths: list[RankDeath]) -> RankDeath | None
     return next((death for death in deaths if death.rank not in spoke), None)
 
 
-def explained(record: RunRecord, deaths: list[RankDeath]) -> bool:
+def explained(record: RunRecord, deaths: list[RankDeath], ended_by: str | None = None) -> bool:
     """Whether the errors so far have their cause in the record: a rank's own error, a rank
-    that died without a word, or a rank that finished while others still communicated."""
+    that died without a word, a rank that finished while others still communicated, or what
+    stopped the whole run from outside (``ended_by``, the launcher's word)."""
     return (
         record.cause is not None
+        or ended_by is not None
         or silent_death(record, deaths) is not None
         or bool(record.finished())
         or left_behind(record) is not None
     )
 
 
-def rank_failed(record: RunRecord, death: RankDeath | None) -> RunError:
-    """The error for a run in which a rank failed: its cause if a rank reported one, else the
-    rank that died without a word (when the launcher saw one), else ranks that finished early
-    (uneven work), else the first error. A run Spark cancelled is the run's failure, no rank's."""
-    if record.cause is None and (cancelled := _run_cancelled(death)) is not None:
-        return cancelled
+def rank_failed(record: RunRecord, death: RankDeath | None, ended_by: str | None = None) -> RunError:
+    """The error for a run in which a rank failed: its cause if a rank reported one, else what
+    stopped the whole run from outside (``ended_by``: a run Spark cancelled is no rank's
+    failure), else the rank that died without a word (when the launcher saw one), else ranks
+    that finished early (uneven work), else the first error."""
+    if record.cause is None and ended_by is not None:
+        return run_stopped(ended_by)
     error: RunError = _rank_failed(record, death)
     error.cause = _cause(record, death)
     return error
 
 
-def _run_cancelled(death: RankDeath | None) -> RunError | None:
+def run_stopped(ended_by: str) -> RunError:
     """'the run was stopped: Spark cancelled the run's tasks (Job 3 cancelled ...); its ranks
-    ended with it' where Spark cancelled the run (each rank's death says so): the run's failure,
-    not rank 0's; else None."""
-    if death is None or death.failure is not FailureClass.CANCELLED:
-        return None
-    what = f"the run {death.what}"
+    ended with it': the run's failure, not rank 0's (``ended_by``: the launcher's word)."""
+    what = f"the run was stopped: {ended_by}"
     error = RunError(f"{what}; its ranks ended with it")
-    error.failure, error.cause = death.failure, what
+    error.failure, error.cause = FailureClass.CANCELLED, what
     return error
 
 
@@ -115,13 +116,15 @@ def _rank_failed(record: RunRecord, death: RankDeath | None) -> RankFailedError:
     )
 
 
-def failure_after_exit(record: RunRecord, code: int, deaths: list[RankDeath], tail: str) -> RunError | None:
+def failure_after_exit(
+    record: RunRecord, code: int, deaths: list[RankDeath], tail: str, ended_by: str | None = None
+) -> RunError | None:
     """Why a run whose launcher ended did not succeed, or None if it did (rank 0's result is in).
 
     ``tail`` is the launcher's own output, shown when nothing better explains the failure.
     """
     if record.errors:
-        return rank_failed(record, silent_death(record, deaths))
+        return rank_failed(record, silent_death(record, deaths), ended_by)
     never_started = record.never_started()
     unfinished = [rank for rank in record.started if rank not in record.exited]
     if code == 0 and not never_started and not unfinished and record.result is not None:
@@ -129,9 +132,9 @@ def failure_after_exit(record: RunRecord, code: int, deaths: list[RankDeath], ta
     problems, failure = [], FailureClass.LOST if never_started else None
     if never_started:
         problems.append(f"ranks {never_started} never started")
+    if ended_by is not None:
+        return run_stopped(ended_by)
     death = silent_death(record, deaths)
-    if (cancelled := _run_cancelled(death)) is not None:
-        return cancelled
     if death is not None:
         failure = death.failure
         said = f"{_named(record, death)} {death.what}{last_memory(record, death)}"

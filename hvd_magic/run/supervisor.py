@@ -189,7 +189,7 @@ class Run:
                 self.stall_shown = self.record.stall.since  # once for each stall, where each rank is
                 self.view.notice("hvd_magic: the run stalled." + self._where("at the stall"))
             if self.record.errors:
-                raise diagnosis.rank_failed(self.record, self._find_cause())  # decided before the stop
+                raise self._rank_failed()  # decided before the stop
             code = self.launcher.poll()
             if code is not None:
                 self._drain()
@@ -245,11 +245,10 @@ class Run:
 
     def _pump(self, wait: float) -> None:
         """Apply the waiting messages, up to a batch, so the view gets its ticks under any load."""
+        events = self.hub.events
         for count in range(PUMP_BATCH):
             try:
-                message = (
-                    self.hub.events.get(timeout=wait) if wait and not count else self.hub.events.get_nowait()
-                )
+                message = events.get(timeout=wait) if wait and not count else events.get_nowait()
             except queue.Empty:
                 return
             if self.prompts.take(message):  # asked at the notebook: a person's time is no silence
@@ -272,23 +271,25 @@ class Run:
         self._pump(wait=0)
 
     def _unaccounted(self) -> bool:
-        dead = {death.rank for death in self.launcher.deaths()}
+        ended = self.launcher.ended_by is not None  # stopped from outside: its ranks ended with it
+        dead = set(self.record.started) if ended else {death.rank for death in self.launcher.deaths()}
         return any(rank not in self.record.exited and rank not in dead for rank in self.record.started)
 
-    def _find_cause(self) -> launch.RankDeath | None:
+    def _rank_failed(self) -> RunError:
         """A rank's error that only says Horovod shut down has its cause elsewhere: another rank's
-        error still on its way, or a rank that died without a word (killed, OOM). Wait briefly for
-        either, before anything is stopped and the evidence with it."""
-        deadline = self.clock() + CAUSE_GRACE
-        while not diagnosis.explained(self.record, self.launcher.deaths()) and self.clock() < deadline:
+        error on its way, a rank that died without a word (killed, OOM), the run stopped from
+        outside (a Spark cancel). Waits briefly for one before anything is stopped, then says which."""
+        deadline, launcher = self.clock() + CAUSE_GRACE, self.launcher
+        while not diagnosis.explained(self.record, launcher.deaths(), launcher.ended_by):
+            if self.clock() >= deadline:
+                break
             self._pump(wait=self.wait / 2)
-        if self.record.cause is not None:
-            return None
-        return diagnosis.silent_death(self.record, self.launcher.deaths())
+        death = diagnosis.silent_death(self.record, launcher.deaths())
+        return diagnosis.rank_failed(self.record, death, launcher.ended_by)
 
     def _outcome(self, code: int) -> Any:
         failure = diagnosis.failure_after_exit(
-            self.record, code, self.launcher.deaths(), self.launcher.diagnostics()
+            self.record, code, self.launcher.deaths(), self.launcher.diagnostics(), self.launcher.ended_by
         )
         if failure is not None:
             raise failure
