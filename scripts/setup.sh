@@ -36,6 +36,19 @@ stamp_value() {
         "$ROOT/hvd_magic/timeline/_scan.c" "$ROOT/hvd_magic/timeline/_match.c" "$ROOT"/hvd_magic/install/*.py | sha256sum | cut -d' ' -f1
 }
 
+# PySpark is published as a source distribution only: installing it builds a 1 GB wheel, and uv
+# kept a new build for every fresh clone (52 GB of them filled this machine's disk). Built once
+# here, beside Horovod's wheel; uv then takes the wheel (--find-links) and builds nothing.
+spark_wheel() {
+    local dir="$CACHE/wheels" version
+    version="$(sed -n 's/^pyspark\[[a-z,]*\]==\([0-9.]*\).*/\1/p' "$ROOT/requirements-dev.txt")"
+    if ! ls "$dir/pyspark-$version-"*.whl >/dev/null 2>&1; then
+        log "building PySpark $version's wheel once (it ships as source only) into $dir"
+        "$PY" -m pip wheel -q --no-deps -w "$dir" "pyspark==$version" >&2
+    fi
+    printf '%s\n' "$dir"
+}
+
 python_packages() {
     [ -x "$PY" ] || { log "creating $VENV"; python3 -m venv "$VENV"; }
     "$PY" -m pip install -q -U pip "uv==0.13.9"
@@ -43,7 +56,9 @@ python_packages() {
     # uv resolves as pip does (same versions here) and installs in half pip's time, compiling the
     # bytecode on every core (imports need it: PYTHONDONTWRITEBYTECODE may be set). It takes
     # wheels from where pip is told to look (a machine's own torch build, say).
-    local uv=("$VENV/bin/uv" pip install -q --compile-bytecode --python "$PY") link
+    local wheels link
+    wheels="$(spark_wheel)"
+    local uv=("$VENV/bin/uv" pip install -q --compile-bytecode --python "$PY" --find-links "$wheels")
     for link in ${PIP_FIND_LINKS:-$("$PY" -m pip config get global.find-links 2>/dev/null || true)}; do
         uv+=(--find-links "$link")
     done
