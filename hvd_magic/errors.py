@@ -49,8 +49,8 @@ CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal
 
 
 class FailureClass(enum.Enum):
-    """What ended a rank, from what was seen (a traceback, an exit status, the kernel's records,
-    Spark's word): the value is its name in messages."""
+    """What ended a rank, or the whole run (a Spark cancel), from what was seen (a traceback, an
+    exit status, the kernel's records, Spark's word): the value is its name in messages."""
 
     CODE = "the cell's code raised"
     OOM = "out of memory"
@@ -79,8 +79,9 @@ class FailureClass(enum.Enum):
             FailureClass.CRASH: "a crash in native code usually comes back with the same code and data",
             FailureClass.EXIT: "the rank's own code (or a library in it) chose to exit",
             FailureClass.CANCELLED: (
-                "someone cancelled the Spark job on purpose (the Spark UI's kill, cancelAllJobs, its job "
-                "group or tag, a Spark Connect client's interrupt): starting it again would undo that"
+                "Spark cancelled the job: someone asked for it (the Spark UI's kill, cancelAllJobs, its "
+                "job group or tag, a Spark Connect client's interrupt), and starting it again would undo "
+                "that; or the Spark session shut down, and a new attempt would not run on its cluster"
             ),
         }.get(self, "")
 

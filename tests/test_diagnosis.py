@@ -108,15 +108,24 @@ def test_a_run_spark_cancelled_is_named_as_the_runs_failure_not_as_rank_0s():
     assert isinstance(rank_failed(own_error, None, ended_by), RankFailedError)
 
 
-def test_a_spark_session_stopped_under_the_run_is_not_called_a_cancel_of_the_run():
+def test_a_spark_session_shut_down_under_the_run_is_not_called_a_cancel_of_the_run():
     word = cancelled_by_spark(
         "org.apache.spark.SparkException: Job 4 cancelled because SparkContext was shut down"
     )
     assert word == "Job 4 cancelled because SparkContext was shut down"
-    assert stopped_by_spark(word) == f"its Spark session was stopped while it ran ({word})"
+    assert stopped_by_spark(word) == f"its Spark session was shut down while it ran ({word})"
     assert str(run_stopped(stopped_by_spark(word))).startswith(
-        "the run was stopped: its Spark session was stopped"
+        "the run was stopped: its Spark session was shut down while it ran"
     )
+    assert "the Spark session shut down" in FailureClass.CANCELLED.why_not_retried  # why not retried
+
+
+def test_a_run_cancelled_before_its_ranks_started_says_so():
+    """Cancelled while the barrier stage waited for its slots: no rank had started."""
+    ended_by = stopped_by_spark("Job 2 cancelled as part of cancellation of all jobs")
+    error = failure_after_exit(record_of(2), 1, [], "", ended_by)
+    assert str(error) == f"the run was stopped before its ranks started: {ended_by}"
+    assert error.failure is FailureClass.CANCELLED
 
 
 def test_spark_s_word_for_a_cancel_is_read_from_classic_and_connect_errors():

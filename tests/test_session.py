@@ -15,10 +15,13 @@ from IPython.core.error import UsageError
 
 from hvd_magic import RankFailedError, RunError, RunInterrupted, Session, SessionEnded
 from hvd_magic.options import make_options
+from hvd_magic.protocol import Cell
 from hvd_magic.run.capture import capture_cell
 from hvd_magic.session import commands as sessions
 from hvd_magic.session import live, ranks
+from hvd_magic.session.cell import CellLauncher
 
+from .fakes import ScriptedLauncher
 from .helpers import leftover_processes, wait_for_ranks, when_started
 
 START = {"mpi": "launcher=mpi", "gloo": "launcher=gloo", "torch": "backend=torch"}
@@ -286,6 +289,18 @@ def test_a_cell_holds_the_session_against_an_idle_end_or_finds_it_ended(monkeypa
         assert session.ended and stopped[0] - last_end >= 0.003, "ended sooner than idle= after a cell"
         total += claims
     assert total > 0
+
+
+def test_a_session_cell_names_a_run_stopped_from_outside_as_its_sessions_launcher_does():
+    """Spark cancelled the session's job while a cell ran: the cell's launcher passes the word on
+    (the run's failure, no rank's), and the session says why it is over."""
+    word = "Spark cancelled the run's tasks (Job 3 cancelled as part of cancellation of all jobs)"
+    under = ScriptedLauncher(code=1)
+    under.ended_by = word
+    session = live.LiveSession(make_options(np=-2), launcher=under)
+    cell = CellLauncher(session, Cell(1), [0, 1], b"")
+    assert cell.ended_by == word
+    assert cell.poll() == 1 and session.lost == word
 
 
 def test_a_cell_that_meets_an_idle_end_runs_on_a_new_session(session, capsys):

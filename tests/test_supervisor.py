@@ -75,6 +75,21 @@ def test_a_launcher_that_ends_before_rank1_exits_waits_for_it_then_says_it_died(
         supervisor.execute()
 
 
+def test_the_drain_does_not_wait_for_the_ranks_of_a_run_stopped_from_outside():
+    """Spark cancelled the job: its tasks went, and their ranks with them, without a word."""
+    launcher = ScriptedLauncher(on_start=[*healthy_rank(0, value=1), send(1, Started("h", 2, 1, 2))], code=1)
+    launcher.ended_by = (
+        "Spark cancelled the run's tasks (Job 3 cancelled as part of cancellation of all jobs)"
+    )
+    clock = SteppingClock(0.05)
+    began = clock.now
+    supervisor = Run(FakeHub(), launcher, RecordingView(), make_options(np=-2, launcher="gloo"), clock=clock)
+    supervisor.wait = 0.001
+    with pytest.raises(RunError, match=r"^the run was stopped: Spark cancelled"):
+        supervisor.execute()
+    assert clock.now - began < DRAIN_SECONDS
+
+
 def test_the_drain_does_not_wait_for_a_rank_its_launcher_saw_die():
     launcher = ScriptedLauncher(
         on_start=[*healthy_rank(0, value=1), send(1, Started("h", 2, 1, 2))],

@@ -153,7 +153,7 @@ class SparkLauncher(Launcher):
         except Exception as err:  # noqa: BLE001 - py4j/gRPC errors: keep the line that says why
             cancelled = spark_plan.cancelled_by_spark(str(err))
             self.job_error = cancelled or spark_plan.spark_failure(str(err))
-            if cancelled and self._ending is None:  # not this run's stop; before exit_code, for poll()
+            if cancelled and self._ending is None:  # Spark's own cancel, not this run's stop
                 self.ended_by = spark_plan.stopped_by_spark(cancelled)
             self.exit_code = 1
         finally:

@@ -100,7 +100,7 @@ def stopped_by_spark(word: str) -> str:
     session stopped under the run ('Job 3 cancelled because SparkContext was shut down'), or a
     cancel of the run's job, from the UI, another thread or another client."""
     if "SparkContext was shut down" in word:
-        return f"its Spark session was stopped while it ran ({word})"
+        return f"its Spark session was shut down while it ran ({word})"
     return f"Spark cancelled the run's tasks ({word})"
 
 

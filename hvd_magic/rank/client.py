@@ -96,6 +96,7 @@ class HubClient:
 
     @property
     def closed(self) -> bool:
+        """Whether ``close`` ran: a send is then dropped."""
         return bool(self._socket.closed)
 
     def lost_for(self) -> float:

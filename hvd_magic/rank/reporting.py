@@ -172,4 +172,6 @@ def _send_file(client: HubClient, name: str, data: bytes) -> None:
     for start in range(0, max(len(data), 1), FILE_CHUNK_BYTES):
         last = start + FILE_CHUNK_BYTES >= len(data)
         while not client.send(FileChunk(name, last=last), bytes(view[start : start + FILE_CHUNK_BYTES])):
+            if client.closed:  # the rank is ending: no one to send to
+                return
             time.sleep(0.01)  # the send queue is full: a file must arrive whole

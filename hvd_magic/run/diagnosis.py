@@ -58,11 +58,12 @@ def rank_failed(record: RunRecord, death: RankDeath | None, ended_by: str | None
     return error
 
 
-def run_stopped(ended_by: str) -> RunError:
+def run_stopped(ended_by: str, started: bool = True) -> RunError:
     """'the run was stopped: Spark cancelled the run's tasks (Job 3 cancelled ...); its ranks
-    ended with it': the run's failure, not rank 0's (``ended_by``: the launcher's word)."""
-    what = f"the run was stopped: {ended_by}"
-    error = RunError(f"{what}; its ranks ended with it")
+    ended with it': the run's failure, not rank 0's (``ended_by``: the launcher's word;
+    ``started``: whether any rank had started)."""
+    what = f"the run was stopped{'' if started else ' before its ranks started'}: {ended_by}"
+    error = RunError(f"{what}{'; its ranks ended with it' if started else ''}")
     error.failure, error.cause = FailureClass.CANCELLED, what
     return error
 
@@ -133,7 +134,7 @@ def failure_after_exit(
     if never_started:
         problems.append(f"ranks {never_started} never started")
     if ended_by is not None:
-        return run_stopped(ended_by)
+        return run_stopped(ended_by, started=bool(record.started))
     death = silent_death(record, deaths)
     if death is not None:
         failure = death.failure

@@ -104,6 +104,14 @@ class CellLauncher(Launcher):
     def deaths(self) -> list[RankDeath]:
         return self.session.launcher.deaths()
 
+    @property
+    def ended_by(self) -> str | None:  # what stopped the session's run from outside (a Spark cancel)
+        return self.session.launcher.ended_by
+
+    @ended_by.setter
+    def ended_by(self, value: str | None) -> None:
+        self.session.launcher.ended_by = value
+
     def native_stacks(self, pids: dict[int, int], hosts: dict[int, str]) -> dict[int, str]:
         return self.session.launcher.native_stacks(pids, hosts)
 

@@ -141,6 +141,8 @@ class LiveSession:
         return self.lost or "it was stopped"
 
     def why_ended(self, code: int) -> str:
+        if self.launcher.ended_by is not None:  # "Spark cancelled the run's tasks (...)"
+            return self.launcher.ended_by
         if code == SILENT_EXIT:
             return f"its ranks left: they heard nothing from the notebook for {ranks.SILENCE_SECONDS:.0f} s"
         return f"its processes ended (exit code {code})"
