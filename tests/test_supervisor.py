@@ -75,34 +75,29 @@ def test_a_launcher_that_ends_before_rank1_exits_waits_for_it_then_says_it_died(
         supervisor.execute()
 
 
-def test_the_drain_does_not_wait_for_the_ranks_of_a_run_stopped_from_outside():
-    """Spark cancelled the job: its tasks went, and their ranks with them, without a word."""
+CANCELLED_WORD = "Spark cancelled the run's tasks (Job 3 cancelled as part of cancellation of all jobs)"
+
+
+@pytest.mark.parametrize(
+    ("seen", "said"),
+    [
+        ({"seen_deaths": [death_of(1, -9, "h")]}, r"rank 1 was killed by signal 9"),
+        ({"ended_by": CANCELLED_WORD}, r"^the run was stopped: Spark cancelled"),  # its tasks went
+    ],
+    ids=["a-death-the-launcher-saw", "the-run-stopped-from-outside"],
+)
+def test_the_drain_does_not_wait_for_ranks_that_ended_without_a_word(seen, said):
+    """A killed rank, or the ranks of a run Spark cancelled, send nothing more: not waited for."""
     launcher = ScriptedLauncher(on_start=[*healthy_rank(0, value=1), send(1, Started("h", 2, 1, 2))], code=1)
-    launcher.ended_by = (
-        "Spark cancelled the run's tasks (Job 3 cancelled as part of cancellation of all jobs)"
-    )
+    for name, value in seen.items():
+        setattr(launcher, name, value)
     clock = SteppingClock(0.05)
     began = clock.now
     supervisor = Run(FakeHub(), launcher, RecordingView(), make_options(np=-2, launcher="gloo"), clock=clock)
     supervisor.wait = 0.001
-    with pytest.raises(RunError, match=r"^the run was stopped: Spark cancelled"):
+    with pytest.raises(RunError, match=said):
         supervisor.execute()
     assert clock.now - began < DRAIN_SECONDS
-
-
-def test_the_drain_does_not_wait_for_a_rank_its_launcher_saw_die():
-    launcher = ScriptedLauncher(
-        on_start=[*healthy_rank(0, value=1), send(1, Started("h", 2, 1, 2))],
-        code=1,
-        seen_deaths=[death_of(1, -9, "h")],
-    )
-    clock = SteppingClock(0.05)
-    began = clock.now
-    supervisor = Run(FakeHub(), launcher, RecordingView(), make_options(np=-2, launcher="gloo"), clock=clock)
-    supervisor.wait = 0.001
-    with pytest.raises(RunError, match=r"rank 1 was killed by signal 9"):
-        supervisor.execute()
-    assert clock.now - began < DRAIN_SECONDS  # a killed rank sends nothing more: not waited for
 
 
 def test_the_cause_arriving_after_a_consequence_is_named():
