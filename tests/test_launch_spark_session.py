@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -116,6 +117,14 @@ class _Answering:
         if self.answer is not None:
             self.answer.wait()  # a Connect server that does not answer: its client retries for minutes
         return []
+
+
+def test_a_session_stopped_under_a_run_tells_no_executor_lost_or_leaving():
+    """The supervision asks once a second; a session another thread stopped must not raise
+    there (its SparkContext has no JVM side left), or it would hide the run's own error."""
+    stopped = SimpleNamespace(sparkContext=SimpleNamespace(_jsc=None))
+    assert sessions.decommissioned(stopped, ["0", "1"]) == []
+    assert sessions.lost_executors(stopped, ["0", "1"]) == {}
 
 
 def test_a_cancel_by_tag_is_bounded_whatever_spark_does():

@@ -244,8 +244,11 @@ def decommissioned(session: Any, executors: list[str]) -> list[str]:
     where the session does not tell (Connect)."""
     if is_connect(session) or not executors:
         return []
-    scheduler = session.sparkContext._jsc.sc().taskScheduler()
-    return [name for name in executors if scheduler.getExecutorDecommissionState(name).isDefined()]
+    try:  # Spark's own calls; a session stopped by another thread has no _jsc: it tells nothing
+        scheduler = session.sparkContext._jsc.sc().taskScheduler()
+        return [name for name in executors if scheduler.getExecutorDecommissionState(name).isDefined()]
+    except Exception:  # noqa: BLE001 - py4j's errors, or an AttributeError of the stopped session
+        return []
 
 
 def lost_executors(session: Any, executors: list[str]) -> dict[str, str]:
