@@ -552,6 +552,7 @@ def test_ddp_ranks_on_spark_executors_get_their_slot_and_agree(ip, cluster, plan
         host = plan.hosts[rank["rank"] // 2]
         local = int(env["LOCAL_RANK"])
         assert [rank["gpus"].split(",")[local]] == host.gpus[local]  # cuda:LOCAL_RANK is its slot's GPU
+    assert ranks[0]["port_held"]  # by rank 0's task, before rank 0's store listened on it
     assert run_processes_anywhere() == []
 
 

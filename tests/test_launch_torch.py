@@ -18,7 +18,13 @@ from .helpers import leftover_processes, wait_for_ranks, when_started
 
 DDP_CELL = """
 ENV_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-import os, torch, torch.distributed as dist
+import errno, os, socket, torch, torch.distributed as dist
+with socket.socket() as other:                 # another process wanting rank 0's store's port
+    try:
+        other.bind((os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])))
+        port_held = False
+    except OSError as err:
+        port_held = err.errno == errno.EADDRINUSE
 dist.init_process_group("gloo")
 torch.manual_seed(dist.get_rank())             # different starting weights: DDP makes them rank 0's
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
@@ -29,7 +35,7 @@ me = {
     "rank": dist.get_rank(), "size": dist.get_world_size(),
     "params": [p.detach().flatten().tolist() for p in model.parameters()],
     "env": {name: os.environ.get(name) for name in ENV_NAMES},
-    "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "pid": os.getpid(),
+    "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "pid": os.getpid(), "port_held": port_held,
 }
 everyone = [None] * dist.get_world_size()
 dist.all_gather_object(everyone, me)
@@ -47,6 +53,7 @@ def test_ddp_ranks_on_this_machine_get_torchruns_environment_and_agree(ip):
         assert (env["RANK"], env["LOCAL_RANK"]) == (str(rank["rank"]),) * 2
         assert (env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"], env["MASTER_ADDR"]) == ("2", "2", "127.0.0.1")
     assert ranks[0]["env"]["MASTER_PORT"] == ranks[1]["env"]["MASTER_PORT"]
+    assert ranks[0]["port_held"]  # held for rank 0's store before it listened: no other process got it
     assert leftover_processes() == []
 
 

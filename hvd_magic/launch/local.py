@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 from typing import TYPE_CHECKING
@@ -26,7 +27,7 @@ from hvd_magic.launch.processes import (
     thread_budget_env,
     worker_command,
 )
-from hvd_magic.launch.torch_dist import free_port, torch_env
+from hvd_magic.launch.torch_dist import reserve_port, torch_env
 from hvd_magic.protocol import ENV_SHARDS
 
 if TYPE_CHECKING:
@@ -154,8 +155,18 @@ class LocalGlooLauncher(_ProcessPerRankLauncher):
 class LocalTorchLauncher(_ProcessPerRankLauncher):
     """N torch.distributed processes (``backend=torch``), rank 0's store on loopback."""
 
+    _held: socket.socket | None = None  # rank 0's store's port, held until the ranks are gone
+
     def start(self, hub: Hub, env: dict[str, str]) -> None:
         self._deaths = []
-        base, port = self.base_env(env), free_port()
+        self._held = reserve_port()
+        base, port = self.base_env(env), self._held.getsockname()[1]
         for slot in gloo_slots([("localhost", self.np)]):
             self._spawn(worker_command(), base | torch_env(slot, "127.0.0.1", port))
+
+    def stop(self) -> list[str]:
+        remaining = super().stop()
+        if self._held is not None:
+            self._held.close()
+            self._held = None
+        return remaining

@@ -33,7 +33,7 @@ from hvd_magic.launch.mpirun import mpirun_argv
 from hvd_magic.launch.task.agent import ExecAgent
 from hvd_magic.launch.task.network import check_reachable, interface_of, own_address
 from hvd_magic.launch.task.slot import hold_slot
-from hvd_magic.launch.torch_dist import free_port, torch_env
+from hvd_magic.launch.torch_dist import reserve_port, torch_env
 from hvd_magic.protocol import (
     Abort,
     Join,
@@ -138,6 +138,7 @@ def _run_task(spec: TaskSpec, context: Any, partition: int, executor: str, shard
     client = HubClient(spec.hub_address, spec.hub_token, rank=-1)
     ip = own_address(spec.hub_address)
     agent = ExecAgent(ip, spec.agent_keys, "", {}) if spec.launcher == "mpi" else None
+    held = reserve_port(ip) if spec.launcher == "torch" else None  # for rank 0's store, to the end
     join = Join(
         partition=partition,
         executor=executor,
@@ -146,7 +147,7 @@ def _run_task(spec: TaskSpec, context: Any, partition: int, executor: str, shard
         python=sys.executable,
         agent=agent.address if agent is not None else "",
         shard=shard,
-        port=free_port(ip) if spec.launcher == "torch" else 0,
+        port=held.getsockname()[1] if held is not None else 0,
     )
     client.send(join)
     code = 1
@@ -173,6 +174,8 @@ def _run_task(spec: TaskSpec, context: Any, partition: int, executor: str, shard
                 join.executor, [processes.describe(p) for p in processes.stop_and_confirm(_descendants())]
             )
         )
+        if held is not None:
+            held.close()
         client.close()
     return code
 
