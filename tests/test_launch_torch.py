@@ -19,12 +19,15 @@ from .helpers import leftover_processes, wait_for_ranks, when_started
 DDP_CELL = """
 ENV_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 import errno, os, socket, torch, torch.distributed as dist
-with socket.socket() as other:                 # another process wanting rank 0's store's port
-    try:
-        other.bind((os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])))
-        port_held = False
-    except OSError as err:
-        port_held = err.errno == errno.EADDRINUSE
+def taken(address):                            # another process wanting rank 0's store's port
+    with socket.socket() as other:
+        try:
+            other.bind((address, int(os.environ["MASTER_PORT"])))
+        except OSError as err:
+            return err.errno == errno.EADDRINUSE
+        return False
+other_address = "127.0.0.2" if os.environ["MASTER_ADDR"] != "127.0.0.2" else "127.0.0.3"
+port_held = taken(os.environ["MASTER_ADDR"]) and taken(other_address)   # torch binds every address
 dist.init_process_group("gloo")
 torch.manual_seed(dist.get_rank())             # different starting weights: DDP makes them rank 0's
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))

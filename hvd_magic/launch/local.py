@@ -153,7 +153,7 @@ class LocalGlooLauncher(_ProcessPerRankLauncher):
 
 
 class LocalTorchLauncher(_ProcessPerRankLauncher):
-    """N torch.distributed processes (``backend=torch``), rank 0's store on loopback."""
+    """N torch.distributed processes (``backend=torch``), rank 0's store reached on loopback."""
 
     _held: socket.socket | None = None  # rank 0's store's port, held until the ranks are gone
 
@@ -165,8 +165,9 @@ class LocalTorchLauncher(_ProcessPerRankLauncher):
             self._spawn(worker_command(), base | torch_env(slot, "127.0.0.1", port))
 
     def stop(self) -> list[str]:
-        remaining = super().stop()
-        if self._held is not None:
-            self._held.close()
-            self._held = None
-        return remaining
+        try:
+            return super().stop()
+        finally:
+            if self._held is not None:
+                self._held.close()
+                self._held = None

@@ -258,15 +258,15 @@ def lost_executors(session: Any, executors: list[str]) -> dict[str, str]:
     name their address)."""
     if is_connect(session) or not executors:
         return {}
-    try:  # Spark's own calls (private[spark]): a Spark without them tells nothing
+    try:  # Spark's own calls (private[spark]): a Spark without them, or a stopped session, tells nothing
         context = session.sparkContext._jsc.sc()
         gone = {name for name in executors if not context.taskScheduler().isExecutorAlive(name)}
         listed = context.statusStore().executorList(False) if gone else None  # False: the removed too
+        known = {}
+        for summary in (listed.apply(index) for index in range(listed.size())) if listed else ():
+            if summary.id() in gone:
+                reason = summary.removeReason()
+                known[str(summary.id())] = str(reason.get()) if reason.isDefined() else ""
+        return known
     except Exception:  # noqa: BLE001 - py4j's errors, or no such method in this Spark
         return {}
-    known = {}
-    for summary in (listed.apply(index) for index in range(listed.size())) if listed else ():
-        if summary.id() in gone:
-            reason = summary.removeReason()
-            known[str(summary.id())] = str(reason.get()) if reason.isDefined() else ""
-    return known

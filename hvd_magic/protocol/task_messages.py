@@ -28,7 +28,7 @@ class Join(Record):
     python: str = ""
     agent: str = ""
     shard: str = ""
-    port: int = 0  # backend=torch: a port free on the task's host, for rank 0's store
+    port: int = 0  # backend=torch: a port the task holds for rank 0's store (``reserve_port``)
 
 
 @_kind(Kind.PLAN)

@@ -138,7 +138,7 @@ def _run_task(spec: TaskSpec, context: Any, partition: int, executor: str, shard
     client = HubClient(spec.hub_address, spec.hub_token, rank=-1)
     ip = own_address(spec.hub_address)
     agent = ExecAgent(ip, spec.agent_keys, "", {}) if spec.launcher == "mpi" else None
-    held = reserve_port(ip) if spec.launcher == "torch" else None  # for rank 0's store, to the end
+    held = reserve_port() if spec.launcher == "torch" else None  # for rank 0's store, if rank 0 is ours
     join = Join(
         partition=partition,
         executor=executor,
@@ -166,6 +166,8 @@ def _run_task(spec: TaskSpec, context: Any, partition: int, executor: str, shard
         else:
             code = _gloo_task(spec, answer.record.plan, partition, client)
     finally:
+        if held is not None:  # the ranks' store has bound it by now, or will not
+            held.close()
         if agent is not None:
             agent.close()
         # The driver returns from its stop only once every task confirmed this.
@@ -174,8 +176,6 @@ def _run_task(spec: TaskSpec, context: Any, partition: int, executor: str, shard
                 join.executor, [processes.describe(p) for p in processes.stop_and_confirm(_descendants())]
             )
         )
-        if held is not None:
-            held.close()
         client.close()
     return code
 
