@@ -130,11 +130,11 @@ def failure_after_exit(
     unfinished = [rank for rank in record.started if rank not in record.exited]
     if code == 0 and not never_started and not unfinished and record.result is not None:
         return None
+    if ended_by is not None:
+        return run_stopped(ended_by, started=bool(record.started))
     problems, failure = [], FailureClass.LOST if never_started else None
     if never_started:
         problems.append(f"ranks {never_started} never started")
-    if ended_by is not None:
-        return run_stopped(ended_by, started=bool(record.started))
     death = silent_death(record, deaths)
     if death is not None:
         failure = death.failure
