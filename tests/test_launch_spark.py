@@ -451,7 +451,10 @@ def test_a_job_cancelled_in_spark_is_named_so_and_not_retried(ip, cluster, tmp_p
     assert said.startswith("the run was stopped: Spark cancelled the run's tasks (Job "), said
     assert "its ranks ended with it" in said, said
     assert "cancelled as part of cancellation of all jobs)" in said, said
-    assert "attempt 2" not in said and info.value.__notes__[0].startswith("not retried (cancelled in Spark)")
+    # (a task Spark's cancel killed before it confirmed its stop may add a note of its own first)
+    notes = info.value.__notes__
+    assert "attempt 2" not in said, said
+    assert any(note.startswith("not retried (cancelled in Spark)") for note in notes), notes
     assert run_processes_anywhere() == []
 
 

@@ -4,6 +4,8 @@ options refused before anything launches."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from IPython.core.error import UsageError
 
@@ -84,6 +86,41 @@ def test_a_smaller_run_grows_at_a_checkpoint_once_the_slots_are_back(tmp_path):
     assert full.np == 4 and full.env[ENV_RESIZED] == "3,4" and resize.grow_check() is None
     assert view.notices[-1] == "hvd_magic: 3 → 4 ranks: the cluster has the slots again, from step 30"
     assert resize.changes == [notice.removeprefix("hvd_magic: ") for notice in view.notices]
+
+
+class ComingBack(Cluster):
+    """Slots that return one a count, up to ``full`` (an executor re-registering)."""
+
+    def __init__(self, slots: int, full: int) -> None:
+        super().__init__(slots)
+        self.full = full
+
+    def __call__(self, options: object) -> int | None:
+        there = super().__call__(options)
+        self.slots = min(self.full, (self.slots or 0) + 1)
+        return there
+
+
+def test_the_next_attempt_waits_for_the_slots_it_needs_and_says_so_once(tmp_path):
+    """After a loss the next attempt waits for its np slots (a lost executor coming back) up to a
+    deadline, instead of being refused at once by the launcher for want of them."""
+    cluster = ComingBack(2, full=4)
+    options = make_options(np=4, retries=3)
+    view = RecordingView()
+    resize = Sizes(options, view, CheckpointStore(str(tmp_path)), cluster)
+    resize.next("lost")
+    resize.wait_for_slots(time.monotonic() + 60, poll=0.01)
+    assert cluster.asked == 3 and cluster.slots == 4  # 2, 3, then 4: there
+    assert view.notices == ["hvd_magic: waiting up to 60 s for 4 slots (the cluster has 2 now)"]
+    never = Cluster(1)
+    resize = Sizes(options, RecordingView(), CheckpointStore(str(tmp_path)), never)
+    began = time.monotonic()
+    resize.wait_for_slots(began + 0.2, poll=0.01)  # gives up at the deadline: the launcher says why
+    assert never.asked >= 2 and time.monotonic() - began < 30
+    told = Cluster(None)  # Spark Connect or local ranks: nothing to wait for
+    resize = Sizes(options, RecordingView(), CheckpointStore(str(tmp_path)), told)
+    resize.wait_for_slots(time.monotonic() + 60)
+    assert told.asked == 1
 
 
 def test_resized_reads_the_attempts_change(monkeypatch):

@@ -70,6 +70,22 @@ class Sizes:
                 return there if there >= fewest else full  # fewer than min_np: wait for np, as without
             time.sleep(SLOT_POLL_SECONDS)
 
+    def wait_for_slots(self, deadline: float, poll: float = SLOT_POLL_SECONDS) -> None:
+        """Until the cluster has the slots this attempt needs, or until ``deadline`` (monotonic):
+        after a loss, a lost executor or a host's worker takes a while to come back, and the
+        launcher would otherwise refuse the attempt for want of slots. Says once that it waits;
+        a cluster that does not tell its slots is not waited for."""
+        said = ""
+        while time.monotonic() < deadline:
+            there = self.slots(self.options)
+            if there is None or there >= self.current.ranks:
+                return
+            if not said:
+                left, need = max(deadline - time.monotonic(), 0.0), self.current.ranks
+                said = f"waiting up to {left:.0f} s for {need} slots (the cluster has {there} now)"
+                self.view.notice(f"hvd_magic: {said}")
+            time.sleep(poll)
+
     def grow_check(self) -> Callable[[], bool] | None:
         """For a smaller run: whether to stop now, to grow (asked after each of its messages,
         it counts the slots only when a new checkpoint has landed)."""

@@ -62,10 +62,11 @@ class Attempts:
     def launcher(self, create: Callable[[RunOptions], Launcher], wait: float) -> Launcher:
         """A launcher for the next attempt; after a loss, wait up to ``wait`` seconds for the
         slots it needs (a lost executor takes a while to come back)."""
+        deadline = time.monotonic() + wait
         if self.again:
             self.sizes.next(self.causes[-1] if self.causes else "")
             self.again = False
-        deadline = time.monotonic() + wait
+            self.sizes.wait_for_slots(deadline)
         while True:
             try:
                 return create(self.options)
