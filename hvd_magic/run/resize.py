@@ -61,30 +61,33 @@ class Sizes:
         full, fewest = self.options.ranks, self.options.min_np
         if fewest is None:
             return full
-        deadline = time.monotonic() + self.options.resize_wait
+        there = self._slots_within(full, time.monotonic() + self.options.resize_wait, SLOT_POLL_SECONDS)
+        if there is None or there >= full:
+            return full
+        return there if there >= fewest else full  # fewer than min_np: wait for np, as without
+
+    def _slots_within(self, need: int, deadline: float, poll: float) -> int | None:
+        """The cluster's slots once there are ``need``, or at ``deadline``; None where not told."""
         while True:
             there = self.slots(self.options)
-            if there is None or there >= full:
-                return full
-            if time.monotonic() >= deadline:
-                return there if there >= fewest else full  # fewer than min_np: wait for np, as without
-            time.sleep(SLOT_POLL_SECONDS)
+            if there is None or there >= need or time.monotonic() >= deadline:
+                return there
+            time.sleep(poll)
 
     def wait_for_slots(self, deadline: float, poll: float = SLOT_POLL_SECONDS) -> None:
         """Until the cluster has the slots this attempt needs, or until ``deadline`` (monotonic):
         after a loss, a lost executor or a host's worker takes a while to come back, and the
         launcher would otherwise refuse the attempt for want of slots. Says once that it waits;
         a cluster that does not tell its slots is not waited for."""
-        said = ""
-        while time.monotonic() < deadline:
-            there = self.slots(self.options)
-            if there is None or there >= self.current.ranks:
-                return
-            if not said:
-                left, need = max(deadline - time.monotonic(), 0.0), self.current.ranks
-                said = f"waiting up to {left:.0f} s for {need} slots (the cluster has {there} now)"
-                self.view.notice(f"hvd_magic: {said}")
-            time.sleep(poll)
+        need = self.current.ranks
+        there = self.slots(self.options)
+        if there is None or there >= need or time.monotonic() >= deadline:
+            return
+        left = deadline - time.monotonic()
+        said = f"waiting up to {left:.0f} s for {need} slots (the cluster has {there} now)"
+        self.view.notice(f"hvd_magic: {said}")
+        time.sleep(poll)
+        self._slots_within(need, deadline, poll)
 
     def grow_check(self) -> Callable[[], bool] | None:
         """For a smaller run: whether to stop now, to grow (asked after each of its messages,
