@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from hvd_magic.options import make_options
+from hvd_magic.rank.collective_ddp import Sampler
 from hvd_magic.rank.device_waits import DeviceWaits
 from hvd_magic.run.capture import capture_cell
 from hvd_magic.run.supervisor import execute
@@ -98,16 +99,19 @@ def model():
     torch.manual_seed(0)
     layers = [torch.nn.Linear(256, 256), torch.nn.Linear(256, 256), torch.nn.Linear(256, 1)]
     return DDP(torch.nn.Sequential(*layers), bucket_cap_mb=0.1)  # a bucket per layer
-plain, marked = model(), model()
-waits = DeviceWaits(Mark)
-collective_ddp.time_on_device(marked, waits)
+collective_ddp.time_ddp()  # as in a rank with stragglers on
+plain, marked, sampled = model(), model(), model()
+waits, seldom = DeviceWaits(Mark), DeviceWaits(Mark)
+collective_ddp.time_on_device(marked, waits, every=0.0)  # every step timed
+collective_ddp.time_on_device(sampled, seldom, every=3600.0)  # the first step only
 x = torch.full((4, 256), rank + 1.0)
 for _ in range(3):
     plain(x).sum().backward()
     if rank == 1:
         time.sleep(0.5)  # the straggler: rank 0 waits for it in the allreduce
     marked(x).sum().backward()
-queued, counted_before = waits.in_flight(), waits()
+    sampled(x).sum().backward()
+queued, counted_before = (waits.in_flight(), seldom.in_flight()), waits()
 Mark.passed = True
 waited = [None, None]
 dist.all_gather_object(waited, waits())
@@ -117,16 +121,38 @@ hooks = marked._get_ddp_logging_data().get("comm_hook")
 """
 
 
+def test_a_wait_can_stand_for_several_steps():
+    Mark.passed = True
+    waits = DeviceWaits(Mark)
+    start = waits.begin()
+    time.sleep(0.01)
+    waits.end(start, None, 3)
+    assert 0.03 <= waits() < 10
+
+
+def test_a_step_is_timed_at_most_each_interval_and_stands_for_those_since_the_last():
+    now = [0.0]
+    sampler = Sampler(every=1.0, now=lambda: now[0])
+    chosen = []
+    for _ in range(10):  # 0.25 s a step
+        chosen.append(sampler.step())
+        now[0] += 0.25
+    assert chosen == [1, 0, 0, 0, 4, 0, 0, 0, 4, 0]
+    sampler.missed(4)  # (a step whose backward could not be marked: the next one counts for it)
+    assert sampler.step() == 4 + 2 and sampler.step() == 0
+
+
 def test_ddp_on_a_device_marks_one_wait_a_step_and_the_waiting_rank_waits_longer():
     """A DDP model timed by device events trains as without them, with DDP's own allreduce (no
-    communication hook); each step marks one wait, whatever its buckets; none counts while the
+    communication hook); each step timed marks one wait, whatever its buckets (a model timed
+    at most once an hour marks one in three steps); none counts while the
     device has not passed it; then the rank that waited for the slow one counts the longer
     wait."""
     checkout = str(Path(__file__).resolve().parents[1])  # the ranks import this file's Mark
     options = make_options(np=-2, backend="torch", stragglers="off", env={"PYTHONPATH": checkout})
     result, _ = execute(capture_cell(DDP_ON_DEVICE, {}), options, RecordingView())
     queued, counted_before, left, waited, same, hooks = result
-    assert queued == 3  # one mark per step of three buckets
+    assert queued == (3, 1)  # one mark per step timed, of three buckets; one step of the other
     assert counted_before == 0.0 and left == 0
     assert waited[0] >= 0.75 and waited[0] > waited[1]  # rank 0 waited ~1.5 s for rank 1
     assert same and hooks is None  # the gradients are those of DDP, by DDP's own allreduce
