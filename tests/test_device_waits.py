@@ -117,7 +117,9 @@ waited = [None, None]
 dist.all_gather_object(waited, waits())
 same = all(torch.allclose(a.grad, b.grad) for a, b in zip(plain.parameters(), marked.parameters()))
 hooks = marked._get_ddp_logging_data().get("comm_hook")
-(queued, counted_before, waits.in_flight(), waited, same, hooks)
+import copy, pickle
+copies = len(pickle.dumps(marked)) > 0 and copy.deepcopy(marked) is not marked
+(queued, counted_before, waits.in_flight(), waited, same, hooks, copies)
 """
 
 
@@ -147,15 +149,16 @@ def test_ddp_on_a_device_marks_one_wait_a_step_and_the_waiting_rank_waits_longer
     communication hook); each step timed marks one wait, whatever its buckets (a model timed
     at most once an hour marks one in three steps); none counts while the
     device has not passed it; then the rank that waited for the slow one counts the longer
-    wait."""
+    wait. The timed model pickles and copies as DDP does."""
     checkout = str(Path(__file__).resolve().parents[1])  # the ranks import this file's Mark
     options = make_options(np=-2, backend="torch", stragglers="off", env={"PYTHONPATH": checkout})
     result, _ = execute(capture_cell(DDP_ON_DEVICE, {}), options, RecordingView())
-    queued, counted_before, left, waited, same, hooks = result
+    queued, counted_before, left, waited, same, hooks, copies = result
     assert queued == (3, 1)  # one mark per step timed, of three buckets; one step of the other
     assert counted_before == 0.0 and left == 0
     assert waited[0] >= 0.75 and waited[0] > waited[1]  # rank 0 waited ~1.5 s for rank 1
     assert same and hooks is None  # the gradients are those of DDP, by DDP's own allreduce
+    assert copies  # a timed model pickles and copies as DDP does
 
 
 @pytest.fixture(autouse=True)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+import weakref
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -34,8 +35,9 @@ __all__ = ["BackwardWait", "Sampler", "time_ddp", "time_model", "time_on_device"
 
 DDP_MODULE = "torch.nn.parallel.distributed"  # loaded by ``import torch``
 SAMPLE_SECONDS = 0.1  # a step's wait is timed at most this often
-_HOOKED = "_hvd_magic_hooked"  # set on a DDP model once its timing was tried
-_WAIT = "_hvd_magic_backward_wait"  # a timed model's BackwardWait
+# The DDP models whose timing was tried: their BackwardWait, or None where not timed. Kept here,
+# not on the model, so that a model pickles and copies as DDP does (a copy is timed anew).
+_tried: weakref.WeakKeyDictionary[Any, BackwardWait | None] = weakref.WeakKeyDictionary()
 _MOST_OUTPUTS = 8  # a timed step's backward is noticed at the first of these outputs' gradients
 _device_waits: DeviceWaits | None = None  # this process's CUDA waits, once a model on a GPU is timed
 _counted = False  # they are a source of collective_time's
@@ -59,11 +61,11 @@ def _patch_ddp(module: ModuleType) -> None:
 
     def forward_hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
         training = torch.is_grad_enabled() and getattr(self, "require_backward_grad_sync", False)
-        if training and not self.__dict__.get(_HOOKED):
+        if training and self not in _tried:
             time_model(self)
         output = forward(self, *args, **kwargs)
-        wait = self.__dict__.get(_WAIT)
-        if training and wait is not None:
+        wait = _tried.get(self) if training else None
+        if wait is not None:
             wait.forward(output)
         return output
 
@@ -76,7 +78,7 @@ def time_model(model: Any, every: float = SAMPLE_SECONDS) -> None:
     place), as its first training forward in a rank does: on the host's clock on the CPU, by
     CUDA events on a CUDA GPU, not at all on other devices; a step at most each ``every``
     seconds."""
-    model.__dict__[_HOOKED] = True  # tried once, whatever comes of it
+    _tried[model] = None  # tried once, whatever comes of it
     if model.device_type == "cpu":
         time_on_host(model, every)
     elif model.device_type == "cuda":
@@ -97,8 +99,7 @@ def time_on_device(model: Any, waits: DeviceWaits, every: float = SAMPLE_SECONDS
 
 
 def _time(model: Any, clock: HostClock | DeviceClock, every: float) -> None:
-    model.__dict__[_HOOKED] = True
-    model.__dict__[_WAIT] = BackwardWait(clock, Sampler(every))
+    _tried[model] = BackwardWait(clock, Sampler(every))
     collective_time.measured()
 
 
