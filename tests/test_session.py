@@ -108,6 +108,22 @@ def test_a_rank_left_in_a_collective_ends_the_session_and_the_next_cell_starts_a
     assert sorted(info.started.pid for info in sessions.current().ranks.values()) != old
 
 
+def test_a_session_whose_ranks_died_is_ended_by_its_beat_and_a_start_makes_a_new_one(session):
+    """Its processes gone by themselves, the session ends (its hub closed, its beat over), not
+    only when a cell or a stop next touches it."""
+    session.run_line_magic("horovod", "start np=-2")
+    old = sessions.current()
+    assert old is not None
+    for info in old.ranks.values():
+        os.kill(info.started.pid, signal.SIGKILL)
+    assert old.wait_ended(120), "the session lived on with its ranks gone"
+    assert "its processes ended" in old.ended_because
+    session.run_line_magic("horovod", "start np=-2")
+    assert sessions.current() is not old and sessions.current().live
+    sessions.stop()
+    assert leftover_processes() == []
+
+
 def test_an_interrupt_stops_the_cell_and_keeps_the_state(session, tmp_path):
     session.run_line_magic("horovod", "start np=-2")
     session.run_cell_magic("horovod", "", "import torch\nw = torch.tensor([hvd.rank() + 1.0])")

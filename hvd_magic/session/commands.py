@@ -51,6 +51,8 @@ def start(options: RunOptions, idle: float | None, timeline: bool = False) -> st
             f"a live session is running ({_session.size} ranks): %horovod stop ends it, "
             "%horovod status shows it"
         )
+    if _session is not None:
+        _session.end()  # one that ended by itself: its hub closed, its processes confirmed gone
     session = LiveSession(options, idle, timeline)
     summary = session.start()
     _session = session

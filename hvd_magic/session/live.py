@@ -269,10 +269,14 @@ class LiveSession:
 
     def beat(self) -> None:
         """The session's beat, until it ends (``start`` runs it on a thread of its own): polls the
-        processes, ends the session after ``idle=`` without a cell, and beats the ranks."""
+        processes, ends the session once they ended or after ``idle=`` without a cell, and beats
+        the ranks."""
         while not self._ended.wait(ranks.beat_interval()):
-            self.live  # noqa: B018 - polls the processes, and says why the session ended if it did
+            live = self.live  # polls the processes, and says why the session ended if it did
             with self._lock:  # no cell claims the session between this check and the end
+                if not live and not self.running:  # its processes ended: its hub and beat too
+                    self.end()
+                    return
                 if self.idle and not self.running and self.clock() - self.last_cell > self.idle:
                     self.lost = f"idle for {self.idle:g} s (idle=)"
                     self.end()
