@@ -5,6 +5,7 @@ hook they time is the one a GPU model gets, run for real on two torch.distribute
 
 from __future__ import annotations
 
+import random
 import time
 from pathlib import Path
 
@@ -100,18 +101,16 @@ def model():
     layers = [torch.nn.Linear(256, 256), torch.nn.Linear(256, 256), torch.nn.Linear(256, 1)]
     return DDP(torch.nn.Sequential(*layers), bucket_cap_mb=0.1)  # a bucket per layer
 collective_ddp.time_ddp()  # as in a rank with stragglers on
-plain, marked, sampled = model(), model(), model()
-waits, seldom = DeviceWaits(Mark), DeviceWaits(Mark)
+plain, marked = model(), model()
+waits = DeviceWaits(Mark)
 collective_ddp.time_on_device(marked, waits, every=0.0)  # every step timed
-collective_ddp.time_on_device(sampled, seldom, every=3600.0)  # the first step only
 x = torch.full((4, 256), rank + 1.0)
 for _ in range(3):
     plain(x).sum().backward()
     if rank == 1:
         time.sleep(0.5)  # the straggler: rank 0 waits for it in the allreduce
     marked(x).sum().backward()
-    sampled(x).sum().backward()
-queued, counted_before = (waits.in_flight(), seldom.in_flight()), waits()
+queued, counted_before = waits.in_flight(), waits()
 Mark.passed = True
 waited = [None, None]
 dist.all_gather_object(waited, waits())
@@ -132,29 +131,45 @@ def test_a_wait_can_stand_for_several_steps():
     assert 0.03 <= waits() < 10
 
 
-def test_a_step_is_timed_at_most_each_interval_and_stands_for_those_since_the_last():
-    now = [0.0]
-    sampler = Sampler(every=1.0, now=lambda: now[0])
+def test_steps_are_timed_by_chance_about_each_interval_each_standing_for_one_over_its_chance():
+    now, draws = [0.0], iter([0.5, 0.3, 0.2, 0.9])
+    sampler = Sampler(every=1.0, now=lambda: now[0], draw=lambda: next(draws))
     chosen = []
-    for _ in range(10):  # 0.25 s a step
+    for _ in range(5):  # 0.25 s a step: a chance of 1/4 once the pace is known
         chosen.append(sampler.step())
         now[0] += 0.25
-    assert chosen == [1, 0, 0, 0, 4, 0, 0, 0, 4, 0]
-    sampler.missed(4)  # (a step whose backward could not be marked: the next one counts for it)
-    assert sampler.step() == 4 + 2 and sampler.step() == 0
+    assert chosen == [1.0, 0.0, 0.0, 4.0, 0.0]  # the first step (no pace yet), then draws < 1/4
+    sampler.missed(4.0)  # a step chosen whose backward did not come: the next one counts for it
+    draws = iter([0.1])
+    assert sampler.step() == 4.0 + 4.0
+
+
+def test_sampled_waits_add_up_to_all_the_waits_also_when_they_come_every_few_steps():
+    """A rank that waits 0.5 s every 10th step of 10 ms (a data loader refilling elsewhere): the
+    waits of the steps timed, weighted, sum to about the true total, where timing the first
+    step after each interval would almost never see them."""
+    draw = random.Random(7).random
+    now = [0.0]
+    sampler = Sampler(every=0.1, now=lambda: now[0], draw=draw)
+    true = estimate = 0.0
+    for step in range(20_000):
+        wait = 0.5 if step % 10 == 9 else 0.0
+        estimate += sampler.step() * wait
+        true += wait
+        now[0] += 0.01 + wait
+    assert abs(estimate - true) < 0.25 * true, (estimate, true)
 
 
 def test_ddp_on_a_device_marks_one_wait_a_step_and_the_waiting_rank_waits_longer():
     """A DDP model timed by device events trains as without them, with DDP's own allreduce (no
-    communication hook); each step timed marks one wait, whatever its buckets (a model timed
-    at most once an hour marks one in three steps); none counts while the
+    communication hook); each step timed marks one wait, whatever its buckets; none counts while the
     device has not passed it; then the rank that waited for the slow one counts the longer
     wait. The timed model pickles and copies as DDP does."""
     checkout = str(Path(__file__).resolve().parents[1])  # the ranks import this file's Mark
     options = make_options(np=-2, backend="torch", stragglers="off", env={"PYTHONPATH": checkout})
     result, _ = execute(capture_cell(DDP_ON_DEVICE, {}), options, RecordingView())
     queued, counted_before, left, waited, same, hooks, copies = result
-    assert queued == (3, 1)  # one mark per step timed, of three buckets; one step of the other
+    assert queued == 3  # one mark per step, of three buckets
     assert counted_before == 0.0 and left == 0
     assert waited[0] >= 0.75 and waited[0] > waited[1]  # rank 0 waited ~1.5 s for rank 1
     assert same and hooks is None  # the gradients are those of DDP, by DDP's own allreduce

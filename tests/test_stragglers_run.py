@@ -218,6 +218,56 @@ def test_ddp_is_timed_when_torch_is_imported_after_the_rank_started():
     assert "timed True" in done.stdout, done.stderr[-3000:]
 
 
+DDP_SHAPES = """import threading, time, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.checkpoint import checkpoint
+from hvd_magic.rank import collective_ddp, collective_time
+dist.init_process_group("gloo")
+def late(state, bucket):  # the allreduce's result (one rank: the gradients) comes 0.2 s later
+    result = torch.futures.Future()
+    threading.Timer(0.2, result.set_result, (bucket.buffer(),)).start()
+    return result
+class Net(torch.nn.Module):
+    def __init__(self, reentrant=False):
+        super().__init__()
+        self.a, self.b, self.reentrant = torch.nn.Linear(8, 8), torch.nn.Linear(8, 1), reentrant
+    def forward(self, x):
+        h = checkpoint(self.a, x, use_reentrant=True) if self.reentrant else self.a(x)
+        return self.b(torch.relu(h))
+def steps(model, penalty=False):
+    model.register_comm_hook(None, late)
+    collective_ddp.time_model(model, every=0.0)  # every step timed
+    for step in range(4):
+        if step == 1:  # after the first (with static_graph, DDP waits before the backward's end)
+            before = collective_time.waited()
+        x = torch.randn(4, 8, requires_grad=True)
+        out = model(x)
+        loss = out.sum()
+        if penalty:  # a gradient penalty: a backward of its own that accumulates nothing first
+            (grad,) = torch.autograd.grad(loss, x, create_graph=True)
+            loss = loss + grad.pow(2).sum()
+        loss.backward()
+    return round((collective_time.waited() - before) / 3, 2)
+{
+    "default": steps(DDP(Net())),
+    "find_unused_parameters": steps(DDP(Net(), find_unused_parameters=True)),
+    "static_graph": steps(DDP(Net(), static_graph=True)),
+    "gradient penalty": steps(DDP(Net()), penalty=True),
+    "reentrant checkpointing": steps(DDP(Net(reentrant=True), static_graph=True)),
+}
+"""
+
+
+def test_ddps_wait_is_timed_whatever_the_shape_of_the_backward(tmp_path):
+    """The wait at the end of backward (here 0.2 s a step: the allreduce's result comes late) is
+    timed with DDP's options, a gradient penalty's extra backward before it, and reentrant
+    checkpointing's nested backward (where DDP's wait then is); from the second step on (the
+    first with ``static_graph`` waits earlier, in a callback of DDP's queued before)."""
+    options = make_options(np=-1, backend="torch")
+    result, _ = execute(capture_cell(DDP_SHAPES, {}), options, RecordingView())
+    assert all(0.18 <= waited <= 2.0 for waited in result.values()), result
+
+
 DDP_STEP = """import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from hvd_magic.rank import collective_time

@@ -10,17 +10,17 @@ two ends are marked
 - on a CUDA GPU, by two CUDA events on the stream the reducer's wait is queued on
   (``device_waits``: NCCL waits inside a kernel, and the host does not see it).
 
-Not every step is timed: one at most every ``SAMPLE_SECONDS`` (``Sampler``), its wait counted
-for the steps since the last one timed. On an H200, with a 1.2 ms step, marking every step cost
-about 20 us in Python (a hook and two callbacks) and 70 us for each CUDA event recorded from the
-backward (measured, not explained); a step timed ten times a second costs a thousandth of that,
-and a step not timed one Python call in its forward (the sampler's).
+Not every step is timed (``Sampler``): each with a chance that makes about ten a second, its
+wait counted for the steps it stands for. On an H200, with a 1.2 ms step, timing every step
+cost about 20 us in Python and 70 us for each CUDA event recorded from the backward (measured,
+not explained); a step not timed costs the sampler's draw in DDP's forward and one call of a
+hook on the model's first parameter (where the timed step's backward is noticed).
 """
 
 from __future__ import annotations
 
 import functools
-import math
+import random
 import time
 import weakref
 from collections.abc import Callable
@@ -34,13 +34,12 @@ from hvd_magic.rank.device_waits import DeviceWaits
 __all__ = ["BackwardWait", "Sampler", "time_ddp", "time_model", "time_on_device", "time_on_host"]
 
 DDP_MODULE = "torch.nn.parallel.distributed"  # loaded by ``import torch``
-SAMPLE_SECONDS = 0.1  # a step's wait is timed at most this often
+SAMPLE_SECONDS = 0.1  # a step's wait is timed about this often
 # The DDP models whose timing was tried: their BackwardWait, or None where not timed. Kept here,
 # not on the model, so that a model pickles and copies as DDP does (a copy is timed anew).
 _tried: weakref.WeakKeyDictionary[Any, BackwardWait | None] = weakref.WeakKeyDictionary()
-_MOST_OUTPUTS = 8  # a timed step's backward is noticed at the first of these outputs' gradients
-_device_waits: DeviceWaits | None = None  # this process's CUDA waits, once a model on a GPU is timed
-_counted = False  # they are a source of collective_time's
+_device_waits: dict[int, DeviceWaits] = {}  # this process's CUDA waits, by device (their events)
+_counted: set[int] = set()  # the waits counted as this rank's (their ids)
 
 
 def time_ddp() -> None:
@@ -62,12 +61,11 @@ def _patch_ddp(module: ModuleType) -> None:
     def forward_hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
         training = torch.is_grad_enabled() and getattr(self, "require_backward_grad_sync", False)
         if training and self not in _tried:
-            time_model(self)
-        output = forward(self, *args, **kwargs)
+            _mark(functools.partial(time_model, self))
         wait = _tried.get(self) if training else None
         if wait is not None:
-            wait.forward(output)
-        return output
+            _mark(wait.before_step)
+        return forward(self, *args, **kwargs)
 
     ddp._hvd_magic_timed = True
     ddp.forward = functools.wraps(forward)(forward_hooked)
@@ -76,13 +74,13 @@ def _patch_ddp(module: ModuleType) -> None:
 def time_model(model: Any, every: float = SAMPLE_SECONDS) -> None:
     """Time this DDP model's waits from its next training forward on (``time_ddp`` must be in
     place), as its first training forward in a rank does: on the host's clock on the CPU, by
-    CUDA events on a CUDA GPU, not at all on other devices; a step at most each ``every``
-    seconds."""
+    CUDA events on a CUDA GPU, not at all on other devices; a step about each ``every`` seconds
+    (0: every step)."""
     _tried[model] = None  # tried once, whatever comes of it
     if model.device_type == "cpu":
         time_on_host(model, every)
     elif model.device_type == "cuda":
-        time_on_device(model, _cuda_waits(), every)
+        time_on_device(model, _cuda_waits(_parameter(model).device.index), every)
 
 
 def time_on_host(model: Any, every: float = SAMPLE_SECONDS) -> None:
@@ -92,39 +90,60 @@ def time_on_host(model: Any, every: float = SAMPLE_SECONDS) -> None:
 
 def time_on_device(model: Any, waits: DeviceWaits, every: float = SAMPLE_SECONDS) -> None:
     """Time ``model``'s waits by events of its device (``waits`` makes them), counted as this
-    rank's once the model is timed. A model on the CPU has no stream: its events are recorded
-    with none (the tests' events)."""
-    _time(model, DeviceClock(waits, next(model.module.parameters()).device), every)
-    _count(waits)
+    rank's. A model on the CPU has no stream: its events are recorded with none (the tests')."""
+    _time(model, DeviceClock(waits, _parameter(model).device), every)
+    if id(waits) not in _counted:
+        _counted.add(id(waits))
+        collective_time.add_source(waits)
 
 
 def _time(model: Any, clock: HostClock | DeviceClock, every: float) -> None:
-    _tried[model] = BackwardWait(clock, Sampler(every))
+    previous = _tried.get(model)
+    if previous is not None:  # timed again: the hook it left goes
+        previous.forget()
+    _tried[model] = BackwardWait(clock, Sampler(every), _parameter(model))
     collective_time.measured()
 
 
+def _parameter(model: Any) -> Any:
+    """The model's first parameter that gets a gradient: in DDP's last bucket, so among the last
+    whose gradients a backward accumulates."""
+    return next(p for p in model.module.parameters() if p.requires_grad)
+
+
 class Sampler:
-    """Which training steps are timed: one at most each ``every`` seconds (by ``now``), standing
-    for itself and the steps since the last one timed (its weight)."""
+    """Which training steps are timed: each with a chance (by ``draw``) that makes one about
+    each ``every`` seconds at the steps' pace so far (by ``now``), standing for 1/chance steps,
+    so that the sum of the waits timed, so weighted, is the sum of all (whichever steps wait)."""
 
-    def __init__(self, every: float, now: Callable[[], float] = time.monotonic) -> None:
-        self.every, self.now = every, now
-        self.steps = 0  # since the last step timed
-        self.last = -math.inf
+    def __init__(
+        self,
+        every: float,
+        now: Callable[[], float] = time.monotonic,
+        draw: Callable[[], float] = random.random,
+    ) -> None:
+        self.every, self.now, self.draw = every, now, draw
+        self.pace = 0.0  # seconds a step, a running mean
+        self.last: float | None = None  # when the last step began
+        self.owed = 0.0  # steps a timed step could not stand for (missed): the next one does
 
-    def step(self) -> int:
-        """A training step begins: the steps its wait stands for, if it is timed; else 0."""
-        self.steps += 1
+    def step(self) -> float:
+        """A training step begins: the steps its wait stands for if it is timed; else 0."""
         now = self.now()
-        if now - self.last < self.every:
-            return 0
-        weight, self.steps, self.last = self.steps, 0, now
+        if self.last is not None:
+            between = now - self.last
+            self.pace = between if not self.pace else self.pace + (between - self.pace) / 16
+        self.last = now
+        chance = min(1.0, self.pace / self.every) if self.every > 0 and self.pace > 0 else 1.0
+        if chance < 1.0 and self.draw() >= chance:
+            return 0.0
+        weight, self.owed = 1.0 / chance + self.owed, 0.0
         return weight
 
-    def missed(self, weight: int) -> None:
-        """A step meant to be timed was not: the next one is, for these steps too."""
-        self.steps += weight
-        self.last = -math.inf
+    def missed(self, weight: float) -> None:
+        """A step chosen was not timed (its backward did not come): the next one timed stands
+        for its steps too."""
+        self.owed += weight
 
 
 class BackwardWait:
@@ -132,40 +151,46 @@ class BackwardWait:
     of the reducer's wait for every bucket, marked by ``clock`` on the steps ``sampler`` chooses.
 
     Both ends are callbacks of the autograd engine, which runs a backward's callbacks once its
-    graph is done, in the order queued, also those queued while they run. The first is queued at
-    the gradient of the model's output: before DDP's own (queued once its last bucket of
-    parameters' gradients was ready). The second is queued from the first: after DDP's, which
-    waits for every bucket (on a GPU, queues the wait on the current stream)."""
+    graph is done, in the order queued, also those queued while they run. The first is queued
+    when ``parameter``'s gradient is accumulated: before DDP's own (queued once its last bucket is
+    ready, in a hook that runs after this one where ``parameter`` is the last). It is queued only
+    by a backward that accumulates the parameters' gradients (not by ``autograd.grad``), and in
+    the nested backward of reentrant checkpointing, where DDP's wait then is. The second is queued
+    from the first: after DDP's, which waits for every bucket (on a GPU, queues the wait on the
+    current stream)."""
 
-    def __init__(self, clock: HostClock | DeviceClock, sampler: Sampler) -> None:
+    def __init__(self, clock: HostClock | DeviceClock, sampler: Sampler, parameter: Any) -> None:
         self.clock, self.sampler = clock, sampler
+        self.armed: list[float] = []  # the weight of the step being timed, until its hook ran
+        self.hook = parameter.register_post_accumulate_grad_hook(self._accumulated)
 
-    def forward(self, output: Any) -> None:
-        """A training forward returned ``output``: its backward is timed if the sampler says."""
+    def before_step(self) -> None:
+        """A training forward begins: its backward is timed if the sampler says (the last step's
+        weight is owed to the next step timed if its backward never came)."""
+        if self.armed:
+            self.sampler.missed(self.armed.pop())
         weight = self.sampler.step()
-        if not weight:
-            return
-        outputs: list[Any] = []
-        _with_gradient(output, outputs)
-        if not outputs:
-            self.sampler.missed(weight)
-            return
-        noticed = functools.partial(self._backward, [weight])
-        for tensor in outputs:
-            _mark(functools.partial(tensor.register_hook, noticed))
-
-    def _backward(self, weight: list[int], _gradient: Any) -> None:
-        """The backward reached an output (the first of them ends the sample's wait for one)."""
         if weight:
-            _queue(functools.partial(self._computed, weight.pop()))
+            self.armed.append(weight)
 
-    def _computed(self, steps: int) -> None:
+    def forget(self) -> None:
+        """Time no more (the model is timed anew)."""
+        self.hook.remove()
+        self.armed.clear()
+
+    def _accumulated(self, _parameter: Any) -> None:
+        """The parameter's gradient was accumulated (each backward; the first after the step
+        was chosen ends its sample)."""
+        if self.armed:
+            _mark(lambda: _queue(functools.partial(self._computed, self.armed.pop())))  # pop: once
+
+    def _computed(self, weight: float) -> None:
         start = _mark(self.clock.begin)
         if start is not None:
-            _queue(functools.partial(self._waited, start, steps))
+            _queue(functools.partial(self._waited, start, weight))
 
-    def _waited(self, start: Any, steps: int) -> None:
-        _mark(lambda: self.clock.end(start, steps))
+    def _waited(self, start: Any, weight: float) -> None:
+        _mark(lambda: self.clock.end(start, weight))
 
 
 def _queue(callback: Callable[[], None]) -> None:
@@ -174,30 +199,15 @@ def _queue(callback: Callable[[], None]) -> None:
     _mark(lambda: _engine().queue_callback(callback))
 
 
-def _with_gradient(value: Any, found: list[Any]) -> None:
-    """The tensors in a model's output (tensors, lists, tuples, dicts of them) that a backward
-    may reach, up to ``_MOST_OUTPUTS``."""
-    if len(found) >= _MOST_OUTPUTS:
-        return
-    if getattr(value, "grad_fn", None) is not None:
-        found.append(value)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            _with_gradient(item, found)
-    elif isinstance(value, dict):
-        for item in value.values():
-            _with_gradient(item, found)
-
-
 class HostClock:
-    """A wait's ends on the host's clock, its seconds (times the steps it stands for) added to
-    this rank's waits at the end."""
+    """A wait's ends on the host's clock, its seconds (times the steps it stands for: its
+    weight) added to this rank's waits at the end."""
 
     def begin(self) -> float:
         return time.perf_counter()
 
-    def end(self, start: float, steps: int) -> None:
-        collective_time.add((time.perf_counter() - start) * steps)
+    def end(self, start: float, weight: float) -> None:
+        collective_time.add((time.perf_counter() - start) * weight)
 
 
 class DeviceClock:
@@ -218,27 +228,19 @@ class DeviceClock:
     def begin(self) -> Any:
         return None if self.capturing() else self.waits.begin(self.stream())
 
-    def end(self, start: Any, steps: int) -> None:
-        self.waits.end(start, self.stream(), steps)
+    def end(self, start: Any, weight: float) -> None:
+        self.waits.end(start, self.stream(), weight)
 
 
-def _cuda_waits() -> DeviceWaits:
-    """This process's CUDA waits (made once, no event yet)."""
-    global _device_waits
-    if _device_waits is None:
+def _cuda_waits(device: int | None) -> DeviceWaits:
+    """This process's waits on a CUDA device (made once a device, no event yet: an event is
+    recorded again only on its own device)."""
+    index = device or 0
+    if index not in _device_waits:
         import torch
 
-        _device_waits = DeviceWaits(functools.partial(torch.cuda.Event, enable_timing=True))
-    return _device_waits
-
-
-def _count(waits: DeviceWaits) -> None:
-    """Count ``waits`` as this rank's, once a model marks them (not before: a rank with no
-    model timed sends no waits, and is judged by wall time)."""
-    global _counted
-    if not _counted:
-        _counted = True
-        collective_time.add_source(waits)
+        _device_waits[index] = DeviceWaits(functools.partial(torch.cuda.Event, enable_timing=True))
+    return _device_waits[index]
 
 
 def _mark(make: Callable[[], Any]) -> Any:

@@ -14,9 +14,8 @@ Where the waits are timed:
   ``collective_ddp``;
 - Horovod's TensorFlow gradient allreduce, in the graph: ``collective_tf``.
 
-Elsewhere (TF1-style graphs, steps XLA compiles, DDP models with a hook of the user's, DDP's
-own mixed precision, Join or the Python reducer, accelerators other than CUDA GPUs) a rank sends
-no ``w`` and is judged by wall time.
+Elsewhere (TF1-style graphs, steps XLA compiles, accelerators other than CUDA GPUs) a rank
+sends no ``w`` and is judged by wall time.
 """
 
 from __future__ import annotations

@@ -51,13 +51,13 @@ class DeviceWaits:
         start.record(stream)
         return start
 
-    def end(self, start: Event, stream: Any = None, times: float = 1.0) -> None:
+    def end(self, start: Event, stream: Any = None, weight: float = 1.0) -> None:
         """Mark its end on ``stream``, one that follows the collective's result (the current
-        one if None); the wait counts ``times`` over (it stands for waits not timed)."""
+        one if None); the wait counts ``weight`` times (it stands for waits not timed)."""
         stop = self._event()
         stop.record(stream)
         with self._lock:
-            self._pending.append((start, stop, times))
+            self._pending.append((start, stop, weight))
             self._settle()
 
     def __call__(self) -> float:
@@ -79,11 +79,11 @@ class DeviceWaits:
 
     def _settle(self) -> None:
         while self._pending:
-            start, stop, times = self._pending[0]
+            start, stop, weight = self._pending[0]
             try:
                 if not stop.query():
                     return
-                waited = times * start.elapsed_time(stop) / 1000.0
+                waited = weight * start.elapsed_time(stop) / 1000.0
                 self._spare += (start, stop)
             except Exception:  # noqa: BLE001 - a pair that cannot be read is dropped, not kept
                 waited = 0.0
