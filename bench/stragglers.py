@@ -1,8 +1,8 @@
 """Straggler timing benchmark: what timing the waits in collectives adds to a training step.
 
 The straggler watch (on by default) times each rank's waits in collectives: DDP's gradient
-allreduce (``collective_ddp``: about ten steps a second, by chance, on the host's clock on the
-CPU, with CUDA events on a GPU), Horovod-torch's ``synchronize``
+allreduce (``collective_ddp``: on the host's clock on the CPU, with CUDA events on a GPU),
+Horovod-torch's ``synchronize``
 (``collective_time.timed``), Horovod-TensorFlow's gradient allreduce in the graph
 (``collective_tf.timed``). Whole runs with and without it differ here by up to 10 % from run to
 run (a shared 2-core machine), and even two copies trained in turn on 2 ranks by ±3 %

@@ -10,11 +10,10 @@ two ends are marked
 - on a CUDA GPU, by two CUDA events on the stream the reducer's wait is queued on
   (``device_waits``: NCCL waits inside a kernel, and the host does not see it).
 
-Not every step is timed (``Sampler``): each with a chance that makes about ten a second, its
-wait counted for the steps it stands for. On an H200, with a 1.2 ms step, timing every step
-cost about 20 us in Python and 70 us for each CUDA event recorded from the backward (measured,
-not explained); a step not timed costs the sampler's draw in DDP's forward and one call of a
-hook on the model's first parameter (where the timed step's backward is noticed).
+Steps can be sampled (``Sampler``: each with a chance, its wait counted for the steps it stands
+for), but all are timed for now (``SAMPLE_SECONDS``). On an H200, with a 1.2 ms step, timing a
+step cost about 20 us in Python and 70 us for each CUDA event recorded from the backward
+(measured, not explained).
 """
 
 from __future__ import annotations
@@ -34,7 +33,12 @@ from hvd_magic.rank.device_waits import DeviceWaits
 __all__ = ["BackwardWait", "Sampler", "time_ddp", "time_model", "time_on_device", "time_on_host"]
 
 DDP_MODULE = "torch.nn.parallel.distributed"  # loaded by ``import torch``
-SAMPLE_SECONDS = 0.1  # a step's wait is timed about this often
+# Every step is timed (0). Sampling (about one step each SAMPLE_SECONDS) works and is tested, but
+# stays off: the straggler watch reads a rate on the rank's own clock (wall time less waits) and
+# drops the intervals where that clock ran back, which a weighted sample's jump makes it do at
+# fast steps, so a waiting rank would look like the others. It can come on once rates are judged
+# over windows that take such jumps.
+SAMPLE_SECONDS = 0.0
 # The DDP models whose timing was tried: their BackwardWait, or None where not timed. Kept here,
 # not on the model, so that a model pickles and copies as DDP does (a copy is timed anew).
 _tried: weakref.WeakKeyDictionary[Any, BackwardWait | None] = weakref.WeakKeyDictionary()
@@ -76,6 +80,9 @@ def time_model(model: Any, every: float = SAMPLE_SECONDS) -> None:
     place), as its first training forward in a rank does: on the host's clock on the CPU, by
     CUDA events on a CUDA GPU, not at all on other devices; a step about each ``every`` seconds
     (0: every step)."""
+    previous = _tried.get(model)
+    if previous is not None:  # timed again: the hook it left goes
+        previous.forget()
     _tried[model] = None  # tried once, whatever comes of it
     if model.device_type == "cpu":
         time_on_host(model, every)
@@ -106,9 +113,10 @@ def _time(model: Any, clock: HostClock | DeviceClock, every: float) -> None:
 
 
 def _parameter(model: Any) -> Any:
-    """The model's first parameter that gets a gradient: in DDP's last bucket, so among the last
-    whose gradients a backward accumulates."""
-    return next(p for p in model.module.parameters() if p.requires_grad)
+    """The model's first parameter that gets a gradient and that DDP reduces (a hook on it is
+    called before DDP's own, where its gradient is the last ready)."""
+    ignored = set(getattr(model, "parameters_to_ignore", ()))
+    return next(p for name, p in model.module.named_parameters() if p.requires_grad and name not in ignored)
 
 
 class Sampler:
@@ -125,7 +133,6 @@ class Sampler:
         self.every, self.now, self.draw = every, now, draw
         self.pace = 0.0  # seconds a step, a running mean
         self.last: float | None = None  # when the last step began
-        self.owed = 0.0  # steps a timed step could not stand for (missed): the next one does
 
     def step(self) -> float:
         """A training step begins: the steps its wait stands for if it is timed; else 0."""
@@ -137,13 +144,7 @@ class Sampler:
         chance = min(1.0, self.pace / self.every) if self.every > 0 and self.pace > 0 else 1.0
         if chance < 1.0 and self.draw() >= chance:
             return 0.0
-        weight, self.owed = 1.0 / chance + self.owed, 0.0
-        return weight
-
-    def missed(self, weight: float) -> None:
-        """A step chosen was not timed (its backward did not come): the next one timed stands
-        for its steps too."""
-        self.owed += weight
+        return 1.0 / chance
 
 
 class BackwardWait:
@@ -165,10 +166,9 @@ class BackwardWait:
         self.hook = parameter.register_post_accumulate_grad_hook(self._accumulated)
 
     def before_step(self) -> None:
-        """A training forward begins: its backward is timed if the sampler says (the last step's
-        weight is owed to the next step timed if its backward never came)."""
-        if self.armed:
-            self.sampler.missed(self.armed.pop())
+        """A training forward begins: its backward is timed if the sampler says (a step chosen
+        whose backward never came is not timed: an eval forward, two forwards a backward)."""
+        self.armed.clear()
         weight = self.sampler.step()
         if weight:
             self.armed.append(weight)
