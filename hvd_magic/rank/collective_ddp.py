@@ -80,10 +80,7 @@ def time_model(model: Any, every: float = SAMPLE_SECONDS) -> None:
     place), as its first training forward in a rank does: on the host's clock on the CPU, by
     CUDA events on a CUDA GPU, not at all on other devices; a step about each ``every`` seconds
     (0: every step)."""
-    previous = _tried.get(model)
-    if previous is not None:  # timed again: the hook it left goes
-        previous.forget()
-    _tried[model] = None  # tried once, whatever comes of it
+    _untimed(model)  # tried once, whatever comes of it
     if model.device_type == "cpu":
         time_on_host(model, every)
     elif model.device_type == "cuda":
@@ -104,10 +101,16 @@ def time_on_device(model: Any, waits: DeviceWaits, every: float = SAMPLE_SECONDS
         collective_time.add_source(waits)
 
 
-def _time(model: Any, clock: HostClock | DeviceClock, every: float) -> None:
+def _untimed(model: Any) -> None:
+    """Mark ``model`` tried and not timed (a wait it had before drops its hook)."""
     previous = _tried.get(model)
-    if previous is not None:  # timed again: the hook it left goes
+    if previous is not None:
         previous.forget()
+    _tried[model] = None
+
+
+def _time(model: Any, clock: HostClock | DeviceClock, every: float) -> None:
+    _untimed(model)
     _tried[model] = BackwardWait(clock, Sampler(every), _parameter(model))
     collective_time.measured()
 
