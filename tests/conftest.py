@@ -9,7 +9,7 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 from . import cpu_profile, scheduling
-from .helpers import SPARK_CONF, SUITE_VARIABLE, leftover_processes
+from .helpers import SPARK_CONF, SUITE_VARIABLE, end_of_test, leftover_processes
 from .multihost import multihost  # noqa: F401 - the multi-host bed's fixture, for any test module
 
 # This suite's mark, inherited by every process it starts (Spark's workers and executors, ranks,
@@ -43,6 +43,13 @@ def ip() -> Iterator[InteractiveShell]:
     yield shell
     shell.reset()
     assert leftover_processes() == []
+
+
+@pytest.fixture(autouse=True)
+def _actions_end_with_their_test() -> Iterator[None]:
+    """An action waiting for a test's ranks (``when_started``) never fires into the next test."""
+    yield
+    end_of_test()
 
 
 @pytest.fixture(autouse=True)

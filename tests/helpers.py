@@ -31,11 +31,11 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def wait_for_files(paths: list[Path], timeout: float) -> bool:
-    """True once every path exists, False after ``timeout`` seconds."""
+def wait_for_files(paths: list[Path], timeout: float, cancelled: threading.Event | None = None) -> bool:
+    """True once every path exists; False after ``timeout`` seconds or once ``cancelled`` is set."""
     deadline = time.monotonic() + timeout
     while not all(p.exists() for p in paths):
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or (cancelled is not None and cancelled.is_set()):
             return False
         time.sleep(0.05)
     return True
@@ -53,9 +53,11 @@ def placed_ranks(text: str, when: str) -> dict[int, str]:
     return placed
 
 
-def wait_for_ranks(directory: Path, ranks: int, timeout: float = 120) -> bool:
+def wait_for_ranks(
+    directory: Path, ranks: int, timeout: float = 120, cancelled: threading.Event | None = None
+) -> bool:
     """True once ranks 0..ranks-1 of a ``waiting_cell`` marked themselves started."""
-    return wait_for_files([directory / f"started-{rank}" for rank in range(ranks)], timeout)
+    return wait_for_files([directory / f"started-{rank}" for rank in range(ranks)], timeout, cancelled)
 
 
 def waiting_cell(directory: Path, ignore_signals: bool = False, wait: str = SLEEP_FOREVER) -> str:
@@ -69,12 +71,36 @@ def waiting_cell(directory: Path, ignore_signals: bool = False, wait: str = SLEE
     return cell + f"hvd.init()\npathlib.Path({str(directory)!r}, f'started-{{hvd.rank()}}').touch()\n" + wait
 
 
+class _TestEnd:
+    """The end of the current test: actions waiting for its ranks give up, and none acts after."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.ended = threading.Event()
+
+
+_current_test = [_TestEnd()]
+
+
+def end_of_test() -> None:
+    """conftest calls this after each test (an action under way finishes first)."""
+    test = _current_test[0]
+    with test.lock:
+        test.ended.set()
+    _current_test[0] = _TestEnd()
+
+
 def when_started(directory: Path, ranks: int, action: Callable[[], object]) -> threading.Thread:
-    """Run ``action`` on a thread once the ranks of a ``waiting_cell`` started."""
+    """Run ``action`` on a thread once the ranks of a ``waiting_cell`` started; never if they did
+    not (within the wait's bound, or before the test ended): an interrupt or a kill meant for
+    this test's run must not land in the next test's."""
+    test = _current_test[0]
 
     def wait_then_act() -> None:
-        wait_for_ranks(directory, ranks)
-        action()
+        if wait_for_ranks(directory, ranks, cancelled=test.ended):
+            with test.lock:
+                if not test.ended.is_set():
+                    action()
 
     thread = threading.Thread(target=wait_then_act, daemon=True)
     thread.start()
