@@ -41,6 +41,17 @@ def test_the_cause_is_preferred_over_errors_it_caused():
     assert not is_consequence(RankError(exc_type="ValueError", message="bad shard"))
 
 
+def test_a_rank_interrupted_before_the_notebook_stopped_the_run_was_killed_from_outside():
+    """Our stop interrupts ranks only once the run is decided; a rank's KeyboardInterrupt before
+    that came from elsewhere: named so (retried), not a communication error."""
+    record = record_of(4, (3, RankError("vm", "KeyboardInterrupt", "", "Traceback ...")))
+    error = rank_failed(record, None)
+    assert isinstance(error, RankFailedError) and error.failure is FailureClass.KILLED
+    assert str(error).startswith(
+        "rank 3 on vm failed (killed from outside): KeyboardInterrupt: interrupted (SIGINT) from outside"
+    ), str(error)
+
+
 def test_a_rank_error_is_reported_with_its_host_and_traceback():
     record = record_of(4, (2, RankError("node-b", "ZeroDivisionError", "division by zero", "Traceback ...")))
     error = rank_failed(record, None)

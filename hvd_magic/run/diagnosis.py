@@ -85,6 +85,10 @@ def _cause(record: RunRecord, death: RankDeath | None) -> str:
     return f"rank {record.errors[0].rank}: {record.errors[0].error.exc_type}" if record.errors else ""
 
 
+# A rank's KeyboardInterrupt before the notebook stopped the run: its SIGINT came from elsewhere
+INTERRUPTED_FROM_OUTSIDE = "interrupted (SIGINT) from outside the run, before the notebook stopped it"
+
+
 def _rank_failed(record: RunRecord, death: RankDeath | None) -> RankFailedError:
     failure = record.first_error
     assert failure is not None, "rank_failed needs a recorded error"
@@ -106,14 +110,16 @@ def _rank_failed(record: RunRecord, death: RankDeath | None) -> RankFailedError:
             failure=death.failure,
         )
     error = failure.error
+    interrupted = record.cause is None and error.exc_type == "KeyboardInterrupt"  # not by our stop
+    kind = FailureClass.KILLED if interrupted else FailureClass.COMMUNICATION
     return RankFailedError(
         rank=failure.rank,
         host=error.host,
         exc_type=error.exc_type,
-        message=error.message,
+        message=INTERRUPTED_FROM_OUTSIDE if interrupted and not error.message else error.message,
         remote_traceback=error.traceback,
         stopped=record.ranks - 1,
-        failure=FailureClass.CODE if record.cause is not None else FailureClass.COMMUNICATION,
+        failure=FailureClass.CODE if record.cause is not None else kind,
     )
 
 
