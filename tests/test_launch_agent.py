@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
 import sys
+import time
 
+import psutil
 import pytest
 
 from hvd_magic.hub import RunKeys
+from hvd_magic.launch.task import agent as agent_module
 from hvd_magic.launch.task.agent import ExecAgent
 from hvd_magic.protocol import ENV_AGENT_TOKEN, ENV_AGENTS, Exec
 from hvd_magic.rank.client import HubClient
 
-from .helpers import forged_token
+from .helpers import forged_token, wait_for_files
 
 
 @pytest.fixture
@@ -72,3 +76,26 @@ def test_secret_is_not_on_the_command_line(agent):
     assert "hvd_magic.launch.task.agent hvd-host-0" in table  # we did see our own processes
     for secret in token.split(","):
         assert secret not in table
+
+
+def test_a_command_whose_caller_stops_pinging_is_stopped_and_the_agent_says_so(monkeypatch, tmp_path):
+    """mpirun's rsh client pings each second; one silent for PING_TIMEOUT has its command (an
+    orted and the ranks under it) stopped, and the agent says so to the notebook (its task's
+    client): a rank interrupted that way is no mystery in the run's error."""
+    monkeypatch.setattr(agent_module, "PING_TIMEOUT", 1.0)
+    said: queue.Queue[str] = queue.Queue()
+    keys = RunKeys.generate()
+    agent = ExecAgent("127.0.0.1", keys, "hvd-host-0", {}, say=said.put)
+    client = HubClient(agent.address, keys.client_token(), rank=-1)
+    try:
+        client.send(Exec(f"echo $$ > {tmp_path}/pid; exec sleep 120"))  # and never a ping
+        line = said.get(timeout=60)
+        assert line.startswith("hvd_magic: the exec agent on tcp://127.0.0.1:") and "no ping for 1 s" in line
+        assert wait_for_files([tmp_path / "pid"], timeout=30)
+        pid, deadline = int((tmp_path / "pid").read_text()), time.monotonic() + 30
+        while psutil.pid_exists(pid) and time.monotonic() < deadline:  # the agent reaps it
+            time.sleep(0.05)
+        assert not psutil.pid_exists(pid), "the silent caller's command is still running"
+    finally:
+        client.close()
+        agent.close()

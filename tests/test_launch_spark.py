@@ -25,8 +25,8 @@ from hvd_magic import (
 from hvd_magic.launch import spark as spark_launch
 from hvd_magic.launch import spark_plan
 from hvd_magic.launch.spark_session import check_slots
-from hvd_magic.protocol import Join, LauncherExit, LauncherLog, Message, SparkPlan, Stopped
-from hvd_magic.run.diagnosis import failure_after_exit
+from hvd_magic.protocol import Join, LauncherExit, LauncherLog, Message, RankError, SparkPlan, Stopped
+from hvd_magic.run.diagnosis import failure_after_exit, rank_failed
 from hvd_magic.run.record import RunRecord
 
 from .helpers import (
@@ -286,6 +286,21 @@ def test_deaths_on_spark_leave_the_host_to_the_ranks_own_report():
     torch.take(Message(LauncherExit(-9), identity=b"task2"))  # the task of rank 2 saw it killed
     [death] = torch.deaths()
     assert (death.rank, death.host) == (2, "") and "signal 9" in death.what
+
+
+def test_a_rank_interrupted_by_its_task_carries_what_the_task_said():
+    """A Spark task that stops its ranks on its own (it lost the notebook's connection; its exec
+    agent heard no ping) says so in the launcher's output; a rank's KeyboardInterrupt before the
+    notebook stopped the run then carries those lines, not mpirun's own output."""
+    session = SimpleNamespace(conf=SimpleNamespace(get=lambda key, default=None: "127.0.0.1"))
+    launcher = spark_launch.SparkLauncher(4, "mpi", session)
+    lost = "hvd_magic: a Spark task lost the notebook's connection 1.2 s ago: its ranks are stopped"
+    for line in ("[vm:01234] orted: starting", lost):
+        launcher.take(Message(LauncherLog(), identity=b"task1", blob=line.encode()))
+    record = RunRecord(4)
+    record.apply(Message(RankError("vm", "KeyboardInterrupt", "", "Traceback ..."), 3), at=1.0)
+    error = rank_failed(record, None, launcher.ended_by, launcher.said())
+    assert error.failure is FailureClass.KILLED and error.__notes__ == [f"its launcher said:\n{lost}"]
 
 
 def test_a_host_mpirun_lost_ends_the_run_naming_the_host_its_ranks_and_the_notebook():

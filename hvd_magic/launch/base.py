@@ -41,6 +41,12 @@ class Launcher:
         """The launcher's own output (e.g. mpirun's error block), bounded."""
         return ""
 
+    def said(self) -> list[str]:
+        """What the parts of the launcher that run beside the ranks decided on their own and
+        said (a Spark task that stopped its ranks, an exec agent whose caller went silent):
+        the lines of its output that hvd_magic wrote, cheap to ask at any time."""
+        return []
+
     def preempted(self) -> str | None:
         """A notice that the ranks' machines are about to go (a decommissioned executor), once
         one came; None where there is none or the launcher cannot tell."""

@@ -75,9 +75,7 @@ class SparkLauncher(Launcher):
         shard_sizes: list[int] | None = None,
         pieces: list[list[Piece]] | None = None,
     ) -> None:
-        self.np = np
-        self.launcher = launcher
-        self.session = session
+        self.np, self.launcher, self.session = np, launcher, session
         self.stage_input = stage_input  # data=: the keyed DataFrame, one shard per partition
         self.shard_sizes = shard_sizes or []
         self.pieces = pieces or []  # data= a plain Parquet scan: the row ranges each task reads
@@ -296,3 +294,6 @@ class SparkLauncher(Launcher):
 
     def diagnostics(self) -> str:
         return "\n".join([*self.log, *([f"Spark job: {self.job_error}"] if self.job_error else [])])
+
+    def said(self) -> list[str]:
+        return [line for line in list(self.log) if line.startswith("hvd_magic:")]

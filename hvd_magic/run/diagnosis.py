@@ -7,6 +7,7 @@ ranks (``RankDeath``) into one error that names the rank to blame and says what 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from hvd_magic.errors import FailureClass, RankFailedError, RunError
 from hvd_magic.launch.processes import RankDeath
@@ -46,15 +47,20 @@ def explained(record: RunRecord, deaths: list[RankDeath], ended_by: str | None =
     )
 
 
-def rank_failed(record: RunRecord, death: RankDeath | None, ended_by: str | None = None) -> RunError:
+def rank_failed(
+    record: RunRecord, death: RankDeath | None, ended_by: str | None = None, said: Sequence[str] = ()
+) -> RunError:
     """The error for a run in which a rank failed: its cause if a rank reported one, else what
     stopped the whole run from outside (``ended_by``: a run Spark cancelled is no rank's
     failure), else the rank that died without a word (when the launcher saw one), else ranks
-    that finished early (uneven work), else the first error."""
+    that finished early (uneven work), else the first error. A rank interrupted from outside
+    carries what the launcher said of its own stops (``Launcher.said``)."""
     if record.cause is None and ended_by is not None:
         return run_stopped(ended_by)
     error: RunError = _rank_failed(record, death)
     error.cause = _cause(record, death)
+    if isinstance(error, RankFailedError) and error.message == INTERRUPTED_FROM_OUTSIDE and said:
+        error.add_note("its launcher said:\n" + "\n".join(said[-5:]))
     return error
 
 

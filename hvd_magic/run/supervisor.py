@@ -285,7 +285,7 @@ class Run:
                 break
             self._pump(wait=self.wait / 2)
         death = diagnosis.silent_death(self.record, launcher.deaths())
-        return diagnosis.rank_failed(self.record, death, launcher.ended_by)
+        return diagnosis.rank_failed(self.record, death, launcher.ended_by, launcher.said())
 
     def _outcome(self, code: int) -> Any:
         failure = diagnosis.failure_after_exit(

@@ -104,6 +104,9 @@ class CellLauncher(Launcher):
     def deaths(self) -> list[RankDeath]:
         return self.session.launcher.deaths()
 
+    def said(self) -> list[str]:
+        return self.session.launcher.said()
+
     @property
     def ended_by(self) -> str | None:  # what stopped the session's run from outside (a Spark cancel)
         return self.session.launcher.ended_by

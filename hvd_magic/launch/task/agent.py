@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from hvd_magic.hub import CurveServer, RunKeys
@@ -46,9 +47,17 @@ PING_TIMEOUT = 12.0
 class ExecAgent(CurveServer):
     """Runs commands for authenticated callers: ``Exec`` → ``Output`` messages → ``Exit``."""
 
-    def __init__(self, bind_host: str, keys: RunKeys, host_token: str, host_env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        bind_host: str,
+        keys: RunKeys,
+        host_token: str,
+        host_env: dict[str, str],
+        say: Callable[[str], None] = lambda line: None,
+    ) -> None:
         self.host_token = host_token
         self.host_env = host_env
+        self.say = say  # what it decides on its own, to the notebook (the task's client)
         self.launches = 0
         self._children: dict[bytes, subprocess.Popen[bytes]] = {}
         self._last_ping: dict[bytes, float] = {}
@@ -123,6 +132,10 @@ class ExecAgent(CurveServer):
             with self._lock:
                 silent = [i for i in self._children if now - self._last_ping.get(i, now) > PING_TIMEOUT]
             for identity in silent:
+                self.say(
+                    f"hvd_magic: the exec agent on {self.address} heard no ping for {PING_TIMEOUT:.0f} s "
+                    "from the mpirun that started a command through it: the command is stopped"
+                )
                 self._kill(identity)
 
     def close(self) -> None:

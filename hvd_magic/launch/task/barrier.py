@@ -37,6 +37,7 @@ from hvd_magic.launch.torch_dist import reserve_port, torch_env
 from hvd_magic.protocol import (
     Abort,
     Join,
+    LauncherLog,
     Plan,
     Release,
     SparkPlan,
@@ -132,12 +133,18 @@ def _write_shard(spec: TaskSpec, partition: int, address: str, batches: Iterator
     return path
 
 
+def _say(client: HubClient, line: str) -> None:
+    """A line of the task's own into the launcher's output at the notebook."""
+    client.send(LauncherLog(), line.encode())
+
+
 def _run_task(spec: TaskSpec, context: Any, partition: int, executor: str, shard: str) -> int:
     check_reachable(spec.hub_address)
     resources = context.resources()
     client = HubClient(spec.hub_address, spec.hub_token, rank=-1)
     ip = own_address(spec.hub_address)
-    agent = ExecAgent(ip, spec.agent_keys, "", {}) if spec.launcher == "mpi" else None
+    say = functools.partial(_say, client)
+    agent = ExecAgent(ip, spec.agent_keys, "", {}, say) if spec.launcher == "mpi" else None
     held = reserve_port() if spec.launcher == "torch" else None  # for rank 0's store, if rank 0 is ours
     join = Join(
         partition=partition,

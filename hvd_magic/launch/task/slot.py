@@ -33,8 +33,10 @@ def hold_slot(client: HubClient, process: subprocess.Popen[bytes] | None) -> int
             death = processes.death_of(-1, code, memory=memory)
             client.send(LauncherExit(code, death.what, death.failure.name) if code else LauncherExit(0))
         answer = client.receive(timeout=0.2)
-        if answer is None and client.lost_for() > LOST_SECONDS:  # the notebook is gone: no one releases
+        if answer is None and (lost := client.lost_for()) > LOST_SECONDS:  # no one releases it now
             if process is not None:
+                said = f"hvd_magic: a Spark task lost the notebook's connection {lost:.1f} s ago: "
+                client.send(LauncherLog(), f"{said}its ranks are stopped".encode())  # heard if it comes back
                 processes.stop_tree(process)
             return code
         if answer is None:
