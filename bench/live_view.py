@@ -29,7 +29,7 @@ from hvd_magic.rank.client import HubClient
 from hvd_magic.rank import reporting
 address, token = sys.argv[1], sys.argv[2]
 ranks, seconds, rate = int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
-reporters = [reporting._Reporter(HubClient(address, token, rank)) for rank in range(ranks)]
+reporters = [reporting.Reporter(HubClient(address, token, rank)) for rank in range(ranks)]
 start, sent, total = time.monotonic(), 0, int(seconds * rate)
 while (now := time.monotonic()) - start < seconds:
     due = int((now - start) * rate) + 1
@@ -129,13 +129,13 @@ def training_cost(rounds: int, steps: int) -> None:
 
     hub = Hub("127.0.0.1", b"")
     client = HubClient(hub.address, hub.keys.client_token(), 0)
-    reporting._attach(client)
+    reporting.attach(client)
     calls = 100_000
     started = time.perf_counter()
     for step in range(calls):
         reporting.report(step=step, total=calls, loss=0.5)
     per_call = (time.perf_counter() - started) / calls
-    reporting._detach()
+    reporting.detach()
     client.close()
     hub.close()
     share = per_call * 100
