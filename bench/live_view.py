@@ -23,10 +23,18 @@ import time
 
 import psutil
 
+from hvd_magic.errors import RunError
+from hvd_magic.hub import Hub
+from hvd_magic.launch import Launcher
+from hvd_magic.options import make_options
+from hvd_magic.run.supervisor import Run
+from hvd_magic.widgets.live_view import LiveView
+
 SIMULATOR = """
 import sys, time
 from hvd_magic.rank.client import HubClient
 from hvd_magic.rank import reporting
+from hvd_magic.protocol import Exit
 address, token = sys.argv[1], sys.argv[2]
 ranks, seconds, rate = int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
 reporters = [reporting.Reporter(HubClient(address, token, rank)) for rank in range(ranks)]
@@ -41,47 +49,48 @@ while (now := time.monotonic()) - start < seconds:
     time.sleep(0.005)
 for reporter in reporters:
     reporter.close()
-    reporter.client.send("exit", {"code": 0})
+    reporter.client.send(Exit(0))
     reporter.client.close()
 print(sent * ranks, sum(r.dropped for r in reporters))
 """
 
 
-def kernel_side(ranks: int, seconds: float, rate: int) -> None:
-    from hvd_magic.hub import Hub
-    from hvd_magic.run.supervisor import _pump, _RunState
-    from hvd_magic.widgets.live_view import LiveView
+class Simulated(Launcher):
+    """The simulator process as a run's launcher: its ranks are the simulated ones."""
 
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self.process = process
+
+    def start(self, hub: Hub, env: dict[str, str]) -> None:
+        pass
+
+    def poll(self) -> int | None:
+        return self.process.poll()
+
+    def stop(self) -> list[str]:
+        self.process.kill()
+        return []
+
+
+def kernel_side(ranks: int, seconds: float, rate: int) -> None:
+    """The run's real supervision (``Run``: hub, pump, record, straggler watch, live view) fed
+    by the simulator until it ends; the run then fails (no rank sent a result), as expected."""
     hub = Hub("127.0.0.1", b"")
     view = LiveView(ranks, show=False)
-    state = _RunState(ranks)
     me = psutil.Process()
+    command = [sys.executable, "-c", SIMULATOR, hub.address, hub.keys.client_token()]
     simulator = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            SIMULATOR,
-            hub.address,
-            hub.keys.client_token(),
-            str(ranks),
-            str(seconds),
-            str(rate),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
+        [*command, str(ranks), str(seconds), str(rate)], stdout=subprocess.PIPE, text=True
     )
+    run = Run(hub, Simulated(simulator), view, make_options(np=ranks))
     cpu_before, started = me.cpu_times(), time.monotonic()
-    while simulator.poll() is None or len(state.exited) < ranks:
-        _pump(hub, state, view, wait=0.1)
-        view.tick()
-        if time.monotonic() - started > seconds + 60:
-            break
+    with contextlib.suppress(RunError):
+        run.execute()
     wall = time.monotonic() - started
     cpu_after = me.cpu_times()
     sent, dropped = map(int, simulator.stdout.read().split())  # type: ignore[union-attr]
     received = view.model.reports
     cpu = (cpu_after.user + cpu_after.system - cpu_before.user - cpu_before.system) / wall
-    hub.close()
     print(f"(b) kernel side, {ranks} simulated ranks x {rate} reports/s for {seconds:.0f} s:")
     print(f"    reports sent {sent}, dropped at the ranks {dropped}, lost {sent - dropped - received}")
     print(f"    UI updates {view.updates} in {wall:.1f} s = {view.updates / wall:.1f}/s (target <= 10)")
@@ -123,7 +132,6 @@ def training_cost(rounds: int, steps: int) -> None:
     print(f"(a) training, 2 local ranks, median of {rounds} interleaved runs of {steps} steps:")
     print(f"    without report {a:.0f} steps/s, with report at every step {b:.0f} steps/s")
     print(f"    cost {(a - b) / a:+.2%} (target <= 1 %)")
-    from hvd_magic.hub import Hub
     from hvd_magic.rank import reporting
     from hvd_magic.rank.client import HubClient
 
