@@ -5,7 +5,6 @@ make of a ``Straggler``."""
 from __future__ import annotations
 
 import json
-import random
 import statistics
 
 import pytest
@@ -14,8 +13,6 @@ from hypothesis import strategies as st
 
 from hvd_magic.options import OptionError, make_options
 from hvd_magic.protocol import Exit, Message, RankStatus, Reports, Started, Straggler
-from hvd_magic.rank.collective_ddp import Sampler
-from hvd_magic.rank.collective_time import Reported
 from hvd_magic.run.stragglers import (
     RECOVERY_SHARE,
     StragglerDetector,
@@ -203,42 +200,6 @@ def test_in_lock_step_the_rank_the_others_wait_for_is_named_from_its_waits():
     assert named.outside == pytest.approx(0.95, abs=0.02)
     assert named.reason.startswith("data wait: 95% of its time is outside collectives")
     assert "of its own work (outside collectives)" in named.text()
-
-
-class SampledRank:
-    """A rank's reports in lock-step training whose waits are timed on sampled steps only, as
-    DDP's are (``Sampler``: about ten a second, each standing for 1/its chance steps), sent as
-    its reports send them (``Reported``)."""
-
-    def __init__(self, seed: int) -> None:
-        self.now, self.waited, self.records = 1000.0, 0.0, []
-        self.sampler = Sampler(0.1, now=lambda: self.now, draw=random.Random(seed).random)
-        self.reported = Reported()
-
-    def step(self, step: int, work: float, wait: float) -> None:
-        self.waited += self.sampler.step() * wait
-        self.now += work + wait
-        self.records.append({"t": self.now, "step": step, "w": self.reported.figure(self.waited, self.now)})
-
-
-def test_in_lock_step_at_fast_steps_the_waiting_ranks_sampled_waits_still_name_the_slow_one():
-    """200 steps a second: ranks 0 and 2 work 1 ms of each 5 ms step and wait 4 ms in the
-    allreduce for rank 1 (4.5 ms of work). Their waits are timed on about ten steps a second, each
-    standing for the others; their reports come ten a second. Rank 1, and only rank 1, is named."""
-    watch = StragglerWatch(StragglerRule(0.7, 2.0))
-    ranks = {rank: SampledRank(seed=rank) for rank in (0, 1, 2)}
-    found, step = [], 0
-    for tick in range(1, 81):  # 8 s, a batch of reports a tenth of a second
-        for _ in range(20):
-            step += 1
-            for rank, sampled in ranks.items():
-                sampled.step(step, *((0.0045, 0.0005) if rank == 1 else (0.001, 0.004)))
-        for rank, sampled in ranks.items():
-            watch.take(Message(Reports(), rank, json.dumps(sampled.records).encode()), tick / 10)
-            sampled.records = []
-        found += watch.check(tick / 10)
-    assert [(s.slow_rank, s.recovered) for s in found] == [(1, False)], found
-    assert found[0].outside == pytest.approx(0.9, abs=0.05)
 
 
 def test_in_lock_step_without_measured_waits_no_rank_stands_out():

@@ -3,8 +3,7 @@
 In lock-step training every rank makes the same steps/s: the fast ranks wait, inside the
 allreduce, for the slow one. What tells them apart is the time each spends outside collectives:
 its own work (data, forward, backward). ``hvd_magic.report(step=...)`` sends this clock with each
-step (``w``, smoothed: ``Reported``), so the notebook judges steps per second of a rank's own time
-(``stragglers``).
+step (``w``), so the notebook judges steps per second of a rank's own time (``stragglers``).
 
 Where the waits are timed:
 
@@ -22,14 +21,13 @@ sends no ``w`` and is judged by wall time.
 from __future__ import annotations
 
 import functools
-import math
 import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Reported", "add", "add_source", "measured", "switch_off", "timed", "waited"]
+__all__ = ["add", "add_source", "measured", "switch_off", "timed", "waited"]
 
 # Modules of Horovod's PyTorch binding that hold ``synchronize`` under that name (the first defines it).
 TIMED_MODULES = (
@@ -54,39 +52,6 @@ def waited() -> float | None:
     if _off or (not _installed and not _install() and not _measured):
         return None
     return _seconds + sum(_read(source) for source in _sources)
-
-
-class Reported:
-    """The figures of a rank's waits that its reports send: they follow the seconds waited, never
-    falling, and never rising faster than the clock, closing a gap to the total over about
-    ``SECONDS`` (a gap larger than that first at the clock's pace). So the rank's own time (the
-    report's time less this) never runs back, also where a wait is counted in one piece (a
-    sampled step's wait standing for several steps, a collective that began before the last
-    report): it moves smoothly, and a sum of waits is sent in full, only later."""
-
-    SECONDS = 1.0
-
-    def __init__(self) -> None:
-        self.last: tuple[float, float] | None = None  # (when, seconds) of the last figure sent
-        self._lock = threading.Lock()  # steps may be reported from several threads
-
-    def figure(self, total: float, now: float) -> float:
-        """The figure to send at ``now`` (seconds) for ``total`` seconds waited so far."""
-        with self._lock:
-            return self._figure(total, now)
-
-    def _figure(self, total: float, now: float) -> float:
-        if self.last is None:
-            self.last = (now, total)
-            return total
-        when, sent = self.last
-        passed, gap = max(0.0, now - when), total - sent
-        if gap > 0:
-            linear = min(passed, max(gap - self.SECONDS, 0.0))  # at the clock's pace, while far
-            gap, passed = gap - linear, passed - linear
-            sent = total - gap * math.exp(-passed / self.SECONDS)
-        self.last = (now, sent)
-        return sent
 
 
 def _read(source: Callable[[], float]) -> float:

@@ -32,7 +32,6 @@ class Reporter:
         self.client = client
         self.buffer: list[dict[str, Any]] = []
         self.dropped = 0
-        self.waits = collective_time.Reported()  # the seconds waited, as the steps send them
         self._lock = threading.Lock()
         self._sending = threading.Lock()  # a flush returns once what it took is sent
         self._stop = threading.Event()
@@ -130,14 +129,12 @@ def report(
     reporter = _reporter
     if reporter is None:
         return
-    now = time.time()
-    record: dict[str, Any] = {"t": now}
+    record: dict[str, Any] = {"t": time.time()}
     if step is not None:
         record["step"] = int(step)
         waited = collective_time.waited()
         if waited is not None:
-            # its own time is "t" less this (see stragglers)
-            record["w"] = round(reporter.waits.figure(waited, now), 6)
+            record["w"] = round(waited, 6)  # its own time is "t" less this (see stragglers)
     if total is not None:
         record["total"] = int(total)
     if epoch is not None:
