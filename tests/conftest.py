@@ -9,7 +9,14 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 from . import cpu_profile, scheduling
-from .helpers import SPARK_CONF, SUITE_VARIABLE, end_of_test, leftover_processes
+from .helpers import (
+    SPARK_CONF,
+    SUITE_VARIABLE,
+    end_of_test,
+    leftover_processes,
+    sigint_in_tests,
+    start_of_test,
+)
 from .multihost import multihost  # noqa: F401 - the multi-host bed's fixture, for any test module
 
 # This suite's mark, inherited by every process it starts (Spark's workers and executors, ranks,
@@ -29,11 +36,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def _interrupts_reach_python() -> None:
-    """Tests interrupt runs with SIGINT as a notebook's stop button does. A shell that starts
-    the suite in the background makes it ignore SIGINT, and Python then never raises
-    KeyboardInterrupt: install the handler a notebook's kernel has."""
-    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    """Tests interrupt runs with SIGINT as a notebook's stop button does: a KeyboardInterrupt,
+    as a kernel's handler raises it, also where the shell that started the suite in the
+    background made it ignore SIGINT; dropped between tests (``sigint_in_tests``)."""
+    signal.signal(signal.SIGINT, sigint_in_tests)
 
 
 @pytest.fixture
@@ -47,7 +53,9 @@ def ip() -> Iterator[InteractiveShell]:
 
 @pytest.fixture(autouse=True)
 def _actions_end_with_their_test() -> Iterator[None]:
-    """An action waiting for a test's ranks (``when_started``) never fires into the next test."""
+    """An action waiting for a test's ranks (``when_started``) never fires into the next test,
+    nor its stop into a teardown."""
+    start_of_test()
     yield
     end_of_test()
 

@@ -80,14 +80,29 @@ class _TestEnd:
 
 
 _current_test = [_TestEnd()]
+_running = [False]  # a test is running (conftest: from its first fixture's setup to the last's teardown)
+
+
+def start_of_test() -> None:
+    _running[0] = True
 
 
 def end_of_test() -> None:
-    """conftest calls this after each test (an action under way finishes first)."""
+    """conftest calls this after each test: actions still waiting for its ranks give up, and
+    one under way finishes (a stop it sends now is dropped: ``sigint_in_tests``)."""
+    _running[0] = False
     test = _current_test[0]
+    test.ended.set()
     with test.lock:
-        test.ended.set()
-    _current_test[0] = _TestEnd()
+        _current_test[0] = _TestEnd()
+
+
+def sigint_in_tests(signum: int, frame: object) -> None:
+    """SIGINT, the notebook's stop button, in the suite: a KeyboardInterrupt while a test runs
+    (a run supervising takes it with a handler of its own); dropped between tests, where it can
+    only be a stop meant for a test that ended (pytest would end the whole session on it)."""
+    if _running[0]:
+        raise KeyboardInterrupt
 
 
 def when_started(directory: Path, ranks: int, action: Callable[[], object]) -> threading.Thread:
