@@ -72,36 +72,36 @@ def waiting_cell(directory: Path, ignore_signals: bool = False, wait: str = SLEE
 
 
 class _TestEnd:
-    """The end of the current test: actions waiting for its ranks give up, and none acts after."""
+    """A test's end: actions waiting for its ranks give up, and none acts after."""
 
-    def __init__(self) -> None:
+    def __init__(self, ended: bool = False) -> None:
         self.lock = threading.Lock()
         self.ended = threading.Event()
+        if ended:
+            self.ended.set()
 
 
-_current_test = [_TestEnd()]
-_running = [False]  # a test is running (conftest: from its first fixture's setup to the last's teardown)
+_current_test = [_TestEnd(ended=True)]  # the running test's; an ended one between tests
 
 
 def start_of_test() -> None:
-    _running[0] = True
+    _current_test[0] = _TestEnd()
 
 
 def end_of_test() -> None:
     """conftest calls this after each test: actions still waiting for its ranks give up, and
     one under way finishes (a stop it sends now is dropped: ``sigint_in_tests``)."""
-    _running[0] = False
     test = _current_test[0]
     test.ended.set()
     with test.lock:
-        _current_test[0] = _TestEnd()
+        pass
 
 
 def sigint_in_tests(signum: int, frame: object) -> None:
     """SIGINT, the notebook's stop button, in the suite: a KeyboardInterrupt while a test runs
     (a run supervising takes it with a handler of its own); dropped between tests, where it can
     only be a stop meant for a test that ended (pytest would end the whole session on it)."""
-    if _running[0]:
+    if not _current_test[0].ended.is_set():
         raise KeyboardInterrupt
 
 
