@@ -5,14 +5,12 @@ hook they time is the one a GPU model gets, run for real on two torch.distribute
 
 from __future__ import annotations
 
-import random
 import time
 from pathlib import Path
 
 import pytest
 
 from hvd_magic.options import make_options
-from hvd_magic.rank.collective_ddp import Sampler
 from hvd_magic.rank.device_waits import DeviceWaits
 from hvd_magic.run.capture import capture_cell
 from hvd_magic.run.supervisor import execute
@@ -103,7 +101,7 @@ def model():
 collective_ddp.time_ddp()  # as in a rank with stragglers on
 plain, marked = model(), model()
 waits = DeviceWaits(Mark)
-collective_ddp.time_on_device(marked, waits, every=0.0)  # every step timed
+collective_ddp.time_on_device(marked, waits)
 x = torch.full((4, 256), rank + 1.0)
 for _ in range(3):
     plain(x).sum().backward()
@@ -120,42 +118,6 @@ import copy, pickle
 copies = len(pickle.dumps(marked)) > 0 and copy.deepcopy(marked) is not marked
 (queued, counted_before, waits.in_flight(), waited, same, hooks, copies)
 """
-
-
-def test_a_wait_can_stand_for_several_steps():
-    Mark.passed = True
-    waits = DeviceWaits(Mark)
-    start = waits.begin()
-    time.sleep(0.01)
-    waits.end(start, None, 3)
-    assert 0.03 <= waits() < 10
-
-
-def test_steps_are_timed_by_chance_about_each_interval_each_standing_for_one_over_its_chance():
-    now, draws = [0.0], iter([0.5, 0.3, 0.2, 0.9])
-    sampler = Sampler(every=1.0, now=lambda: now[0], draw=lambda: next(draws))
-    chosen = []
-    for _ in range(5):  # 0.25 s a step: a chance of 1/4 once the pace is known
-        chosen.append(sampler.step())
-        now[0] += 0.25
-    assert chosen == [1.0, 0.0, 0.0, 4.0, 0.0]  # the first step (no pace yet), then draws < 1/4
-    assert [Sampler(every=0.0, now=lambda: now[0]).step() for _ in range(3)] == [1.0, 1.0, 1.0]
-
-
-def test_sampled_waits_add_up_to_all_the_waits_also_when_they_come_every_few_steps():
-    """A rank that waits 0.5 s every 10th step of 10 ms (a data loader refilling elsewhere): the
-    waits of the steps timed, weighted, sum to about the true total, where timing the first
-    step after each interval would almost never see them."""
-    draw = random.Random(7).random
-    now = [0.0]
-    sampler = Sampler(every=0.1, now=lambda: now[0], draw=draw)
-    true = estimate = 0.0
-    for step in range(20_000):
-        wait = 0.5 if step % 10 == 9 else 0.0
-        estimate += sampler.step() * wait
-        true += wait
-        now[0] += 0.01 + wait
-    assert abs(estimate - true) < 0.25 * true, (estimate, true)
 
 
 def test_ddp_on_a_device_marks_one_wait_a_step_and_the_waiting_rank_waits_longer():

@@ -10,16 +10,15 @@ two ends are marked
 - on a CUDA GPU, by two CUDA events on the stream the reducer's wait is queued on
   (``device_waits``: NCCL waits inside a kernel, and the host does not see it).
 
-Steps can be sampled (``Sampler``: each with a chance, its wait counted for the steps it stands
-for), but all are timed for now (``SAMPLE_SECONDS``). On an H200, with a 1.2 ms step, timing a
-step cost about 20 us in Python and 70 us for each CUDA event recorded from the backward
-(measured, not explained).
+Every training step is timed. Timing one step in many was tried and taken back: a weighted
+sample is right on average but too noisy for a rank that waits most of its time (see
+docs/stragglers.md). On an H200, with a 1.2 ms step, timing a step cost about 20 us in Python
+and 70 us for each CUDA event recorded from the backward (measured, not explained).
 """
 
 from __future__ import annotations
 
 import functools
-import random
 import time
 import weakref
 from collections.abc import Callable
@@ -30,20 +29,15 @@ from hvd_magic.rank import collective_time
 from hvd_magic.rank.after_import import when_imported
 from hvd_magic.rank.device_waits import DeviceWaits
 
-__all__ = ["BackwardWait", "Sampler", "time_ddp", "time_model", "time_on_device", "time_on_host"]
+__all__ = ["BackwardWait", "time_ddp", "time_model", "time_on_device", "time_on_host"]
 
 DDP_MODULE = "torch.nn.parallel.distributed"  # loaded by ``import torch``
-# Every step is timed (0). Sampling (about one step each SAMPLE_SECONDS) works and is tested, but
-# stays off: the straggler watch reads a rate on the rank's own clock (wall time less waits) and
-# drops the intervals where that clock ran back, which a weighted sample's jump makes it do at
-# fast steps, so a waiting rank would look like the others. It can come on once rates are judged
-# over windows that take such jumps.
-SAMPLE_SECONDS = 0.0
 # The DDP models whose timing was tried: their BackwardWait, or None where not timed. Kept here,
 # not on the model, so that a model pickles and copies as DDP does (a copy is timed anew).
 _tried: weakref.WeakKeyDictionary[Any, BackwardWait | None] = weakref.WeakKeyDictionary()
 _device_waits: dict[int, DeviceWaits] = {}  # this process's CUDA waits, by device (their events)
 _counted: set[int] = set()  # the waits counted as this rank's (their ids)
+_UNTRIED: Any = object()  # a model not in _tried
 
 
 def time_ddp() -> None:
@@ -54,48 +48,49 @@ def time_ddp() -> None:
 
 def _patch_ddp(module: ModuleType) -> None:
     """At a DDP model's first training forward (grads on and synced), its waits are timed; each
-    training forward after it may be a timed step."""
+    training forward after it is a timed step."""
     import torch
 
     ddp = module.DistributedDataParallel
     if getattr(ddp, "_hvd_magic_timed", False):
         return
     forward = ddp.forward
+    is_grad_enabled = torch.is_grad_enabled
 
     def forward_hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
-        training = torch.is_grad_enabled() and getattr(self, "require_backward_grad_sync", False)
-        if training and self not in _tried:
-            _mark(functools.partial(time_model, self))
-        wait = _tried.get(self) if training else None
-        if wait is not None:
-            _mark(wait.before_step)
+        if is_grad_enabled() and getattr(self, "require_backward_grad_sync", False):
+            wait = _tried.get(self, _UNTRIED)
+            if wait is _UNTRIED:
+                _mark(functools.partial(time_model, self))
+                wait = _tried.get(self)
+            if wait is not None:
+                wait.armed = True
         return forward(self, *args, **kwargs)
 
     ddp._hvd_magic_timed = True
     ddp.forward = functools.wraps(forward)(forward_hooked)
 
 
-def time_model(model: Any, every: float = SAMPLE_SECONDS) -> None:
+def time_model(model: Any) -> None:
     """Time this DDP model's waits from its next training forward on (``time_ddp`` must be in
     place), as its first training forward in a rank does: on the host's clock on the CPU, by
-    CUDA events on a CUDA GPU, not at all on other devices; a step about each ``every`` seconds
-    (0: every step)."""
+    CUDA events on a CUDA GPU, not at all on other devices."""
     _untimed(model)  # tried once, whatever comes of it
     if model.device_type == "cpu":
-        time_on_host(model, every)
+        time_on_host(model)
     elif model.device_type == "cuda":
-        time_on_device(model, _cuda_waits(_parameter(model).device.index), every)
+        time_on_device(model, _cuda_waits(_parameter(model).device.index))
 
 
-def time_on_host(model: Any, every: float = SAMPLE_SECONDS) -> None:
+def time_on_host(model: Any) -> None:
     """Time ``model``'s waits on the host's clock."""
-    _time(model, HostClock(), every)
+    _time(model, HostClock())
 
 
-def time_on_device(model: Any, waits: DeviceWaits, every: float = SAMPLE_SECONDS) -> None:
+def time_on_device(model: Any, waits: DeviceWaits) -> None:
     """Time ``model``'s waits by events of its device (``waits`` makes them), counted as this
     rank's. A model on the CPU has no stream: its events are recorded with none (the tests')."""
-    _time(model, DeviceClock(waits, _parameter(model).device), every)
+    _time(model, DeviceClock(waits, _parameter(model).device))
     if id(waits) not in _counted:
         _counted.add(id(waits))
         collective_time.add_source(waits)
@@ -109,9 +104,9 @@ def _untimed(model: Any) -> None:
     _tried[model] = None
 
 
-def _time(model: Any, clock: HostClock | DeviceClock, every: float) -> None:
+def _time(model: Any, clock: HostClock | DeviceClock) -> None:
     _untimed(model)
-    _tried[model] = BackwardWait(clock, Sampler(every), _parameter(model))
+    _tried[model] = BackwardWait(clock, _parameter(model))
     collective_time.measured()
 
 
@@ -122,37 +117,10 @@ def _parameter(model: Any) -> Any:
     return next(p for name, p in model.module.named_parameters() if p.requires_grad and name not in ignored)
 
 
-class Sampler:
-    """Which training steps are timed: each with a chance (by ``draw``) that makes one about
-    each ``every`` seconds at the steps' pace so far (by ``now``), standing for 1/chance steps,
-    so that the sum of the waits timed, so weighted, is the sum of all (whichever steps wait)."""
-
-    def __init__(
-        self,
-        every: float,
-        now: Callable[[], float] = time.monotonic,
-        draw: Callable[[], float] = random.random,
-    ) -> None:
-        self.every, self.now, self.draw = every, now, draw
-        self.pace = 0.0  # seconds a step, a running mean
-        self.last: float | None = None  # when the last step began
-
-    def step(self) -> float:
-        """A training step begins: the steps its wait stands for if it is timed; else 0."""
-        now = self.now()
-        if self.last is not None:
-            between = now - self.last
-            self.pace = between if not self.pace else self.pace + (between - self.pace) / 16
-        self.last = now
-        chance = min(1.0, self.pace / self.every) if self.every > 0 and self.pace > 0 else 1.0
-        if chance < 1.0 and self.draw() >= chance:
-            return 0.0
-        return 1.0 / chance
-
-
 class BackwardWait:
     """The wait at the end of a DDP model's backward, from the end of its computation to the end
-    of the reducer's wait for every bucket, marked by ``clock`` on the steps ``sampler`` chooses.
+    of the reducer's wait for every bucket, marked by ``clock`` once for each training forward
+    (``armed``).
 
     Both ends are callbacks of the autograd engine, which runs a backward's callbacks once its
     graph is done, in the order queued, also those queued while they run. The first is queued
@@ -161,56 +129,52 @@ class BackwardWait:
     by a backward that accumulates the parameters' gradients (not by ``autograd.grad``), and in
     the nested backward of reentrant checkpointing, where DDP's wait then is. The second is queued
     from the first: after DDP's, which waits for every bucket (on a GPU, queues the wait on the
-    current stream)."""
+    current stream). A forward whose backward never came is not timed (an eval forward; of two
+    forwards before a backward, the backward is timed once)."""
 
-    def __init__(self, clock: HostClock | DeviceClock, sampler: Sampler, parameter: Any) -> None:
-        self.clock, self.sampler = clock, sampler
-        self.armed: list[float] = []  # the weight of the step being timed, until its hook ran
+    def __init__(self, clock: HostClock | DeviceClock, parameter: Any) -> None:
+        self.clock = clock
+        self.armed = False  # a training forward ran whose backward has not been timed yet
+        self.queue = _engine().queue_callback  # runs a callback once the backward's graph is done
         self.hook = parameter.register_post_accumulate_grad_hook(self._accumulated)
-
-    def before_step(self) -> None:
-        """A training forward begins: its backward is timed if the sampler says (a step chosen
-        whose backward never came is not timed: an eval forward, two forwards a backward)."""
-        self.armed.clear()
-        weight = self.sampler.step()
-        if weight:
-            self.armed.append(weight)
 
     def forget(self) -> None:
         """Time no more (the model is timed anew)."""
         self.hook.remove()
-        self.armed.clear()
+        self.armed = False
+
+    # The three calls below run inside every timed backward, where each line of Python costs
+    # several times what it costs in a loop (measured: 6-9 us a call on the CPU, caches cold after
+    # the backward's kernels): they are kept flat. None may raise into the autograd engine
+    # (untimed is better than a failed step): ``clock.end`` does not raise either.
 
     def _accumulated(self, _parameter: Any) -> None:
-        """The parameter's gradient was accumulated (each backward; the first after the step
-        was chosen ends its sample)."""
+        """The parameter's gradient was accumulated (each backward; the first after a training
+        forward ends its wait)."""
         if self.armed:
-            _mark(lambda: _queue(functools.partial(self._computed, self.armed.pop())))  # pop: once
+            self.armed = False
+            try:
+                self.queue(self._computed)
+            except Exception:  # noqa: BLE001
+                pass
 
-    def _computed(self, weight: float) -> None:
-        start = _mark(self.clock.begin)
-        if start is not None:
-            _queue(functools.partial(self._waited, start, weight))
-
-    def _waited(self, start: Any, weight: float) -> None:
-        _mark(lambda: self.clock.end(start, weight))
-
-
-def _queue(callback: Callable[[], None]) -> None:
-    """Run ``callback`` once this backward's graph is done, after those queued before it (not
-    at all if the engine refuses)."""
-    _mark(lambda: _engine().queue_callback(callback))
+    def _computed(self) -> None:
+        try:
+            start = self.clock.begin()
+            if start is not None:
+                self.queue(functools.partial(self.clock.end, start))
+        except Exception:  # noqa: BLE001
+            pass
 
 
 class HostClock:
-    """A wait's ends on the host's clock, its seconds (times the steps it stands for: its
-    weight) added to this rank's waits at the end."""
+    """A wait's ends on the host's clock, its seconds added to this rank's waits at the end."""
 
     def begin(self) -> float:
         return time.perf_counter()
 
-    def end(self, start: float, weight: float) -> None:
-        collective_time.add((time.perf_counter() - start) * weight)
+    def end(self, start: float) -> None:
+        collective_time.add(time.perf_counter() - start)
 
 
 class DeviceClock:
@@ -231,8 +195,11 @@ class DeviceClock:
     def begin(self) -> Any:
         return None if self.capturing() else self.waits.begin(self.stream())
 
-    def end(self, start: Any, weight: float) -> None:
-        self.waits.end(start, self.stream(), weight)
+    def end(self, start: Any) -> None:
+        try:
+            self.waits.end(start, self.stream())
+        except Exception:  # noqa: BLE001 - a wait not counted, not a failed backward
+            pass
 
 
 def _cuda_waits(device: int | None) -> DeviceWaits:

@@ -40,7 +40,7 @@ class DeviceWaits:
 
     def __init__(self, make_event: Callable[[], Event]) -> None:
         self._make_event = make_event
-        self._pending: deque[tuple[Event, Event, float]] = deque()
+        self._pending: deque[tuple[Event, Event]] = deque()
         self._spare: list[Event] = []  # events read, to record again
         self._seconds = 0.0
         self._lock = threading.Lock()  # marks come from DDP's threads, reads from the step's
@@ -51,13 +51,13 @@ class DeviceWaits:
         start.record(stream)
         return start
 
-    def end(self, start: Event, stream: Any = None, weight: float = 1.0) -> None:
+    def end(self, start: Event, stream: Any = None) -> None:
         """Mark its end on ``stream``, one that follows the collective's result (the current
-        one if None); the wait counts ``weight`` times (it stands for waits not timed)."""
+        one if None)."""
         stop = self._event()
         stop.record(stream)
         with self._lock:
-            self._pending.append((start, stop, weight))
+            self._pending.append((start, stop))
             self._settle()
 
     def __call__(self) -> float:
@@ -79,11 +79,11 @@ class DeviceWaits:
 
     def _settle(self) -> None:
         while self._pending:
-            start, stop, weight = self._pending[0]
+            start, stop = self._pending[0]
             try:
                 if not stop.query():
                     return
-                waited = weight * start.elapsed_time(stop) / 1000.0
+                waited = start.elapsed_time(stop) / 1000.0
                 self._spare += (start, stop)
             except Exception:  # noqa: BLE001 - a pair that cannot be read is dropped, not kept
                 waited = 0.0
