@@ -146,7 +146,7 @@ class BackwardWait:
     # The three calls below run inside every timed backward, where each line of Python costs
     # several times what it costs in a loop (measured: 6-9 us a call on the CPU, caches cold after
     # the backward's kernels): they are kept flat. None may raise into the autograd engine
-    # (untimed is better than a failed step): ``clock.end`` does not raise either.
+    # (untimed is better than a failed step): the end a clock gives does not raise either.
 
     def _accumulated(self, _parameter: Any) -> None:
         """The parameter's gradient was accumulated (each backward; the first after a training
@@ -160,9 +160,9 @@ class BackwardWait:
 
     def _computed(self) -> None:
         try:
-            start = self.clock.begin()
-            if start is not None:
-                self.queue(functools.partial(self.clock.end, start))
+            end = self.clock.begin()
+            if end is not None:
+                self.queue(end)
         except Exception:  # noqa: BLE001
             pass
 
@@ -170,11 +170,10 @@ class BackwardWait:
 class HostClock:
     """A wait's ends on the host's clock, its seconds added to this rank's waits at the end."""
 
-    def begin(self) -> float:
-        return time.perf_counter()
-
-    def end(self, start: float) -> None:
-        collective_time.add(time.perf_counter() - start)
+    def begin(self) -> Callable[[], None]:
+        """Mark the wait's start; what marks its end."""
+        start, now, add = time.perf_counter(), time.perf_counter, collective_time.add
+        return lambda: add(now() - start)
 
 
 class DeviceClock:
@@ -192,8 +191,9 @@ class DeviceClock:
             self.stream = functools.partial(torch.cuda.current_stream, device)
             self.capturing = torch.cuda.is_current_stream_capturing
 
-    def begin(self) -> Any:
-        return None if self.capturing() else self.waits.begin(self.stream())
+    def begin(self) -> Callable[[], None] | None:
+        """Mark the wait's start; what marks its end (None while a graph is captured)."""
+        return None if self.capturing() else functools.partial(self.end, self.waits.begin(self.stream()))
 
     def end(self, start: Any) -> None:
         try:
