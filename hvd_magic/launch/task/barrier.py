@@ -32,12 +32,11 @@ from hvd_magic.launch.gloo import LoopbackStoreServer, gloo_env
 from hvd_magic.launch.mpirun import mpirun_argv
 from hvd_magic.launch.task.agent import ExecAgent
 from hvd_magic.launch.task.network import check_reachable, interface_of, own_address
-from hvd_magic.launch.task.slot import hold_slot
+from hvd_magic.launch.task.slot import hold_slot, say
 from hvd_magic.launch.torch_dist import reserve_port, torch_env
 from hvd_magic.protocol import (
     Abort,
     Join,
-    LauncherLog,
     Plan,
     Release,
     SparkPlan,
@@ -133,18 +132,13 @@ def _write_shard(spec: TaskSpec, partition: int, address: str, batches: Iterator
     return path
 
 
-def _say(client: HubClient, line: str) -> None:
-    """A line of the task's own into the launcher's output at the notebook."""
-    client.send(LauncherLog(), line.encode())
-
-
 def _run_task(spec: TaskSpec, context: Any, partition: int, executor: str, shard: str) -> int:
     check_reachable(spec.hub_address)
     resources = context.resources()
     client = HubClient(spec.hub_address, spec.hub_token, rank=-1)
     ip = own_address(spec.hub_address)
-    say = functools.partial(_say, client)
-    agent = ExecAgent(ip, spec.agent_keys, "", {}, say) if spec.launcher == "mpi" else None
+    agent_say = functools.partial(say, client)
+    agent = ExecAgent(ip, spec.agent_keys, "", {}, agent_say) if spec.launcher == "mpi" else None
     held = reserve_port() if spec.launcher == "torch" else None  # for rank 0's store, if rank 0 is ours
     join = Join(
         partition=partition,

@@ -12,7 +12,7 @@ from hvd_magic.launch.memory_cgroup import MemoryWatch
 from hvd_magic.protocol import Abort, LauncherExit, LauncherLog, NativeAsked, Release
 from hvd_magic.rank.client import LOST_SECONDS, HubClient
 
-__all__ = ["hold_slot"]
+__all__ = ["hold_slot", "say"]
 
 
 def hold_slot(client: HubClient, process: subprocess.Popen[bytes] | None) -> int:
@@ -35,8 +35,8 @@ def hold_slot(client: HubClient, process: subprocess.Popen[bytes] | None) -> int
         answer = client.receive(timeout=0.2)
         if answer is None and (lost := client.lost_for()) > LOST_SECONDS:  # no one releases it now
             if process is not None:
-                said = f"hvd_magic: a Spark task lost the notebook's connection {lost:.1f} s ago: "
-                client.send(LauncherLog(), f"{said}its ranks are stopped".encode())  # heard if it comes back
+                lost_line = f"lost the notebook's connection {lost:.1f} s ago: its ranks are stopped"
+                say(client, f"hvd_magic: a Spark task {lost_line}")  # heard if the connection comes back
                 processes.stop_tree(process)
             return code
         if answer is None:
@@ -48,6 +48,11 @@ def hold_slot(client: HubClient, process: subprocess.Popen[bytes] | None) -> int
             code = process.wait()
         if isinstance(answer.record, (Release, Abort)):
             return code
+
+
+def say(client: HubClient, line: str) -> None:
+    """A line of the task's own into the launcher's output at the notebook."""
+    client.send(LauncherLog(), line.encode())
 
 
 def _forward(process: subprocess.Popen[bytes], client: HubClient) -> None:
