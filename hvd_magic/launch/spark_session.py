@@ -16,7 +16,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from hvd_magic.errors import LaunchError
@@ -31,6 +31,7 @@ __all__ = [
     "dynamic_allocation_on",
     "is_connect",
     "slots_available",
+    "slots_within",
     "wait_for_slots",
     "task_cpus",
 ]
@@ -205,10 +206,17 @@ def _slots_from_conf(session: Any) -> int | None:
 def wait_for_slots(session: Any, np: int, wait: float = SLOT_WAIT_SECONDS) -> int | None:
     """The slots, once there are ``np`` or after ``wait`` seconds: executors of a session that
     has just started are still registering."""
-    deadline = time.monotonic() + wait
-    while (slots := slots_available(session)) is not None and slots < np and time.monotonic() < deadline:
-        time.sleep(0.25)
-    return slots
+    return slots_within(lambda: slots_available(session), np, time.monotonic() + wait, 0.25)
+
+
+def slots_within(read: Callable[[], int | None], need: int, deadline: float, poll: float) -> int | None:
+    """The slots ``read`` counts, once there are ``need`` or at ``deadline`` (monotonic); None
+    where the cluster does not tell."""
+    while True:
+        there = read()
+        if there is None or there >= need or time.monotonic() >= deadline:
+            return there
+        time.sleep(poll)
 
 
 def check_slots(session: Any, np: int, wait: float = SLOT_WAIT_SECONDS) -> None:

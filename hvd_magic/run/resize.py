@@ -16,6 +16,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 
+from hvd_magic.launch.spark_session import slots_within
 from hvd_magic.options import RunOptions
 from hvd_magic.protocol import ENV_RESIZED
 from hvd_magic.run.checkpoint_store import CheckpointStore
@@ -67,12 +68,7 @@ class Sizes:
         return there if there >= fewest else full  # fewer than min_np: wait for np, as without
 
     def _slots_within(self, need: int, deadline: float, poll: float) -> int | None:
-        """The cluster's slots once there are ``need``, or at ``deadline``; None where not told."""
-        while True:
-            there = self.slots(self.options)
-            if there is None or there >= need or time.monotonic() >= deadline:
-                return there
-            time.sleep(poll)
+        return slots_within(lambda: self.slots(self.options), need, deadline, poll)
 
     def wait_for_slots(self, deadline: float, poll: float = SLOT_POLL_SECONDS) -> None:
         """Until the cluster has the slots this attempt needs, or until ``deadline`` (monotonic):
