@@ -268,6 +268,42 @@ def test_ddps_wait_is_timed_whatever_the_shape_of_the_backward(tmp_path):
     assert all(0.18 <= waited <= 2.0 for waited in result.values()), result
 
 
+DDP_REWRAPPED = """import gc, threading, weakref, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from hvd_magic.rank import collective_time
+dist.init_process_group("gloo")
+def late(state, bucket):  # the allreduce's result comes 0.5 s later
+    result = torch.futures.Future()
+    threading.Timer(0.5, result.set_result, (bucket.buffer(),)).start()
+    return result
+net, x = torch.nn.Linear(8, 1), torch.randn(4, 8)
+def wrapped():
+    model = DDP(net)
+    model.register_comm_hook(None, late)
+    return model
+first = wrapped()
+first(x).sum().backward()
+first(x)  # a forward whose backward never comes (the cell was stopped, or an evaluation)
+gone = weakref.ref(first)
+del first
+gc.collect()
+again = wrapped()  # the same module wrapped anew, as a cell run twice does
+before = collective_time.waited()
+again(x).sum().backward()  # its first step (timed from its first forward)
+(gone() is None, round(collective_time.waited() - before, 2))
+"""
+
+
+def test_a_module_wrapped_anew_is_timed_once_a_step(tmp_path):
+    """A DDP model that is gone takes its timing with it: the module wrapped again in a new DDP
+    (a notebook's cell run twice) counts each step's wait once, even where the old wrapper's
+    last forward had no backward."""
+    options = make_options(np=-1, backend="torch")
+    (freed, waited), _ = execute(capture_cell(DDP_REWRAPPED, {}), options, RecordingView())
+    assert freed  # else the test shows nothing
+    assert 0.45 <= waited < 0.95, waited  # 0.5 s; counted twice (the old wrapper's too): 1.0
+
+
 DDP_STEP = """import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from hvd_magic.rank import collective_time

@@ -13,7 +13,8 @@ two ends are marked
 Every training step is timed. Timing one step in many was tried and taken back: a weighted
 sample is right on average but too noisy for a rank that waits most of its time (see
 docs/stragglers.md). On an H200, with a 1.2 ms step, timing a step cost about 20 us in Python
-and 70 us for each CUDA event recorded from the backward (measured, not explained).
+and 70 us for each CUDA event recorded from the backward (measured, not explained), before the
+timed path was made flat (below).
 """
 
 from __future__ import annotations
@@ -58,13 +59,14 @@ def _patch_ddp(module: ModuleType) -> None:
     is_grad_enabled = torch.is_grad_enabled
 
     def forward_hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if is_grad_enabled() and getattr(self, "require_backward_grad_sync", False):
+        if is_grad_enabled():
             wait = _tried.get(self, _UNTRIED)
-            if wait is _UNTRIED:
+            synced = getattr(self, "require_backward_grad_sync", False)
+            if wait is _UNTRIED and synced:
                 _mark(functools.partial(time_model, self))
                 wait = _tried.get(self)
-            if wait is not None:
-                wait.armed = True
+            if wait is not None and wait is not _UNTRIED:
+                wait.armed = synced  # a backward under ``no_sync`` waits for nothing
         return forward(self, *args, **kwargs)
 
     ddp._hvd_magic_timed = True
@@ -106,7 +108,8 @@ def _untimed(model: Any) -> None:
 
 def _time(model: Any, clock: HostClock | DeviceClock) -> None:
     _untimed(model)
-    _tried[model] = BackwardWait(clock, _parameter(model))
+    wait = _tried[model] = BackwardWait(clock, _parameter(model))
+    weakref.finalize(model, wait.forget)  # the hook goes with the model (a module wrapped anew)
     collective_time.measured()
 
 
@@ -119,8 +122,8 @@ def _parameter(model: Any) -> Any:
 
 class BackwardWait:
     """The wait at the end of a DDP model's backward, from the end of its computation to the end
-    of the reducer's wait for every bucket, marked by ``clock`` once for each training forward
-    (``armed``).
+    of the reducer's wait for every bucket, marked by ``clock`` in the first backward after a
+    training forward (``armed``).
 
     Both ends are callbacks of the autograd engine, which runs a backward's callbacks once its
     graph is done, in the order queued, also those queued while they run. The first is queued
@@ -143,10 +146,10 @@ class BackwardWait:
         self.hook.remove()
         self.armed = False
 
-    # The three calls below run inside every timed backward, where each line of Python costs
-    # several times what it costs in a loop (measured: 6-9 us a call on the CPU, caches cold after
-    # the backward's kernels): they are kept flat. None may raise into the autograd engine
-    # (untimed is better than a failed step): the end a clock gives does not raise either.
+    # These two, and the end a clock gives, run inside every timed backward, where each line of
+    # Python costs several times what it costs in a loop (measured: 6-9 us a call on the CPU,
+    # caches cold after the backward's kernels): they are kept flat. None may raise into the
+    # autograd engine (untimed is better than a failed step).
 
     def _accumulated(self, _parameter: Any) -> None:
         """The parameter's gradient was accumulated (each backward; the first after a training
