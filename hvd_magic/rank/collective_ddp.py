@@ -65,7 +65,7 @@ def _patch_ddp(module: ModuleType) -> None:
             if wait is _UNTRIED and synced:
                 _mark(functools.partial(time_model, self))
                 wait = _tried.get(self)
-            if wait is not None and wait is not _UNTRIED:
+            if isinstance(wait, BackwardWait):
                 wait.armed = synced  # a backward under ``no_sync`` waits for nothing
         return forward(self, *args, **kwargs)
 
