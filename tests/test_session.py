@@ -64,7 +64,8 @@ def test_state_and_output_stay_with_their_cells_across_three_cells(session, kind
     assert leftover_processes() == []
 
 
-def test_a_cell_on_some_ranks_and_the_notebooks_names(session):
+def test_a_cell_on_some_ranks_the_notebooks_names_and_a_failed_cell_in_step(session):
+    """(One session for both: a failed cell with the ranks in step leaves it usable.)"""
     session.run_line_magic("horovod", "start np=-2")
     session.run_cell("scale = 3.0")  # a notebook name, read by the next cell: it travels
     session.run_cell_magic("horovod", "", "import torch\nw = torch.tensor([hvd.rank() + 1.0]) * scale")
@@ -81,15 +82,10 @@ def test_a_cell_on_some_ranks_and_the_notebooks_names(session):
     with pytest.raises(UsageError, match="stragglers takes"):
         session.run_cell_magic("horovod", "stragglers=fast", "1")  # the cell's own rule, checked
     assert session.run_cell_magic("horovod", "stragglers=0.5/20", "w.item()") == 3.0
-
-
-def test_a_failed_cell_leaves_the_session_usable_when_the_ranks_are_in_step(session):
-    session.run_line_magic("horovod", "start np=-2")
-    session.run_cell_magic("horovod", "", "import torch\nw = torch.tensor([hvd.rank() + 1.0])")
     with pytest.raises(RankFailedError, match="rank 1") as info:
         session.run_cell_magic("horovod", "", "if hvd.rank() == 1:\n    raise ValueError('bad row')\n1")
     assert "ValueError: bad row" in str(info.value)
-    assert session.run_cell_magic("horovod", "", "hvd.allreduce(w, op=hvd.Sum).item()") == 3.0
+    assert session.run_cell_magic("horovod", "", "hvd.allreduce(w, op=hvd.Sum).item()") == 9.0  # (1 + 2) * 3
 
 
 def test_a_rank_left_in_a_collective_ends_the_session_and_the_next_cell_starts_anew(session, capsys):
@@ -124,7 +120,8 @@ def test_a_session_whose_ranks_died_is_ended_by_its_beat_and_a_start_makes_a_new
     assert leftover_processes() == []
 
 
-def test_an_interrupt_stops_the_cell_and_keeps_the_state(session, tmp_path):
+def test_an_interrupt_keeps_the_state_and_np_on_a_cell_runs_apart_from_the_session(session, tmp_path, capsys):
+    """(One session for both: a kernel has one session, and a cell with np= is a job of its own.)"""
     session.run_line_magic("horovod", "start np=-2")
     session.run_cell_magic("horovod", "", "import torch\nw = torch.tensor([hvd.rank() + 1.0])")
     waiting = f"import pathlib, time\npathlib.Path({str(tmp_path)!r}, f'started-{{hvd.rank()}}').touch()\n"
@@ -136,6 +133,15 @@ def test_an_interrupt_stops_the_cell_and_keeps_the_state(session, tmp_path):
     assert time.monotonic() - pressed[0] < 5
     assert any("state is kept" in note for note in info.value.__notes__)
     assert session.run_cell_magic("horovod", "", "hvd.allreduce(w, op=hvd.Sum).item()") == 3.0
+    with pytest.raises(UsageError, match="a live session is running"):
+        session.run_line_magic("horovod", "start np=-2")
+    session.run_cell_magic("horovod", "", "kept = 1")
+    capsys.readouterr()
+    assert session.run_cell_magic("horovod", "np=-2", "'kept' in globals()") is False  # a job of its own
+    assert "np= makes this cell a job of its own" in capsys.readouterr().err
+    assert session.run_cell_magic("horovod", "", "kept") == 1
+    with pytest.raises(UsageError, match="usage: %horovod start"):
+        session.run_line_magic("horovod", "frobnicate")
 
 
 def test_an_interrupt_inside_a_collective_returns_and_the_next_cell_starts_anew(session, tmp_path, capsys):
@@ -172,19 +178,6 @@ def test_an_interrupt_inside_a_collective_returns_and_the_next_cell_starts_anew(
     assert any("the live session ended" in note for note in info.value.__notes__)
     assert wait_for_ranks(tmp_path, 2, timeout=1)
     assert session.run_cell_magic("horovod", "", "hvd.size()") == 2
-
-
-def test_one_session_a_kernel_and_np_on_a_cell_runs_apart(session, capsys):
-    session.run_line_magic("horovod", "start np=-2")
-    with pytest.raises(UsageError, match="a live session is running"):
-        session.run_line_magic("horovod", "start np=-2")
-    session.run_cell_magic("horovod", "", "kept = 1")
-    capsys.readouterr()
-    assert session.run_cell_magic("horovod", "np=-2", "'kept' in globals()") is False  # a job of its own
-    assert "np= makes this cell a job of its own" in capsys.readouterr().err
-    assert session.run_cell_magic("horovod", "", "kept") == 1
-    with pytest.raises(UsageError, match="usage: %horovod start"):
-        session.run_line_magic("horovod", "frobnicate")
 
 
 def test_without_a_session_a_cell_needs_np(session):
