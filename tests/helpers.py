@@ -23,6 +23,13 @@ SPARK_CONF = Path(__file__).parent / "spark-conf"  # every Spark JVM of the suit
 SUITE_VARIABLE = "HVD_MAGIC_TEST_SUITE"  # every process a suite starts inherits its mark (conftest)
 SLEEP_FOREVER = "while True:\n    time.sleep(0.1)\n"
 ALLREDUCE_FOREVER = "for _ in range(3000):\n    hvd.allreduce(torch.tensor([1.0]))\n    time.sleep(0.1)\n"
+# A cell's ``rank`` and ``size`` as the launchers set them (the variables, in the order,
+# hvd_magic.rank.worker reads): no framework imported for them. The cell imports os.
+RANK_FROM_ENV = (
+    "rank, size = next((int(os.environ[r]), int(os.environ.get(s, 1))) for r, s in ("
+    "('HOROVOD_RANK', 'HOROVOD_SIZE'), ('OMPI_COMM_WORLD_RANK', 'OMPI_COMM_WORLD_SIZE'), "
+    "('PMI_RANK', 'PMI_SIZE'), ('RANK', 'WORLD_SIZE')) if r in os.environ)\n"
+)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -60,15 +67,25 @@ def wait_for_ranks(
     return wait_for_files([directory / f"started-{rank}" for rank in range(ranks)], timeout, cancelled)
 
 
-def waiting_cell(directory: Path, ignore_signals: bool = False, wait: str = SLEEP_FOREVER) -> str:
-    """A cell whose ranks init Horovod, mark themselves started (``started-RANK`` in
-    ``directory``), then run ``wait``."""
-    cell = "import signal, time, pathlib, horovod.torch as hvd, torch\n"
+def waiting_cell(
+    directory: Path, ignore_signals: bool = False, wait: str = SLEEP_FOREVER, horovod: bool = False
+) -> str:
+    """A cell whose ranks mark themselves started (``started-RANK`` in ``directory``), then run
+    ``wait``. With ``horovod`` they import ``horovod.torch`` and ``torch`` and init Horovod first
+    (``wait`` may then use ``hvd`` and ``torch``, as ALLREDUCE_FOREVER does); without, they
+    import no framework (seconds of CPU per rank) and take their rank from the launcher's
+    environment."""
+    if "hvd." in wait and not horovod:
+        raise ValueError("this wait uses Horovod: give horovod=True")
+    cell = "import os, signal, time, pathlib\n"
+    if horovod:
+        cell += "import horovod.torch as hvd, torch\n"
     if ignore_signals:
         cell += (
             "signal.signal(signal.SIGINT, signal.SIG_IGN)\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
         )
-    return cell + f"hvd.init()\npathlib.Path({str(directory)!r}, f'started-{{hvd.rank()}}').touch()\n" + wait
+    cell += "hvd.init()\nrank = hvd.rank()\n" if horovod else RANK_FROM_ENV
+    return cell + f"pathlib.Path({str(directory)!r}, f'started-{{rank}}').touch()\n" + wait
 
 
 class _TestEnd:

@@ -12,7 +12,7 @@ from IPython.core.error import UsageError
 
 from hvd_magic import DataError, HorovodRunner
 
-from .data_cells import SHARD_CELL, all_ids
+from .data_cells import all_ids, run_shard_cell
 from .helpers import leftover_processes
 
 
@@ -20,9 +20,9 @@ def frame(rows: int) -> pd.DataFrame:
     return pd.DataFrame({"id": range(rows), "features": [[float(i), 1.0] for i in range(rows)]})
 
 
-def test_each_rank_reads_its_equal_shard_of_a_pandas_dataframe(ip, capsys):
+def test_each_rank_reads_its_equal_shard_of_a_pandas_dataframe(ip, tmp_path, capsys):
     ip.user_ns["train"] = frame(103)
-    ranks = ip.run_cell_magic("horovod", "np=-2 data=train", SHARD_CELL)
+    ranks = run_shard_cell(ip, "np=-2 data=train", tmp_path)
     assert [len(r["ids"]) for r in ranks] == [51, 51]
     assert all_ids(ranks) == list(range(102))  # dealt in order: the last row is the remainder
     assert ranks[0]["ids"][:3] == [0, 2, 4] and ranks[1]["ids"][:3] == [1, 3, 5]

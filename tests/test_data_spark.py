@@ -9,7 +9,7 @@ import pytest
 
 from hvd_magic import DataError, HorovodRunner
 
-from .data_cells import SHARD_CELL, all_ids
+from .data_cells import all_ids, run_shard_cell
 from .helpers import leftover_processes, run_processes_anywhere
 from .spark_fixtures import spark_session
 
@@ -36,9 +36,11 @@ def train_df(spark):
 
 
 @pytest.mark.parametrize("launcher", ["mpi", "gloo"])
-def test_every_row_reaches_exactly_one_rank_from_the_ranks_own_executor(ip, train_df, launcher, capsys):
+def test_every_row_reaches_exactly_one_rank_from_the_ranks_own_executor(
+    ip, train_df, launcher, tmp_path, capsys
+):
     ip.user_ns["train_df"] = train_df
-    ranks = ip.run_cell_magic("horovod", f"np=4 launcher={launcher} data=train_df", SHARD_CELL)
+    ranks = run_shard_cell(ip, f"np=4 launcher={launcher} data=train_df", tmp_path)
     assert [len(r["ids"]) for r in ranks] == [2500] * 4
     ids = all_ids(ranks)
     assert len(ids) == len(set(ids)) == 10_000 and set(ids) <= set(range(ROWS))
@@ -69,9 +71,9 @@ def test_keep_remainder_and_the_function_api(train_df):
     assert HorovodRunner(np=4, data=train_df, remainder="keep").run(main) == [2501, 2501, 2501, 2500]
 
 
-def test_a_spark_dataframe_on_this_machine(ip, train_df):
+def test_a_spark_dataframe_on_this_machine(ip, train_df, tmp_path):
     ip.user_ns["train_df"] = train_df.limit(101)
-    ranks = ip.run_cell_magic("horovod", "np=-2 data=train_df", SHARD_CELL)
+    ranks = run_shard_cell(ip, "np=-2 data=train_df", tmp_path)
     assert [len(r["ids"]) for r in ranks] == [50, 50] and len(set(all_ids(ranks))) == 100
 
 
@@ -159,9 +161,11 @@ def parquet_dir(spark, tmp_path_factory):
 
 
 @pytest.mark.parametrize("launcher", ["mpi", "gloo"])
-def test_a_plain_parquet_scan_is_read_by_the_ranks_from_the_files(ip, spark, parquet_dir, launcher, capsys):
+def test_a_plain_parquet_scan_is_read_by_the_ranks_from_the_files(
+    ip, spark, parquet_dir, launcher, tmp_path, capsys
+):
     ip.user_ns["train_df"] = spark.read.parquet(parquet_dir)
-    ranks = ip.run_cell_magic("horovod", f"np=4 launcher={launcher} data=train_df", SHARD_CELL)
+    ranks = run_shard_cell(ip, f"np=4 launcher={launcher} data=train_df", tmp_path)
     assert [len(r["ids"]) for r in ranks] == [2500] * 4
     ids = all_ids(ranks)
     assert len(ids) == len(set(ids)) == 10_000 and set(ids) <= set(range(ROWS))
@@ -178,9 +182,11 @@ def test_a_plain_parquet_scan_is_read_by_the_ranks_from_the_files(ip, spark, par
     assert run_processes_anywhere() == [] and leftover_processes() == []
 
 
-def test_a_choice_of_columns_of_a_parquet_scan_is_read_from_the_files(ip, spark, parquet_dir, capsys):
+def test_a_choice_of_columns_of_a_parquet_scan_is_read_from_the_files(
+    ip, spark, parquet_dir, tmp_path, capsys
+):
     ip.user_ns["train_df"] = spark.read.parquet(parquet_dir).select("label", "id")
-    ranks = ip.run_cell_magic("horovod", "np=2 data=train_df", SHARD_CELL)
+    ranks = run_shard_cell(ip, "np=2 data=train_df", tmp_path)
     assert len(set(all_ids(ranks))) == 10_002 and all(r["same"] for r in ranks)
     assert list(ranks[0]["types"]) == ["label", "id"]  # the columns chosen, in their order
     assert all(r["shard_file"].endswith(".pieces.json") for r in ranks)
@@ -198,7 +204,7 @@ def test_parquet_files_with_different_columns_go_through_sparks_rows(ip, spark, 
     pq.write_table(pa.table({"id": range(50, 100), "label": [2] * 50}), folder / "b.parquet")  # no extra
     merged = spark.read.option("mergeSchema", "true").parquet(str(folder))
     ip.user_ns["train_df"] = merged.select("id", "extra")  # Spark gives b's rows a null extra
-    ranks = ip.run_cell_magic("horovod", "np=2 data=train_df", SHARD_CELL)
+    ranks = run_shard_cell(ip, "np=2 data=train_df", tmp_path)
     assert sorted(all_ids(ranks)) == list(range(100))
     assert not any(r["shard_file"].endswith(".pieces.json") for r in ranks)
     assert PARQUET_NOTICE not in capsys.readouterr().err
@@ -206,18 +212,18 @@ def test_parquet_files_with_different_columns_go_through_sparks_rows(ip, spark, 
 
 def test_anything_more_than_a_parquet_scan_goes_through_sparks_rows(ip, spark, parquet_dir, capsys, tmp_path):
     ip.user_ns["train_df"] = spark.read.parquet(parquet_dir).where("id % 2 = 0")  # 5,002 rows
-    ranks = ip.run_cell_magic("horovod", "np=2 data=train_df", SHARD_CELL)
+    ranks = run_shard_cell(ip, "np=2 data=train_df", tmp_path)
     assert sorted(all_ids(ranks)) == list(range(0, ROWS, 2))
     assert not any(r["shard_file"].endswith(".pieces.json") for r in ranks)
     assert PARQUET_NOTICE not in capsys.readouterr().err
     ip.user_ns["train_df"] = spark.read.parquet(parquet_dir).selectExpr("id", "label * 2 as label")
-    ranks = ip.run_cell_magic("horovod", "np=2 data=train_df", SHARD_CELL)  # a computed column
+    ranks = run_shard_cell(ip, "np=2 data=train_df", tmp_path)  # a computed column
     assert not any(r["shard_file"].endswith(".pieces.json") for r in ranks)
     assert PARQUET_NOTICE not in capsys.readouterr().err
     # Partition directories: their column is not in the files, so Spark's rows it is.
     partitioned = str(tmp_path / "by_label")
     spark.read.parquet(parquet_dir).write.partitionBy("label").parquet(partitioned)
     ip.user_ns["train_df"] = spark.read.parquet(partitioned)
-    ranks = ip.run_cell_magic("horovod", "np=2 data=train_df", SHARD_CELL)
+    ranks = run_shard_cell(ip, "np=2 data=train_df", tmp_path)
     assert len(set(all_ids(ranks))) == 10_002 and "label" in ranks[0]["types"]
     assert PARQUET_NOTICE not in capsys.readouterr().err

@@ -42,7 +42,10 @@ def kernel(tmp_path):
 
 
 def test_interrupt_stops_every_rank_within_5s_and_the_next_cell_works(kernel, tmp_path):
-    msg_id = kernel.client.execute("%%horovod np=-2\n" + waiting_cell(tmp_path), stop_on_error=NO_ABORT)
+    # The one local interrupt whose ranks are inside Horovod: SIGINT reaches ranks that take it
+    # (no SIG_IGN), so they end through Horovod's shutdown and MPI_Finalize, within the bound.
+    cell = waiting_cell(tmp_path, horovod=True)
+    msg_id = kernel.client.execute("%%horovod np=-2\n" + cell, stop_on_error=NO_ABORT)
     assert wait_for_ranks(tmp_path, 2)
     assert len(leftover_processes(kernel.process)) >= 3  # mpirun and two ranks
     interrupted = time.monotonic()
@@ -143,7 +146,7 @@ def test_ranks_die_with_their_launcher(ip):
 
 
 def test_timeout_ends_a_silent_run_and_names_the_ranks(ip):
-    cell = "import time, horovod.torch as hvd\nhvd.init()\nprint('up', flush=True)\ntime.sleep(300)\n"
+    cell = "import time\nprint('up', flush=True)\ntime.sleep(300)\n"
     with pytest.raises(RunTimeout) as info:
         ip.run_cell_magic("horovod", "np=-2 timeout=4", cell)
     message = str(info.value)
@@ -192,11 +195,7 @@ def test_soak_many_runs_leave_nothing_behind(ip):
 
 
 def test_a_value_the_notebook_cannot_load_is_a_clear_error(ip):
-    cell = (
-        "import horovod.torch as hvd\nhvd.init()\n"
-        "class Local:\n    def __reduce__(self):\n        return (open, ('/nonexistent/x',))\n"
-        "Local()"
-    )
+    cell = "class Local:\n    def __reduce__(self):\n        return (open, ('/nonexistent/x',))\nLocal()"
     with pytest.raises(RunError, match="could not be loaded in the notebook.*End the cell with ';'"):
         ip.run_cell_magic("horovod", "np=-2", cell)
 

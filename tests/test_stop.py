@@ -56,8 +56,7 @@ def test_nothing_is_left_when_a_timed_out_cell_returns(ip, tmp_path, launcher):
             "horovod", f"np=-2 launcher={launcher} timeout=3", waiting_cell(tmp_path, ignore_signals=True)
         )
     assert run_processes_anywhere() == []
-    # the error says where each rank was: in the cell (its sleep, or still in hvd.init() on a
-    # loaded machine), each rank answering
+    # the error says where each rank was: in the cell (its sleep), each rank answering
     placed = placed_ranks(str(timed_out.value), "at the timeout")
     assert sorted(placed) == [0, 1] and all("of the cell" in where for where in placed.values()), placed
 
