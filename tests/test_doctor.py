@@ -99,11 +99,18 @@ def cluster(tmp_path_factory):
         yield session
 
 
+@pytest.fixture
+def spark_checks_only(monkeypatch):
+    """The cluster's tests leave out the Horovod bindings' import probes (seconds of CPU each;
+    test_every_check_passes_here runs them)."""
+    monkeypatch.setattr(checks, "horovod_checks", lambda: [])
+
+
 def by_name(report):
     return {check.name: check for check in report.checks}
 
 
-def test_a_cluster_is_checked_end_to_end(cluster):
+def test_a_cluster_is_checked_end_to_end(cluster, spark_checks_only):
     report = doctor(cluster)
     checks = by_name(report)
     assert checks["Spark session"].detail.startswith("classic, Spark ")
@@ -116,7 +123,7 @@ def test_a_cluster_is_checked_end_to_end(cluster):
     assert gpus.ok is False and "spark.task.resource.gpu.amount=1" in gpus.fix
 
 
-def test_executors_still_registering_are_waited_for(cluster, monkeypatch):
+def test_executors_still_registering_are_waited_for(cluster, spark_checks_only, monkeypatch):
     """A session that has just started has no executors yet: the doctor waits for them rather
     than skipping the executors' checks."""
     real = doctor_spark.sessions.slots_available
@@ -132,7 +139,9 @@ def test_executors_still_registering_are_waited_for(cluster, monkeypatch):
     assert checks["executors' Python"].ok and checks["executors reach the notebook"].ok
 
 
-def test_executors_that_cannot_reach_the_notebook_are_named_with_the_fix(cluster, monkeypatch):
+def test_executors_that_cannot_reach_the_notebook_are_named_with_the_fix(
+    cluster, spark_checks_only, monkeypatch
+):
     closed = free_port()
     real_init = ReachListener.__init__
 
