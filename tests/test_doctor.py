@@ -100,9 +100,9 @@ def cluster(tmp_path_factory):
 
 
 @pytest.fixture
-def spark_checks_only(monkeypatch):
-    """The cluster's tests leave out the Horovod bindings' import probes (seconds of CPU each;
-    test_every_check_passes_here runs them)."""
+def without_binding_probes(monkeypatch):
+    """The cluster's tests leave out the Horovod bindings' import probes (seconds of CPU each):
+    test_every_check_passes_here and the executors'-Python test (the CLI) run them."""
     monkeypatch.setattr(checks, "horovod_checks", lambda: [])
 
 
@@ -110,20 +110,21 @@ def by_name(report):
     return {check.name: check for check in report.checks}
 
 
-def test_a_cluster_is_checked_end_to_end(cluster, spark_checks_only):
+def test_a_cluster_is_checked_end_to_end(cluster, without_binding_probes):
+    """The Spark side, end to end (this machine's bindings: test_every_check_passes_here)."""
     report = doctor(cluster)
-    checks = by_name(report)
-    assert checks["Spark session"].detail.startswith("classic, Spark ")
-    python = checks.get("executors' Python")
+    rows = by_name(report)
+    assert rows["Spark session"].detail.startswith("classic, Spark ")
+    python = rows.get("executors' Python")
     assert python is not None and python.ok, report.checks
     assert f"python {sys.version_info.major}.{sys.version_info.minor}," in python.detail
-    assert checks["executors reach the notebook"].ok
-    assert checks["dynamic allocation"].ok
-    gpus = checks["GPUs"]
+    assert rows["executors reach the notebook"].ok
+    assert rows["dynamic allocation"].ok
+    gpus = rows["GPUs"]
     assert gpus.ok is False and "spark.task.resource.gpu.amount=1" in gpus.fix
 
 
-def test_executors_still_registering_are_waited_for(cluster, spark_checks_only, monkeypatch):
+def test_executors_still_registering_are_waited_for(cluster, without_binding_probes, monkeypatch):
     """A session that has just started has no executors yet: the doctor waits for them rather
     than skipping the executors' checks."""
     real = doctor_spark.sessions.slots_available
@@ -134,13 +135,13 @@ def test_executors_still_registering_are_waited_for(cluster, spark_checks_only, 
         return 0 if len(calls) <= 3 else real(session)
 
     monkeypatch.setattr(doctor_spark.sessions, "slots_available", registering)
-    checks = by_name(doctor(cluster))
-    assert len(calls) > 3 and checks["task slots"].ok
-    assert checks["executors' Python"].ok and checks["executors reach the notebook"].ok
+    rows = by_name(doctor(cluster))
+    assert len(calls) > 3 and rows["task slots"].ok
+    assert rows["executors' Python"].ok and rows["executors reach the notebook"].ok
 
 
 def test_executors_that_cannot_reach_the_notebook_are_named_with_the_fix(
-    cluster, spark_checks_only, monkeypatch
+    cluster, without_binding_probes, monkeypatch
 ):
     closed = free_port()
     real_init = ReachListener.__init__

@@ -42,8 +42,8 @@ def kernel(tmp_path):
 
 
 def test_interrupt_stops_every_rank_within_5s_and_the_next_cell_works(kernel, tmp_path):
-    # The one local interrupt whose ranks are inside Horovod: SIGINT reaches ranks that take it
-    # (no SIG_IGN), so they end through Horovod's shutdown and MPI_Finalize, within the bound.
+    # The one local job (not session) interrupt whose ranks are inside Horovod: SIGINT reaches
+    # ranks that take it (no SIG_IGN), so they end through Horovod's shutdown and MPI_Finalize.
     cell = waiting_cell(tmp_path, horovod=True)
     msg_id = kernel.client.execute("%%horovod np=-2\n" + cell, stop_on_error=NO_ABORT)
     assert wait_for_ranks(tmp_path, 2)

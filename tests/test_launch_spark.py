@@ -460,7 +460,8 @@ def test_a_job_cancelled_in_spark_is_named_so_and_not_retried(ip, cluster, tmp_p
     ranks then said, and retries= does not undo it."""
     when_started(tmp_path, 4, lambda: cluster.sparkContext.cancelAllJobs())
     with pytest.raises(RunError) as info:
-        cell = waiting_cell(tmp_path, wait=ALLREDUCE_FOREVER, horovod=True)  # ranks that then speak
+        # ranks in a collective: the cancel also reaches them as Horovod's error, which they report
+        cell = waiting_cell(tmp_path, wait=ALLREDUCE_FOREVER, horovod=True)
         ip.run_cell_magic("horovod", f"np=4 launcher={launcher} retries=2", cell)
     said = str(info.value)
     assert info.value.failure is FailureClass.CANCELLED, said

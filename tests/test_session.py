@@ -124,15 +124,6 @@ def test_an_interrupt_keeps_the_state_and_np_on_a_cell_runs_apart_from_the_sessi
     """(One session for both: a kernel has one session, and a cell with np= is a job of its own.)"""
     session.run_line_magic("horovod", "start np=-2")
     session.run_cell_magic("horovod", "", "import torch\nw = torch.tensor([hvd.rank() + 1.0])")
-    waiting = f"import pathlib, time\npathlib.Path({str(tmp_path)!r}, f'started-{{hvd.rank()}}').touch()\n"
-    waiting += "while True:\n    time.sleep(0.1)\n"
-    pressed: list[float] = []
-    when_started(tmp_path, 2, lambda: (pressed.append(time.monotonic()), os.kill(os.getpid(), signal.SIGINT)))
-    with pytest.raises(RunInterrupted) as info:
-        session.run_cell_magic("horovod", "", waiting)
-    assert time.monotonic() - pressed[0] < 5
-    assert any("state is kept" in note for note in info.value.__notes__)
-    assert session.run_cell_magic("horovod", "", "hvd.allreduce(w, op=hvd.Sum).item()") == 3.0
     with pytest.raises(UsageError, match="a live session is running"):
         session.run_line_magic("horovod", "start np=-2")
     session.run_cell_magic("horovod", "", "kept = 1")
@@ -142,6 +133,15 @@ def test_an_interrupt_keeps_the_state_and_np_on_a_cell_runs_apart_from_the_sessi
     assert session.run_cell_magic("horovod", "", "kept") == 1
     with pytest.raises(UsageError, match="usage: %horovod start"):
         session.run_line_magic("horovod", "frobnicate")
+    waiting = f"import pathlib, time\npathlib.Path({str(tmp_path)!r}, f'started-{{hvd.rank()}}').touch()\n"
+    waiting += "while True:\n    time.sleep(0.1)\n"
+    pressed: list[float] = []
+    when_started(tmp_path, 2, lambda: (pressed.append(time.monotonic()), os.kill(os.getpid(), signal.SIGINT)))
+    with pytest.raises(RunInterrupted) as info:
+        session.run_cell_magic("horovod", "", waiting)
+    assert time.monotonic() - pressed[0] < 5
+    assert any("state is kept" in note for note in info.value.__notes__)
+    assert session.run_cell_magic("horovod", "", "hvd.allreduce(w, op=hvd.Sum).item()") == 3.0
 
 
 def test_an_interrupt_inside_a_collective_returns_and_the_next_cell_starts_anew(session, tmp_path, capsys):

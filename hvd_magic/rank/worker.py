@@ -45,7 +45,7 @@ PAYLOAD_TIMEOUT = 120.0
 def rank_from_env() -> tuple[int, int, int]:
     """(rank, local_rank, size) as set by mpirun (Open MPI / PMI), Horovod's Gloo launcher or
     the torch.distributed one."""
-    env = os.environ
+    env = os.environ  # (tests/helpers.RANK_FROM_ENV reads the same variables in a test's cells)
     for rank_var, local_var, size_var in (
         ("HOROVOD_RANK", "HOROVOD_LOCAL_RANK", "HOROVOD_SIZE"),
         ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE"),
