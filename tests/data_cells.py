@@ -50,12 +50,18 @@ def writes_answer(directory: Path, answer: str) -> str:
     return f"_ = pathlib.Path({str(directory)!r}, f'rank-{{rank}}.json').write_text(json.dumps({answer}))\n"
 
 
+def answers_cell(directory: Path, answer: str) -> str:
+    """A cell's end by which each rank writes ``answer`` (an expression) to ``directory``, with
+    its rank and size (read back with ``rank_answers``); the cell imports json, os and pathlib."""
+    return RANK_FROM_ENV + writes_answer(directory, f"{{'rank': rank, 'size': size, 'answer': {answer}}}")
+
+
 def shard_cell(directory: Path) -> str:
     """The cell: each rank writes its answer to ``directory``/rank-RANK.json."""
     return _SHARD_CELL + writes_answer(directory, "me")
 
 
-def shard_answers(directory: Path) -> list[dict[str, Any]]:
+def rank_answers(directory: Path) -> list[dict[str, Any]]:
     """Every rank's answer, in rank order: one from each of the run's ranks."""
     answers = [json.loads(path.read_text()) for path in directory.glob("rank-*.json")]
     answers.sort(key=lambda answer: answer["rank"])
@@ -69,7 +75,7 @@ def run_shard_cell(ip: Any, line: str, tmp_path: Path) -> list[dict[str, Any]]:
     the run's own below ``tmp_path``: a test may run it more than once)."""
     directory = Path(tempfile.mkdtemp(prefix="shards-", dir=tmp_path))
     ip.run_cell_magic("horovod", line, shard_cell(directory))
-    return shard_answers(directory)
+    return rank_answers(directory)
 
 
 def all_ids(ranks: list[dict]) -> list[int]:

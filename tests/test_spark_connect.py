@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import ast
 import time
-from pathlib import Path
 
 import pytest
 from jupyter_client.manager import start_new_kernel
 
-from .data_cells import shard_answers, writes_answer
-from .helpers import RANK_FROM_ENV, run_processes_anywhere, wait_for_ranks, waiting_cell
+from .data_cells import answers_cell, rank_answers
+from .helpers import run_processes_anywhere, wait_for_ranks, waiting_cell
 from .kernels import NO_ABORT, Kernel, reply_to
 
 MASTERS = ["local[2]", "local-cluster[2,1,1024]"]
@@ -75,21 +74,15 @@ def test_allreduce_on_a_connect_session(connect, options, cell, request):
     assert run_processes_anywhere() == []
 
 
-def rank_answers_cell(directory: Path, answer: str) -> str:
-    """A cell's end by which each rank writes ``answer`` to ``directory``, with its rank and
-    size (read with shard_answers): no framework imported to gather them."""
-    return RANK_FROM_ENV + writes_answer(directory, f"{{'rank': rank, 'size': size, 'answer': {answer}}}")
-
-
 def test_data_frame_shards_on_a_connect_session(connect, request, tmp_path):
     on_executors_only(request)
     assert connect.run("df = spark.range(0, 1001, 1, 3).selectExpr('id', 'id * 2.0 as x')").status == "ok"
-    cell = "import json, os, pathlib, hvd_magic\n" + rank_answers_cell(
+    cell = "import json, os, pathlib, hvd_magic\n" + answers_cell(
         tmp_path, "hvd_magic.shard()['id'].tolist()"
     )
     outcome = connect.run("%%horovod np=2 data=df\n" + cell)
     assert outcome.status == "ok", outcome
-    shards = [rank["answer"] for rank in shard_answers(tmp_path)]
+    shards = [rank["answer"] for rank in rank_answers(tmp_path)]
     assert [len(s) for s in shards] == [500, 500]
     assert len(set(shards[0] + shards[1])) == 1000 and set(shards[0] + shards[1]) <= set(range(1001))
     assert "1,001 rows into 2 shards of 500 rows; dropped the last 1" in "".join(outcome.shown)
@@ -106,10 +99,10 @@ def test_a_parquet_scan_is_read_from_its_files_on_a_connect_session(connect, tmp
     answers = tmp_path / "answers"
     answers.mkdir()
     me = "[hvd_magic.shard()['id'].tolist(), os.environ['HVD_MAGIC_SHARD']]"
-    cell = "import json, os, pathlib, hvd_magic\n" + rank_answers_cell(answers, me)
+    cell = "import json, os, pathlib, hvd_magic\n" + answers_cell(answers, me)
     outcome = connect.run("%%horovod np=2 data=pq_df\n" + cell)
     assert outcome.status == "ok", outcome
-    ranks = [rank["answer"] for rank in shard_answers(answers)]
+    ranks = [rank["answer"] for rank in rank_answers(answers)]
     assert [len(ids) for ids, _ in ranks] == [500, 500]
     assert len(set(ranks[0][0] + ranks[1][0])) == 1000
     assert all(path.endswith(".pieces.json") for _, path in ranks)  # the files, not Spark's rows
