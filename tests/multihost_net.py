@@ -30,14 +30,15 @@ def used_networks() -> list[ipaddress.IPv4Network]:
     return found
 
 
-def free_subnet() -> ipaddress.IPv4Network:
-    """The first 10.213.x.0/24 that no address or route of the machine overlaps."""
+def free_subnet(prefix: str = "10.213") -> ipaddress.IPv4Network:
+    """The first ``prefix``.x.0/24 that no address or route of the machine overlaps (the bed's
+    prefix is its own: a test that makes a bridge beside it takes another)."""
     used = used_networks()
     for third in range(256):
-        candidate = ipaddress.IPv4Network(f"10.213.{third}.0/24")
+        candidate = ipaddress.IPv4Network(f"{prefix}.{third}.0/24")
         if not any(candidate.overlaps(network) for network in used):
             return candidate
-    raise RuntimeError("no free 10.213.x.0/24 on this machine for the multi-host bed")
+    raise RuntimeError(f"no free {prefix}.x.0/24 on this machine for the multi-host bed")
 
 
 def _no_ipv6(link: str, pid: int | None = None) -> None:
@@ -49,13 +50,14 @@ def _no_ipv6(link: str, pid: int | None = None) -> None:
         sh("nsenter", "-t", str(pid), "--net", "--", "sh", "-c", f"echo 1 > {setting}")
 
 
-def make_bridge(subnet: ipaddress.IPv4Network) -> str:
-    """The bridge, with the bed's first address (the machine's side: tests reach hosts by it)."""
-    sh("ip", "link", "add", BRIDGE, "type", "bridge")
-    _no_ipv6(BRIDGE)
+def make_bridge(subnet: ipaddress.IPv4Network, name: str = BRIDGE) -> str:
+    """The bridge, with the subnet's first address (the bed's: the machine's side, by which tests
+    reach the hosts)."""
+    sh("ip", "link", "add", name, "type", "bridge")
+    _no_ipv6(name)
     address = str(subnet.network_address + 1)
-    sh("ip", "addr", "add", f"{address}/{subnet.prefixlen}", "dev", BRIDGE)
-    sh("ip", "link", "set", BRIDGE, "up")
+    sh("ip", "addr", "add", f"{address}/{subnet.prefixlen}", "dev", name)
+    sh("ip", "link", "set", name, "up")
     return address
 
 

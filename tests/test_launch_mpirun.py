@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hvd_magic.launch.mpirun import lost_node, mpirun_argv, mpirun_deaths
+from hvd_magic.launch.mpirun import lost_node, mpirun_argv, mpirun_deaths, tcp_interface_env
 from hvd_magic.launch.processes import death_of
 
 
@@ -22,6 +22,12 @@ def test_mpirun_argv_hosts_and_agent_never_use_horovodrun_btl_flag():
     assert argv[argv.index("plm_rsh_agent") + 1] == "agent"
     assert argv[argv.index("-x") + 1] == "A"
     assert "^openib" not in argv and "--allow-run-as-root" not in argv
+
+
+def test_a_hosts_ranks_keep_to_its_interface_unless_the_run_chose_one():
+    assert tcp_interface_env("eth1", {"PATH": "/bin"}) == {"OMPI_MCA_btl_tcp_if_include": "eth1"}
+    assert tcp_interface_env("eth1", {"OMPI_MCA_btl_tcp_if_include": "ib0"}) == {}  # the user's
+    assert tcp_interface_env("", {}) == {}  # an address no interface holds here (a host name)
 
 
 def test_mpirun_reports_name_the_rank_that_ended_first():

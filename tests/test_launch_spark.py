@@ -7,7 +7,9 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
+import subprocess
 import time
 from types import SimpleNamespace
 
@@ -41,6 +43,7 @@ from .helpers import (
     waiting_cell,
     when_started,
 )
+from .multihost_net import free_subnet, make_bridge
 from .spark_fixtures import fake_gpu_script, spark_session
 from .test_house import LOADED_CELL, NEVER_IN_A_RANK, RANK_SIDE, within
 
@@ -181,6 +184,47 @@ def _answer_to_a_forged_request(host: str, port: int) -> int | None:
         return None
     finally:
         connection.close()
+
+
+PASSING_BRIDGE = "hvdpassing0"
+
+
+@pytest.fixture
+def passing_bridge():
+    """A bridge with an address of the machine, as a container runtime or a VPN adds and removes."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("making a network bridge needs root and iproute2")
+    make_bridge(free_subnet("10.214"), PASSING_BRIDGE)  # not the bed's 10.213: it may run beside
+    try:
+        yield PASSING_BRIDGE
+    finally:
+        subprocess.run(["ip", "link", "del", PASSING_BRIDGE], capture_output=True, check=False)
+
+
+def test_mpi_ranks_go_on_when_an_interface_they_did_not_need_goes_mid_run(
+    ip, cluster, tmp_path, passing_bridge
+):
+    """Open MPI left to itself spreads its connections over every interface, and one deleted
+    mid-run hung the ranks in their next allreduce (the multi-host bed's bridge, deleted at its
+    end, hung an estimator's fit beside it). They keep to the interface of their host's address."""
+
+    def delete_it() -> None:
+        subprocess.run(["ip", "link", "del", passing_bridge], capture_output=True, check=True)
+        (tmp_path / "go").touch()
+
+    when_started(tmp_path, 4, delete_it)
+    cell = (
+        "import pathlib, time, horovod.torch as hvd, torch\nhvd.init()\n"
+        f"d = pathlib.Path({str(tmp_path)!r})\n"
+        "total = hvd.allreduce(torch.ones(1000), name='before', op=hvd.Sum).sum()\n"  # connections made
+        "(d / f'started-{hvd.rank()}').touch()\n"
+        "for _ in range(1200):\n    if (d / 'go').exists(): break\n    time.sleep(0.1)\n"
+        "for i in range(50):\n"
+        "    total += hvd.allreduce(torch.ones(1000), name=f'after-{i % 4}', op=hvd.Sum).sum()\n"
+        "float(total)"
+    )
+    assert ip.run_cell_magic("horovod", "np=4 timeout=90", cell) == 51 * 4 * 1000.0
+    assert (tmp_path / "go").exists()  # deleted before the allreduces after
 
 
 def test_timeline_written_on_an_executor_comes_back_to_the_notebook(ip, cluster, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from hvd_magic.launch.processes import RankDeath, death_of
@@ -10,7 +11,9 @@ from hvd_magic.launch.processes import RankDeath, death_of
 if TYPE_CHECKING:
     from hvd_magic.launch.memory_cgroup import MemoryWatch
 
-__all__ = ["lost_node", "mpirun_argv", "mpirun_deaths"]
+__all__ = ["lost_node", "mpirun_argv", "mpirun_deaths", "tcp_interface_env"]
+
+TCP_INTERFACE_VARIABLE = "OMPI_MCA_btl_tcp_if_include"
 
 
 def mpirun_argv(
@@ -45,6 +48,22 @@ def mpirun_argv(
     for name in export_env:
         argv += ["-x", name]
     return argv + command
+
+
+def tcp_interface_env(interface: str, env: Mapping[str, str]) -> dict[str, str]:
+    """The environment that keeps one host's ranks' MPI traffic on ``interface`` (the one that
+    carries the host's address, as Horovod's Gloo already is), for that host's orted to pass on.
+
+    Left to itself Open MPI's TCP transport spreads its connections over every interface of a
+    host, and one that goes away mid-run (a container bridge, a VPN) then hangs the ranks in
+    their next collective: nothing resets a connection to an address that is no longer there.
+    By name, host by host (names differ between hosts): Open MPI 4.1's ``a.b.c.d/32`` form hung
+    ``MPI_Init`` here once the machine had a bridge with an address. Nothing where the interface
+    is unknown or the run's environment chose one itself.
+    """
+    if not interface or TCP_INTERFACE_VARIABLE in env:
+        return {}
+    return {TCP_INTERFACE_VARIABLE: interface}
 
 
 _MPIRUN_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on\s+node (\S+) exited on signal (\d+)")

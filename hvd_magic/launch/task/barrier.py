@@ -29,7 +29,7 @@ from hvd_magic.data.parquet import Piece, write_manifest
 from hvd_magic.hub import RunKeys
 from hvd_magic.launch import processes
 from hvd_magic.launch.gloo import LoopbackStoreServer, gloo_env
-from hvd_magic.launch.mpirun import mpirun_argv
+from hvd_magic.launch.mpirun import mpirun_argv, tcp_interface_env
 from hvd_magic.launch.task.agent import ExecAgent
 from hvd_magic.launch.task.network import check_reachable, interface_of, own_address
 from hvd_magic.launch.task.slot import hold_slot, say
@@ -188,6 +188,7 @@ def _mpi_task(spec: TaskSpec, plan: SparkPlan, partition: int, agent: ExecAgent,
         local_ranks = len(host.partitions)
         agent.host_env = {ENV_SLOT_GPUS: json.dumps(host.gpus), ENV_SHARDS: json.dumps(host.shards)}
         agent.host_env |= processes.thread_budget_env(local_ranks, local_ranks * spec.task_cpus, spec.env)
+        agent.host_env |= tcp_interface_env(interface_of(host.ip), os.environ | spec.env)
     process = _start_mpirun(spec, plan, agent.scratch()) if partition == plan.mpirun_partition else None
     return hold_slot(client, process)
 
