@@ -22,6 +22,9 @@ RUN_MODULES = ("hvd_magic.rank.worker", "hvd_magic.launch.task.agent")
 SPARK_CONF = Path(__file__).parent / "spark-conf"  # every Spark JVM of the suite reads it (conftest)
 SUITE_VARIABLE = "HVD_MAGIC_TEST_SUITE"  # every process a suite starts inherits its mark (conftest)
 SLEEP_FOREVER = "while True:\n    time.sleep(0.1)\n"
+WAIT_FOR_GO = (  # a cell's ranks wait (up to 120 s) for the test to make ``go`` in the folder ``d``
+    "for _ in range(1200):\n    if (d / 'go').exists(): break\n    time.sleep(0.1)\n"
+)
 ALLREDUCE_FOREVER = "for _ in range(3000):\n    hvd.allreduce(torch.tensor([1.0]))\n    time.sleep(0.1)\n"
 # A cell's ``rank`` and ``size`` as the launchers set them (the variables, in the order,
 # hvd_magic.rank.worker.rank_from_env reads): no framework imported for them. The cell imports os.

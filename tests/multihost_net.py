@@ -38,7 +38,7 @@ def free_subnet(prefix: str = "10.213") -> ipaddress.IPv4Network:
         candidate = ipaddress.IPv4Network(f"{prefix}.{third}.0/24")
         if not any(candidate.overlaps(network) for network in used):
             return candidate
-    raise RuntimeError(f"no free {prefix}.x.0/24 on this machine for the multi-host bed")
+    raise RuntimeError(f"no free {prefix}.x.0/24 on this machine: every one overlaps an address or route")
 
 
 def _no_ipv6(link: str, pid: int | None = None) -> None:

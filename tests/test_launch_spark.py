@@ -34,6 +34,7 @@ from hvd_magic.run.record import RunRecord
 from .helpers import (
     ALLREDUCE_FOREVER,
     SLEEP_FOREVER,
+    WAIT_FOR_GO,
     executor_processes,
     gone_within,
     leftover_processes,
@@ -164,8 +165,7 @@ def test_gloo_launcher_on_spark_serves_its_store_to_its_ranks_only(ip, cluster, 
         "store = os.environ['HOROVOD_GLOO_RENDEZVOUS_ADDR'] + ':'\n"
         "store += os.environ['HOROVOD_GLOO_RENDEZVOUS_PORT']\n"
         "(d / f'.{hvd.rank()}').write_text(store)\n"
-        "(d / f'.{hvd.rank()}').rename(d / f'started-{hvd.rank()}')\n"
-        "for _ in range(1200):\n    if (d / 'go').exists(): break\n    time.sleep(0.1)\n"
+        "(d / f'.{hvd.rank()}').rename(d / f'started-{hvd.rank()}')\n" + WAIT_FOR_GO
     )
     ranks = ip.run_cell_magic("horovod", "np=4 launcher=gloo", "import time\n" + cell + REPORT_CELL)
     assert {r["sum"] for r in ranks} == {10.0}
@@ -217,9 +217,7 @@ def test_mpi_ranks_go_on_when_an_interface_they_did_not_need_goes_mid_run(
         "import pathlib, time, horovod.torch as hvd, torch\nhvd.init()\n"
         f"d = pathlib.Path({str(tmp_path)!r})\n"
         "total = hvd.allreduce(torch.ones(1000), name='before', op=hvd.Sum).sum()\n"  # connections made
-        "(d / f'started-{hvd.rank()}').touch()\n"
-        "for _ in range(1200):\n    if (d / 'go').exists(): break\n    time.sleep(0.1)\n"
-        "for i in range(50):\n"
+        "(d / f'started-{hvd.rank()}').touch()\n" + WAIT_FOR_GO + "for i in range(50):\n"
         "    total += hvd.allreduce(torch.ones(1000), name=f'after-{i % 4}', op=hvd.Sum).sum()\n"
         "float(total)"
     )
