@@ -26,13 +26,12 @@ WAIT_FOR_GO = (  # a cell's ranks wait (up to 120 s) for the test to make ``go``
     "for _ in range(1200):\n    if (d / 'go').exists(): break\n    time.sleep(0.1)\n"
 )
 ALLREDUCE_FOREVER = "for _ in range(3000):\n    hvd.allreduce(torch.tensor([1.0]))\n    time.sleep(0.1)\n"
-# A cell's ``rank`` and ``size`` as the launchers set them (the variables, in the order,
-# hvd_magic.rank.worker.rank_from_env reads): no framework imported for them. The cell imports os.
+# A cell's ``rank`` and ``size`` as the launchers set them (hvd_magic.protocol.env, loaded in every
+# rank): no framework imported for them. The cell imports os.
 RANK_FROM_ENV = (
-    "rank, size = next(((int(os.environ[r]), int(os.environ.get(s, 1))) for r, s in ("
-    "('HOROVOD_RANK', 'HOROVOD_SIZE'), ('OMPI_COMM_WORLD_RANK', 'OMPI_COMM_WORLD_SIZE'), "
-    "('PMI_RANK', 'PMI_SIZE'), ('RANK', 'WORLD_SIZE')) if r in os.environ), (None, None))\n"
-    "assert rank is not None, 'no launcher rank variable in this rank: see tests/helpers.RANK_FROM_ENV'\n"
+    "from hvd_magic.protocol.env import RANK_VARIABLES, rank_from_env\n"
+    "assert any(v[0] in os.environ for v in RANK_VARIABLES), 'no launcher rank variable in this rank'\n"
+    "rank, _, size = rank_from_env()\n"
 )
 
 

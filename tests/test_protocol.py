@@ -147,3 +147,22 @@ def test_no_module_but_the_protocol_spells_a_kind():
         source = path.read_text()
         offenders += [f"{path.name}: {word}" for word in quoted if word in source]
     assert offenders == []
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        (
+            {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4"},
+            (3, 1, 4),
+        ),
+        ({"HOROVOD_RANK": "2", "HOROVOD_LOCAL_RANK": "0", "HOROVOD_SIZE": "3", "RANK": "9"}, (2, 0, 3)),
+        ({"RANK": "1", "WORLD_SIZE": "2"}, (1, 0, 2)),  # backend=torch; no LOCAL_RANK: 0
+        ({"PMI_RANK": "5", "PMI_SIZE": "6", "MPI_LOCALRANKID": "1"}, (5, 1, 6)),
+        ({"PATH": "/bin"}, (0, 0, 1)),  # no launcher: a run of one
+    ],
+)
+def test_a_rank_reads_its_place_from_whichever_launcher_started_it(env, expected):
+    from hvd_magic.protocol.env import rank_from_env
+
+    assert rank_from_env(env) == expected

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
 __all__ = [
     "ENV_AGENTS",
     "ENV_AGENT_TOKEN",
@@ -15,9 +18,11 @@ __all__ = [
     "ENV_TIME_WAITS",
     "ENV_TOKEN",
     "ENV_VIA_AGENT",
+    "RANK_VARIABLES",
     "TF_LEVEL_VARIABLE",
     "TIMELINE_DYNAMIC",
     "preemption_error",
+    "rank_from_env",
 ]
 
 ENV_HUB = "HVD_MAGIC_HUB"  # the hub's address, for the worker
@@ -46,3 +51,21 @@ def preemption_error(value: str) -> str | None:
         f"{ENV_PREEMPTION}={value}: say where each rank looks for a preemption notice: aws, gcp, azure "
         "(the cloud's metadata service) or file:PATH (a file a node agent writes)"
     )
+
+
+# A rank's (rank, local rank, size) as each launcher sets them, in the order they are looked for
+RANK_VARIABLES = (
+    ("HOROVOD_RANK", "HOROVOD_LOCAL_RANK", "HOROVOD_SIZE"),  # Horovod's Gloo launcher
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE"),  # Open MPI
+    ("PMI_RANK", "MPI_LOCALRANKID", "PMI_SIZE"),  # other MPIs (PMI)
+    ("RANK", "LOCAL_RANK", "WORLD_SIZE"),  # torch.distributed's env:// (backend=torch)
+)
+
+
+def rank_from_env(env: Mapping[str, str] = os.environ) -> tuple[int, int, int]:
+    """(rank, local rank, size) from the first launcher's variables found in ``env``; (0, 0, 1),
+    a run of one, where there are none."""
+    for rank, local_rank, size in RANK_VARIABLES:
+        if rank in env:
+            return int(env[rank]), int(env.get(local_rank, 0)), int(env.get(size, 1))
+    return 0, 0, 1

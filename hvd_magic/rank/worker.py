@@ -27,7 +27,7 @@ from hvd_magic.protocol import (
     SessionPayload,
     Started,
 )
-from hvd_magic.protocol.env import TIMELINE_DYNAMIC
+from hvd_magic.protocol.env import TIMELINE_DYNAMIC, rank_from_env
 from hvd_magic.protocol.lifetime import die_with_parent
 from hvd_magic.protocol.plan import gpu_for_local_rank
 from hvd_magic.rank import collective_ddp, collective_tf, collective_time, debugger, notices, reporting
@@ -40,21 +40,6 @@ from hvd_magic.rank.stalls import WaitWatch
 from hvd_magic.rank.timeline_stream import TimelineStream
 
 PAYLOAD_TIMEOUT = 120.0
-
-
-def rank_from_env() -> tuple[int, int, int]:
-    """(rank, local_rank, size) as set by mpirun (Open MPI / PMI), Horovod's Gloo launcher or
-    the torch.distributed one."""
-    env = os.environ  # (tests/helpers.RANK_FROM_ENV reads the same variables in a test's cells)
-    for rank_var, local_var, size_var in (
-        ("HOROVOD_RANK", "HOROVOD_LOCAL_RANK", "HOROVOD_SIZE"),
-        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE"),
-        ("PMI_RANK", "MPI_LOCALRANKID", "PMI_SIZE"),
-        ("RANK", "LOCAL_RANK", "WORLD_SIZE"),  # torch.distributed's env:// (backend=torch)
-    ):
-        if rank_var in env:
-            return int(env[rank_var]), int(env.get(local_var, 0)), int(env.get(size_var, 1))
-    return 0, 0, 1
 
 
 def shard_for_local_rank(shards: str | None, local_rank: int) -> str | None:
