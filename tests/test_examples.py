@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -87,11 +88,15 @@ def run_notebook(
         env[EPOCHS_VARIABLE] = str(epochs)
     if digits is not None:
         env[mnist_data.SMOKE_DIGITS_VARIABLE] = str(digits)
-    done = subprocess.run(
-        [sys.executable, str(EXAMPLES.parent / "scripts" / "run_notebook.py"), str(EXAMPLES / notebook),
-         "--output", str(output), *extra],
-        capture_output=True, text=True, timeout=1200, env=env,
-    )  # fmt: skip
+    # the notebook's temporary files (its checkpoints, TensorFlow's autograph) go with the test;
+    # a short path, as Open MPI's sockets under it need
+    with tempfile.TemporaryDirectory(prefix="hvd-nb-") as scratch:
+        env["TMPDIR"] = scratch
+        done = subprocess.run(
+            [sys.executable, str(EXAMPLES.parent / "scripts" / "run_notebook.py"), str(EXAMPLES / notebook),
+             "--output", str(output), *extra],
+            capture_output=True, text=True, timeout=1200, env=env,
+        )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     noise = re.search(f".*({NOISE}).*", done.stdout + done.stderr)
     assert noise is None, f"printed: {noise.group(0)}"  # read as a problem, or as a bug of ours
