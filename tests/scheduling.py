@@ -50,6 +50,14 @@ def known_seconds() -> dict[str, float]:
         return {}
 
 
+def still_exists(group: str) -> bool:
+    """Whether the module a group is named from is still in ``tests/``."""
+    tests = DURATIONS.parent
+    if group in SHARED.values():
+        return any(tests.glob(f"{group}*.py"))
+    return (tests.parent / group.split("::", 1)[0]).is_file()
+
+
 class GroupScheduling(LoadScopeScheduling):
     """xdist's scope scheduling, with our groups as the scopes."""
 
@@ -89,7 +97,10 @@ class DurationRecorder:
         self.seconds[group_of(report.nodeid)] += report.duration
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """Groups this run did not reach keep their time (a partial run); a module since deleted or
+        renamed loses its."""
         merged = known_seconds() | {group: round(value, 1) for group, value in self.seconds.items()}
+        merged = {group: value for group, value in merged.items() if still_exists(group)}
         ordered = dict(sorted(merged.items(), key=lambda item: -item[1]))
         DURATIONS.write_text(json.dumps(ordered, indent=1) + "\n")
 
