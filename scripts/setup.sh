@@ -32,7 +32,7 @@ system_packages() {
 
 stamp_value() {
     # Whatever the install builds: dependencies, the package metadata, the C scanner.
-    cat "$ROOT/requirements-dev.txt" "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT/scripts/setup.sh" \
+    cat "$ROOT/requirements-dev.txt" "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT/scripts/setup.sh" "$ROOT/scripts/uv_install.sh" \
         "$ROOT/hvd_magic/timeline/_scan.c" "$ROOT/hvd_magic/timeline/_match.c" "$ROOT"/hvd_magic/install/*.py | sha256sum | cut -d' ' -f1
 }
 
@@ -56,12 +56,9 @@ python_packages() {
     # uv resolves as pip does (same versions here) and installs in half pip's time, compiling the
     # bytecode on every core (imports need it: PYTHONDONTWRITEBYTECODE may be set). It takes
     # wheels from where pip is told to look (a machine's own torch build, say).
-    local wheels link
+    local wheels
     wheels="$(spark_wheel)"
-    local uv=("$VENV/bin/uv" pip install -q --compile-bytecode --python "$PY" --find-links "$wheels")
-    for link in ${PIP_FIND_LINKS:-$("$PY" -m pip config get global.find-links 2>/dev/null || true)}; do
-        uv+=(--find-links "$link")
-    done
+    local uv=(bash "$ROOT/scripts/uv_install.sh" "$PY" --compile-bytecode --find-links "$wheels")
     "${uv[@]}" -r "$ROOT/requirements-dev.txt"
     # tf-keras's own requirements pull the 572 MB GPU tensorflow; tensorflow-cpu is already here.
     "${uv[@]}" --no-deps "tf-keras==2.21.0"

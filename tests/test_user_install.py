@@ -22,21 +22,8 @@ def run(command: list[str | Path], **kwargs: object) -> subprocess.CompletedProc
 
 
 def uv_install(python: Path) -> list[str | Path]:
-    """uv (the suite's own, from its venv) installing into ``python``'s venv from where pip is told
-    to look, as scripts/setup.sh does."""
-    command: list[str | Path] = [Path(sys.executable).with_name("uv"), "pip", "install", "-q"]
-    command += ["--python", python]
-    links = (
-        os.environ.get("PIP_FIND_LINKS")
-        or subprocess.run(
-            [sys.executable, "-m", "pip", "config", "get", "global.find-links"],
-            capture_output=True,
-            text=True,
-        ).stdout
-    )
-    for link in links.split():
-        command += ["--find-links", link]
-    return command
+    """uv installing into ``python``'s venv from where pip is told to look, as scripts/setup.sh does."""
+    return ["bash", ROOT / "scripts" / "uv_install.sh", python]
 
 
 def build_wheel(tmp_path: Path) -> Path:
