@@ -93,7 +93,11 @@ def test_a_rank_left_in_a_collective_ends_the_session_and_the_next_cell_starts_a
     session.run_cell_magic("horovod", "", "import torch\nw = torch.tensor([1.0])")
     old = sorted(info.started.pid for info in sessions.current().ranks.values())
     started = time.monotonic()
-    cell = "if hvd.rank() == 1:\n    raise ValueError('bad row')\nhvd.allreduce(w).item()"  # rank 0 waits
+    cell = (  # rank 0 waits in a collective rank 1 never joins, and does not leave it
+        "if hvd.rank() == 1:\n    raise ValueError('bad row')\n"  # whenever the interrupt comes
+        "while True:\n    try:\n        hvd.allreduce(w).item()\n"
+        "    except KeyboardInterrupt:\n        pass\n"
+    )
     with pytest.raises(RankFailedError, match="rank 1") as info:
         session.run_cell_magic("horovod", "", cell)
     assert time.monotonic() - started < 60
