@@ -39,4 +39,5 @@ bench: setup
 	$(PY) bench/resize.py
 	$(PY) bench/telemetry.py
 	$(PY) bench/stragglers.py
+	$(PY) bench/warm_ranks.py
 	$(PY) bench/launch_hosts.py --repeat 3

@@ -150,11 +150,14 @@ def _cmdline(process: psutil.Process) -> str:
 
 
 def is_run_process(argv: list[str]) -> bool:
-    """A rank, an exec agent, mpirun or an orted: by program name or ``-m`` module, not by a
-    substring (a shell whose command line names tests/test_launch_mpirun.py is none of them)."""
+    """A rank (or a warm rank's stand-in), an exec agent, mpirun or an orted: by program name,
+    script or ``-m`` module, not by a substring (a shell whose command line names
+    tests/test_launch_mpirun.py is none of them)."""
     if not argv:
         return False
     if os.path.basename(argv[0]) in RUN_PROGRAMS:
+        return True
+    if len(argv) > 1 and argv[1].endswith(os.path.join("hvd_magic", "rank", "forked.py")):  # a stand-in
         return True
     return any(argv[i] == "-m" and argv[i + 1] in RUN_MODULES for i in range(len(argv) - 1))
 

@@ -38,9 +38,10 @@ if dist.get_rank() == 1:
     with open("/proc/self/oom_score_adj", "w") as adj:
         adj.write("1000")
     hoard = []
-    while True:
+    while len(hoard) < 160:                     # 4 GiB: far past the limit, far from the machine's
         hoard.append(bytearray(25 * 2**20))     # pages touched: charged to the cgroup
         time.sleep(0.2)
+    raise MemoryError("4 GiB allocated: the memory cgroup's limit did not hold this rank")
 dist.all_reduce(torch.ones(1))
 """
 
@@ -105,12 +106,19 @@ def test_a_process_killed_by_the_oom_killer_is_told_from_one_killed_from_outside
 
 
 def test_a_rank_taken_by_the_oom_killer_is_named_with_its_limit_and_not_retried(memory_cgroup, tmp_path):
-    """A notebook's kernel in a container with a memory limit: rank 1 allocates past it."""
+    """A notebook's kernel in a container with a memory limit: rank 1 allocates past it. Its
+    ranks are warm, forked from a server that started before the kernel was put in the cgroup:
+    a rank takes its stand-in's cgroup, where the launcher looks."""
     manager, client = start_new_kernel(kernel_name="python3", cwd=str(tmp_path))
     kernel = Kernel(manager, client)
     try:
         assert kernel.run("%load_ext hvd_magic").status == "ok"
+        assert kernel.run("%%horovod np=-2 backend=torch\nimport torch\n").status == "ok"  # the server
         (memory_cgroup / "cgroup.procs").write_text(str(manager.provisioner.process.pid))
+        kernel_process = psutil.Process(manager.provisioner.process.pid)
+        servers = [p.pid for p in kernel_process.children() if "hvd_magic.rank.forkserver" in p.cmdline()]
+        limited = (memory_cgroup / "cgroup.procs").read_text().split()
+        assert servers and not set(map(str, servers)) & set(limited)  # outside the limit
         outcome = kernel.run("%%horovod np=-2 backend=torch retries=1\n" + OOM_CELL, timeout=240)
         assert outcome.ename == "RankFailedError", outcome
         first = outcome.evalue.splitlines()[0]

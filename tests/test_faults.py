@@ -13,7 +13,7 @@ from jupyter_client.manager import start_new_kernel
 
 from hvd_magic import LaunchError, RunError, RunTimeout
 
-from .helpers import leftover_processes, run_processes_anywhere, wait_for_ranks, waiting_cell
+from .helpers import leftover_processes, run_processes_anywhere, wait_for_ranks, waiting_cell, when_started
 from .kernels import NO_ABORT, reply_to
 
 
@@ -60,11 +60,13 @@ def test_interrupt_stops_every_rank_within_5s_and_the_next_cell_works(kernel, tm
     assert again["content"]["status"] == "ok"
 
 
-def test_pressing_interrupt_again_does_not_cut_the_clean_up_short(kernel, tmp_path):
-    """Impatient users press stop several times; Gloo ranks that ignore SIGINT/SIGTERM make
-    the clean-up take seconds (SIGKILL comes last), so the later presses land inside it."""
+@pytest.mark.parametrize("options, horovod", [("launcher=gloo", False), ("", True)], ids=["gloo", "warm"])
+def test_pressing_interrupt_again_does_not_cut_the_clean_up_short(kernel, tmp_path, options, horovod):
+    """Impatient users press stop several times; ranks that ignore SIGINT/SIGTERM make the
+    clean-up take seconds (SIGKILL comes last), so the later presses land inside it. Warm
+    ranks: SIGKILL reaches their stand-ins, and the stop confirms the ranks gone too."""
     msg_id = kernel.client.execute(
-        "%%horovod np=-2 launcher=gloo\n" + waiting_cell(tmp_path, ignore_signals=True),
+        f"%%horovod np=-2 {options}\n" + waiting_cell(tmp_path, ignore_signals=True, horovod=horovod),
         stop_on_error=NO_ABORT,
     )
     assert wait_for_ranks(tmp_path, 2)
@@ -113,14 +115,18 @@ def _alive(processes: list[psutil.Process]) -> list[psutil.Process]:
     return alive
 
 
-@pytest.mark.parametrize("options", ["np=-2 launcher=mpi", "np=-2 launcher=gloo", "np=2"])
-def test_a_dead_kernel_leaves_nothing_running(kernel, tmp_path, options):
+@pytest.mark.parametrize(
+    "options, horovod",
+    [("np=-2 launcher=mpi", False), ("np=-2 launcher=gloo", False), ("np=-2", True), ("np=2", False)],
+    ids=["mpi", "gloo", "warm", "spark"],
+)
+def test_a_dead_kernel_leaves_nothing_running(kernel, tmp_path, options, horovod):
     """The kernel is SIGKILLed mid-run (a crash, the OOM killer, a forced restart): mpirun and
     every rank are in sessions of their own, so only the parent-death signal can stop them.
+    Warm (PyTorch) ranks: the fork server they were forked from goes too, with its waiters.
     With np=2 the run is on the embedded Spark: its JVM, Python workers, tasks, agents, orted."""
-    kernel.client.execute(
-        f"%%horovod {options}\n" + waiting_cell(tmp_path, wait="time.sleep(300)\n"), stop_on_error=NO_ABORT
-    )
+    cell = waiting_cell(tmp_path, wait="time.sleep(300)\n", horovod=horovod)
+    kernel.client.execute(f"%%horovod {options}\n" + cell, stop_on_error=NO_ABORT)
     assert wait_for_ranks(tmp_path, 2)
     run = kernel.process.children(recursive=True)
     assert len(run) >= 2
@@ -131,13 +137,16 @@ def test_a_dead_kernel_leaves_nothing_running(kernel, tmp_path, options):
     assert [" ".join(p.cmdline()) for p in _alive(run)] == []
 
 
-def test_ranks_die_with_their_launcher(ip):
-    """Parent-death watchdog: rank 0 SIGKILLs mpirun; every rank must go, and the cell says so."""
-    cell = (
-        "import os, signal, time, horovod.torch as hvd\nhvd.init()\nhvd.barrier()\n"
-        "if hvd.rank() == 0:\n    os.kill(os.getppid(), signal.SIGKILL)\n"
-        "time.sleep(120)\n"
-    )
+def test_ranks_die_with_their_launcher(ip, tmp_path):
+    """Parent-death watchdog: mpirun SIGKILLed mid-run; every rank must go, and the cell says so."""
+
+    def kill_mpirun() -> None:
+        for process in psutil.Process().children(recursive=True):
+            if process.name() == "mpirun":
+                process.kill()
+
+    when_started(tmp_path, 2, kill_mpirun)
+    cell = waiting_cell(tmp_path, wait="time.sleep(120)\n", horovod=True)
     started = time.monotonic()
     with pytest.raises(RunError, match="died without reporting"):
         ip.run_cell_magic("horovod", "np=-2", cell)

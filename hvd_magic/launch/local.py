@@ -28,6 +28,7 @@ from hvd_magic.launch.processes import (
     worker_command,
 )
 from hvd_magic.launch.torch_dist import reserve_port, torch_env
+from hvd_magic.launch.warm import forked_ranks, stand_in_command
 from hvd_magic.protocol import ENV_SHARDS
 
 if TYPE_CHECKING:
@@ -40,19 +41,22 @@ __all__ = ["LocalGlooLauncher", "LocalMpiLauncher", "LocalTorchLauncher"]
 class _ProcessGroupLauncher(Launcher):
     """Common part: processes in new sessions, stopped together with their descendants."""
 
-    def __init__(self, np: int, cwd: str | None = None, shards: list[str] | None = None) -> None:
+    def __init__(
+        self, np: int, cwd: str | None = None, shards: list[str] | None = None, warm: tuple[str, ...] = ()
+    ) -> None:
         self.np = np
         self.cwd = cwd or os.getcwd()
         self.shards = shards or []  # data=: rank -> its shard file, written by the notebook
+        self.warm = warm  # what the fork server the ranks are forked from preloads (launch.warm)
         self.processes: list[subprocess.Popen[bytes]] = []
         self.tails: list[OutputTail] = []
         self.memory: list[MemoryWatch | None] = []  # each process's memory cgroup, from its start
 
     @classmethod
-    def for_options(cls, options: RunOptions) -> _ProcessGroupLauncher:
+    def for_options(cls, options: RunOptions, warm: tuple[str, ...] = ()) -> _ProcessGroupLauncher:
         """With ``data=``, the shards are written (and bad data refused) before anything starts."""
         if options.data is None:
-            return cls(options.ranks)
+            return cls(options.ranks, warm=warm)
         directory = tempfile.mkdtemp(prefix="hvd_magic-shards-")
         try:
             shards, notice = local_shards(
@@ -61,9 +65,13 @@ class _ProcessGroupLauncher(Launcher):
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)
             raise
-        launcher = cls(options.ranks, shards=shards)
+        launcher = cls(options.ranks, shards=shards, warm=warm)
         launcher.notices = [notice]
         return launcher
+
+    def rank_command(self) -> list[str]:
+        """Each rank's command: a stand-in for a rank forked warm, where it can be, else the rank."""
+        return (stand_in_command(self.warm) if self.warm else None) or worker_command()
 
     def _spawn(self, argv: list[str], env: dict[str, str]) -> None:
         process = spawn(argv, env, cwd=self.cwd)
@@ -79,7 +87,8 @@ class _ProcessGroupLauncher(Launcher):
 
     def stop(self) -> list[str]:
         family = [member for process in self.processes for member in family_of(process)]
-        remaining = stop_and_confirm(family)
+        forked = forked_ranks(family)  # warm ranks: not below their stand-ins, but gone with them
+        remaining = stop_and_confirm(family) + stop_and_confirm(forked)
         for process in self.processes:
             process.poll()  # reap it
         if self.shards:
@@ -109,7 +118,7 @@ class LocalMpiLauncher(_ProcessGroupLauncher):
                 "mpirun was not found on this machine. Install Open MPI (Debian/Ubuntu: "
                 "`apt-get install openmpi-bin libopenmpi-dev`) or use launcher=gloo."
             )
-        argv = mpirun_argv(self.np, worker_command(), as_root=os.geteuid() == 0)
+        argv = mpirun_argv(self.np, self.rank_command(), as_root=os.geteuid() == 0)
         self._spawn(argv, self.base_env(env))
 
     def deaths(self) -> list[RankDeath]:
@@ -140,9 +149,9 @@ class LocalGlooLauncher(_ProcessPerRankLauncher):
         slots = gloo_slots([("localhost", self.np)])
         self._deaths = []
         self._server = LoopbackStoreServer(GlooStore(slots).request)
-        base = self.base_env(env)
+        base, command = self.base_env(env), self.rank_command()
         for slot in slots:
-            self._spawn(worker_command(), base | gloo_env(slot, self._server.port, "lo"))
+            self._spawn(command, base | gloo_env(slot, self._server.port, "lo"))
 
     def stop(self) -> list[str]:
         remaining = super().stop()
@@ -160,9 +169,9 @@ class LocalTorchLauncher(_ProcessPerRankLauncher):
     def start(self, hub: Hub, env: dict[str, str]) -> None:
         self._deaths = []
         self._held = reserve_port()
-        base, port = self.base_env(env), self._held.getsockname()[1]
+        base, port, command = self.base_env(env), self._held.getsockname()[1], self.rank_command()
         for slot in gloo_slots([("localhost", self.np)]):
-            self._spawn(worker_command(), base | torch_env(slot, "127.0.0.1", port))
+            self._spawn(command, base | torch_env(slot, "127.0.0.1", port))
 
     def stop(self) -> list[str]:
         try:

@@ -9,12 +9,16 @@ and reports rank 0's value or the rank's traceback. It must not import IPython.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import faulthandler
 import json
 import os
+import signal
 import socket
 import sys
+import traceback
 from collections.abc import Callable
+from typing import NoReturn
 
 from hvd_magic.protocol import (
     ENV_HUB,
@@ -139,9 +143,28 @@ def main() -> int:
     return code
 
 
-if __name__ == "__main__":
-    exit_code = main()
-    # atexit hooks finalize MPI (mpirun counts a rank that skips MPI_Finalize as failed); then
-    # skip the interpreter's module teardown, where frameworks' destructors can hang a rank.
+def run_and_exit() -> NoReturn:
+    """``main()``, then the end of a rank, started or forked (``forkserver``): atexit hooks finalize
+    MPI (mpirun counts a rank that skips MPI_Finalize as failed); the interpreter's module
+    teardown, where frameworks' destructors can hang a rank, is skipped."""
+    exit_code, interrupted = 1, False
+    try:
+        exit_code = main()
+    except SystemExit as stop:
+        exit_code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+    except KeyboardInterrupt:
+        interrupted = True
+    except BaseException:  # noqa: BLE001 - as the interpreter would: the traceback, exit 1
+        traceback.print_exc()
     atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    if interrupted:  # as the interpreter ends on an uncaught KeyboardInterrupt: by SIGINT
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
     os._exit(exit_code)
+
+
+if __name__ == "__main__":
+    run_and_exit()

@@ -9,6 +9,7 @@ module body, so its last expression is the value of the cell, as in IPython.
 from __future__ import annotations
 
 import ast
+import dis
 import os
 import pickle
 import sys
@@ -31,6 +32,42 @@ LARGE_PAYLOAD_BYTES = 50 * 1024 * 1024
 class Captured:
     blob: bytes
     notices: list[str]
+    imports: frozenset[str] = frozenset()  # the modules its code imports, dotted (launch.warm reads them)
+
+
+def imports_of(tree: ast.AST) -> set[str]:
+    """The modules a cell's code imports anywhere (``from horovod import torch``: horovod.torch)."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _code_imports(code: types.CodeType, names: dict[str, Any]) -> set[str]:
+    """The modules a function's code imports, and the modules among the globals it reads."""
+    found: set[str] = set()
+    last = ""
+    for instruction in dis.get_instructions(code):
+        if instruction.opname == "IMPORT_NAME":
+            last = str(instruction.argval)
+            found.add(last)
+        elif instruction.opname == "IMPORT_FROM" and last:
+            found.add(f"{last}.{instruction.argval}")
+    found.update(
+        value.__name__ for name in code.co_names if isinstance(value := names.get(name), types.ModuleType)
+    )
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            found |= _code_imports(constant, names)
+    return found
+
+
+def _modules_in(namespace: dict[str, Any]) -> set[str]:
+    return {value.__name__ for value in namespace.values() if isinstance(value, types.ModuleType)}
 
 
 def names_read(source: str | ast.Module) -> set[str]:
@@ -157,7 +194,7 @@ def capture_cell(
     silent = source.rstrip().endswith(";")
     payload = CellPayload(source, namespace, list(return_names or []), silent)
     blob = _dump(payload, "the cell", namespace)
-    return Captured(blob, _size_notice(blob, namespace))
+    return Captured(blob, _size_notice(blob, namespace), frozenset(imports_of(tree) | _modules_in(namespace)))
 
 
 def capture_function(function: Callable[..., Any], kwargs: dict[str, Any]) -> Captured:
@@ -168,4 +205,6 @@ def capture_function(function: Callable[..., Any], kwargs: dict[str, Any]) -> Ca
     blob = _dump(
         FunctionPayload(function, kwargs), f"function {getattr(function, '__name__', '?')}", namespace
     )
-    return Captured(blob, _size_notice(blob, namespace))
+    code = getattr(function, "__code__", None)
+    imports = _code_imports(code, getattr(function, "__globals__", {})) if code is not None else set()
+    return Captured(blob, _size_notice(blob, namespace), frozenset(imports | _modules_in(kwargs)))

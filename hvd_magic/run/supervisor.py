@@ -1,13 +1,11 @@
-"""One run, whatever started it (``%%horovod`` or ``HorovodRunner``): hub + launcher + supervision.
-
-``execute`` picks the launcher (``launch.create``), starts the hub with the payload, and hands
-both to a ``Run``, which feeds the ranks' messages to a view and turns the outcome into rank 0's
-value or one clear exception (``diagnosis`` says which). ``Run`` knows neither which launcher nor
-which view it has: tests drive it with in-memory ones.
-"""
+"""One run, whatever started it (``%%horovod`` or ``HorovodRunner``): ``execute`` picks the launcher
+(``launch.create``), starts the hub with the payload, and hands both to a ``Run``, which feeds the
+ranks' messages to a view and turns the outcome into rank 0's value or one clear exception
+(``diagnosis`` says which). ``Run`` knows neither which launcher nor which view it has."""
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import time
@@ -67,10 +65,11 @@ def _attempts(
     store = CheckpointStore(options.checkpoint_dir)
     attempts = Attempts(options, view, store, launch.slots_now)
     shown = HeldView(view) if options.retries else view
+    create = functools.partial(launch.create, imports=captured.imports)  # local PyTorch ranks: warm
     try:
         while True:
             try:
-                launcher = attempts.launcher(launch.create, START_TIMEOUT)
+                launcher = attempts.launcher(create, START_TIMEOUT)
             except KeyboardInterrupt:
                 raise RunInterrupted("interrupted before any rank started; nothing was launched.") from None
             for text in launcher.notices:

@@ -1,0 +1,78 @@
+"""Warm ranks benchmark: what a local PyTorch cell costs with its ranks forked from the fork
+server (``launch.warm``) against the same cell with every rank started anew
+(``HVD_MAGIC_WARM_RANKS=0``), measured in turn in the same run.
+
+Per cell: wall time, and the CPU time of the whole machine meanwhile (``/proc/stat``: the
+ranks, mpirun and the server are not all this process's children, so their own counters cannot
+be summed here; run it on an otherwise idle machine). The cell is a small Horovod step
+(``hvd.init()``, one allreduce), so its cost is mostly the start. The first warm cell, which
+starts the server, is shown on its own.
+
+Usage: python bench/warm_ranks.py [--ranks 2] [--repeat 5] [--launcher mpi]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+from timing import QuietView
+
+from hvd_magic.launch.warm import ENV_WARM_RANKS
+from hvd_magic.options import make_options
+from hvd_magic.run.capture import capture_cell
+from hvd_magic.run.supervisor import execute
+
+CELL = """
+import horovod.torch as hvd, torch
+hvd.init()
+hvd.allreduce(torch.ones(4), name="x").sum().item()
+"""
+
+
+def busy_seconds() -> float:
+    """CPU seconds the machine has spent busy (user, nice, system, irq, softirq) since boot."""
+    with open("/proc/stat") as stat:
+        fields = [int(value) for value in stat.readline().split()[1:8]]
+    user, nice, system, _idle, _iowait, irq, softirq = fields
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def one_cell(ranks: int, launcher: str, warm: bool) -> tuple[float, float]:
+    os.environ[ENV_WARM_RANKS] = "1" if warm else "0"
+    options = make_options(np=-ranks, launcher=launcher)
+    cpu, started = busy_seconds(), time.perf_counter()
+    value, _ = execute(capture_cell(CELL, {}), options, QuietView())
+    assert value == 4.0, value  # the average of ones
+    return time.perf_counter() - started, busy_seconds() - cpu
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--launcher", default="mpi", choices=("mpi", "gloo"))
+    args = parser.parse_args()
+    one_cell(args.ranks, args.launcher, warm=False)  # page cache warm for both
+    first_wall, first_cpu = one_cell(args.ranks, args.launcher, warm=True)  # starts the server
+    runs: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+    for index in range(2 * args.repeat):
+        warm = index % 2 == 1  # in turn
+        runs[warm].append(one_cell(args.ranks, args.launcher, warm))
+    print(f"np=-{args.ranks} launcher={args.launcher}, a Horovod-torch cell, medians of {args.repeat}:")
+    medians = {}
+    for warm, label in ((False, "started anew"), (True, "warm (forked)")):
+        wall = statistics.median(run[0] for run in runs[warm])
+        cpu = statistics.median(run[1] for run in runs[warm])
+        medians[warm] = (wall, cpu)
+        print(f"  {label:<14} {wall:6.2f} s wall  {cpu:6.2f} CPU-s")
+    print(f"  first warm cell (starts the server): {first_wall:.2f} s wall, {first_cpu:.2f} CPU-s")
+    (cold_wall, cold_cpu), (warm_wall, warm_cpu) = medians[False], medians[True]
+    ratios = f"{warm_wall / cold_wall:.2f}x the wall time, {warm_cpu / cold_cpu:.2f}x the CPU"
+    print(f"warm / started anew: {ratios}")
+
+
+if __name__ == "__main__":
+    main()

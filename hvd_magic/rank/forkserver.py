@@ -1,0 +1,245 @@
+"""Warm ranks: one process on the notebook's machine imports the framework once, then forks every
+local rank from itself, so that a rank starts in milliseconds instead of importing PyTorch anew
+(1.5 to 3 CPU-seconds a rank).
+
+    python -m hvd_magic.rank.forkserver SOCKET MODULE...     # stdin: held open by the notebook
+
+A launcher starts ``forked.py SOCKET`` where it would start the rank (``mpirun`` runs it, or the
+launcher itself): that stand-in hands its standard streams, environment and directory over the
+socket and stands for the rank until it ends (see ``forked``). Here, for each stand-in:
+
+- a *waiter* is forked, which forks the rank, tells the stand-in the rank's pid, waits for the
+  rank and tells it how the rank ended (a signal too);
+- the rank takes the stand-in's streams, environment, directory, CPU affinity and cgroups (so
+  its memory is counted, and an out-of-memory kill recorded, where the launcher looks), seeds
+  its random generators afresh (they were copied from here) and sets its framework's threads
+  from the thread budget it was given; then it runs ``hvd_magic.rank.worker`` as ``python -m``
+  would, and dies with the stand-in (the socket's end of file).
+
+Peers are authenticated by the kernel: the socket's folder is the user's only (0700) and a peer
+of another user id is refused (``SO_PEERCRED``). The server ends when the notebook closes its
+stdin or dies. It must never touch a GPU or start a thread before forking: a CUDA context or a
+lock held by another thread would not survive into the ranks.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import ctypes
+import importlib
+import io
+import json
+import os
+import runpy
+import signal
+import socket
+import struct
+import sys
+import threading
+from typing import Any
+
+from hvd_magic.protocol.files import forked_rank_file
+
+__all__ = ["receive", "serve"]
+
+MAX_REQUEST = 1 << 20  # one stand-in's environment and directory, as JSON
+STREAMS = 3  # stdin, stdout, stderr
+
+
+def receive(conn: socket.socket) -> tuple[dict[str, Any], list[int], int]:
+    """One stand-in's request, its three streams and its pid; ``PermissionError`` for a peer of
+    another user."""
+    pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    if uid != os.getuid():
+        raise PermissionError(f"peer of user {uid}")
+    fds = array.array("i")
+    data, ancillary, _, _ = conn.recvmsg(MAX_REQUEST, socket.CMSG_SPACE(STREAMS * fds.itemsize))
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    request = json.loads(data) if len(fds) == STREAMS else None
+    env, cwd = (request.get("env"), request.get("cwd")) if isinstance(request, dict) else (None, None)
+    if not (isinstance(cwd, str) and isinstance(env, dict) and all(isinstance(v, str) for v in env.values())):
+        for fd in fds:
+            os.close(fd)
+        raise ValueError("not a stand-in's request (its environment, directory and three streams)")
+    return {"env": env, "cwd": cwd}, list(fds), pid
+
+
+def serve(path: str, modules: list[str]) -> None:
+    global _socket_path
+    _socket_path = path
+    for name in modules:
+        importlib.import_module(name)
+    sys.modules.pop(WORKER, None)  # its imports stay; the module itself runs anew, as ``__main__``
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        raise SystemExit("hvd_magic fork server: importing the framework started CUDA; not forking")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # one message, one request
+    server.bind(path)
+    server.listen(64)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the waiters: reaped by the kernel
+    _end_with_stdin(server)
+    print("ready", flush=True)
+    while True:
+        conn, _ = server.accept()
+        try:
+            request, fds, stand_in = receive(conn)
+        except (OSError, ValueError) as err:
+            print(f"hvd_magic fork server: refused a request: {err}", file=sys.stderr, flush=True)
+            conn.close()
+            continue
+        if os.fork() == 0:
+            try:  # a child never returns into this loop, whatever happens in it
+                server.close()
+                _wait_for_rank(conn, request, fds, stand_in)
+            finally:
+                os._exit(1)
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+
+
+def _end_with_stdin(server: socket.socket) -> None:
+    """The notebook holds our stdin: at its end (closed, or the notebook died) the server ends.
+    A process of its own watches it, so that the server itself never has a second thread."""
+    if os.fork() == 0:
+        server.close()
+        while sys.stdin.buffer.read(1 << 16):
+            pass
+        os.kill(os.getppid(), signal.SIGTERM)
+        os._exit(0)
+    nothing = os.open(os.devnull, os.O_RDONLY)  # fd 0 stays taken: a stand-in's streams come above 2
+    os.dup2(nothing, 0)
+    os.close(nothing)
+
+
+def _wait_for_rank(conn: socket.socket, request: dict[str, Any], fds: list[int], stand_in: int) -> None:
+    """The waiter: forks the rank, then tells the stand-in its pid and, once it ended, how."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    from hvd_magic.protocol.lifetime import die_with_parent
+
+    die_with_parent()  # the server gone, the waiter goes (and the rank with it)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _become_rank(conn, request, fds, stand_in)  # ends the process
+        finally:
+            os._exit(1)
+    for fd in fds:
+        os.close(fd)
+    written = forked_rank_file(os.path.dirname(_socket_path), stand_in)
+    try:
+        with open(written, "w") as note:
+            note.write(str(pid))
+        conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+        _, status = os.waitpid(pid, 0)
+        conn.sendall(json.dumps({"status": status}).encode() + b"\n")
+    except OSError:
+        pass  # the stand-in is gone: the rank sees it too and ends
+    finally:
+        with contextlib.suppress(OSError):
+            os.waitpid(pid, 0)
+        with contextlib.suppress(OSError):
+            os.remove(written)
+    os._exit(0)
+
+
+def _become_rank(conn: socket.socket, request: dict[str, Any], fds: list[int], stand_in: int) -> None:
+    os.setsid()  # out of the server's group: a signal meant for it is not the rank's
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    sys.path[:] = _rank_path(request["cwd"], request["env"].get("PYTHONPATH", ""))
+    _take_place_of(stand_in)
+    _fresh_state()
+    threading.Thread(target=_die_with, args=(conn,), name="hvd_magic-stand-in", daemon=True).start()
+    _show_as([sys.executable, "-m", WORKER])
+    runpy.run_module(WORKER, run_name="__main__", alter_sys=True)  # as ``python -m``: ends the process
+    os._exit(1)  # not reached: the worker's ``__main__`` ends the process
+
+
+WORKER = "hvd_magic.rank.worker"
+_socket_path = ""
+
+
+def _rank_path(cwd: str, pythonpath: str) -> list[str]:
+    """sys.path as ``python -m`` in ``cwd`` with ``pythonpath`` would have it: the directory, the
+    PYTHONPATH entries, then the interpreter's own."""
+    return [cwd, *(entry for entry in pythonpath.split(os.pathsep) if entry), *_BASE_PATH]
+
+
+def _take_place_of(stand_in: int) -> None:
+    """The stand-in's CPU affinity and cgroups (memory accounting and OOM records among them)."""
+    try:
+        os.sched_setaffinity(0, os.sched_getaffinity(stand_in))
+    except OSError:
+        pass
+    try:
+        with open(f"/proc/{stand_in}/cgroup") as lines:
+            groups = [line.rstrip("\n").split(":", 2) for line in lines]
+    except OSError:
+        return
+    for _, controllers, path in groups:  # v1: "4:memory:/a/b"; v2: "0::/a/b"
+        folder = "/sys/fs/cgroup" + (f"/{controllers.removeprefix('name=')}" if controllers else "")
+        try:
+            with open(os.path.join(folder + path, "cgroup.procs"), "w") as procs:
+                procs.write(str(os.getpid()))
+        except OSError:
+            pass  # not ours to move (no delegation): accounted where the server is
+
+
+def _show_as(argv: list[str]) -> None:
+    """What ``ps`` and psutil show as this process's command line: ``argv``, written over the
+    server's own (longer) in place, as a started rank's reads."""
+    try:
+        with open("/proc/self/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end: proc(5) fields 48, 49
+    except (OSError, IndexError, ValueError):
+        return
+    shown = "\0".join(argv).encode() + b"\0"
+    if len(shown) <= end - start:
+        ctypes.memmove(start, shown.ljust(end - start, b"\0"), end - start)
+
+
+def _fresh_state() -> None:
+    """What a fork copies that a started process would have drawn anew: random seeds; and the
+    threads the framework read from the server's environment at import."""
+    import random
+
+    random.seed()
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()
+    torch = sys.modules.get("torch")
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if torch is not None and threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+
+
+def _die_with(conn: socket.socket) -> None:
+    """The stand-in is the rank's place in its launcher's tree: when it is gone, so is the rank."""
+    try:
+        while conn.recv(64):
+            pass
+    except OSError:
+        pass
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+# the interpreter's own sys.path: without the server's directory (``-m``) and PYTHONPATH
+_SERVER_PYTHONPATH = {
+    os.path.abspath(entry) for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry
+}
+_BASE_PATH = [entry for entry in sys.path[1:] if os.path.abspath(entry) not in _SERVER_PYTHONPATH]
+
+if __name__ == "__main__":
+    serve(sys.argv[1], sys.argv[2:])

@@ -1,0 +1,183 @@
+"""Warm ranks: local ranks of PyTorch code are forked from a server that imported PyTorch once
+(``launch.warm``, ``rank.forkserver``, ``rank.forked``). What a started rank would be, each is:
+its own random draws, its thread budget, its directory first on sys.path, its command line, a
+namespace and ``sys.modules`` of its own code only; and it ends with its place in the launcher's
+tree. Runs that are not PyTorch's, or that ask not to, start the usual way."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import psutil
+import pytest
+
+from hvd_magic import RunError
+from hvd_magic.launch.warm import ENV_WARM_RANKS, warm_modules
+from hvd_magic.options import make_options
+from hvd_magic.run.capture import capture_cell, capture_function
+
+from .helpers import gone_within, leftover_processes, waiting_cell, when_started
+
+SERVER = "hvd_magic.rank.forkserver"
+
+# Each rank writes where it runs and what it sees into DIRECTORY/RANK.json.
+WHERE = """
+import json, os, random, sys, torch
+from hvd_magic.protocol.env import rank_from_env
+rank = rank_from_env()[0]
+def parent_of(pid):
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+def cmdline(pid):
+    return [part for part in open(f"/proc/{pid}/cmdline").read().split("\\0") if part]
+seen = {
+    "pid": os.getpid(), "command": cmdline(os.getpid())[1:], "parent": cmdline(os.getppid()),
+    "grandparent": parent_of(os.getppid()), "threads": torch.get_num_threads(),
+    "budget": os.environ.get("OMP_NUM_THREADS"), "draw": random.random(),
+    "path0": sys.path[0] == os.getcwd(), "foreign": sorted(set(globals()) & {"serve", "receive", "WORKER"}),
+    "horovod": "horovod" in sys.modules,
+}
+open(os.path.join(DIRECTORY, f"{rank}.json"), "w").write(json.dumps(seen))
+"""
+
+
+def where(ip, tmp_path: Path, options: str = "np=-2") -> list[dict]:
+    folder = tmp_path / f"cell-{len(list(tmp_path.glob('cell-*')))}"
+    folder.mkdir()
+    ip.run_cell_magic("horovod", options, f"DIRECTORY = {str(folder)!r}\n" + WHERE)
+    return [json.loads((folder / f"{rank}.json").read_text()) for rank in range(2)]
+
+
+def servers() -> list[psutil.Process]:
+    return [p for p in psutil.Process().children() if SERVER in " ".join(p.cmdline())]
+
+
+@pytest.mark.parametrize("launcher", ["launcher=mpi", "launcher=gloo", "backend=torch"])
+def test_a_torch_cells_ranks_are_forked_from_one_server_and_are_what_started_ranks_would_be(
+    ip, tmp_path, launcher
+):
+    first = where(ip, tmp_path, f"np=-2 {launcher}")
+    second = where(ip, tmp_path, f"np=-2 {launcher}")
+    (server,) = {seen["grandparent"] for seen in first + second}  # one server, kept for the next cell
+    assert server in [p.pid for p in servers()]
+    for seen in first + second:
+        assert SERVER in " ".join(seen["parent"])  # forked (by the server's waiter)
+        assert seen["command"] == ["-m", "hvd_magic.rank.worker"]  # as ps shows a started rank
+        assert seen["threads"] == int(seen["budget"]) == 1  # the budget, not the server's 2 cores
+        assert seen["path0"] and seen["foreign"] == [] and not seen["horovod"]
+    assert len({seen["draw"] for seen in first + second}) == 4  # random seeded afresh in each
+    assert len({seen["pid"] for seen in first + second}) == 4
+
+
+@pytest.mark.parametrize(
+    "options, cell_imports",
+    [
+        ("np=-2", "import os"),  # no framework: nothing to gain
+        ("np=-2 env=A=1", "import torch"),  # a variable of its own, read at import perhaps
+    ],
+)
+def test_other_ranks_start_the_usual_way(ip, tmp_path, options, cell_imports):
+    cell = (
+        f"{cell_imports}\nimport os\nfrom hvd_magic.protocol.env import rank_from_env\n"
+        f"parent = open(f'/proc/{{os.getppid()}}/cmdline').read()\n"
+        f"open(os.path.join({str(tmp_path)!r}, str(rank_from_env()[0])), 'w').write(parent)\n"
+    )
+    ip.run_cell_magic("horovod", options, cell)
+    assert [(tmp_path / str(rank)).read_text().split("\0")[0] for rank in (0, 1)] == ["mpirun"] * 2
+
+
+def test_warm_ranks_can_be_turned_off(ip, tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV_WARM_RANKS, "0")
+    assert all("mpirun" in seen["parent"] for seen in where(ip, tmp_path))
+
+
+def test_which_runs_are_warm_is_read_from_the_code():
+    local, spark = make_options(np=-2), make_options(np=2)
+    assert warm_modules({"torch", "torch.nn"}, local) == ("torch", "hvd_magic.rank.worker")
+    both = ("torch", "horovod.torch", "hvd_magic.rank.worker")
+    assert warm_modules({"horovod.torch", "torch"}, local) == both
+    assert warm_modules({"horovod.torch"}, local) == both
+    assert warm_modules({"torch", "tensorflow"}, local) == ()  # two frameworks: as it was
+    assert warm_modules({"horovod.keras", "torch"}, local) == ()
+    assert warm_modules({"numpy"}, local) == ()
+    assert warm_modules({"torch"}, spark) == ()  # on the executors: started there
+    assert warm_modules({"torch"}, make_options(np=-2, env={"LD_PRELOAD": "x"})) == ()
+
+
+def test_what_a_cell_or_a_function_imports_is_captured():
+    cell = "import os, torch.nn as nn\nfrom horovod import torch as hvd\ndef f():\n    import numpy\n"
+    assert capture_cell(cell, {}).imports >= {"os", "torch.nn", "horovod", "horovod.torch", "numpy"}
+    assert "json" in capture_cell("x = json.dumps(1)", {"json": json}).imports  # a notebook's module
+
+    def train():
+        import horovod.torch as hvd
+
+        return hvd, os.getpid()
+
+    assert {"horovod.torch", "os"} <= capture_function(train, {}).imports
+
+
+def test_a_rank_ends_with_its_stand_in(ip, tmp_path):
+    """The stand-in is the rank's place in its launcher's tree: SIGKILLed, its rank goes too,
+    and the run says which rank was killed."""
+
+    def kill_a_stand_in() -> None:
+        for process in psutil.Process().children(recursive=True):
+            if process.cmdline()[1:2] and process.cmdline()[1].endswith("forked.py"):  # not mpirun's
+                process.send_signal(signal.SIGKILL)
+                return
+
+    when_started(tmp_path, 2, kill_a_stand_in)
+    with pytest.raises(RunError, match=r"killed by signal 9 \(SIGKILL\)"):
+        ip.run_cell_magic("horovod", "np=-2", waiting_cell(tmp_path, wait="time.sleep(120)\n", horovod=True))
+    assert gone_within(10) == []
+
+
+def test_a_server_that_died_is_started_anew(ip, tmp_path):
+    before = {seen["grandparent"] for seen in where(ip, tmp_path)}
+    for server in servers():
+        server.kill()
+        server.wait(10)
+    after = {seen["grandparent"] for seen in where(ip, tmp_path)}
+    assert len(after) == 1 and after != before
+    assert leftover_processes() == []
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not os.access("/usr/bin/python3", os.X_OK), reason="runs a peer as another user"
+)
+def test_the_server_answers_only_its_own_user(ip, tmp_path):
+    (used,) = {seen["grandparent"] for seen in where(ip, tmp_path)}  # a server is up
+    server = psutil.Process(used)
+    socket_path = server.cmdline()[server.cmdline().index("-m") + 2]
+    folder = os.path.dirname(socket_path)
+    os.chmod(folder, 0o755)  # as if the folder let others in: the peer check still holds
+    os.chmod(socket_path, 0o777)
+    try:
+        peer = (  # a stand-in's request; what comes back (b'' once the server closed on it)
+            "import array, json, socket, sys\n"
+            "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); s.connect(sys.argv[1])\n"
+            "try:\n"
+            "    s.sendmsg([json.dumps({'env': {}, 'cwd': '/'}).encode()],\n"
+            "              [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array('i', [0, 1, 2]))])\n"
+            "    answer = s.recv(4096)\n"
+            "except (BrokenPipeError, ConnectionResetError):\n"
+            "    answer = b''\n"
+            "print(len(answer))\n"
+        )
+        done = subprocess.run(
+            ["/usr/bin/python3", "-c", peer, socket_path],  # the suite's venv is under /root
+            user=65534,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
+        )
+    finally:
+        os.chmod(folder, 0o700)
+    assert done.stdout.strip() == "0", done.stderr  # closed, unanswered: nothing forked
+    log = Path(folder, "log").read_text()
+    assert "refused a request: peer of user 65534" in log
