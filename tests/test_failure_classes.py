@@ -105,6 +105,13 @@ def test_a_process_killed_by_the_oom_killer_is_told_from_one_killed_from_outside
     assert killed.failure is FailureClass.KILLED and killed.what == "was killed by signal 9 (SIGKILL)"
 
 
+def _serves(process: psutil.Process) -> bool:
+    try:
+        return "hvd_magic.rank.forkserver" in process.cmdline()
+    except psutil.Error:  # gone, or a zombie
+        return False
+
+
 def test_a_rank_taken_by_the_oom_killer_is_named_with_its_limit_and_not_retried(memory_cgroup, tmp_path):
     """A notebook's kernel in a container with a memory limit: rank 1 allocates past it. Its
     ranks are warm, forked from a server that started before the kernel was put in the cgroup:
@@ -116,7 +123,7 @@ def test_a_rank_taken_by_the_oom_killer_is_named_with_its_limit_and_not_retried(
         assert kernel.run("%%horovod np=-2 backend=torch\nimport torch\n").status == "ok"  # the server
         (memory_cgroup / "cgroup.procs").write_text(str(manager.provisioner.process.pid))
         kernel_process = psutil.Process(manager.provisioner.process.pid)
-        servers = [p.pid for p in kernel_process.children() if "hvd_magic.rank.forkserver" in p.cmdline()]
+        servers = [p.pid for p in kernel_process.children() if _serves(p)]
         limited = (memory_cgroup / "cgroup.procs").read_text().split()
         assert servers and not set(map(str, servers)) & set(limited)  # outside the limit
         outcome = kernel.run("%%horovod np=-2 backend=torch retries=1\n" + OOM_CELL, timeout=240)

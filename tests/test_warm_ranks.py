@@ -52,7 +52,14 @@ def where(ip, tmp_path: Path, options: str = "np=-2") -> list[dict]:
 
 
 def servers() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children() if SERVER in " ".join(p.cmdline())]
+    found = []
+    for process in psutil.Process().children():
+        try:
+            if SERVER in " ".join(process.cmdline()):
+                found.append(process)
+        except psutil.Error:  # gone, or a zombie
+            continue
+    return found
 
 
 @pytest.mark.parametrize("launcher", ["launcher=mpi", "launcher=gloo", "backend=torch"])
@@ -126,9 +133,12 @@ def test_a_rank_ends_with_its_stand_in(ip, tmp_path):
 
     def kill_a_stand_in() -> None:
         for process in psutil.Process().children(recursive=True):
-            if process.cmdline()[1:2] and process.cmdline()[1].endswith("forked.py"):  # not mpirun's
-                process.send_signal(signal.SIGKILL)
-                return
+            try:  # a process of another test's run may be a zombie by now
+                if process.cmdline()[1:2] and process.cmdline()[1].endswith("forked.py"):  # not mpirun's
+                    process.send_signal(signal.SIGKILL)
+                    return
+            except psutil.Error:
+                continue
 
     when_started(tmp_path, 2, kill_a_stand_in)
     with pytest.raises(RunError, match=r"killed by signal 9 \(SIGKILL\)"):
@@ -144,6 +154,16 @@ def test_a_server_that_died_is_started_anew(ip, tmp_path):
     after = {seen["grandparent"] for seen in where(ip, tmp_path)}
     assert len(after) == 1 and after != before
     assert leftover_processes() == []
+
+
+def test_a_variable_read_at_import_changed_in_the_notebook_gets_a_new_server(ip, tmp_path, monkeypatch):
+    """The ranks of the next cell see PyTorch imported with the notebook's environment of now."""
+    before = {seen["grandparent"] for seen in where(ip, tmp_path)}
+    monkeypatch.setenv("TORCH_SHOW_CPP_STACKTRACES", "1")
+    after = {seen["grandparent"] for seen in where(ip, tmp_path)}
+    assert len(after) == 1 and after != before
+    again = {seen["grandparent"] for seen in where(ip, tmp_path)}
+    assert again == after  # kept while nothing changes
 
 
 @pytest.mark.skipif(

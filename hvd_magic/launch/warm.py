@@ -8,7 +8,7 @@ read at import would not reach a rank forked from a process that imported alread
 and every rank where ``HVD_MAGIC_WARM_RANKS=0``, start the usual way. The server starts with
 the first such run (it pays the imports once, in that run's start) and stays for the next
 ones while the kernel lives; a server that died, or whose PyTorch or Horovod was reinstalled
-since, is started anew.
+since, or whose imports read a variable the notebook has changed since, is started anew.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ __all__ = ["ENV_WARM_RANKS", "forked_ranks", "stand_in_command", "warm_modules"]
 ENV_WARM_RANKS = "HVD_MAGIC_WARM_RANKS"  # "0": every local rank starts the usual way
 READY_SECONDS = 120.0  # the server's imports, on a loaded machine
 WORKER = "hvd_magic.rank.worker"  # its own imports, preloaded too
+IMPORT_VARIABLES = ("TORCH", "PYTORCH", "PYTHON", "LD_", "OMP_", "KMP_", "GOMP_", "MKL_")
 _COLD = (
     "tensorflow",
     "keras",
@@ -71,7 +72,7 @@ class _Server:
     """One fork server, and what it was started from."""
 
     def __init__(self, modules: tuple[str, ...]) -> None:
-        self.modules, self.installed = modules, _installed(modules)
+        self.modules, self.installed, self.read_at_import = modules, _installed(modules), _read_at_import()
         self.folder = tempfile.mkdtemp(prefix="hvd_magic-fork-")  # the user's only (0700)
         self.socket = os.path.join(self.folder, "socket")
         self.log = open(os.path.join(self.folder, "log"), "w+b")  # noqa: SIM115 - the server's stderr
@@ -89,14 +90,18 @@ class _Server:
     def ready(self, timeout: float) -> bool:
         """Whether it said ``ready`` within ``timeout`` seconds."""
         said: list[bytes] = []
-        assert self.process.stdout is not None
-        reader = threading.Thread(target=lambda: said.append(self.process.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        stdout = self.process.stdout
+        assert stdout is not None
+        reader = threading.Thread(target=lambda: said.append(stdout.readline()), daemon=True)
         reader.start()
         reader.join(timeout)
         return said == [b"ready\n"]
 
     def usable(self) -> bool:
-        return self.process.poll() is None and _installed(self.modules) == self.installed
+        """Alive, and what it imported would be imported alike now: the same files, and the same
+        variables that the imports read."""
+        same = _installed(self.modules) == self.installed and _read_at_import() == self.read_at_import
+        return self.process.poll() is None and same
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -108,6 +113,12 @@ class _Server:
             self.process.wait()
         self.log.close()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _read_at_import() -> dict[str, str]:
+    """The notebook's variables that PyTorch, its OpenMP and the interpreter may read at import
+    (a rank forked later would not see a new value of one)."""
+    return {name: value for name, value in os.environ.items() if name.startswith(IMPORT_VARIABLES)}
 
 
 def _installed(modules: tuple[str, ...]) -> dict[str, float]:
@@ -122,6 +133,7 @@ def _installed(modules: tuple[str, ...]) -> dict[str, float]:
 
 
 _servers: dict[tuple[str, ...], _Server] = {}
+_retired: list[_Server] = []  # replaced, closed when the kernel ends
 _failed: set[tuple[str, ...]] = set()
 _lock = threading.Lock()
 
@@ -132,7 +144,7 @@ def stand_in_command(modules: tuple[str, ...]) -> list[str] | None:
     with _lock:
         server = _servers.get(modules)
         if server is not None and not server.usable():
-            server.close()
+            _retired.append(_servers.pop(modules))  # its ranks of a run still going keep running
             server = None
         if server is None:
             if modules in _failed:
@@ -151,7 +163,7 @@ def stand_in_command(modules: tuple[str, ...]) -> list[str] | None:
 def forked_ranks(processes: Iterable[psutil.Process]) -> list[psutil.Process]:
     """The warm ranks running for those of ``processes`` that are their stand-ins."""
     with _lock:
-        folders = [server.folder for server in _servers.values()]
+        folders = [server.folder for server in [*_servers.values(), *_retired]]
     found = []
     for process, folder in itertools.product(processes, folders):
         try:
@@ -165,6 +177,7 @@ def forked_ranks(processes: Iterable[psutil.Process]) -> list[psutil.Process]:
 @atexit.register
 def _close_all() -> None:
     with _lock:
-        for server in _servers.values():
+        for server in [*_servers.values(), *_retired]:
             server.close()
         _servers.clear()
+        _retired.clear()
