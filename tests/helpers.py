@@ -20,6 +20,7 @@ from hvd_magic.protocol import Message
 RUN_PROGRAMS = ("mpirun", "orted")
 RUN_MODULES = ("hvd_magic.rank.worker", "hvd_magic.launch.task.agent")
 SPARK_CONF = Path(__file__).parent / "spark-conf"  # every Spark JVM of the suite reads it (conftest)
+STAND_IN = os.path.join("hvd_magic", "rank", "forked.py")  # a warm rank's stand-in, run by path
 SUITE_VARIABLE = "HVD_MAGIC_TEST_SUITE"  # every process a suite starts inherits its mark (conftest)
 SLEEP_FOREVER = "while True:\n    time.sleep(0.1)\n"
 WAIT_FOR_GO = (  # a cell's ranks wait (up to 120 s) for the test to make ``go`` in the folder ``d``
@@ -157,7 +158,7 @@ def is_run_process(argv: list[str]) -> bool:
         return False
     if os.path.basename(argv[0]) in RUN_PROGRAMS:
         return True
-    if len(argv) > 1 and argv[1].endswith(os.path.join("hvd_magic", "rank", "forked.py")):  # a stand-in
+    if any(part.endswith(STAND_IN) for part in argv[1:3]):  # python [-I] .../forked.py: a stand-in
         return True
     return any(argv[i] == "-m" and argv[i + 1] in RUN_MODULES for i in range(len(argv) - 1))
 

@@ -20,7 +20,7 @@ from hvd_magic.launch.warm import ENV_WARM_RANKS, warm_modules
 from hvd_magic.options import make_options
 from hvd_magic.run.capture import capture_cell, capture_function
 
-from .helpers import gone_within, leftover_processes, waiting_cell, when_started
+from .helpers import STAND_IN, gone_within, leftover_processes, waiting_cell, when_started
 
 SERVER = "hvd_magic.rank.forkserver"
 
@@ -134,7 +134,7 @@ def test_a_rank_ends_with_its_stand_in(ip, tmp_path):
     def kill_a_stand_in() -> None:
         for process in psutil.Process().children(recursive=True):
             try:  # a process of another test's run may be a zombie by now
-                if process.cmdline()[1:2] and process.cmdline()[1].endswith("forked.py"):  # not mpirun's
+                if any(part.endswith(STAND_IN) for part in process.cmdline()[1:3]):  # not mpirun's
                     process.send_signal(signal.SIGKILL)
                     return
             except psutil.Error:

@@ -157,7 +157,8 @@ def stand_in_command(modules: tuple[str, ...]) -> list[str] | None:
             _servers[modules] = server
     stand_in = importlib.util.find_spec("hvd_magic.rank.forked")
     assert stand_in is not None and stand_in.origin is not None
-    return [sys.executable, stand_in.origin, server.socket]  # by path: no package to import
+    # by path, isolated (-I): no package to import, and no module beside it taken for the stdlib's
+    return [sys.executable, "-I", stand_in.origin, server.socket]
 
 
 def forked_ranks(processes: Iterable[psutil.Process]) -> list[psutil.Process]:

@@ -1,4 +1,4 @@
-"""The stand-in a launcher starts for a warm rank: ``python .../forked.py SOCKET``.
+"""The stand-in a launcher starts for a warm rank: ``python -I .../forked.py SOCKET``.
 
 It hands its place (standard streams, environment, directory) to the fork server at SOCKET,
 which forks the rank from a process that has imported the framework already (``forkserver``);
