@@ -3,6 +3,7 @@ The plan the driver makes is also tested pure."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -13,6 +14,7 @@ import subprocess
 import time
 from types import SimpleNamespace
 
+import psutil
 import pytest
 
 from hvd_magic import (
@@ -149,6 +151,64 @@ def test_the_next_cells_tasks_run_in_the_python_workers_spark_kept_from_the_last
     assert leftover_processes() == []
 
 
+# Each rank of a PyTorch cell writes where it runs: what forked it, what kept that, its budget.
+WARM_CELL = """
+import json, os, pathlib, torch
+def stat(pid):
+    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+def cmdline(pid):
+    return " ".join(part for part in open(f"/proc/{pid}/cmdline").read().split("\\0") if part)
+waiter = os.getppid()
+server = int(stat(waiter)[1])
+seen = {"command": cmdline(os.getpid()), "waiter": cmdline(waiter), "server": server,
+        "keeper": cmdline(int(stat(server)[1])), "threads": torch.get_num_threads(),
+        "budget": os.environ.get("OMP_NUM_THREADS"), "agent": os.environ.get("HVD_MAGIC_VIA_AGENT"),
+        "socket": os.environ.get("HVD_MAGIC_FORK_SERVER")}
+pathlib.Path(FOLDER, str(os.getpid())).write_text(json.dumps(seen))
+"""
+
+
+@pytest.mark.parametrize("launcher", ["mpi", "gloo", "torch"])
+def test_torch_ranks_on_executors_are_forked_from_servers_their_tasks_python_workers_keep(
+    ip, cluster, tmp_path, launcher
+):
+    """PyTorch is imported once per Python worker, not once per rank: the next cell's ranks are
+    forked from the same servers, and each is what a started rank would be."""
+    option = "backend=torch" if launcher == "torch" else f"launcher={launcher}"
+    servers = []
+    for run in ("first", "second"):
+        folder = tmp_path / run
+        folder.mkdir()
+        ip.user_ns["FOLDER"] = str(folder)
+        ip.run_cell_magic("horovod", f"np=4 {option}", WARM_CELL)
+        ranks = [json.loads(path.read_text()) for path in folder.iterdir()]
+        assert len(ranks) == 4
+        for rank in ranks:
+            assert rank["command"].endswith("-m hvd_magic.rank.worker")  # as ps shows a started rank
+            assert "hvd_magic.rank.forkserver" in rank["waiter"]
+            assert "pyspark.daemon" in rank["keeper"]  # kept by a task's Python worker
+            assert rank["threads"] == int(rank["budget"]) == 1  # spark.task.cpus, not the server's
+            assert rank["socket"] is None  # the stand-in's word to find its server is not the rank's
+            assert (rank["agent"] is not None) == (launcher == "mpi")  # orted, on its agent's host
+        used = {rank["server"] for rank in ranks}
+        assert len(used) == (2 if launcher == "mpi" else 4)  # one per host's ranks, or per task
+        assert used <= kept_servers()  # kept after the run, for the next
+        servers.append(kept_servers())
+    assert servers[1] == servers[0]  # none started anew for the second cell
+    assert leftover_processes() == [] and run_processes_anywhere() == []
+
+
+def kept_servers() -> set[int]:
+    """The fork servers Spark's Python workers keep (not their waiters, forked from a server)."""
+    found = set()
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if "hvd_magic.rank.forkserver" in " ".join(process.cmdline()):
+                if "pyspark.daemon" in " ".join(process.parent().cmdline()):
+                    found.add(process.pid)
+    return found
+
+
 def test_gloo_launcher_on_spark_serves_its_store_to_its_ranks_only(ip, cluster, tmp_path):
     forged: dict[int, tuple[str, int | None]] = {}
 
@@ -241,9 +301,10 @@ def test_timeline_written_on_an_executor_comes_back_to_the_notebook(ip, cluster,
     assert "ALLREDUCE" in set(spans(timeline)["name"])
 
 
-def test_a_rank_on_an_executor_loads_only_the_rank_side(ip, cluster):
+@pytest.mark.parametrize("framework", ["", "import torch  # warm: forked from a server\n"])
+def test_a_rank_on_an_executor_loads_only_the_rank_side(ip, cluster, framework):
     ip.user_ns["NEVER"] = list(NEVER_IN_A_RANK)
-    loaded, heavy = json.loads(ip.run_cell_magic("horovod", "np=2 launcher=gloo", LOADED_CELL))
+    loaded, heavy = json.loads(ip.run_cell_magic("horovod", "np=2 launcher=gloo", framework + LOADED_CELL))
     assert [name for name in loaded if name != "hvd_magic" and not within(name, *RANK_SIDE)] == []
     assert "hvd_magic.rank.execute" in loaded and heavy == []  # a rank's list, with no pyspark
 

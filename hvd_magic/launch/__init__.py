@@ -9,7 +9,8 @@ or on a Spark cluster (np > 0). ``Launcher`` is the small interface a run's supe
     gloo        Horovod's Gloo layout, the ranks' environment, the loopback rendezvous store
     torch_dist  torch.distributed ranks (backend=torch): their env:// environment
     local       LocalMpiLauncher, LocalGlooLauncher, LocalTorchLauncher
-    warm        the fork server local ranks that import PyTorch are forked from
+    warm        which runs are warm: their ranks forked from a server that imported PyTorch
+    forkservers  those servers, kept by the kernel (local ranks) or a Spark task's Python worker
     spark       SparkLauncher (the driver side of one barrier stage)
     spark_session  finding or starting the SparkSession, its slots
     spark_plan  the plan the tasks get; which ranks a lost host took with it
@@ -34,12 +35,13 @@ __all__ = ["Launcher", "RankDeath", "create", "slots_now"]
 def create(options: RunOptions, imports: frozenset[str] = frozenset()) -> Launcher:
     """The launcher for these options; on Spark this finds (or starts) the session. With
     ``data=`` the shards are planned here, so bad data fails before anything launches.
-    ``imports``: the modules the ranks' code imports (local ranks of PyTorch code are warm)."""
+    ``imports``: the modules the ranks' code imports (ranks of PyTorch code are warm)."""
+    from hvd_magic.launch.warm import warm_modules
+
+    warm = warm_modules(imports, options)
     if options.np < 0:
         from hvd_magic.launch.local import LocalGlooLauncher, LocalMpiLauncher, LocalTorchLauncher
-        from hvd_magic.launch.warm import warm_modules
 
-        warm = warm_modules(imports, options)
         if options.launcher == "torch":
             return LocalTorchLauncher.for_options(options, warm)
         if options.launcher == "gloo":
@@ -47,7 +49,9 @@ def create(options: RunOptions, imports: frozenset[str] = frozenset()) -> Launch
         return LocalMpiLauncher.for_options(options, warm)
     from hvd_magic.launch.spark import SparkLauncher
 
-    return SparkLauncher.for_options(options)
+    launcher = SparkLauncher.for_options(options)
+    launcher.warm = warm
+    return launcher
 
 
 def slots_now(options: RunOptions) -> int | None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from hvd_magic.data.source import local_shards
 from hvd_magic.errors import LaunchError
 from hvd_magic.launch.base import Launcher
+from hvd_magic.launch.forkservers import forked_ranks, stand_in_command
 from hvd_magic.launch.gloo import GlooStore, LoopbackStoreServer, gloo_env, gloo_slots
 from hvd_magic.launch.memory_cgroup import MemoryWatch
 from hvd_magic.launch.mpirun import mpirun_argv, mpirun_deaths
@@ -28,7 +29,6 @@ from hvd_magic.launch.processes import (
     worker_command,
 )
 from hvd_magic.launch.torch_dist import reserve_port, torch_env
-from hvd_magic.launch.warm import forked_ranks, stand_in_command
 from hvd_magic.protocol import ENV_SHARDS
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ class _ProcessGroupLauncher(Launcher):
         self.np = np
         self.cwd = cwd or os.getcwd()
         self.shards = shards or []  # data=: rank -> its shard file, written by the notebook
-        self.warm = warm  # what the fork server the ranks are forked from preloads (launch.warm)
+        self.warm = warm  # what the fork server the ranks are forked from preloads (launch.forkservers)
         self.processes: list[subprocess.Popen[bytes]] = []
         self.tails: list[OutputTail] = []
         self.memory: list[MemoryWatch | None] = []  # each process's memory cgroup, from its start

@@ -79,8 +79,8 @@ class SparkLauncher(Launcher):
         self.stage_input = stage_input  # data=: the keyed DataFrame, one shard per partition
         self.shard_sizes = shard_sizes or []
         self.pieces = pieces or []  # data= a plain Parquet scan: the row ranges each task reads
-        self.bind_host = driver_address(session)
-        self.tag = f"hvd_magic-{uuid.uuid4().hex[:12]}"
+        self.bind_host, self.tag = driver_address(session), f"hvd_magic-{uuid.uuid4().hex[:12]}"
+        self.warm: tuple[str, ...] = ()  # what the executors' fork servers preload (launch.warm)
         self.exit_code: int | None = None
         self.job_error: str = ""
         self.log: collections.deque[str] = collections.deque(maxlen=200)
@@ -133,6 +133,7 @@ class SparkLauncher(Launcher):
             run_id=self.tag,
             shard_sizes=self.shard_sizes,
             pieces=self.pieces,
+            warm=self.warm,
         )
         self._job = threading.Thread(
             target=self._run_job, args=(spec,), name="hvd_magic-spark-job", daemon=True
@@ -218,8 +219,7 @@ class SparkLauncher(Launcher):
     def poll(self) -> int | None:
         if self._job is not None and not self._job.is_alive():
             return self.exit_code
-        # A failed launcher ends the run now: Spark may be busy retrying the barrier stage
-        # (an executor was lost); stop() then cancels the job.
+        # A failed launcher ends the run now, though Spark may retry the stage: stop() cancels the job.
         failed = [code for code in self._launcher_exits if code]
         if not failed and self._lost:  # mpirun may wait long for a daemon it cannot reach
             return 1

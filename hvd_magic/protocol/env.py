@@ -9,6 +9,7 @@ __all__ = [
     "ENV_AGENTS",
     "ENV_AGENT_TOKEN",
     "ENV_BREAKPOINT_RANKS",
+    "ENV_FORK_SERVER",
     "ENV_HUB",
     "ENV_PREEMPTION",
     "ENV_RESIZED",
@@ -36,6 +37,7 @@ ENV_SHARD = "HVD_MAGIC_SHARD"  # this rank's data shard file, read by hvd_magic.
 ENV_BREAKPOINT_RANKS = "HVD_MAGIC_BREAKPOINT_RANKS"  # "1", "0,2": whose breakpoints stop (all: unset)
 ENV_PREEMPTION = "HVD_MAGIC_PREEMPTION"  # aws, gcp, azure or file:PATH: a notice each rank looks for
 ENV_RESIZED = "HVD_MAGIC_RESIZED"  # "4,3": this attempt's ranks, resized from 4 to 3 (min_np=)
+ENV_FORK_SERVER = "HVD_MAGIC_FORK_SERVER"  # a warm rank's stand-in: its fork server's socket (mpi on Spark)
 ENV_TIME_WAITS = "HVD_MAGIC_TIME_WAITS"  # "0": the rank times no waits in collectives (stragglers=off)
 TF_LEVEL_VARIABLE = "TF_CPP_MIN_LOG_LEVEL"  # TensorFlow C++ log level: set by the notebook
 # HOROVOD_TIMELINE's value for a timeline started and stopped by hvd.start_timeline/stop_timeline

@@ -1,4 +1,6 @@
-"""The stand-in a launcher starts for a warm rank: ``python -I .../forked.py SOCKET``.
+"""The stand-in a launcher starts for a warm rank: ``python -I .../forked.py [SOCKET]`` (without
+SOCKET, the variable ``HVD_MAGIC_FORK_SERVER`` names it: mpirun on Spark starts one command on
+every host, and each host's server has a socket of its own).
 
 It hands its place (standard streams, environment, directory) to the fork server at SOCKET,
 which forks the rank from a process that has imported the framework already (``forkserver``);
@@ -22,6 +24,7 @@ import signal
 import socket
 import sys
 
+FORK_SERVER = "HVD_MAGIC_FORK_SERVER"  # protocol.env.ENV_FORK_SERVER, not imported (see below)
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
@@ -32,7 +35,8 @@ def die_with_parent() -> None:
 
 
 def hand_over(path: str) -> socket.socket | None:
-    request = {"env": dict(os.environ), "cwd": os.getcwd()}
+    env = {name: value for name, value in os.environ.items() if name != FORK_SERVER}
+    request = {"env": env, "cwd": os.getcwd()}
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         conn.connect(path)
@@ -45,6 +49,7 @@ def hand_over(path: str) -> socket.socket | None:
 
 
 def started_the_usual_way() -> None:
+    os.environ.pop(FORK_SERVER, None)
     os.execv(sys.executable, [sys.executable, "-m", "hvd_magic.rank.worker"])
 
 
@@ -52,7 +57,8 @@ def main() -> None:
     die_with_parent()
     if os.getppid() == 1:  # the launcher is already gone
         os._exit(1)
-    conn = hand_over(sys.argv[1])
+    path = sys.argv[1] if len(sys.argv) > 1 else os.environ.get(FORK_SERVER, "")
+    conn = hand_over(path) if path else None
     if conn is None:
         started_the_usual_way()
         return

@@ -7,7 +7,9 @@ and gets the run's ``Plan`` back: one rendezvous through the driver, not Spark's
 ``allGather`` (~1 s per call here). With MPI, the first task runs mpirun, and the first task of
 each executor serves the exec agent that starts that executor's share of the ranks. With Gloo,
 each task starts its own rank and serves it the rendezvous store on loopback, relaying to the
-driver's store. Every task holds its slot (and GPU) until the driver releases it.
+driver's store. Every task holds its slot (and GPU) until the driver releases it. Ranks of
+PyTorch code are warm (``TaskSpec.warm``): forked from a server the task's Python worker keeps,
+which Spark reuses for the next tasks (``launch.forkservers``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import psutil
 
 from hvd_magic.data.parquet import Piece, write_manifest
 from hvd_magic.hub import RunKeys
-from hvd_magic.launch import processes
+from hvd_magic.launch import forkservers, processes
 from hvd_magic.launch.gloo import LoopbackStoreServer, gloo_env
 from hvd_magic.launch.mpirun import mpirun_argv, tcp_interface_env
 from hvd_magic.launch.task.agent import ExecAgent
@@ -44,7 +46,7 @@ from hvd_magic.protocol import (
     StoreAnswer,
     StoreRequest,
 )
-from hvd_magic.protocol.env import ENV_AGENT_TOKEN, ENV_AGENTS, ENV_SHARDS, ENV_SLOT_GPUS
+from hvd_magic.protocol.env import ENV_AGENT_TOKEN, ENV_AGENTS, ENV_FORK_SERVER, ENV_SHARDS, ENV_SLOT_GPUS
 from hvd_magic.protocol.plan import gpu_for_local_rank
 from hvd_magic.rank.client import HubClient
 
@@ -65,6 +67,7 @@ class TaskSpec:
     run_id: str = "run"
     shard_sizes: list[int] = field(default_factory=list)  # data=: rows each partition must hold
     pieces: list[list[Piece]] = field(default_factory=list)  # data= Parquet: what each task reads
+    warm: tuple[str, ...] = ()  # what this worker's fork server preloads for warm ranks (launch.warm)
 
 
 STAGE_SCHEMA = "code long"  # what each task of the barrier stage returns: its exit code
@@ -134,6 +137,8 @@ def _write_shard(spec: TaskSpec, partition: int, address: str, batches: Iterator
 
 def _run_task(spec: TaskSpec, context: Any, partition: int, executor: str, shard: str) -> int:
     check_reachable(spec.hub_address)
+    # Before joining: mpirun may start this host's ranks as soon as every task has its plan.
+    fork_server = forkservers.serving(spec.warm) if spec.warm else None
     resources = context.resources()
     client = HubClient(spec.hub_address, spec.hub_token, rank=-1)
     ip = own_address(spec.hub_address)
@@ -161,11 +166,11 @@ def _run_task(spec: TaskSpec, context: Any, partition: int, executor: str, shard
                 f"task {partition}: no launch plan from the notebook within {PLAN_TIMEOUT:.0f} s"
             )
         elif agent is not None:
-            code = _mpi_task(spec, answer.record.plan, partition, agent, client)
+            code = _mpi_task(spec, answer.record.plan, partition, agent, client, fork_server)
         elif spec.launcher == "torch":
-            code = _torch_task(spec, answer.record.plan, partition, client)
+            code = _torch_task(spec, answer.record.plan, partition, client, _rank_command(fork_server))
         else:
-            code = _gloo_task(spec, answer.record.plan, partition, client)
+            code = _gloo_task(spec, answer.record.plan, partition, client, _rank_command(fork_server))
     finally:
         if held is not None:  # the ranks' store has bound it by now, or will not
             held.close()
@@ -181,7 +186,14 @@ def _run_task(spec: TaskSpec, context: Any, partition: int, executor: str, shard
     return code
 
 
-def _mpi_task(spec: TaskSpec, plan: SparkPlan, partition: int, agent: ExecAgent, client: HubClient) -> int:
+def _rank_command(fork_server: str | None) -> list[str]:
+    """The rank's command: a stand-in for a rank forked from this worker's server, if it has one."""
+    return [*forkservers.stand_in(), fork_server] if fork_server else processes.worker_command()
+
+
+def _mpi_task(
+    spec: TaskSpec, plan: SparkPlan, partition: int, agent: ExecAgent, client: HubClient, server: str | None
+) -> int:
     host = plan.host_of(partition)
     if host.partitions[0] == partition:
         agent.host_token = host.token
@@ -189,6 +201,8 @@ def _mpi_task(spec: TaskSpec, plan: SparkPlan, partition: int, agent: ExecAgent,
         agent.host_env = {ENV_SLOT_GPUS: json.dumps(host.gpus), ENV_SHARDS: json.dumps(host.shards)}
         agent.host_env |= processes.thread_budget_env(local_ranks, local_ranks * spec.task_cpus, spec.env)
         agent.host_env |= tcp_interface_env(interface_of(host.ip), os.environ | spec.env)
+        if server:  # this host's ranks are forked from this task's server
+            agent.host_env[ENV_FORK_SERVER] = server
     process = _start_mpirun(spec, plan, agent.scratch()) if partition == plan.mpirun_partition else None
     return hold_slot(client, process)
 
@@ -198,7 +212,7 @@ def _start_mpirun(spec: TaskSpec, plan: SparkPlan, scratch: str) -> subprocess.P
     agents = {host.token: host.agent for host in plan.hosts}
     argv = mpirun_argv(
         spec.np,
-        processes.worker_command(),
+        forkservers.stand_in() if spec.warm else processes.worker_command(),
         as_root=os.geteuid() == 0,
         hosts=[(host.token, len(host.partitions)) for host in plan.hosts],
         rsh_agent=f"{sys.executable} -m hvd_magic.launch.task.agent",
@@ -231,15 +245,13 @@ def _rank_env(spec: TaskSpec, plan: SparkPlan, partition: int) -> dict[str, str]
     return env
 
 
-def _torch_task(spec: TaskSpec, plan: SparkPlan, partition: int, client: HubClient) -> int:
+def _torch_task(spec: TaskSpec, plan: SparkPlan, partition: int, client: HubClient, argv: list[str]) -> int:
     """backend=torch: this task's rank, with rank 0's store on the first host."""
     master = torch_env(plan.slots[partition], plan.hosts[0].ip, plan.master_port)
-    return hold_slot(
-        client, processes.spawn(processes.worker_command(), _rank_env(spec, plan, partition) | master)
-    )
+    return hold_slot(client, processes.spawn(argv, _rank_env(spec, plan, partition) | master))
 
 
-def _gloo_task(spec: TaskSpec, plan: SparkPlan, partition: int, client: HubClient) -> int:
+def _gloo_task(spec: TaskSpec, plan: SparkPlan, partition: int, client: HubClient, command: list[str]) -> int:
     slot = plan.slots[partition]
     host = plan.host_of(partition)
     env = _rank_env(spec, plan, partition)
@@ -247,7 +259,7 @@ def _gloo_task(spec: TaskSpec, plan: SparkPlan, partition: int, client: HubClien
     store = LoopbackStoreServer(functools.partial(_ask_driver, relay))
     env |= gloo_env(slot, store.port, interface_of(host.ip))
     try:
-        return hold_slot(client, processes.spawn(processes.worker_command(), env))
+        return hold_slot(client, processes.spawn(command, env))
     finally:
         store.close()
         relay.close()
@@ -262,4 +274,8 @@ def _ask_driver(relay: HubClient, method: str, path: str, body: bytes) -> tuple[
 
 
 def _descendants() -> list[psutil.Process]:
-    return list(psutil.Process().children(recursive=True))
+    """What this task started: not this worker's fork servers, kept for the next tasks, but the
+    warm ranks of its stand-ins."""
+    servers = forkservers.server_tree()
+    mine = [child for child in psutil.Process().children(recursive=True) if child.pid not in servers]
+    return mine + forkservers.forked_ranks(mine)

@@ -1,0 +1,171 @@
+"""The fork servers warm ranks are forked from (``hvd_magic.rank.forkserver``), kept by the process
+that launches ranks: the notebook's kernel for local ranks, a Spark task's Python worker (which
+Spark keeps from one task to the next) for ranks on an executor. A server starts with the first
+run that needs it (it pays the imports once, in that run's start) and stays while its keeper
+lives; one that died, whose PyTorch or Horovod was reinstalled since, or whose imports read a
+variable its keeper has changed since, is started anew. Which runs are warm is decided on the
+notebook's side (``launch.warm``); this module imports nothing of it, as it runs in Spark tasks.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib.util
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterable
+
+import psutil
+
+from hvd_magic.protocol.files import forked_rank_file
+
+__all__ = ["forked_ranks", "server_tree", "serving", "stand_in", "stand_in_command"]
+
+READY_SECONDS = 120.0  # the server's imports, on a loaded machine
+IMPORT_VARIABLES = ("TORCH", "PYTORCH", "PYTHON", "LD_", "OMP_", "KMP_", "GOMP_", "MKL_")
+
+
+class _Server:
+    """One fork server, and what it was started from."""
+
+    def __init__(self, modules: tuple[str, ...]) -> None:
+        self.modules, self.installed, self.read_at_import = modules, _installed(modules), _read_at_import()
+        self.folder = tempfile.mkdtemp(prefix="hvd_magic-fork-")  # the user's only (0700)
+        self.socket = os.path.join(self.folder, "socket")
+        self.log = open(os.path.join(self.folder, "log"), "w+b")  # noqa: SIM115 - the server's stderr
+        argv = [sys.executable, "-m", "hvd_magic.rank.forkserver", self.socket, *modules]
+        self.process = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,  # held: its end is the server's
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            env=os.environ | {"PYTHONUNBUFFERED": "1"},
+            cwd=self.folder,
+            start_new_session=True,  # the notebook's Ctrl-C is not the server's
+        )
+
+    def ready(self, timeout: float) -> bool:
+        """Whether it said ``ready`` within ``timeout`` seconds."""
+        said: list[bytes] = []
+        stdout = self.process.stdout
+        assert stdout is not None
+        reader = threading.Thread(target=lambda: said.append(stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout)
+        return said == [b"ready\n"]
+
+    def usable(self) -> bool:
+        """Alive, and what it imported would be imported alike now: the same files, and the same
+        variables that the imports read."""
+        same = _installed(self.modules) == self.installed and _read_at_import() == self.read_at_import
+        return self.process.poll() is None and same
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.process.stdin.close()  # type: ignore[union-attr]
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _read_at_import() -> dict[str, str]:
+    """The notebook's variables that PyTorch, its OpenMP and the interpreter may read at import
+    (a rank forked later would not see a new value of one)."""
+    return {name: value for name, value in os.environ.items() if name.startswith(IMPORT_VARIABLES)}
+
+
+def _installed(modules: tuple[str, ...]) -> dict[str, float]:
+    """When each preloaded package's files last changed (a reinstall changes them)."""
+    found = {}
+    for name in {module.split(".")[0] for module in modules}:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin:
+            with contextlib.suppress(OSError):
+                found[name] = os.stat(spec.origin).st_mtime
+    return found
+
+
+_servers: dict[tuple[str, ...], _Server] = {}
+_retired: list[_Server] = []  # replaced, closed when the kernel ends
+_failed: set[tuple[str, ...]] = set()
+_lock = threading.Lock()
+
+
+def serving(modules: tuple[str, ...]) -> str | None:
+    """The socket of this process's fork server that has imported ``modules``, started if there
+    is none (or none usable); None if none could start (the ranks then start the usual way)."""
+    with _lock:
+        server = _servers.get(modules)
+        if server is not None and not server.usable():
+            _retired.append(_servers.pop(modules))  # its ranks of a run still going keep running
+            server = None
+        if server is None:
+            if modules in _failed:
+                return None
+            server = _Server(modules)
+            if not server.ready(READY_SECONDS):
+                server.close()
+                _failed.add(modules)  # not tried again by this process: its ranks start the usual way
+                return None
+            _servers[modules] = server
+        return server.socket
+
+
+def stand_in() -> list[str]:
+    """A warm rank's stand-in, without its server's socket (``ENV_FORK_SERVER`` names it then)."""
+    found = importlib.util.find_spec("hvd_magic.rank.forked")
+    assert found is not None and found.origin is not None
+    # by path, isolated (-I): no package to import, and no module beside it taken for the stdlib's
+    return [sys.executable, "-I", found.origin]
+
+
+def stand_in_command(modules: tuple[str, ...]) -> list[str] | None:
+    """The command a launcher starts for each rank so that it is forked from a server that has
+    imported ``modules``; None if no server could start."""
+    socket = serving(modules)
+    return None if socket is None else [*stand_in(), socket]
+
+
+def server_tree() -> set[int]:
+    """The pids of this process's fork servers and of everything they forked (their waiters,
+    the ranks), which a task that stops its descendants must not take for its own."""
+    with _lock:
+        pids = [server.process.pid for server in [*_servers.values(), *_retired]]
+    tree = set(pids)
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            tree |= {child.pid for child in psutil.Process(pid).children(recursive=True)}
+    return tree
+
+
+def forked_ranks(processes: Iterable[psutil.Process]) -> list[psutil.Process]:
+    """The warm ranks running for those of ``processes`` that are their stand-ins."""
+    with _lock:
+        folders = [server.folder for server in [*_servers.values(), *_retired]]
+    found = []
+    for process, folder in itertools.product(processes, folders):
+        try:
+            with open(forked_rank_file(folder, process.pid)) as note:
+                found.append(psutil.Process(int(note.read())))
+        except (OSError, ValueError, psutil.Error):
+            continue
+    return found
+
+
+@atexit.register
+def _close_all() -> None:
+    with _lock:
+        for server in [*_servers.values(), *_retired]:
+            server.close()
+        _servers.clear()
+        _retired.clear()
