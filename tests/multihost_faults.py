@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
+from .helpers import is_run_process
 from .multihost_hosts import Bed, _namespaces, bed_processes, describe
 from .multihost_net import LINK_PREFIX, sh
 from .multihost_spark import EXECUTORS_CELL, START_SECONDS, start_worker
@@ -16,7 +17,6 @@ from .multihost_spark import EXECUTORS_CELL, START_SECONDS, start_worker
 if TYPE_CHECKING:
     from .multihost import Cluster
 
-RUN_PROCESSES = ("hvd_magic.rank.worker", "hvd_magic.launch.task.agent", "orted", "mpirun")
 # What a run writes under a host's /tmp outside the user's code: Open MPI's directories (ours,
 # its own default ones, our staging name); Horovod's timeline is the user's and the worker's.
 RUN_FILES = "/tmp/hvd_magic-shm-* /tmp/.hvd_magic-new-* /tmp/ompi.* /tmp/hvd_magic-timeline-*"
@@ -51,15 +51,15 @@ def set_link(name: str, up: bool) -> None:
 
 
 def run_processes(bed: Bed) -> list[str]:
-    """Processes of a run (ranks, agents' clients, orted, mpirun) still alive on any host."""
+    """Processes of a run (ranks and their stand-ins, agents' clients, orted, mpirun) still alive
+    on any host; not the fork servers Spark's Python workers keep for the next run."""
     found = []
     for process in bed_processes(bed):
         try:
-            command = " ".join(process.cmdline())
+            if is_run_process(process.cmdline()):
+                found.append(describe(process))
         except psutil.Error:
             continue
-        if any(part in command for part in RUN_PROCESSES):
-            found.append(describe(process))
     return found
 
 
