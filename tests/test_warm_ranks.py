@@ -16,9 +16,11 @@ import psutil
 import pytest
 
 from hvd_magic import RunError
+from hvd_magic.launch.local import LocalGlooLauncher, LocalMpiLauncher, LocalTorchLauncher
 from hvd_magic.launch.warm import ENV_WARM_RANKS, warm_modules
 from hvd_magic.options import make_options
 from hvd_magic.run.capture import capture_cell, capture_function
+from hvd_magic.session.ranks import setup_imports
 
 from .helpers import STAND_IN, gone_within, leftover_processes, waiting_cell, when_started
 
@@ -110,8 +112,32 @@ def test_which_runs_are_warm_is_read_from_the_code():
     assert warm_modules({"torch", "tensorflow"}, local) == ()  # two frameworks: as it was
     assert warm_modules({"horovod.keras", "torch"}, local) == ()
     assert warm_modules({"numpy"}, local) == ()
-    assert warm_modules({"torch"}, spark) == ()  # on the executors: started there
+    assert warm_modules({"torch"}, spark) == ("torch", "hvd_magic.rank.worker")  # by the executors' servers
+    assert warm_modules({"horovod.torch"}, spark) == both  # installed there or not: the server finds out
+    assert warm_modules({"torch"}, make_options(np=2, env={"A": "1"})) == ()
     assert warm_modules({"torch"}, make_options(np=-2, env={"LD_PRELOAD": "x"})) == ()
+
+
+@pytest.mark.parametrize("start, framework", [("", "horovod"), ("backend=torch", "torch.distributed")])
+def test_a_live_sessions_ranks_are_forked_warm_too(ip, start, framework):
+    """Its set-up cell imports Horovod's PyTorch binding (or torch.distributed): they are preloaded."""
+    ip.run_line_magic("horovod", f"start np=-2 {start}")
+    try:
+        cell = "import os\nopen(f'/proc/{os.getppid()}/cmdline').read(), sorted(sys.modules)"
+        seen = ip.run_cell_magic("horovod", "", "import sys\n" + cell)
+    finally:
+        ip.run_line_magic("horovod", "stop")
+    parent, modules = seen  # rank 0's
+    assert SERVER in parent.replace("\0", " ")
+    assert framework in modules and "tensorflow" not in modules
+    assert setup_imports(make_options(np=-2)) == {"torch", "horovod.torch"}
+
+
+@pytest.mark.parametrize("launcher", [LocalMpiLauncher, LocalGlooLauncher, LocalTorchLauncher])
+def test_a_launcher_still_starting_has_not_ended(launcher):
+    """Its fork server may take seconds to start before the first rank does: a session's beat
+    that polls it then must not read an end (it once ended a session as it started)."""
+    assert launcher(2).poll() is None
 
 
 def test_what_a_cell_or_a_function_imports_is_captured():

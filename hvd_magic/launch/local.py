@@ -81,7 +81,7 @@ class _ProcessGroupLauncher(Launcher):
 
     def poll(self) -> int | None:
         codes = [p.poll() for p in self.processes]
-        if any(code is None for code in codes):
+        if not codes or any(code is None for code in codes):  # none yet: it is starting (a fork server)
             return None
         return next((code for code in codes if code), 0)
 

@@ -66,7 +66,7 @@ class LiveSession:
         and the summary count with) can be stand-ins: the claim and idle rule alone."""
         self.options, self.idle, self.timeline, self.clock = options, idle, timeline, clock
         self.size = options.ranks
-        self.launcher = launcher or launch.create(options)
+        self.launcher = launcher or launch.create(options, imports=ranks.setup_imports(options))
         self.hub: Hub | None = None
         self.ranks: dict[int, RankInfo] = {}
         self.done: dict[int, set[int]] = {}  # cell -> ranks that finished it

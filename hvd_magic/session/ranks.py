@@ -3,6 +3,7 @@ once, how often they hear a beat, how long a silence they wait for before leavin
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass
 
@@ -16,6 +17,7 @@ __all__ = [
     "RankInfo",
     "beat_interval",
     "hosts_and_pids",
+    "setup_imports",
     "setup_source",
 ]
 
@@ -42,6 +44,16 @@ def setup_source(options: RunOptions) -> str:
         "try:\n    import horovod.torch as hvd\nexcept ImportError:\n"
         "    import horovod.tensorflow as hvd\nhvd.init()\n"
     )
+
+
+def setup_imports(options: RunOptions) -> frozenset[str]:
+    """What the set-up cell will import, for ``launch.warm``: Horovod's PyTorch binding where it
+    is installed here (it is the one tried first), torch.distributed with ``backend=torch``; none
+    for TensorFlow's (whose ranks start the usual way)."""
+    if options.launcher == "torch":
+        return frozenset({"torch", "torch.distributed"})
+    torch = importlib.util.find_spec("torch") and importlib.util.find_spec("horovod")
+    return frozenset({"torch", "horovod.torch"}) if torch else frozenset()
 
 
 @dataclass
