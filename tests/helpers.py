@@ -163,6 +163,12 @@ def is_run_process(argv: list[str]) -> bool:
     return any(argv[i] == "-m" and argv[i + 1] in RUN_MODULES for i in range(len(argv) - 1))
 
 
+def is_rank(argv: list[str]) -> bool:
+    """A rank, started or forked warm (whose command line, written over its fork server's longer
+    one, ends in empty arguments)."""
+    return [part for part in argv if part][1:] == ["-m", "hvd_magic.rank.worker"]
+
+
 def _run_process(process: psutil.Process) -> bool:
     try:
         return is_run_process(process.cmdline())

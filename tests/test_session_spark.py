@@ -14,7 +14,7 @@ from jupyter_client.manager import start_new_kernel
 from hvd_magic.launch.spark_session import check_slots
 from hvd_magic.session import commands as sessions
 
-from .helpers import executor_processes, gone_within, run_processes_anywhere, wait_for_files
+from .helpers import executor_processes, gone_within, is_rank, run_processes_anywhere, wait_for_files
 from .kernels import Kernel
 from .spark_fixtures import spark_session
 
@@ -94,7 +94,7 @@ def test_ranks_leave_a_notebook_that_went_silent(tmp_path, when):
         assert kernel.run("%%horovod\nimport os\nw = os.getpid()").status == "ok"
         if when == "leaving":
             assert kernel.run(SLOW_EXIT.format(folder=str(tmp_path))).status == "ok"
-        ranks = [p for p in kernel.processes() if "hvd_magic.rank.worker" in " ".join(p.cmdline())]
+        ranks = [p for p in kernel.processes() if is_rank(p.cmdline())]
         assert len(ranks) == 2
         os.kill(manager.provisioner.process.pid, signal.SIGSTOP)
         try:

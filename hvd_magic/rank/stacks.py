@@ -1,11 +1,13 @@
 """Where this rank is, at any moment: its threads' Python stacks, taken on the inbox's thread
 while the cell runs (``%horovod stacks``, and the notebook's own asking at a stall or a
 timeout). The main thread's frames start at the cell's first one (hvd_magic's own frames that
-run it are left out); the user's other threads are folded to their innermost frame; hvd_magic's
-own threads are left out."""
+run it are left out, and runpy's that run the worker as ``python -m`` or a fork server does);
+the user's other threads are folded to their innermost frame; hvd_magic's own threads are
+left out."""
 
 from __future__ import annotations
 
+import runpy
 import sys
 import threading
 import traceback
@@ -18,6 +20,7 @@ __all__ = ["snapshot"]
 
 OWN_THREAD_PREFIX = "hvd_magic-"  # every thread hvd_magic starts in a rank is named so
 PACKAGE = str(Path(__file__).resolve().parents[1]) + "/"
+RUNPY = {"<frozen runpy>", runpy.__file__}  # what runs the worker as __main__
 
 
 def _frames(frame: FrameType) -> list[list[str | int]]:
@@ -31,7 +34,7 @@ def _frames(frame: FrameType) -> list[list[str | int]]:
 
 
 def _ours(frame: list[str | int]) -> bool:
-    return str(frame[0]).startswith(PACKAGE)
+    return str(frame[0]).startswith(PACKAGE) or frame[0] in RUNPY
 
 
 def _innermost(frame: FrameType) -> str:
