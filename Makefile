@@ -40,4 +40,5 @@ bench: setup
 	$(PY) bench/telemetry.py
 	$(PY) bench/stragglers.py
 	$(PY) bench/warm_ranks.py
+	$(PY) bench/warm_ranks.py --spark "local-cluster[2,1,1024]"
 	$(PY) bench/launch_hosts.py --repeat 3

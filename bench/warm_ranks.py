@@ -1,14 +1,15 @@
-"""Warm ranks benchmark: what a local PyTorch cell costs with its ranks forked from the fork
-server (``launch.warm``) against the same cell with every rank started anew
-(``HVD_MAGIC_WARM_RANKS=0``), measured in turn in the same run.
+"""Warm ranks benchmark: what a PyTorch cell costs with its ranks forked from a fork server
+(``launch.warm``) against the same cell with every rank started anew (``HVD_MAGIC_WARM_RANKS=0``),
+measured in turn in the same run: local ranks, or with ``--spark MASTER`` ranks on Spark's
+executors (whose tasks' Python workers keep the servers).
 
 Per cell: wall time, and the CPU time of the whole machine meanwhile (``/proc/stat``: the
 ranks, mpirun and the server are not all this process's children, so their own counters cannot
 be summed here; run it on an otherwise idle machine). The cell is a small Horovod step
 (``hvd.init()``, one allreduce), so its cost is mostly the start. The first warm cell, which
-starts the server, is shown on its own.
+starts the server (on Spark: each worker's), is shown on its own.
 
-Usage: python bench/warm_ranks.py [--ranks 2] [--repeat 5] [--launcher mpi]
+Usage: python bench/warm_ranks.py [--ranks 2] [--repeat 5] [--launcher mpi] [--spark local-cluster[2,1,1024]]
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 
 from timing import QuietView
@@ -41,8 +43,9 @@ def busy_seconds() -> float:
 
 
 def one_cell(ranks: int, launcher: str, warm: bool) -> tuple[float, float]:
+    """``ranks`` < 0: on this machine; > 0: on the active Spark session."""
     os.environ[ENV_WARM_RANKS] = "1" if warm else "0"
-    options = make_options(np=-ranks, launcher=launcher)
+    options = make_options(np=ranks, launcher=launcher)
     cpu, started = busy_seconds(), time.perf_counter()
     value, _ = execute(capture_cell(CELL, {}), options, QuietView())
     assert value == 4.0, value  # the average of ones
@@ -54,14 +57,19 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--launcher", default="mpi", choices=("mpi", "gloo"))
+    parser.add_argument("--spark", metavar="MASTER", help="ranks on this Spark master's executors")
     args = parser.parse_args()
-    one_cell(args.ranks, args.launcher, warm=False)  # page cache warm for both
-    first_wall, first_cpu = one_cell(args.ranks, args.launcher, warm=True)  # starts the server
+    ranks, where = -args.ranks, "on this machine"
+    if args.spark:
+        start_spark(args.spark, args.ranks)
+        ranks, where = args.ranks, f"on {args.spark}"
+    one_cell(ranks, args.launcher, warm=False)  # page cache warm for both
+    first_wall, first_cpu = one_cell(ranks, args.launcher, warm=True)  # starts the server
     runs: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
     for index in range(2 * args.repeat):
         warm = index % 2 == 1  # in turn
-        runs[warm].append(one_cell(args.ranks, args.launcher, warm))
-    print(f"np=-{args.ranks} launcher={args.launcher}, a Horovod-torch cell, medians of {args.repeat}:")
+        runs[warm].append(one_cell(ranks, args.launcher, warm))
+    print(f"np={ranks} {where}, launcher={args.launcher}, a Horovod-torch cell, medians of {args.repeat}:")
     medians = {}
     for warm, label in ((False, "started anew"), (True, "warm (forked)")):
         wall = statistics.median(run[0] for run in runs[warm])
@@ -72,6 +80,20 @@ def main() -> None:
     (cold_wall, cold_cpu), (warm_wall, warm_cpu) = medians[False], medians[True]
     ratios = f"{warm_wall / cold_wall:.2f}x the wall time, {warm_cpu / cold_cpu:.2f}x the CPU"
     print(f"warm / started anew: {ratios}")
+
+
+def start_spark(master: str, ranks: int) -> None:
+    """The session the cells run on (the active one), its executors registered."""
+    from pyspark.sql import SparkSession
+
+    from hvd_magic.launch.spark_session import check_slots
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    builder = SparkSession.builder.master(master).config("spark.ui.enabled", "false")
+    builder = builder.config("spark.ui.showConsoleProgress", "false")
+    session = builder.config("spark.driver.host", "127.0.0.1").getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    check_slots(session, ranks, wait=60)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
 # coverage.py's subprocess support: a .pth file, present only while this runs, starts measuring
 # in each Python process whose environment names the configuration (COVERAGE_PROCESS_START).
 # Processes on the multi-host bed's hosts write into their own /tmp and are not counted; ranks
-# killed by SIGKILL (on purpose, in the fault tests) save nothing.
+# killed by SIGKILL (on purpose, in the fault tests) save nothing. Ranks forked warm and the
+# processes that end with os._exit are counted (coverage.py's fork and _exit patches).
 #
 #   bash scripts/coverage.sh [pytest arguments]     # default: the suite as `make test` runs it
 # Prints the total; the report is in test-artifacts/coverage/.
@@ -21,6 +22,9 @@ parallel = true
 data_file = $DATA/.coverage
 concurrency = thread
 sigterm = true
+# warm ranks are forked from a fork server and end with os._exit, as do its waiters; a stand-in
+# that cannot reach its server execs the worker
+patch = fork, _exit, execv
 
 [report]
 skip_empty = true
