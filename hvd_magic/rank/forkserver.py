@@ -68,8 +68,6 @@ def receive(conn: socket.socket) -> tuple[dict[str, Any], list[int], int]:
 
 
 def serve(path: str, modules: list[str]) -> None:
-    global _socket_path
-    _socket_path = path
     for name in modules:
         importlib.import_module(name)
     sys.modules.pop(WORKER, None)  # its imports stay; the module itself runs anew, as ``__main__``
@@ -93,7 +91,7 @@ def serve(path: str, modules: list[str]) -> None:
         if os.fork() == 0:
             try:  # a child never returns into this loop, whatever happens in it
                 server.close()
-                _wait_for_rank(conn, request, fds, stand_in)
+                _wait_for_rank(conn, request, fds, stand_in, os.path.dirname(path))
             finally:
                 os._exit(1)
         for fd in fds:
@@ -115,8 +113,11 @@ def _end_with_stdin(server: socket.socket) -> None:
     os.close(nothing)
 
 
-def _wait_for_rank(conn: socket.socket, request: dict[str, Any], fds: list[int], stand_in: int) -> None:
-    """The waiter: forks the rank, then tells the stand-in its pid and, once it ended, how."""
+def _wait_for_rank(
+    conn: socket.socket, request: dict[str, Any], fds: list[int], stand_in: int, folder: str
+) -> None:
+    """The waiter: forks the rank, then tells the stand-in its pid and, once it ended, how; the
+    rank's pid is noted in the server's ``folder`` meanwhile (``protocol.files.forked_rank_file``)."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     from hvd_magic.protocol.lifetime import die_with_parent
 
@@ -129,7 +130,7 @@ def _wait_for_rank(conn: socket.socket, request: dict[str, Any], fds: list[int],
             os._exit(1)
     for fd in fds:
         os.close(fd)
-    written = forked_rank_file(os.path.dirname(_socket_path), stand_in)
+    written = forked_rank_file(folder, stand_in)
     try:
         with open(written, "w") as note:
             note.write(str(pid))
@@ -167,7 +168,6 @@ def _become_rank(conn: socket.socket, request: dict[str, Any], fds: list[int], s
 
 
 WORKER = "hvd_magic.rank.worker"
-_socket_path = ""
 
 
 def _rank_path(cwd: str, pythonpath: str) -> list[str]:
