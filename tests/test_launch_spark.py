@@ -199,9 +199,11 @@ def test_torch_ranks_on_executors_are_forked_from_servers_their_tasks_python_wor
 
 
 def kept_servers() -> set[int]:
-    """The fork servers Spark's Python workers keep (not their waiters, forked from a server)."""
+    """The fork servers this test's Spark Python workers keep (not their waiters, forked from a
+    server): below this process, whose driver JVM starts the executors, so not another xdist
+    worker's, whose cells start servers of their own meanwhile."""
     found = set()
-    for process in psutil.process_iter():
+    for process in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
             if "hvd_magic.rank.forkserver" in " ".join(process.cmdline()):
                 if "pyspark.daemon" in " ".join(process.parent().cmdline()):
