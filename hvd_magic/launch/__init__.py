@@ -49,9 +49,7 @@ def create(options: RunOptions, imports: frozenset[str] = frozenset()) -> Launch
         return LocalMpiLauncher.for_options(options, warm)
     from hvd_magic.launch.spark import SparkLauncher
 
-    launcher = SparkLauncher.for_options(options)
-    launcher.warm = warm
-    return launcher
+    return SparkLauncher.for_options(options, warm)
 
 
 def slots_now(options: RunOptions) -> int | None:

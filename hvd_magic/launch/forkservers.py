@@ -23,9 +23,10 @@ from collections.abc import Iterable
 
 import psutil
 
+from hvd_magic.launch.processes import worker_command
 from hvd_magic.protocol.files import forked_rank_file
 
-__all__ = ["forked_ranks", "server_tree", "serving", "stand_in", "stand_in_command"]
+__all__ = ["forked_ranks", "rank_command", "server_tree", "serving", "stand_in"]
 
 READY_SECONDS = 120.0  # the server's imports, on a loaded machine
 IMPORT_VARIABLES = ("TORCH", "PYTORCH", "PYTHON", "LD_", "OMP_", "KMP_", "GOMP_", "MKL_")
@@ -129,11 +130,10 @@ def stand_in() -> list[str]:
     return [sys.executable, "-I", found.origin]
 
 
-def stand_in_command(modules: tuple[str, ...]) -> list[str] | None:
-    """The command a launcher starts for each rank so that it is forked from a server that has
-    imported ``modules``; None if no server could start."""
-    socket = serving(modules)
-    return None if socket is None else [*stand_in(), socket]
+def rank_command(socket: str | None) -> list[str]:
+    """A rank's command: a stand-in for a rank forked from the server at ``socket``, where there
+    is one, else the rank itself."""
+    return [*stand_in(), socket] if socket else worker_command()
 
 
 def server_tree() -> set[int]:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from hvd_magic.data.source import local_shards
 from hvd_magic.errors import LaunchError
 from hvd_magic.launch.base import Launcher
-from hvd_magic.launch.forkservers import forked_ranks, stand_in_command
+from hvd_magic.launch.forkservers import forked_ranks, rank_command, serving
 from hvd_magic.launch.gloo import GlooStore, LoopbackStoreServer, gloo_env, gloo_slots
 from hvd_magic.launch.memory_cgroup import MemoryWatch
 from hvd_magic.launch.mpirun import mpirun_argv, mpirun_deaths
@@ -26,7 +26,6 @@ from hvd_magic.launch.processes import (
     spawn,
     stop_and_confirm,
     thread_budget_env,
-    worker_command,
 )
 from hvd_magic.launch.torch_dist import reserve_port, torch_env
 from hvd_magic.protocol import ENV_SHARDS
@@ -71,7 +70,7 @@ class _ProcessGroupLauncher(Launcher):
 
     def rank_command(self) -> list[str]:
         """Each rank's command: a stand-in for a rank forked warm, where it can be, else the rank."""
-        return (stand_in_command(self.warm) if self.warm else None) or worker_command()
+        return rank_command(serving(self.warm) if self.warm else None)
 
     def _spawn(self, argv: list[str], env: dict[str, str]) -> None:
         process = spawn(argv, env, cwd=self.cwd)

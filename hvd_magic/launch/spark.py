@@ -80,7 +80,7 @@ class SparkLauncher(Launcher):
         self.shard_sizes = shard_sizes or []
         self.pieces = pieces or []  # data= a plain Parquet scan: the row ranges each task reads
         self.bind_host, self.tag = driver_address(session), f"hvd_magic-{uuid.uuid4().hex[:12]}"
-        self.warm: tuple[str, ...] = ()  # what the executors' fork servers preload (launch.warm)
+        self.warm: tuple[str, ...] = ()  # set by for_options
         self.exit_code: int | None = None
         self.job_error: str = ""
         self.log: collections.deque[str] = collections.deque(maxlen=200)
@@ -98,9 +98,10 @@ class SparkLauncher(Launcher):
         self._asked_spark = 0.0
 
     @classmethod
-    def for_options(cls, options: RunOptions) -> SparkLauncher:
+    def for_options(cls, options: RunOptions, warm: tuple[str, ...] = ()) -> SparkLauncher:
         """On the data's session (``data=`` a Spark DataFrame), else the active or an embedded
-        one; the data's shards are planned (and bad data refused) before anything launches."""
+        one; the data's shards are planned (and bad data refused) before anything launches.
+        ``warm``: what the executors' fork servers preload (``launch.warm``)."""
         data = options.data
         session = getattr(data, "sparkSession", None) or active_or_embedded_session()
         check_dynamic_allocation(session)
@@ -108,7 +109,7 @@ class SparkLauncher(Launcher):
             launcher = cls(options.ranks, options.launcher, session)
         else:
             launcher = cls._with_data(options, session)
-        launcher.notices = embedded_notice() + launcher.notices
+        launcher.notices, launcher.warm = embedded_notice() + launcher.notices, warm
         return launcher
 
     @classmethod

@@ -138,7 +138,7 @@ def _write_shard(spec: TaskSpec, partition: int, address: str, batches: Iterator
 def _run_task(spec: TaskSpec, context: Any, partition: int, executor: str, shard: str) -> int:
     check_reachable(spec.hub_address)
     # Before joining: mpirun may start this host's ranks as soon as every task has its plan.
-    fork_server = forkservers.serving(spec.warm) if spec.warm else None
+    server = forkservers.serving(spec.warm) if spec.warm else None
     resources = context.resources()
     client = HubClient(spec.hub_address, spec.hub_token, rank=-1)
     ip = own_address(spec.hub_address)
@@ -166,11 +166,11 @@ def _run_task(spec: TaskSpec, context: Any, partition: int, executor: str, shard
                 f"task {partition}: no launch plan from the notebook within {PLAN_TIMEOUT:.0f} s"
             )
         elif agent is not None:
-            code = _mpi_task(spec, answer.record.plan, partition, agent, client, fork_server)
+            code = _mpi_task(spec, answer.record.plan, partition, agent, client, server)
         elif spec.launcher == "torch":
-            code = _torch_task(spec, answer.record.plan, partition, client, _rank_command(fork_server))
+            code = _torch_task(spec, answer.record.plan, partition, client, forkservers.rank_command(server))
         else:
-            code = _gloo_task(spec, answer.record.plan, partition, client, _rank_command(fork_server))
+            code = _gloo_task(spec, answer.record.plan, partition, client, forkservers.rank_command(server))
     finally:
         if held is not None:  # the ranks' store has bound it by now, or will not
             held.close()
@@ -184,11 +184,6 @@ def _run_task(spec: TaskSpec, context: Any, partition: int, executor: str, shard
         )
         client.close()
     return code
-
-
-def _rank_command(fork_server: str | None) -> list[str]:
-    """The rank's command: a stand-in for a rank forked from this worker's server, if it has one."""
-    return [*forkservers.stand_in(), fork_server] if fork_server else processes.worker_command()
 
 
 def _mpi_task(
