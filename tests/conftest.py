@@ -8,9 +8,8 @@ from collections.abc import Iterator
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from . import cpu_profile, scheduling
+from . import cpu_profile, scheduling, spark_jvm
 from .helpers import (
-    SPARK_CONF,
     SUITE_VARIABLE,
     end_of_test,
     leftover_processes,
@@ -22,8 +21,9 @@ from .multihost import multihost  # noqa: F401 - the multi-host bed's fixture, f
 # This suite's mark, inherited by every process it starts (Spark's workers and executors, ranks,
 # the bed's hosts), so that the checks for processes left behind skip another suite's.
 os.environ[SUITE_VARIABLE] = uuid.uuid4().hex
-# The suite's Spark JVMs are small and short-lived: see spark-conf/spark-defaults.conf.
-os.environ["SPARK_CONF_DIR"] = str(SPARK_CONF)
+# The suite's Spark JVMs are small, short-lived and share an archive of classes (spark_jvm).
+os.environ.pop("SPARK_CONF_DIR", None)
+os.environ.update(spark_jvm.environment())
 
 
 pytest_xdist_make_scheduler = scheduling.pytest_xdist_make_scheduler  # xdist's groups: ours

@@ -19,7 +19,6 @@ from hvd_magic.protocol import Message
 # A run's processes: Open MPI's launcher and daemons by their program, ours by their module.
 RUN_PROGRAMS = ("mpirun", "orted")
 RUN_MODULES = ("hvd_magic.rank.worker", "hvd_magic.launch.task.agent")
-SPARK_CONF = Path(__file__).parent / "spark-conf"  # every Spark JVM of the suite reads it (conftest)
 STAND_IN = os.path.join("hvd_magic", "rank", "forked.py")  # a warm rank's stand-in, run by path
 SUITE_VARIABLE = "HVD_MAGIC_TEST_SUITE"  # every process a suite starts inherits its mark (conftest)
 SLEEP_FOREVER = "while True:\n    time.sleep(0.1)\n"

@@ -21,7 +21,7 @@ import psutil
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.connect import write_connection_file
 
-from .helpers import SPARK_CONF
+from . import spark_jvm
 from .kernels import Kernel
 from .multihost_hosts import BED_DIR, Bed
 
@@ -59,7 +59,7 @@ def spark_env(ip: str) -> dict[str, str]:
         "SPARK_HOME": str(SPARK_HOME),
         "PYSPARK_PYTHON": sys.executable,
         "SPARK_LOCAL_IP": ip,
-        "SPARK_CONF_DIR": str(SPARK_CONF),  # the suite's JVM options; the checkout is in the image
+        **spark_jvm.environment(),  # the suite's JVM options and class archive (in the image)
         "SPARK_WORKER_OPTS": "-Dspark.decommission.enabled=true",  # SIGPWR: a graceful leave
     }
 

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import psutil
@@ -33,6 +34,7 @@ from hvd_magic.protocol import Join, LauncherExit, LauncherLog, Message, RankErr
 from hvd_magic.run.diagnosis import failure_after_exit, rank_failed
 from hvd_magic.run.record import RunRecord
 
+from . import spark_jvm
 from .helpers import (
     ALLREDUCE_FOREVER,
     SLEEP_FOREVER,
@@ -149,6 +151,17 @@ def test_the_next_cells_tasks_run_in_the_python_workers_spark_kept_from_the_last
     assert len(set(workers[0])) == 4  # four slots, four tasks, each in its own worker
     assert workers[1] == workers[0]
     assert leftover_processes() == []
+
+
+def test_the_suites_spark_jvms_map_its_class_archive(cluster):
+    """The suite's own speed (tests/spark_jvm.py): the driver and both executors load Spark's
+    classes from the archive, not anew (a folder put on their class path, another Java or a jar
+    added would silently cost some 10 CPU-s a cluster)."""
+    archive = str(spark_jvm.archive_path())
+    jvms = [p for p in psutil.Process().children(recursive=True) if p.name() == "java"]
+    assert len(jvms) == 3  # the driver (its master and worker in it) and two executors
+    for jvm in jvms:
+        assert archive in Path(f"/proc/{jvm.pid}/maps").read_text(), jvm.cmdline()
 
 
 # Each rank of a PyTorch cell writes where it runs: what forked it, what kept that, its budget.
