@@ -188,6 +188,8 @@ def test_unpicklable_name_is_reported_by_name_before_launch(ip):
 def test_syntax_error_is_reported_before_launch(ip):
     with pytest.raises(CaptureError, match="syntax error on line 2"):
         ip.run_cell_magic("horovod", "np=-2", "x = 1\nx +* 2\n")
+    with pytest.raises(CaptureError, match="cannot be compiled: source code string cannot contain null"):
+        ip.run_cell_magic("horovod", "np=-2", "x = '\0'\n")  # pasted from a binary file, say
 
 
 def test_trailing_semicolon_suppresses_the_value(ip):

@@ -1,8 +1,9 @@
-"""Warm ranks: local ranks of PyTorch code are forked from a server that imported PyTorch once
-(``launch.warm``, ``rank.forkserver``, ``rank.forked``). What a started rank would be, each is:
-its own random draws, its thread budget, its directory first on sys.path, its command line, a
-namespace and ``sys.modules`` of its own code only; and it ends with its place in the launcher's
-tree. Runs that are not PyTorch's, or that ask not to, start the usual way."""
+"""Warm ranks: local ranks of PyTorch, TensorFlow or Keras code are forked from a server that
+imported the framework once (``launch.warm``, ``rank.forkserver``, ``rank.forked``). What a
+started rank would be, each is: its own random draws, its thread budget, its directory first on
+sys.path, its command line, a namespace and ``sys.modules`` of its own code only; and it ends
+with its place in the launcher's tree. Runs of no framework, or that ask not to, start the
+usual way."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import psutil
@@ -104,18 +106,60 @@ def test_warm_ranks_can_be_turned_off(ip, tmp_path, monkeypatch):
 
 
 def test_which_runs_are_warm_is_read_from_the_code():
-    local, spark = make_options(np=-2), make_options(np=2)
-    assert warm_modules({"torch", "torch.nn"}, local) == ("torch", "hvd_magic.rank.worker")
-    both = ("torch", "horovod.torch", "hvd_magic.rank.worker")
+    local, spark, worker = make_options(np=-2), make_options(np=2), "hvd_magic.rank.worker"
+    assert warm_modules({"torch", "torch.nn"}, local) == ("torch", worker)
+    both = ("torch", "horovod.torch", worker)
     assert warm_modules({"horovod.torch", "torch"}, local) == both
-    assert warm_modules({"horovod.torch"}, local) == both
-    assert warm_modules({"torch", "tensorflow"}, local) == ()  # two frameworks: as it was
-    assert warm_modules({"horovod.keras", "torch"}, local) == ()
+    assert warm_modules({"horovod.torch"}, local) == both  # the binding imports its framework
+    keras = ("tensorflow", "horovod.tensorflow", "horovod.tensorflow.keras", worker)
+    assert warm_modules({"tensorflow", "horovod.tensorflow.keras"}, local) == keras
+    assert warm_modules({"tensorflow", "keras.layers"}, local) == ("tensorflow", "keras", worker)
+    assert warm_modules({"torch", "tensorflow"}, local) == ("torch", "tensorflow", worker)  # what it imports
+    assert warm_modules({"jax", "torch"}, local) == ()  # JAX: not safe to fork once imported
     assert warm_modules({"numpy"}, local) == ()
-    assert warm_modules({"torch"}, spark) == ("torch", "hvd_magic.rank.worker")  # by the executors' servers
+    assert warm_modules({"torch"}, spark) == ("torch", worker)  # by the executors' servers
     assert warm_modules({"horovod.torch"}, spark) == both  # installed there or not: the server finds out
     assert warm_modules({"torch"}, make_options(np=2, env={"A": "1"})) == ()
     assert warm_modules({"torch"}, make_options(np=-2, env={"LD_PRELOAD": "x"})) == ()
+
+
+# A Horovod-Keras cell: each rank fits, sums its rank with the others', and writes what it saw.
+KERAS_WHERE = """
+import collections, json, os, sys
+import tensorflow as tf
+import horovod.tensorflow.keras as hvd
+hvd.init()
+tf.matmul(tf.ones((64, 64)), tf.ones((64, 64)))  # TensorFlow's intra-op pool starts: as many as its budget
+tasks = os.listdir("/proc/self/task")
+threads = collections.Counter(open(f"/proc/self/task/{t}/comm").read().strip() for t in tasks)
+model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+model.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)), loss="mse")
+fitted = model.fit(tf.ones((8, 4)), tf.ones((8, 1)), epochs=2, verbose=0,
+                   callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+seen = {"parent": open(f"/proc/{os.getppid()}/cmdline").read().replace("\\0", " "),
+        "sum": float(hvd.allreduce(tf.constant(float(hvd.rank() + 1)), op=hvd.Sum)),
+        "losses": len(fitted.history["loss"]), "compute_threads": threads["tf_Compute"],
+        "budget": os.environ.get("TF_NUM_INTRAOP_THREADS"), "torch": "torch" in sys.modules}
+open(os.path.join(DIRECTORY, f"{hvd.rank()}.json"), "w").write(json.dumps(seen))
+"""
+
+
+@pytest.mark.parametrize("launcher", ["mpi", "gloo"])
+def test_a_keras_cells_ranks_are_forked_warm_and_train_together(ip, tmp_path, launcher):
+    """TensorFlow, Keras and Horovod's binding are imported once (4 to 6 CPU-s a rank here)."""
+    for run in ("first", "second"):
+        folder = tmp_path / run
+        folder.mkdir()
+        ip.user_ns["DIRECTORY"] = str(folder)
+        ip.run_cell_magic("horovod", f"np=-2 launcher={launcher}", KERAS_WHERE)
+        for rank in range(2):
+            seen = json.loads((folder / f"{rank}.json").read_text())
+            assert SERVER in seen["parent"]  # forked (by the server's waiter)
+            assert seen["sum"] == 3.0 and seen["losses"] == 2  # Horovod's collectives, in a fit
+            assert seen["compute_threads"] == int(seen["budget"]) == 1  # the budget, read after the fork
+            assert not seen["torch"]  # only what the cell imports was preloaded
+    assert len([p for p in servers() if "tensorflow" in p.cmdline()]) == 1  # kept for the next cell
+    assert leftover_processes() == []
 
 
 @pytest.mark.parametrize("start, framework", [("", "horovod"), ("backend=torch", "torch.distributed")])
@@ -227,3 +271,30 @@ def test_the_server_answers_only_its_own_user(ip, tmp_path):
     assert done.stdout.strip() == "0", done.stderr  # closed, unanswered: nothing forked
     log = Path(folder, "log").read_text()
     assert "refused a request: peer of user 65534" in log
+
+
+# NVIDIA's driver as a fork server sees it: its file name and the one call asked of it, answering
+# as the driver does before cuInit (3, CUDA_ERROR_NOT_INITIALIZED) and after (0).
+DRIVER = "int cuCtxGetCurrent(void **context) {{ *context = 0; return {code}; }}\n"
+
+
+@pytest.mark.parametrize(("code", "forks"), [(3, True), (0, False)])
+def test_a_server_whose_imports_set_up_cuda_does_not_fork(tmp_path, code, forks):
+    """Whatever framework set up the driver in the server (a fork's child could not use it), the
+    server refuses to serve, and the ranks start the usual way; a driver only loaded is fine."""
+    (tmp_path / "driver.c").write_text(DRIVER.format(code=code))
+    library = tmp_path / "libcuda.so.1"
+    compile_driver = ["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(library)]
+    subprocess.run([*compile_driver, str(tmp_path / "driver.c")], check=True)
+    loads = f"import ctypes\nctypes.CDLL({str(library)!r}, mode=ctypes.RTLD_GLOBAL)\n"
+    (tmp_path / "framework.py").write_text(loads)
+    server = subprocess.Popen(
+        [sys.executable, "-m", SERVER, str(tmp_path / "socket"), "framework"],
+        env=os.environ | {"PYTHONPATH": str(tmp_path)}, stdin=subprocess.PIPE,  # held: it serves till closed
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    said = server.stdout.readline()  # "ready", or nothing as it ends
+    server.stdin.close()
+    server.wait(60)
+    assert (said == "ready\n") is forks
+    assert ("started CUDA; not forking" in server.stderr.read()) is not forks

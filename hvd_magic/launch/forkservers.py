@@ -2,7 +2,7 @@
 that launches ranks: the notebook's kernel for local ranks, a Spark task's Python worker (which
 Spark keeps from one task to the next) for ranks on an executor. A server starts with the first
 run that needs it (it pays the imports once, in that run's start) and stays while its keeper
-lives; one that died, whose PyTorch or Horovod was reinstalled since, or whose imports read a
+lives; one that died, whose framework or Horovod was reinstalled since, or whose imports read a
 variable its keeper has changed since, is started anew. Which runs are warm is decided on the
 notebook's side (``launch.warm``); this module imports nothing of it, as it runs in Spark tasks.
 """
@@ -19,24 +19,27 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import psutil
 
-from hvd_magic.launch.processes import worker_command
+from hvd_magic.launch.processes import THREAD_VARS, worker_command
 from hvd_magic.protocol.files import forked_rank_file
 
 __all__ = ["forked_ranks", "rank_command", "server_tree", "serving", "stand_in"]
 
 READY_SECONDS = 120.0  # the server's imports, on a loaded machine
-IMPORT_VARIABLES = ("TORCH", "PYTORCH", "PYTHON", "LD_", "OMP_", "KMP_", "GOMP_", "MKL_")
+IMPORT_VARIABLES = ("TORCH", "PYTORCH", "TF_", "KERAS_", "PYTHON", "LD_", "OMP_", "KMP_", "GOMP_", "MKL_")
+# ... but not these: a rank takes its thread budget after the fork (``rank.forkserver``), and its
+# own sys.path and streams
+TAKEN_AFTER_FORK = (*THREAD_VARS, "TF_NUM_INTEROP_THREADS", "PYTHONPATH", "PYTHONUNBUFFERED")
 
 
 class _Server:
     """One fork server, and what it was started from."""
 
-    def __init__(self, modules: tuple[str, ...]) -> None:
-        self.modules, self.installed, self.read_at_import = modules, _installed(modules), _read_at_import()
+    def __init__(self, modules: tuple[str, ...], env: Mapping[str, str]) -> None:
+        self.modules, self.installed, self.read_at_import = modules, _installed(modules), _read_at_import(env)
         self.folder = tempfile.mkdtemp(prefix="hvd_magic-fork-")  # the user's only (0700)
         self.socket = os.path.join(self.folder, "socket")
         self.log = open(os.path.join(self.folder, "log"), "w+b")  # noqa: SIM115 - the server's stderr
@@ -46,7 +49,7 @@ class _Server:
             stdin=subprocess.PIPE,  # held: its end is the server's
             stdout=subprocess.PIPE,
             stderr=self.log,
-            env=os.environ | {"PYTHONUNBUFFERED": "1"},
+            env=os.environ | self.read_at_import | {"PYTHONUNBUFFERED": "1"},
             cwd=self.folder,
             start_new_session=True,  # the notebook's Ctrl-C is not the server's
         )
@@ -61,10 +64,10 @@ class _Server:
         reader.join(timeout)
         return said == [b"ready\n"]
 
-    def usable(self) -> bool:
-        """Alive, and what it imported would be imported alike now: the same files, and the same
-        variables that the imports read."""
-        same = _installed(self.modules) == self.installed and _read_at_import() == self.read_at_import
+    def usable(self, env: Mapping[str, str]) -> bool:
+        """Alive, and what it imported would be imported alike for ranks of ``env``: the same
+        files, and the same variables that the imports read."""
+        same = _installed(self.modules) == self.installed and _read_at_import(env) == self.read_at_import
         return self.process.poll() is None and same
 
     def close(self) -> None:
@@ -79,10 +82,16 @@ class _Server:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _read_at_import() -> dict[str, str]:
-    """The notebook's variables that PyTorch, its OpenMP and the interpreter may read at import
-    (a rank forked later would not see a new value of one)."""
-    return {name: value for name, value in os.environ.items() if name.startswith(IMPORT_VARIABLES)}
+def _read_at_import(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of the ranks' environment (this process's, and the run's ``env`` over it)
+    that the frameworks, their OpenMP and the interpreter may read at import: a rank forked
+    later would not see another value of one (``TF_USE_LEGACY_KERAS``, say)."""
+    merged = os.environ | dict(env)
+    return {
+        name: value
+        for name, value in merged.items()
+        if name.startswith(IMPORT_VARIABLES) and name not in TAKEN_AFTER_FORK
+    }
 
 
 def _installed(modules: tuple[str, ...]) -> dict[str, float]:
@@ -102,18 +111,19 @@ _failed: set[tuple[str, ...]] = set()
 _lock = threading.Lock()
 
 
-def serving(modules: tuple[str, ...]) -> str | None:
-    """The socket of this process's fork server that has imported ``modules``, started if there
-    is none (or none usable); None if none could start (the ranks then start the usual way)."""
+def serving(modules: tuple[str, ...], env: Mapping[str, str]) -> str | None:
+    """The socket of this process's fork server that has imported ``modules`` as ranks of the
+    run's ``env`` would, started if there is none (or none usable); None if none could start
+    (the ranks then start the usual way)."""
     with _lock:
         server = _servers.get(modules)
-        if server is not None and not server.usable():
+        if server is not None and not server.usable(env):
             _retired.append(_servers.pop(modules))  # its ranks of a run still going keep running
             server = None
         if server is None:
             if modules in _failed:
                 return None
-            server = _Server(modules)
+            server = _Server(modules, env)
             if not server.ready(READY_SECONDS):
                 server.close()
                 _failed.add(modules)  # not tried again by this process: its ranks start the usual way

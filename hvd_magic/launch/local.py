@@ -68,9 +68,9 @@ class _ProcessGroupLauncher(Launcher):
         launcher.notices = [notice]
         return launcher
 
-    def rank_command(self) -> list[str]:
+    def rank_command(self, env: dict[str, str]) -> list[str]:
         """Each rank's command: a stand-in for a rank forked warm, where it can be, else the rank."""
-        return rank_command(serving(self.warm) if self.warm else None)
+        return rank_command(serving(self.warm, env) if self.warm else None)
 
     def _spawn(self, argv: list[str], env: dict[str, str]) -> None:
         process = spawn(argv, env, cwd=self.cwd)
@@ -117,7 +117,7 @@ class LocalMpiLauncher(_ProcessGroupLauncher):
                 "mpirun was not found on this machine. Install Open MPI (Debian/Ubuntu: "
                 "`apt-get install openmpi-bin libopenmpi-dev`) or use launcher=gloo."
             )
-        argv = mpirun_argv(self.np, self.rank_command(), as_root=os.geteuid() == 0)
+        argv = mpirun_argv(self.np, self.rank_command(env), as_root=os.geteuid() == 0)
         self._spawn(argv, self.base_env(env))
 
     def deaths(self) -> list[RankDeath]:
@@ -148,7 +148,7 @@ class LocalGlooLauncher(_ProcessPerRankLauncher):
         slots = gloo_slots([("localhost", self.np)])
         self._deaths = []
         self._server = LoopbackStoreServer(GlooStore(slots).request)
-        base, command = self.base_env(env), self.rank_command()
+        base, command = self.base_env(env), self.rank_command(env)
         for slot in slots:
             self._spawn(command, base | gloo_env(slot, self._server.port, "lo"))
 
@@ -168,7 +168,7 @@ class LocalTorchLauncher(_ProcessPerRankLauncher):
     def start(self, hub: Hub, env: dict[str, str]) -> None:
         self._deaths = []
         self._held = reserve_port()
-        base, port, command = self.base_env(env), self._held.getsockname()[1], self.rank_command()
+        base, port, command = self.base_env(env), self._held.getsockname()[1], self.rank_command(env)
         for slot in gloo_slots([("localhost", self.np)]):
             self._spawn(command, base | torch_env(slot, "127.0.0.1", port))
 

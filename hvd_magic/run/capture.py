@@ -102,6 +102,11 @@ def _parse(source: str) -> ast.Module:
         compile(tree, CELL_FILENAME, "exec")  # errors only the compiler sees ('return' outside def)
         return tree
     except SyntaxError as err:
+        if err.lineno is None:  # not of a line: a null byte, say
+            raise CaptureError(
+                f"the cell cannot be compiled: {err.msg}\n"
+                "Fix the cell and run it again; nothing was launched."
+            ) from None
         line = (err.text or "").rstrip("\n")
         pointer = " " * max((err.offset or 1) - 1, 0) + "^"
         raise CaptureError(

@@ -47,13 +47,17 @@ def setup_source(options: RunOptions) -> str:
 
 
 def setup_imports(options: RunOptions) -> frozenset[str]:
-    """What the set-up cell will import, for ``launch.warm``: Horovod's PyTorch binding where it
-    is installed here (it is the one tried first), torch.distributed with ``backend=torch``; none
-    for TensorFlow's (whose ranks start the usual way)."""
+    """What the set-up cell will import, for ``launch.warm``: torch.distributed with
+    ``backend=torch``; else Horovod's PyTorch binding where it is installed here (it is the one
+    tried first), or its TensorFlow binding."""
     if options.launcher == "torch":
         return frozenset({"torch", "torch.distributed"})
-    torch = importlib.util.find_spec("torch") and importlib.util.find_spec("horovod")
-    return frozenset({"torch", "horovod.torch"}) if torch else frozenset()
+    if not importlib.util.find_spec("horovod"):
+        return frozenset()
+    if importlib.util.find_spec("torch"):
+        return frozenset({"torch", "horovod.torch"})
+    tensorflow = importlib.util.find_spec("tensorflow")
+    return frozenset({"tensorflow", "horovod.tensorflow"}) if tensorflow else frozenset()
 
 
 @dataclass

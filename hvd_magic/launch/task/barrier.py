@@ -138,7 +138,7 @@ def _write_shard(spec: TaskSpec, partition: int, address: str, batches: Iterator
 def _run_task(spec: TaskSpec, context: Any, partition: int, executor: str, shard: str) -> int:
     check_reachable(spec.hub_address)
     # Before joining: mpirun may start this host's ranks as soon as every task has its plan.
-    server = forkservers.serving(spec.warm) if spec.warm else None
+    server = forkservers.serving(spec.warm, spec.env) if spec.warm else None
     resources = context.resources()
     client = HubClient(spec.hub_address, spec.hub_token, rank=-1)
     ip = own_address(spec.hub_address)
