@@ -41,4 +41,5 @@ bench: setup
 	$(PY) bench/stragglers.py
 	$(PY) bench/warm_ranks.py
 	$(PY) bench/warm_ranks.py --spark "local-cluster[2,1,1024]"
+	$(PY) bench/warm_ranks.py --framework keras
 	$(PY) bench/launch_hosts.py --repeat 3

@@ -1,4 +1,4 @@
-"""Warm ranks benchmark: what a PyTorch cell costs with its ranks forked from a fork server
+"""Warm ranks benchmark: what a PyTorch (or Keras) cell costs with its ranks forked from a fork server
 (``launch.warm``) against the same cell with every rank started anew (``HVD_MAGIC_WARM_RANKS=0``),
 measured in turn in the same run: local ranks, or with ``--spark MASTER`` ranks on Spark's
 executors (whose tasks' Python workers keep the servers).
@@ -6,10 +6,12 @@ executors (whose tasks' Python workers keep the servers).
 Per cell: wall time, and the CPU time of the whole machine meanwhile (``/proc/stat``: the
 ranks, mpirun and the server are not all this process's children, so their own counters cannot
 be summed here; run it on an otherwise idle machine). The cell is a small Horovod step
-(``hvd.init()``, one allreduce), so its cost is mostly the start. The first warm cell, which
+(``hvd.init()``, one allreduce; ``--framework keras``: Horovod's Keras binding on TensorFlow),
+so its cost is mostly the start. The first warm cell, which
 starts the server (on Spark: each worker's), is shown on its own.
 
-Usage: python bench/warm_ranks.py [--ranks 2] [--repeat 5] [--launcher mpi] [--spark local-cluster[2,1,1024]]
+Usage: python bench/warm_ranks.py [--ranks 2] [--repeat 5] [--launcher mpi] [--framework torch]
+                                  [--spark local-cluster[2,1,1024]]
 """
 
 from __future__ import annotations
@@ -27,11 +29,16 @@ from hvd_magic.options import make_options
 from hvd_magic.run.capture import capture_cell
 from hvd_magic.run.supervisor import execute
 
-CELL = """
-import horovod.torch as hvd, torch
-hvd.init()
-hvd.allreduce(torch.ones(4), name="x").sum().item()
-"""
+CELLS = {
+    "torch": (
+        "import horovod.torch as hvd, torch\nhvd.init()\n"
+        "hvd.allreduce(torch.ones(4), name='x').sum().item()\n"
+    ),
+    "keras": (
+        "import tensorflow as tf, horovod.tensorflow.keras as hvd\nhvd.init()\n"
+        "float(tf.reduce_sum(hvd.allreduce(tf.ones(4), name='x')))\n"
+    ),
+}
 
 
 def busy_seconds() -> float:
@@ -42,12 +49,12 @@ def busy_seconds() -> float:
     return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
-def one_cell(ranks: int, launcher: str, warm: bool) -> tuple[float, float]:
+def one_cell(ranks: int, launcher: str, warm: bool, cell: str) -> tuple[float, float]:
     """``ranks`` < 0: on this machine; > 0: on the active Spark session."""
     os.environ[ENV_WARM_RANKS] = "1" if warm else "0"
     options = make_options(np=ranks, launcher=launcher)
     cpu, started = busy_seconds(), time.perf_counter()
-    value, _ = execute(capture_cell(CELL, {}), options, QuietView())
+    value, _ = execute(capture_cell(cell, {}), options, QuietView())
     assert value == 4.0, value  # the average of ones
     return time.perf_counter() - started, busy_seconds() - cpu
 
@@ -57,19 +64,22 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--launcher", default="mpi", choices=("mpi", "gloo"))
+    parser.add_argument("--framework", default="torch", choices=sorted(CELLS))
     parser.add_argument("--spark", metavar="MASTER", help="ranks on this Spark master's executors")
     args = parser.parse_args()
+    cell = CELLS[args.framework]
     ranks, where = -args.ranks, "on this machine"
     if args.spark:
         start_spark(args.spark, args.ranks)
         ranks, where = args.ranks, f"on {args.spark}"
-    one_cell(ranks, args.launcher, warm=False)  # page cache warm for both
-    first_wall, first_cpu = one_cell(ranks, args.launcher, warm=True)  # starts the server
+    one_cell(ranks, args.launcher, False, cell)  # page cache warm for both
+    first_wall, first_cpu = one_cell(ranks, args.launcher, True, cell)  # starts the server
     runs: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
     for index in range(2 * args.repeat):
         warm = index % 2 == 1  # in turn
-        runs[warm].append(one_cell(ranks, args.launcher, warm))
-    print(f"np={ranks} {where}, launcher={args.launcher}, a Horovod-torch cell, medians of {args.repeat}:")
+        runs[warm].append(one_cell(ranks, args.launcher, warm, cell))
+    described = f"launcher={args.launcher}, a Horovod-{args.framework} cell, medians of {args.repeat}"
+    print(f"np={ranks} {where}, {described}:")
     medians = {}
     for warm, label in ((False, "started anew"), (True, "warm (forked)")):
         wall = statistics.median(run[0] for run in runs[warm])

@@ -21,6 +21,8 @@ from hvd_magic import RunError
 from hvd_magic.launch.local import LocalGlooLauncher, LocalMpiLauncher, LocalTorchLauncher
 from hvd_magic.launch.warm import ENV_WARM_RANKS, warm_modules
 from hvd_magic.options import make_options
+from hvd_magic.protocol.env import ENV_FORK_SERVER
+from hvd_magic.rank import forked
 from hvd_magic.run.capture import capture_cell, capture_function
 from hvd_magic.session.ranks import setup_imports
 
@@ -182,6 +184,11 @@ def test_a_launcher_still_starting_has_not_ended(launcher):
     """Its fork server may take seconds to start before the first rank does: a session's beat
     that polls it then must not read an end (it once ended a session as it started)."""
     assert launcher(2).poll() is None
+
+
+def test_the_stand_in_reads_the_variable_an_exec_agent_sets():
+    """The stand-in, which imports nothing of ours, spells the protocol's name itself."""
+    assert forked.FORK_SERVER == ENV_FORK_SERVER
 
 
 def test_what_a_cell_or_a_function_imports_is_captured():
