@@ -22,8 +22,9 @@ docs: setup
 
 test: setup lint docs
 	cd js && npx vitest run
-	# two workers, tests/scheduling.py's groups (a module, or an example notebook) longest first
-	$(PY) -m pytest -ra -n 2 --dist loadscope --no-loadscope-reorder --durations=25
+	# three workers on two cores (the ranks' waits leave one idle otherwise), tests/scheduling.py's
+	# groups (a module, or an example notebook) longest first
+	$(PY) -m pytest -ra -n 3 --dist loadscope --no-loadscope-reorder --durations=25
 
 bench: setup
 	$(PY) bench/launch.py

@@ -1,4 +1,4 @@
-"""How the suite's tests are shared between pytest-xdist's two workers (``make test``: ``-n 2
+"""How the suite's tests are shared between pytest-xdist's workers (``make test``: ``-n 3
 --dist loadscope --no-loadscope-reorder``): in groups that each run on one worker, the longest
 first.
 
