@@ -34,7 +34,7 @@ pth="$site/hvd_magic_coverage.pth"
 echo "import coverage; coverage.process_startup()" > "$pth"
 trap 'rm -f "$pth"' EXIT
 cd "$ROOT"
-[ $# -gt 0 ] || set -- -ra -n 2 --dist loadscope --no-loadscope-reorder  # as `make test` runs it
+[ $# -gt 0 ] || set -- -ra -n 3 --dist loadscope --no-loadscope-reorder  # as `make test` runs it
 status=0
 COVERAGE_PROCESS_START="$OUT/coveragerc" "$PY" -m pytest "$@" || status=$?
 rm -f "$pth"
