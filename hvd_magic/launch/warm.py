@@ -28,7 +28,12 @@ WORKER = "hvd_magic.rank.worker"  # its own imports, preloaded too
 # What a server may preload, each where the code imports it or a module of it: importing them
 # neither starts a GPU's driver nor leaves a thread holding a lock that a fork would copy.
 FRAMEWORKS = ("torch", "tensorflow", "keras", "tf_keras")
-BINDINGS = {"horovod.torch": "torch", "horovod.tensorflow": "tensorflow", "horovod.keras": "keras"}
+BINDINGS = {
+    "horovod.torch": "torch",
+    "horovod.tensorflow": "tensorflow",
+    "horovod.keras": "keras",
+    "horovod.tensorflow.keras": "tensorflow",
+}
 _COLD = ("jax", "mxnet", "horovod.mxnet")  # JAX warns that a fork of it may deadlock
 
 
@@ -38,7 +43,7 @@ def _within(name: str, *packages: str) -> bool:
 
 def _preload(names: set[str]) -> tuple[str, ...]:
     """The frameworks and bindings among ``names`` (a binding's framework with it), in order."""
-    order = (*FRAMEWORKS, *BINDINGS, "horovod.tensorflow.keras")
+    order = (*FRAMEWORKS, *BINDINGS)
     wanted = {module for module in order if any(_within(name, module) for name in names)}
     wanted |= {BINDINGS[binding] for binding in wanted & BINDINGS.keys()}  # it imports its framework
     return tuple(module for module in order if module in wanted)
