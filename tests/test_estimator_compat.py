@@ -116,6 +116,7 @@ def test_pytorch_spark_mnist_as_horovods_example_writes_it(spark, tmp_path, caps
     """store= (a real Store: checkpoints and the model in its run folder), backend= (its
     num_proc), input_shapes= (the conv net gets 1x28x28 images from a flat vector),
     backward_passes_per_step=, and an argument with no use here (a note, not an error)."""
+    import torch
     import torch.nn as nn
     import torch.nn.functional as F
     import torch.optim as optim
@@ -143,6 +144,7 @@ def test_pytorch_spark_mnist_as_horovods_example_writes_it(spark, tmp_path, caps
             x = F.relu(self.fc1(x))
             return F.log_softmax(self.fc2(x), dim=1)
 
+    torch.manual_seed(1)  # horovod's example leaves it to chance; a test may not
     model = Net()
     optimizer = optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loss = nn.NLLLoss()
@@ -167,7 +169,7 @@ def test_pytorch_spark_mnist_as_horovods_example_writes_it(spark, tmp_path, caps
         partitions_per_process=4,
     )
     torch_model = torch_estimator.fit(train_df)
-    assert evaluate_like_horovods_examples(torch_model, test_df) >= 0.85
+    assert evaluate_like_horovods_examples(torch_model, test_df) >= 0.85  # 0.904-0.908 over 3 runs here
     run = tmp_path / "work" / "runs" / "mnist"  # the Store's run path for run_id
     assert sorted(os.listdir(run / "checkpoints")) == [checkpoint_name(1), checkpoint_name(2)]
     assert TorchModel.load(str(run / "model")).history == torch_model.history
