@@ -3,10 +3,11 @@ PY := .venv/bin/python
 # mypy keeps its cache in the clone (.mypy_cache): a cache shared by every clone on the machine let
 # CI's fresh clone crash mypy 2.4.1 (INTERNAL ERROR) on state another checkout left; a cold check is ~25 s
 
-.PHONY: setup demo test lint docs bench
+.PHONY: setup demo test lint docs bench js-test spark-archive
 
+# (SETUP_DONE=1: a step of `make test`, which set up already)
 setup:
-	bash scripts/setup.sh
+	@[ -n "$(SETUP_DONE)" ] || bash scripts/setup.sh
 
 demo: setup
 	$(PY) scripts/run_notebook.py example_notebooks/mnist_pytorch.ipynb --html example_notebooks/mnist_pytorch.html
@@ -20,11 +21,20 @@ lint: setup
 docs: setup
 	$(PY) -m sphinx -W --keep-going -n -b html docs docs/_build/html
 
-test: setup lint docs
-	cd js && npx vitest run
+# Before pytest, side by side on the two cores (each is mostly one process): ruff and mypy, the
+# docs, the viewer's vitest tests, and the suite's Spark class archive (tests/spark_jvm.py: made
+# once per environment, 30 s; the suite would make it otherwise, with one core idle)
+test: setup
+	$(MAKE) --no-print-directory -j 4 --output-sync=target SETUP_DONE=1 lint docs js-test spark-archive
 	# three workers on two cores (the ranks' waits leave one idle otherwise), tests/scheduling.py's
 	# groups (a module, or an example notebook) longest first
 	$(PY) -m pytest -ra -n 3 --dist loadscope --no-loadscope-reorder --durations=25
+
+js-test: setup
+	cd js && npx vitest run
+
+spark-archive: setup
+	$(PY) tests/spark_jvm.py
 
 bench: setup
 	$(PY) bench/launch.py

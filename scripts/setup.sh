@@ -53,12 +53,14 @@ python_packages() {
     [ -x "$PY" ] || { log "creating $VENV"; python3 -m venv "$VENV"; }
     "$PY" -m pip install -q -U pip "uv==0.13.9"
     log "installing the pinned Python stack (first run: several minutes)"
-    # uv resolves as pip does (same versions here) and installs in half pip's time, compiling the
-    # bytecode on every core (imports need it: PYTHONDONTWRITEBYTECODE may be set). It takes
-    # wheels from where pip is told to look (a machine's own torch build, say).
+    # uv resolves as pip does (same versions here) and installs in half pip's time. It takes
+    # wheels from where pip is told to look (a machine's own torch build, say). Python writes the
+    # bytecode of what is imported, on first import; compiling all of it here (52 CPU-s, most of
+    # it never imported) is for where Python may not write it (PYTHONDONTWRITEBYTECODE set).
     local wheels
     wheels="$(spark_wheel)"
-    local uv=(bash "$ROOT/scripts/uv_install.sh" "$PY" --compile-bytecode --find-links "$wheels")
+    local uv=(bash "$ROOT/scripts/uv_install.sh" "$PY" --find-links "$wheels")
+    [ -z "${PYTHONDONTWRITEBYTECODE:-}" ] || uv+=(--compile-bytecode)
     "${uv[@]}" -r "$ROOT/requirements-dev.txt"
     # tf-keras's own requirements pull the 572 MB GPU tensorflow; tensorflow-cpu is already here.
     "${uv[@]}" --no-deps "tf-keras==2.21.0"

@@ -123,3 +123,9 @@ def environment() -> dict[str, str]:
         "PYSPARK_SUBMIT_ARGS": f"--properties-file {properties} pyspark-shell",
         "SPARK_DAEMON_JAVA_OPTS": options,  # the standalone masters and workers
     }
+
+
+if __name__ == "__main__":  # `make test` makes it beside its other steps, before pytest starts
+    environment()
+    made = archive_path()
+    print(f"Spark class archive: {made}" if made.is_file() else "Spark class archive: none (see above)")
