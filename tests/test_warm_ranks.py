@@ -39,7 +39,10 @@ def parent_of(pid):
     return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
 def cmdline(pid):
     return [part for part in open(f"/proc/{pid}/cmdline").read().split("\\0") if part]
+before = len(sys.modules)
+torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)  # a first optimizer imports torch._dynamo
 seen = {
+    "optimizer_imports": len(sys.modules) - before,
     "pid": os.getpid(), "command": cmdline(os.getpid())[1:], "parent": cmdline(os.getppid()),
     "grandparent": parent_of(os.getppid()), "threads": torch.get_num_threads(),
     "budget": os.environ.get("OMP_NUM_THREADS"), "draw": random.random(),
@@ -81,6 +84,7 @@ def test_a_torch_cells_ranks_are_forked_from_one_server_and_are_what_started_ran
         assert seen["command"] == ["-m", "hvd_magic.rank.worker"]  # as ps shows a started rank
         assert seen["threads"] == int(seen["budget"]) == 1  # the budget, not the server's 2 cores
         assert seen["path0"] and seen["foreign"] == [] and not seen["horovod"]
+        assert seen["optimizer_imports"] == 0  # the server imported what PyTorch's first use does
     assert len({seen["draw"] for seen in first + second}) == 4  # random seeded afresh in each
     assert len({seen["pid"] for seen in first + second}) == 4
 
@@ -104,22 +108,25 @@ def test_other_ranks_start_the_usual_way(ip, tmp_path, options, cell_imports):
 
 def test_warm_ranks_can_be_turned_off(ip, tmp_path, monkeypatch):
     monkeypatch.setenv(ENV_WARM_RANKS, "0")
-    assert all("mpirun" in seen["parent"] for seen in where(ip, tmp_path))
+    cold = where(ip, tmp_path)
+    assert all("mpirun" in seen["parent"] for seen in cold)
+    assert all(seen["optimizer_imports"] > 100 for seen in cold)  # what a warm rank is spared
 
 
 def test_which_runs_are_warm_is_read_from_the_code():
     local, spark, worker = make_options(np=-2), make_options(np=2), "hvd_magic.rank.worker"
-    assert warm_modules({"torch", "torch.nn"}, local) == ("torch", worker)
-    both = ("torch", "horovod.torch", worker)
+    torch = ("torch", "torch._dynamo")  # what PyTorch imports on first use, with it
+    assert warm_modules({"torch", "torch.nn"}, local) == (*torch, worker)
+    both = (*torch, "horovod.torch", worker)
     assert warm_modules({"horovod.torch", "torch"}, local) == both
     assert warm_modules({"horovod.torch"}, local) == both  # the binding imports its framework
     keras = ("tensorflow", "horovod.tensorflow", "horovod.tensorflow.keras", worker)
     assert warm_modules({"tensorflow", "horovod.tensorflow.keras"}, local) == keras
     assert warm_modules({"tensorflow", "keras.layers"}, local) == ("tensorflow", "keras", worker)
-    assert warm_modules({"torch", "tensorflow"}, local) == ("torch", "tensorflow", worker)  # what it imports
+    assert warm_modules({"torch", "tensorflow"}, local) == (*torch, "tensorflow", worker)  # what it imports
     assert warm_modules({"jax", "torch"}, local) == ()  # JAX: not safe to fork once imported
     assert warm_modules({"numpy"}, local) == ()
-    assert warm_modules({"torch"}, spark) == ("torch", worker)  # by the executors' servers
+    assert warm_modules({"torch"}, spark) == (*torch, worker)  # by the executors' servers
     assert warm_modules({"horovod.torch"}, spark) == both  # installed there or not: the server finds out
     assert warm_modules({"torch"}, make_options(np=2, env={"A": "1"})) == ()
     assert warm_modules({"torch"}, make_options(np=-2, env={"LD_PRELOAD": "x"})) == ()

@@ -34,6 +34,11 @@ BINDINGS = {
     "horovod.keras": "keras",
     "horovod.tensorflow.keras": "tensorflow",
 }
+# What a framework imports on its first use, which every rank would otherwise import anew:
+# PyTorch's optimizers import torch._dynamo (with sympy, 830 modules, 1.0 to 1.8 CPU-s) the
+# first time one is made or stepped. Preloaded with the framework, though a rank that makes no
+# optimizer finds them in sys.modules too; they start no thread and no GPU driver.
+FIRST_USE = {"torch": ("torch._dynamo",)}
 _COLD = ("jax", "mxnet", "horovod.mxnet")  # JAX warns that a fork of it may deadlock
 
 
@@ -42,11 +47,13 @@ def _within(name: str, *packages: str) -> bool:
 
 
 def _preload(names: set[str]) -> tuple[str, ...]:
-    """The frameworks and bindings among ``names`` (a binding's framework with it), in order."""
+    """The frameworks and bindings among ``names`` (a binding's framework with it), in order,
+    each framework followed by what it imports on first use."""
     order = (*FRAMEWORKS, *BINDINGS)
     wanted = {module for module in order if any(_within(name, module) for name in names)}
     wanted |= {BINDINGS[binding] for binding in wanted & BINDINGS.keys()}  # it imports its framework
-    return tuple(module for module in order if module in wanted)
+    chosen = (module for module in order if module in wanted)
+    return tuple(loaded for module in chosen for loaded in (module, *FIRST_USE.get(module, ())))
 
 
 def warm_modules(imports: Iterable[str], options: RunOptions) -> tuple[str, ...]:
