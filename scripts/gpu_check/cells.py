@@ -31,7 +31,8 @@ current = torch.cuda.current_device() if "{device}" == "cuda" else -1
 (dist.get_backend(), str(t.device), float(t[0]), os.environ.get("CUDA_VISIBLE_DEVICES"), current)
 """
 
-# Two ranks on the one GPU with Gloo (NCCL refuses two ranks on one device): each rank's view.
+# Two ranks on the one GPU with Gloo (NCCL refuses two ranks on one device): each rank's view,
+# and whether it was forked from a fork server (warm) that had not set up CUDA.
 SHARED = """import os, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 rank, local = dist.get_rank(), int(os.environ["LOCAL_RANK"])
@@ -41,7 +42,8 @@ t = torch.full((8,), rank + 1.0, device="{device}")
 dist.all_reduce(t)
 current = torch.cuda.current_device() if "{device}" == "cuda" else -1
 seen = [None] * dist.get_world_size()
-mine = (rank, os.environ.get("CUDA_VISIBLE_DEVICES"), current, str(t.device), float(t[0]))
+forked = "hvd_magic.rank.forkserver" in open(f"/proc/{{os.getppid()}}/cmdline").read()  # a warm rank
+mine = (rank, os.environ.get("CUDA_VISIBLE_DEVICES"), current, str(t.device), float(t[0]), forked)
 dist.all_gather_object(seen, mine)
 seen
 """

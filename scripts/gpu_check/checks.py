@@ -143,11 +143,12 @@ def torch_nccl(mode: Mode) -> str:
 
 
 def shared(mode: Mode) -> str:
-    """Two ranks on the one GPU with Gloo on CUDA tensors: each sees the GPU the pinning says."""
+    """Two ranks on the one GPU with Gloo on CUDA tensors: each sees the GPU the pinning says, and
+    is warm: forked from a server whose imports (PyTorch, torch._dynamo) did not set up CUDA."""
     ip = shell()
     seen = ip.run_cell_magic("horovod", "np=-2 backend=torch", mode.cell(cells.SHARED))
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    want = [(r, visible, 0 if mode.gpu else -1, "cuda:0" if mode.gpu else "cpu", 3.0) for r in (0, 1)]
+    want = [(r, visible, 0 if mode.gpu else -1, "cuda:0" if mode.gpu else "cpu", 3.0, True) for r in (0, 1)]
     expect([tuple(s) for s in seen] == want, f"ranks saw {seen}, expected {want}")
     return f"2 ranks: {seen}"
 
