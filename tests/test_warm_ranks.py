@@ -1,7 +1,8 @@
 """Warm ranks: local ranks of PyTorch, TensorFlow or Keras code are forked from a server that
 imported the framework once (``launch.warm``, ``rank.forkserver``, ``rank.forked``). What a
 started rank would be, each is: its own random draws, its thread budget, its directory first on
-sys.path, its command line, a namespace and ``sys.modules`` of its own code only; and it ends
+sys.path, its command line, a namespace and ``sys.modules`` of its own code only (and of what
+PyTorch imports on first use); and it ends
 with its place in the launcher's tree. Runs of no framework, or that ask not to, start the
 usual way."""
 
@@ -43,6 +44,7 @@ before = len(sys.modules)
 torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)  # a first optimizer imports torch._dynamo
 seen = {
     "optimizer_imports": len(sys.modules) - before,
+    "dynamo_dir": torch._dynamo.config.debug_dir_root == os.path.join(os.getcwd(), "torch_compile_debug"),
     "pid": os.getpid(), "command": cmdline(os.getpid())[1:], "parent": cmdline(os.getppid()),
     "grandparent": parent_of(os.getppid()), "threads": torch.get_num_threads(),
     "budget": os.environ.get("OMP_NUM_THREADS"), "draw": random.random(),
@@ -85,6 +87,7 @@ def test_a_torch_cells_ranks_are_forked_from_one_server_and_are_what_started_ran
         assert seen["threads"] == int(seen["budget"]) == 1  # the budget, not the server's 2 cores
         assert seen["path0"] and seen["foreign"] == [] and not seen["horovod"]
         assert seen["optimizer_imports"] == 0  # the server imported what PyTorch's first use does
+        assert seen["dynamo_dir"]  # read from the rank's directory, not from the server's
     assert len({seen["draw"] for seen in first + second}) == 4  # random seeded afresh in each
     assert len({seen["pid"] for seen in first + second}) == 4
 
@@ -312,3 +315,21 @@ def test_a_server_whose_imports_set_up_cuda_does_not_fork(tmp_path, code, forks)
     server.wait(60)
     assert (said == "ready\n") is forks
     assert ("started CUDA; not forking" in server.stderr.read()) is not forks
+
+
+@pytest.mark.parametrize(
+    ("modules", "serves"),
+    [
+        (["json", "json.no_such_module"], True),  # a framework's module it lacks (an older torch's)
+        (["json", "no_such_framework"], False),  # a framework missing: its ranks start the usual way
+    ],
+)
+def test_a_module_of_a_framework_is_preloaded_where_the_framework_has_it(tmp_path, modules, serves):
+    server = subprocess.Popen(
+        [sys.executable, "-m", SERVER, str(tmp_path / "socket"), *modules], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    said = server.stdout.readline()  # "ready", or nothing as it ends
+    server.stdin.close()
+    server.wait(60)
+    assert (said == "ready\n") is serves

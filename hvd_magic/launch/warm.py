@@ -35,9 +35,10 @@ BINDINGS = {
     "horovod.tensorflow.keras": "tensorflow",
 }
 # What a framework imports on its first use, which every rank would otherwise import anew:
-# PyTorch's optimizers import torch._dynamo (with sympy, 830 modules, 1.0 to 1.8 CPU-s) the
+# PyTorch's optimizers import torch._dynamo (with SymPy, about 830 modules, 1.0 to 1.8 CPU-s) the
 # first time one is made or stepped. Preloaded with the framework, though a rank that makes no
-# optimizer finds them in sys.modules too; they start no thread and no GPU driver.
+# optimizer finds them in sys.modules too; they start no thread and no GPU driver. A server
+# whose framework lacks them (an older PyTorch) preloads the rest, and its ranks import as they would.
 FIRST_USE = {"torch": ("torch._dynamo",)}
 _COLD = ("jax", "mxnet", "horovod.mxnet")  # JAX warns that a fork of it may deadlock
 
@@ -58,10 +59,10 @@ def _preload(names: set[str]) -> tuple[str, ...]:
 
 def warm_modules(imports: Iterable[str], options: RunOptions) -> tuple[str, ...]:
     """What a fork server for these ranks preloads: each framework the code imports (and only
-    those: a rank must not find in ``sys.modules`` what its code never imported), then our
-    worker's modules; () where they start the usual way. On Spark what the executors have
-    installed is not known here: a server that cannot import them is not used, and the ranks
-    start the usual way."""
+    those, with what they import on first use: a rank must not find in ``sys.modules`` what its
+    code would never have imported), then our worker's modules; () where they start the usual
+    way. On Spark what the executors have installed is not known here: a server that cannot
+    import them is not used, and the ranks start the usual way."""
     names = set(imports)
     preload = _preload(names)
     if not preload or any(_within(name, *_COLD) for name in names):

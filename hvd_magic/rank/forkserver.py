@@ -68,8 +68,12 @@ def receive(conn: socket.socket) -> tuple[dict[str, Any], list[int], int]:
 
 
 def serve(path: str, modules: list[str]) -> None:
-    for name in modules:
-        importlib.import_module(name)
+    for index, name in enumerate(modules):
+        try:
+            importlib.import_module(name)
+        except ImportError:  # a module of a framework imported above (torch._dynamo): where it has it
+            if not any(name.startswith(f"{before}.") for before in modules[:index]):
+                raise
     sys.modules.pop(WORKER, None)  # its imports stay; the module itself runs anew, as ``__main__``
     if cuda_initialized():
         raise SystemExit("hvd_magic fork server: importing the framework started CUDA; not forking")
@@ -236,6 +240,9 @@ def _fresh_state() -> None:
     threads = os.environ.get("OMP_NUM_THREADS", "")
     if torch is not None and threads.isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))
+    dynamo = sys.modules.get("torch._dynamo.config")  # its debug folder: read from the directory
+    if dynamo is not None and hasattr(dynamo, "default_debug_dir_root"):  # at import, the server's
+        setattr(dynamo, "debug_dir_root", dynamo.default_debug_dir_root())  # noqa: B010 - a module
 
 
 def _die_with(conn: socket.socket) -> None:
