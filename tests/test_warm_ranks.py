@@ -295,6 +295,18 @@ def test_the_server_answers_only_its_own_user(ip, tmp_path):
 DRIVER = "int cuCtxGetCurrent(void **context) {{ *context = 0; return {code}; }}\n"
 
 
+def server_started(tmp_path: Path, modules: list[str], env: dict[str, str]) -> tuple[bool, str]:
+    """Whether a fork server preloading ``modules`` said it was ready, and what it wrote to stderr."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", SERVER, str(tmp_path / "socket"), *modules], env=env,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    said = server.stdout.readline()  # "ready", or nothing as it ends
+    server.stdin.close()  # held open, it serves till closed
+    server.wait(60)
+    return said == "ready\n", server.stderr.read()
+
+
 @pytest.mark.parametrize(("code", "forks"), [(3, True), (0, False)])
 def test_a_server_whose_imports_set_up_cuda_does_not_fork(tmp_path, code, forks):
     """Whatever framework set up the driver in the server (a fork's child could not use it), the
@@ -305,16 +317,9 @@ def test_a_server_whose_imports_set_up_cuda_does_not_fork(tmp_path, code, forks)
     subprocess.run([*compile_driver, str(tmp_path / "driver.c")], check=True)
     loads = f"import ctypes\nctypes.CDLL({str(library)!r}, mode=ctypes.RTLD_GLOBAL)\n"
     (tmp_path / "framework.py").write_text(loads)
-    server = subprocess.Popen(
-        [sys.executable, "-m", SERVER, str(tmp_path / "socket"), "framework"],
-        env=os.environ | {"PYTHONPATH": str(tmp_path)}, stdin=subprocess.PIPE,  # held: it serves till closed
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    said = server.stdout.readline()  # "ready", or nothing as it ends
-    server.stdin.close()
-    server.wait(60)
-    assert (said == "ready\n") is forks
-    assert ("started CUDA; not forking" in server.stderr.read()) is not forks
+    served, said = server_started(tmp_path, ["framework"], os.environ | {"PYTHONPATH": str(tmp_path)})
+    assert served is forks
+    assert ("started CUDA; not forking" in said) is not forks
 
 
 @pytest.mark.parametrize(
@@ -325,11 +330,4 @@ def test_a_server_whose_imports_set_up_cuda_does_not_fork(tmp_path, code, forks)
     ],
 )
 def test_a_module_of_a_framework_is_preloaded_where_the_framework_has_it(tmp_path, modules, serves):
-    server = subprocess.Popen(
-        [sys.executable, "-m", SERVER, str(tmp_path / "socket"), *modules], stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    said = server.stdout.readline()  # "ready", or nothing as it ends
-    server.stdin.close()
-    server.wait(60)
-    assert (said == "ready\n") is serves
+    assert server_started(tmp_path, modules, dict(os.environ))[0] is serves
