@@ -3,7 +3,12 @@ PY := .venv/bin/python
 # mypy keeps its cache in the clone (.mypy_cache): a cache shared by every clone on the machine let
 # CI's fresh clone crash mypy 2.4.1 (INTERNAL ERROR) on state another checkout left; a cold check is ~25 s
 
-.PHONY: setup demo test lint docs bench js-test spark-archive
+# How `make test` runs pytest: three workers on two cores (the ranks' waits leave one idle
+# otherwise), tests/scheduling.py's groups (a module, an example notebook, the modules that share
+# a Spark cluster) longest first. scripts/coverage.sh runs the suite the same way.
+PYTEST_ARGS := -ra -n 3 --dist loadscope --no-loadscope-reorder
+
+.PHONY: setup demo test lint docs bench js-test spark-archive pytest-args
 
 # (SETUP_DONE=1: a step of `make test`, which set up already)
 setup:
@@ -26,9 +31,10 @@ docs: setup
 # once per environment, 30 s; the suite would make it otherwise, with one core idle)
 test: setup
 	$(MAKE) --no-print-directory -j 4 --output-sync=target SETUP_DONE=1 lint docs js-test spark-archive
-	# three workers on two cores (the ranks' waits leave one idle otherwise), tests/scheduling.py's
-	# groups (a module, or an example notebook) longest first
-	$(PY) -m pytest -ra -n 3 --dist loadscope --no-loadscope-reorder --durations=25
+	$(PY) -m pytest $(PYTEST_ARGS) --durations=25
+
+pytest-args:
+	@echo $(PYTEST_ARGS)
 
 js-test: setup
 	cd js && npx vitest run
@@ -42,6 +48,7 @@ bench: setup
 	$(PY) bench/timeline_parse.py
 	$(PY) bench/stop.py
 	$(PY) bench/data_plane.py
+	$(PY) bench/idle_ranks.py
 	$(PY) bench/connect_launch.py
 	$(PY) bench/estimator.py
 	$(PY) bench/doctor.py

@@ -34,7 +34,8 @@ pth="$site/hvd_magic_coverage.pth"
 echo "import coverage; coverage.process_startup()" > "$pth"
 trap 'rm -f "$pth"' EXIT
 cd "$ROOT"
-[ $# -gt 0 ] || set -- -ra -n 3 --dist loadscope --no-loadscope-reorder  # as `make test` runs it
+# shellcheck disable=SC2046  # the arguments, word by word
+[ $# -gt 0 ] || set -- $(make -s --no-print-directory -C "$ROOT" pytest-args)  # as `make test` runs it
 status=0
 COVERAGE_PROCESS_START="$OUT/coveragerc" "$PY" -m pytest "$@" || status=$?
 rm -f "$pth"

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from . import cpu_profile, scheduling, spark_jvm
+from . import cpu_profile, scheduling, spark_fixtures, spark_jvm
 from .helpers import (
     SUITE_VARIABLE,
     end_of_test,
@@ -27,6 +27,21 @@ os.environ.update(spark_jvm.environment())
 
 
 pytest_xdist_make_scheduler = scheduling.pytest_xdist_make_scheduler  # xdist's groups: ours
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """The Spark cluster a group's modules share ends with the group, after its modules'
+    fixtures, even where their teardown failed: a later module must not find it active."""
+    try:
+        return (yield)
+    finally:
+        if nextitem is None or scheduling.group_of(nextitem.nodeid) != scheduling.group_of(item.nodeid):
+            spark_fixtures.stop_shared()
+
+
+def pytest_sessionfinish() -> None:
+    spark_fixtures.stop_shared()  # a run stopped early (-x) ends in no group's last test
 
 
 def pytest_configure(config: pytest.Config) -> None:

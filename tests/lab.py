@@ -4,6 +4,7 @@ tests/test_examples.py and bench/timeline_scale.py --browser."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -16,8 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import nbformat
-
-from .helpers import free_port
 
 ARTIFACTS = Path(__file__).parent.parent / "test-artifacts"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -49,31 +48,42 @@ def notebook_page(url: str, height: int) -> Iterator[Any]:
 def jupyterlab(folder: Path, cells: list[str]) -> Iterator[str]:
     """A JupyterLab server on ``folder`` with a notebook of ``cells``; yields the notebook's URL."""
     token = secrets.token_hex(16)
-    port = free_port()
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.cells = [nbformat.v4.new_code_cell(cell) for cell in cells]
     nbformat.write(nb, folder / "live.ipynb")
+    runtime = folder / "runtime"
     log = open(folder / "jupyterlab.log", "w")  # noqa: SIM115 - closed below
+    # Port 0: the server binds a free port itself. A port picked here and handed over could be taken
+    # in between (it was, once: the server moved to the next one and the test knocked on the first).
     server = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--port=0", "--ip=127.0.0.1",
          f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={folder}", "--allow-root"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        env=dict(os.environ, JUPYTER_CONFIG_DIR=str(folder / "config")),
+        env=dict(os.environ, JUPYTER_CONFIG_DIR=str(folder / "config"), JUPYTER_RUNTIME_DIR=str(runtime)),
     )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
-            break
-        except OSError:
-            assert time.monotonic() < deadline, (folder / "jupyterlab.log").read_text()[-3000:]
-            assert server.poll() is None, (folder / "jupyterlab.log").read_text()[-3000:]
-            time.sleep(0.2)
     try:
+        base = _serving_at(server, runtime, token, folder / "jupyterlab.log")
         yield f"{base}/lab/tree/live.ipynb?token={token}"
     finally:
         server.terminate()
         server.wait(timeout=30)
         log.close()
+
+
+def _serving_at(server: subprocess.Popen[bytes], runtime: Path, token: str, log: Path) -> str:
+    """The base URL ``server`` answers on, within 90 s: its port read from the file it writes
+    as it starts (``jpserver-<pid>.json``; it binds the port a moment later)."""
+    info = runtime / f"jpserver-{server.pid}.json"
+    deadline = time.monotonic() + 90
+    base = None
+    while True:
+        try:
+            if base is None:
+                base = f"http://127.0.0.1:{int(json.loads(info.read_text())['port'])}"
+            urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
+            return base
+        except (OSError, ValueError, KeyError):  # no file yet, half written, or not listening yet
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            assert server.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.2)

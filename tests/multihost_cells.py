@@ -49,9 +49,9 @@ sorted(hvd.allgather_object(me))
 SLOW_RANK_2 = """%%horovod np=3 timeline=bed_timeline.json env=HOROVOD_CACHE_CAPACITY=0
 import os, socket, time, horovod.torch as hvd, torch
 hvd.init()
-for step in range(20):
-    if hvd.rank() == 2:
-        time.sleep(0.02)
+for step in range(15):
+    if hvd.rank() == 2:  # later than a loaded machine's other ranks ever are, by a wide margin
+        time.sleep(0.2)
     hvd.allreduce(torch.ones(1000), name=f"step{step}")
 hvd.allgather_object([hvd.rank(), os.path.exists(os.environ["HOROVOD_TIMELINE"]), socket.gethostname()])
 """

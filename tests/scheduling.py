@@ -3,8 +3,10 @@
 first.
 
 A group is a test module (its module-scoped fixtures, a Spark cluster say, are made once), but
-the example notebooks go one a group (they share nothing, and are the longest), and the
-timeline modules are one group (they share the session's recorded timelines). Longest first,
+the example notebooks go one a group (they share nothing, and are the longest), the timeline
+modules are one group (they share the session's recorded timelines), and so are the modules
+that share a Spark cluster (``spark_fixtures.shared_spark_session``: made once for all of them,
+stopped at the group's end). Longest first,
 so that no worker is left with a long group at the end while the other has nothing to do; how
 long each group took is kept in ``durations.json``, written anew by a run with
 ``HVD_MAGIC_RECORD_DURATIONS=1`` (a group it does not know counts as short).
@@ -29,6 +31,14 @@ DURATIONS = Path(__file__).with_name("durations.json")
 RECORD_VARIABLE = "HVD_MAGIC_RECORD_DURATIONS"
 ONE_GROUP_EACH = ("test_examples",)  # each test a group of its own
 SHARED = {"test_timeline_": "test_timeline"}  # modules named so share one group
+# modules that share one Spark cluster (spark_fixtures.shared_spark_session), made once per group
+SAME_CLUSTER = {
+    "test_estimator_compat": "spark-two-executors",
+    "test_session_spark": "spark-two-executors",
+    "test_spark_estimators": "spark-two-executors",
+    "test_data_spark": "spark-four-gpus",
+    "test_launch_spark": "spark-four-gpus",
+}
 UNKNOWN_SECONDS = 5.0
 
 
@@ -37,6 +47,8 @@ def group_of(nodeid: str) -> str:
     module = Path(path).stem
     if module in ONE_GROUP_EACH:
         return nodeid
+    if module in SAME_CLUSTER:
+        return SAME_CLUSTER[module]
     for prefix, group in SHARED.items():
         if module.startswith(prefix):
             return group
@@ -51,11 +63,11 @@ def known_seconds() -> dict[str, float]:
 
 
 def still_exists(group: str) -> bool:
-    """Whether the module a group is named from is still in ``tests/``."""
+    """Whether a module of ``tests/`` still falls in ``group`` (by :func:`group_of`'s rules)."""
     tests = DURATIONS.parent
-    if group in SHARED.values():
-        return any(tests.glob(f"{group}*.py"))
-    return (tests.parent / group.split("::", 1)[0]).is_file()
+    if "::" in group:  # a test that is a group of its own: its module's still there
+        return (tests.parent / group.split("::", 1)[0]).is_file()
+    return any(group_of(f"{tests.name}/{path.name}") == group for path in tests.glob("test_*.py"))
 
 
 class GroupScheduling(LoadScopeScheduling):

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pyspark
-
-from .helpers import free_port
 
 SPARK_HOME = Path(pyspark.__file__).parent
 
@@ -31,6 +31,7 @@ def fake_gpu_script(directory: Path, addresses: list[str]) -> Path:
 def spark_session(master: str, conf: dict[str, str]) -> Iterator[object]:
     from pyspark.sql import SparkSession
 
+    stop_shared()  # else getOrCreate would hand back the kept cluster, whatever ``master`` says
     os.environ["PYSPARK_PYTHON"] = sys.executable
     settings = {
         "spark.ui.enabled": "false",
@@ -55,6 +56,70 @@ def spark_session(master: str, conf: dict[str, str]) -> Iterator[object]:
             jvm.System.clearProperty(key)
 
 
+# The clusters that several test modules share (their modules are one scheduling group, so they
+# run one after the other on one xdist worker): made by the group's first module, kept for the
+# next, stopped at the group's end (``conftest``: a later group must not find it active). One
+# cluster instead of one each: its JVMs, its Python workers and the fork servers they keep.
+TWO_EXECUTORS = "local-cluster[2,1,1024]"  # 2 slots: the estimators' and live sessions' modules
+TWO_EXECUTORS_FOUR_GPUS = "local-cluster[2,2,1024]"  # 4 slots, a fake GPU each: launch and data=
+BARRIER_FAILS_FAST = {"spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "1"}
+_shared = ExitStack()  # the kept cluster's session, stopped when closed
+_kept: dict[str, Any] = {}  # its "key" (master and conf) and "session"
+
+
+def gpu_conf(directory: Path) -> dict[str, str]:
+    """Two fake GPUs an executor (``fake_gpu_script``), one a task; an executor decommissions
+    itself on SIGPWR; a barrier stage short of slots fails at once."""
+    directory.mkdir(parents=True, exist_ok=True)
+    gpus = fake_gpu_script(directory, ["0", "1"])
+    return {
+        "spark.worker.resource.gpu.amount": "2",
+        "spark.worker.resource.gpu.discoveryScript": str(gpus),
+        "spark.executor.resource.gpu.amount": "2",
+        "spark.executor.resource.gpu.discoveryScript": str(gpus),
+        "spark.task.resource.gpu.amount": "1",
+        "spark.decommission.enabled": "true",
+        **BARRIER_FAILS_FAST,
+    }
+
+
+@contextmanager
+def shared_spark_session(master: str, conf: dict[str, str]) -> Iterator[Any]:
+    """A session on the cluster ``master`` with ``conf``, the one this worker keeps if it has it
+    (and it is alive), else a new one that it keeps; stopped by :func:`stop_shared`."""
+    key = (master, tuple(sorted(conf.items())))
+    if _kept and (_kept["key"] != key or not _alive(_kept["session"])):
+        stop_shared()
+    if not _kept:
+        _kept.update(key=key, session=_shared.enter_context(spark_session(master, conf)))
+    try:
+        yield _kept["session"]
+    except BaseException:
+        stop_shared()  # a module that failed with it (its slots never came, say): the next starts anew
+        raise
+
+
+def _alive(session: Any) -> bool:
+    """Whether ``session``'s context is the active one and its JVM side is not stopped (Spark
+    stops it itself when the master drops the application)."""
+    from py4j.protocol import Py4JError
+    from pyspark import SparkContext
+
+    context = session.sparkContext
+    if SparkContext._active_spark_context is not context or context._jsc is None:
+        return False
+    try:
+        return not context._jsc.sc().isStopped()
+    except Py4JError:
+        return False
+
+
+def stop_shared() -> None:
+    """Stops the cluster this worker keeps for a group's modules, if any."""
+    _kept.clear()
+    _shared.close()
+
+
 class Standalone:
     """A real Spark standalone master on 127.0.0.1 and one worker per address in ``worker_hosts``
     (``cores`` each): a worker can be lost for good (killed with its executors) and started again,
@@ -62,8 +127,7 @@ class Standalone:
 
     def __init__(self, worker_hosts: list[str], cores: int, log_dir: Path) -> None:
         self.hosts, self.cores, self.log_dir = worker_hosts, cores, log_dir
-        self.port, self.web_port = free_port(), free_port()
-        self.url = f"spark://127.0.0.1:{self.port}"
+        self.url, self.web_port = "", 0  # the master's, once it listens (``start``)
         self.env = dict(
             os.environ, SPARK_HOME=str(SPARK_HOME), PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1"
         )
@@ -82,11 +146,30 @@ class Standalone:
             )
 
     def start(self) -> None:
-        master = ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(self.port)]
-        self.master = self._start([*master, "--webui-port", str(self.web_port)], "master", {})
+        # Port 0 everywhere: each daemon binds a free port itself and the master's are read from
+        # its log. A port picked here and handed over could be taken in between, and Spark would
+        # then move to the next one silently. Its REST server (a fixed port, unused) stays off.
+        master = ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", "0"]
+        no_rest = {"SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false"}
+        self.master = self._start([*master, "--webui-port", "0"], "master", no_rest)
+        self.url, web = self._master_addresses(timeout=60)
+        self.web_port = int(web)
         for host in self.hosts:
             self.start_worker(host)
         self.wait_for_workers(len(self.hosts))
+
+    def _master_addresses(self, timeout: float) -> tuple[str, str]:
+        """The master's URL and its web UI's port, from the lines its log says them in."""
+        log, deadline = self.log_dir / "master.log", time.monotonic() + timeout
+        while True:
+            text = log.read_text(errors="replace") if log.exists() else ""
+            url = re.search(r"Starting Spark master at (spark://\S+)", text)
+            web = re.search(r"Successfully started service 'MasterUI' on port (\d+)", text)
+            if url and web:
+                return url[1], web[1]
+            assert self.master is not None and self.master.poll() is None, text[-3000:]
+            assert time.monotonic() < deadline, f"no address said within {timeout:.0f} s: {text[-3000:]}"
+            time.sleep(0.2)
 
     def start_worker(self, host: str) -> None:
         self.starts += 1
@@ -96,7 +179,7 @@ class Standalone:
                 "--host", host,
                 "--cores", str(self.cores),
                 "--memory", "1g",
-                "--webui-port", str(free_port()),
+                "--webui-port", "0",
                 "--work-dir", str(self.log_dir / f"work-{self.starts}"),
                 self.url,
             ],

@@ -11,14 +11,15 @@ from hvd_magic import DataError, HorovodRunner
 
 from .data_cells import all_ids, run_shard_cell
 from .helpers import leftover_processes, run_processes_anywhere
-from .spark_fixtures import spark_session
+from .spark_fixtures import TWO_EXECUTORS_FOUR_GPUS, gpu_conf, shared_spark_session
 
 ROWS = 10_003
 
 
 @pytest.fixture(scope="module")
-def spark():
-    with spark_session("local-cluster[2,2,1024]", {}) as session:
+def spark(tmp_path_factory):
+    conf = gpu_conf(tmp_path_factory.getbasetemp() / "gpus")  # the launch tests' cluster, shared
+    with shared_spark_session(TWO_EXECUTORS_FOUR_GPUS, conf) as session:
         from hvd_magic.launch.spark_session import check_slots
 
         check_slots(session, 4, wait=60)  # executors register after the session starts

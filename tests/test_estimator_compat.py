@@ -17,14 +17,14 @@ from hvd_magic.protocol.files import checkpoint_name
 
 from .estimator_fixtures import libsvm_mnist, mnist_frames
 from .helpers import leftover_processes
-from .spark_fixtures import spark_session
+from .spark_fixtures import BARRIER_FAILS_FAST, TWO_EXECUTORS, shared_spark_session
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 
 @pytest.fixture(scope="module")
 def spark():
-    with spark_session("local-cluster[2,1,1024]", {}) as session:
+    with shared_spark_session(TWO_EXECUTORS, BARRIER_FAILS_FAST) as session:
         from hvd_magic.launch.spark_session import check_slots
 
         check_slots(session, 2, wait=60)

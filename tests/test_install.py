@@ -14,9 +14,16 @@ from pathlib import Path
 import pytest
 
 from hvd_magic.errors import InstallError
-from hvd_magic.install.build import build_wheel, patch_source
+from hvd_magic.install.build import IN_PHASE, NEGOTIATED, build_wheel, patch_source
 from hvd_magic.install.detect import Found, Nccl, Toolchain, detect, find_cmake
-from hvd_magic.install.plan import HOROVOD_VERSION, BuildPlan, cached_wheel, make_plan
+from hvd_magic.install.plan import (
+    CACHE_PREFIX,
+    HOROVOD_VERSION,
+    SOURCE_EDITS,
+    BuildPlan,
+    cached_wheel,
+    make_plan,
+)
 
 GPP = Found("g++", "12.2.0")
 CMAKE = Found("cmake", "3.25.1")
@@ -33,7 +40,7 @@ def toolchain(**changes: object) -> Toolchain:
 def test_the_cache_key_names_what_the_wheel_is_built_against(tmp_path):
     plan = make_plan(toolchain(), tmp_path)
     assert plan.key == "py311-torch2.13.0+cpu-tf2.21.0-ompi4.1.4"  # as scripts/setup.sh always named it
-    assert plan.directory == tmp_path / f"horovod-{HOROVOD_VERSION}-{plan.key}"
+    assert plan.directory == tmp_path / f"horovod-{HOROVOD_VERSION}-edits{SOURCE_EDITS}-{plan.key}"
     gpu = make_plan(toolchain(torch="2.13.0+cu124", torch_cuda="12.4", nccl=Nccl("/usr/include")), tmp_path)
     assert gpu.key.endswith("-cu12.4") and gpu.build_env()["HOROVOD_GPU_OPERATIONS"] == "NCCL"
 
@@ -46,7 +53,7 @@ def test_what_is_installed_is_built_and_the_rest_left_out(tmp_path):
 
 
 def cache_entry(cache: Path, key: str) -> Path:
-    entry = cache / f"horovod-{HOROVOD_VERSION}-{key}"
+    entry = cache / f"{CACHE_PREFIX}{key}"
     entry.mkdir(parents=True)
     platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
     wheel = entry / f"horovod-{HOROVOD_VERSION}-cp311-cp311-{platform}.whl"
@@ -62,7 +69,7 @@ def test_a_cached_wheel_serves_every_environment_it_was_built_for(tmp_path):
     assert cached_wheel(make_plan(toolchain(torch="2.14.1+cpu"), tmp_path)) is None
     assert cached_wheel(make_plan(toolchain(python="3.12"), tmp_path)) is None
     assert cached_wheel(make_plan(toolchain(), tmp_path, with_mpi=False)) is None
-    other_machine = tmp_path / f"horovod-{HOROVOD_VERSION}-py311-torch2.13.0+cpu-tfnone-ompi4.1.4"
+    other_machine = tmp_path / f"{CACHE_PREFIX}py311-torch2.13.0+cpu-tfnone-ompi4.1.4"
     other_machine.mkdir()
     (other_machine / f"horovod-{HOROVOD_VERSION}-cp311-cp311-some_other_arch.whl").write_bytes(b"")
     assert cached_wheel(make_plan(toolchain(tensorflow=None), tmp_path)) == both  # not another platform's
@@ -70,6 +77,14 @@ def test_a_cached_wheel_serves_every_environment_it_was_built_for(tmp_path):
     other_machine.rmdir()
     own = cache_entry(tmp_path, "py311-torch2.13.0+cpu-tfnone-ompi4.1.4")
     assert cached_wheel(make_plan(toolchain(tensorflow=None), tmp_path)) == own  # its own entry first
+
+
+def test_a_wheel_cached_before_the_source_edits_last_changed_is_built_anew(tmp_path):
+    earlier = tmp_path / f"horovod-{HOROVOD_VERSION}-py311-torch2.13.0+cpu-tf2.21.0-ompi4.1.4"  # no revision
+    earlier.mkdir()
+    platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
+    (earlier / f"horovod-{HOROVOD_VERSION}-cp311-cp311-{platform}.whl").write_bytes(b"")
+    assert cached_wheel(make_plan(toolchain(), tmp_path)) is None
 
 
 def test_missing_prerequisites_are_named_with_the_one_command_that_installs_them(tmp_path):
@@ -106,6 +121,7 @@ def horovod_like_tree(root: Path) -> Path:
         "horovod/tensorflow/keras/callbacks.py": "def f():\n  from keras import backend as K\n",
         "horovod/common/ops/cuda/CMakeLists.txt": "set(CMAKE_CUDA_STANDARD 11)\n",
         "horovod/torch/cuda_util.cc": 'cudalib = dlopen("libcuda.so", RTLD_LAZY);\n',
+        "horovod/common/operations.cc": "  for (auto process_set_id : ids) {\n" + NEGOTIATED + "  }\n",
     }.items():
         (source / path).parent.mkdir(parents=True, exist_ok=True)
         (source / path).write_text(text)
@@ -120,6 +136,12 @@ def test_the_source_changes_for_todays_frameworks(tmp_path):
     assert "\n  K = tf.keras.backend" in (source / "horovod/tensorflow/keras/callbacks.py").read_text()
     assert "CMAKE_CUDA_STANDARD 17" in (source / "horovod/common/ops/cuda/CMakeLists.txt").read_text()
     assert 'dlopen("libcuda.so.1",' in (source / "horovod/torch/cuda_util.cc").read_text()
+    # idle MPI ranks in phase: the next cycle counts from an idle negotiation's end
+    assert NEGOTIATED + IN_PHASE in (source / "horovod/common/operations.cc").read_text()
+    assert (
+        "LibType::MPI" in IN_PHASE
+        and "state.last_cycle_start = std::chrono::steady_clock::now();" in IN_PHASE
+    )
     with pytest.raises(InstallError, match="Horovod's source changed: CMakeLists.txt"):
         patch_source(source, with_tensorflow=True)  # a source that no longer looks as expected
 

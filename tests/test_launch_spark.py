@@ -49,7 +49,7 @@ from .helpers import (
     when_started,
 )
 from .multihost_net import free_subnet, make_bridge
-from .spark_fixtures import fake_gpu_script, spark_session
+from .spark_fixtures import TWO_EXECUTORS_FOUR_GPUS, gpu_conf, shared_spark_session
 from .test_house import LOADED_CELL, NEVER_IN_A_RANK, RANK_SIDE, within
 
 REPORT_CELL = """
@@ -65,17 +65,8 @@ me = {"rank": hvd.rank(), "local_rank": hvd.local_rank(), "size": hvd.size(),
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    gpus = fake_gpu_script(tmp_path_factory.mktemp("gpu"), ["0", "1"])
-    conf = {
-        "spark.worker.resource.gpu.amount": "2",
-        "spark.worker.resource.gpu.discoveryScript": str(gpus),
-        "spark.executor.resource.gpu.amount": "2",
-        "spark.executor.resource.gpu.discoveryScript": str(gpus),
-        "spark.task.resource.gpu.amount": "1",
-        "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "1",
-        "spark.decommission.enabled": "true",  # an executor decommissions itself on SIGPWR
-    }
-    with spark_session("local-cluster[2,2,1024]", conf) as session:
+    conf = gpu_conf(tmp_path_factory.getbasetemp() / "gpus")  # an executor decommissions on SIGPWR
+    with shared_spark_session(TWO_EXECUTORS_FOUR_GPUS, conf) as session:
         check_slots(session, 4, wait=60)  # executors register after the session starts
         yield session
 
@@ -174,7 +165,7 @@ def cmdline(pid):
 waiter = os.getppid()
 server = int(stat(waiter)[1])
 seen = {"command": cmdline(os.getpid()), "waiter": cmdline(waiter), "server": server,
-        "keeper": cmdline(int(stat(server)[1])), "threads": torch.get_num_threads(),
+        "serves": cmdline(server), "threads": torch.get_num_threads(),
         "budget": os.environ.get("OMP_NUM_THREADS"), "agent": os.environ.get("HVD_MAGIC_VIA_AGENT"),
         "socket": os.environ.get("HVD_MAGIC_FORK_SERVER")}
 pathlib.Path(FOLDER, str(os.getpid())).write_text(json.dumps(seen))
@@ -182,11 +173,13 @@ pathlib.Path(FOLDER, str(os.getpid())).write_text(json.dumps(seen))
 
 
 @pytest.mark.parametrize("launcher", ["mpi", "gloo", "torch"])
-def test_torch_ranks_on_executors_are_forked_from_servers_their_tasks_python_workers_keep(
+def test_torch_ranks_on_executors_are_forked_from_a_server_each_executors_python_daemon_keeps(
     ip, cluster, tmp_path, launcher
 ):
-    """PyTorch is imported once per Python worker, not once per rank: the next cell's ranks are
-    forked from the same servers, and each is what a started rank would be."""
+    """PyTorch is imported once per executor, not once per rank or per Python worker: the
+    executor's tasks share one server, kept by its Python daemon (which Spark keeps as long as
+    the executor); the next cell's ranks are forked from the same servers, and each is what a
+    started rank would be."""
     option = "backend=torch" if launcher == "torch" else f"launcher={launcher}"
     servers = []
     for run in ("first", "second"):
@@ -199,27 +192,74 @@ def test_torch_ranks_on_executors_are_forked_from_servers_their_tasks_python_wor
         for rank in ranks:
             assert rank["command"].endswith("-m hvd_magic.rank.worker")  # as ps shows a started rank
             assert "hvd_magic.rank.forkserver" in rank["waiter"]
-            assert "pyspark.daemon" in rank["keeper"]  # kept by a task's Python worker
+            assert python_daemon(keeper_of(rank["serves"]))  # kept by the executor's Python daemon
             assert rank["threads"] == int(rank["budget"]) == 1  # spark.task.cpus, not the server's
             assert rank["socket"] is None  # the stand-in's word to find its server is not the rank's
             assert (rank["agent"] is not None) == (launcher == "mpi")  # orted, on its agent's host
         used = {rank["server"] for rank in ranks}
-        assert len(used) == (2 if launcher == "mpi" else 4)  # one per host's ranks, or per task
+        assert len(used) == 2  # one per executor, whatever the launcher
         assert used <= kept_servers()  # kept after the run, for the next
         servers.append(kept_servers())
     assert servers[1] == servers[0]  # none started anew for the second cell
     assert leftover_processes() == [] and run_processes_anywhere() == []
 
 
-def kept_servers() -> set[int]:
-    """The fork servers this test's Spark Python workers keep (not their waiters, forked from a
-    server): below this process, whose driver JVM starts the executors, so not another xdist
-    worker's, whose cells start servers of their own meanwhile."""
-    found = set()
+def test_the_next_cell_is_warm_after_spark_ended_the_python_workers_that_started_its_servers(
+    ip, cluster, tmp_path
+):
+    """Spark ends an idle Python worker after a minute without a task, and kills a cancelled
+    task's: the servers are the executors' (their Python daemons keep them), so a cell after
+    that is forked from the same ones."""
+    before = set()
+    for run in ("first", "second"):
+        folder = tmp_path / run
+        folder.mkdir()
+        ip.user_ns["FOLDER"] = str(folder)
+        ip.run_cell_magic("horovod", "np=4 backend=torch", WARM_CELL)
+        used = {json.loads(path.read_text())["server"] for path in folder.iterdir()}
+        assert len(used) == 2 and used <= kept_servers()
+        assert not before or used == before
+        before = used
+        workers = python_workers()  # what Spark would end
+        for worker in workers:
+            worker.kill()
+        assert workers and psutil.wait_procs(workers, timeout=30)[1] == []
+    assert leftover_processes() == [] and run_processes_anywhere() == []
+
+
+def python_workers() -> list[psutil.Process]:
+    """Every Python worker of this test's executors (not their daemons)."""
+    found = []
     for process in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # another test's process may be a zombie by now
+            if "pyspark.daemon" in " ".join(process.cmdline()) and not python_daemon(process.pid):
+                found.append(process)
+    return found
+
+
+def keeper_of(server: str) -> int:
+    """The keeper a shared fork server's command line names (``--keeper PID``)."""
+    argv = server.split()
+    return int(argv[argv.index("--keeper") + 1])
+
+
+def python_daemon(pid: int) -> bool:
+    """Whether ``pid`` is an executor's Python daemon (not one of the workers it forks, whose
+    command line is the same): its parent is the executor's JVM."""
+    process = psutil.Process(pid)
+    return "pyspark.daemon" in " ".join(process.cmdline()) and process.parent().name() == "java"
+
+
+def kept_servers() -> set[int]:
+    """The fork servers this test's executors keep: those whose keeper is below this process,
+    whose driver JVM starts the executors (not another xdist worker's)."""
+    below = {process.pid for process in psutil.Process().children(recursive=True)}
+    found = set()
+    for process in psutil.process_iter():
         with contextlib.suppress(psutil.Error):
-            if "hvd_magic.rank.forkserver" in " ".join(process.cmdline()):
-                if "pyspark.daemon" in " ".join(process.parent().cmdline()):
+            if "--keeper" in (argv := " ".join(process.cmdline())) and "hvd_magic.rank.forkserver" in argv:
+                waiter = "hvd_magic.rank.forkserver" in " ".join(process.parent().cmdline())  # forked by one
+                if not waiter and keeper_of(argv) in below and python_daemon(keeper_of(argv)):
                     found.add(process.pid)
     return found
 
@@ -648,6 +688,25 @@ def test_a_failed_jobs_java_error_is_cut_to_the_line_that_says_why():
     assert (
         spark_plan.spark_failure(python)
         == "hvd_magic: this executor cannot reach the notebook at 10.0.0.1:5000"
+    )
+
+
+def test_a_task_that_raised_is_named_by_its_python_exception_not_by_the_stage_it_failed():
+    text = (  # as Spark 4.3 words it
+        "An error occurred while calling o41.collectToPython.\n"
+        ": org.apache.spark.SparkException: Job aborted due to stage failure: Could not recover from a "
+        "failed barrier ResultStage. Most recent failure reason: Stage failed because barrier task "
+        "ResultTask(18, 3) finished unsuccessfully.\n"
+        "org.apache.spark.api.python.PythonException: [PYTHON_EXCEPTION] An exception was thrown from "
+        "the Python worker: Traceback (most recent call last):\n"
+        '  File "/x/hvd_magic/launch/task/barrier.py", line 131, in _run_task\n'
+        "    server = forkservers.serving(spec.warm, spec.env, keeper=os.getppid())\n"
+        "FileNotFoundError: [Errno 2] No such file or directory: '/tmp/a.lock'\n"
+        " SQLSTATE: 38000\n"
+        "\tat org.apache.spark.api.python.BasePythonRunner$ReaderIterator.handlePythonException(...)\n"
+    )
+    assert spark_plan.spark_failure(text) == (
+        "a task raised FileNotFoundError: [Errno 2] No such file or directory: '/tmp/a.lock'"
     )
 
 

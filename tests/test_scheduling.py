@@ -16,6 +16,11 @@ def test_a_module_is_a_group_but_each_notebook_is_one_and_the_timeline_modules_s
     notebook = "tests/test_examples.py::test_example_notebooks_run_headless[mnist_keras]"
     assert scheduling.group_of(notebook) == notebook
     assert scheduling.group_of("tests/test_timeline_magic.py::test_y") == "test_timeline"
+    # the modules that share a Spark cluster: one group each cluster
+    shared = {scheduling.group_of(f"tests/{m}.py::t") for m in ("test_launch_spark", "test_data_spark")}
+    assert shared == {"spark-four-gpus"}
+    standalone = "tests/test_launch_spark_standalone.py"
+    assert scheduling.group_of(f"{standalone}::t") == standalone
 
 
 def test_the_longest_group_starts_first_and_a_groups_tests_keep_their_order(monkeypatch) -> None:

@@ -16,13 +16,12 @@ from hvd_magic.session import commands as sessions
 
 from .helpers import executor_processes, gone_within, is_rank, run_processes_anywhere, wait_for_files
 from .kernels import Kernel
-from .spark_fixtures import spark_session
+from .spark_fixtures import BARRIER_FAILS_FAST, TWO_EXECUTORS, shared_spark_session
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    conf = {"spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "1"}
-    with spark_session("local-cluster[2,1,1024]", conf) as session:
+    with shared_spark_session(TWO_EXECUTORS, BARRIER_FAILS_FAST) as session:
         check_slots(session, 2, wait=60)  # executors register after the session starts
         yield session
 

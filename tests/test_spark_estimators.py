@@ -14,12 +14,12 @@ from hvd_magic.protocol.files import checkpoint_name
 from .estimator_fixtures import accuracy, mnist_frames, mnist_net
 from .estimator_records import active_mlflow_run, check_fit_records
 from .helpers import run_processes_anywhere
-from .spark_fixtures import spark_session
+from .spark_fixtures import BARRIER_FAILS_FAST, TWO_EXECUTORS, shared_spark_session
 
 
 @pytest.fixture(scope="module")
 def spark():
-    with spark_session("local-cluster[2,1,1024]", {}) as session:
+    with shared_spark_session(TWO_EXECUTORS, BARRIER_FAILS_FAST) as session:
         from hvd_magic.launch.spark_session import check_slots
 
         check_slots(session, 2, wait=60)

@@ -8,11 +8,13 @@ usual way."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import psutil
@@ -55,10 +57,10 @@ open(os.path.join(DIRECTORY, f"{rank}.json"), "w").write(json.dumps(seen))
 """
 
 
-def where(ip, tmp_path: Path, options: str = "np=-2") -> list[dict]:
+def where(ip, tmp_path: Path, options: str = "np=-2", imports: str = "") -> list[dict]:
     folder = tmp_path / f"cell-{len(list(tmp_path.glob('cell-*')))}"
     folder.mkdir()
-    ip.run_cell_magic("horovod", options, f"DIRECTORY = {str(folder)!r}\n" + WHERE)
+    ip.run_cell_magic("horovod", options, f"{imports}DIRECTORY = {str(folder)!r}\n" + WHERE)
     return [json.loads((folder / f"{rank}.json").read_text()) for rank in range(2)]
 
 
@@ -92,6 +94,17 @@ def test_a_torch_cells_ranks_are_forked_from_one_server_and_are_what_started_ran
     assert len({seen["pid"] for seen in first + second}) == 4
 
 
+def test_a_frameworks_cells_share_one_server_whatever_their_launcher(ip, tmp_path):
+    """The server preloads PyTorch, not Horovod's binding (the rank's own import, 0.02 CPU-s):
+    a Horovod cell's ranks and a torch.distributed cell's come from the same server."""
+    horovod = where(ip, tmp_path, "np=-2 launcher=gloo", imports="import horovod.torch\n")
+    ddp = where(ip, tmp_path, "np=-2 backend=torch")
+    assert all(seen["horovod"] for seen in horovod) and not any(seen["horovod"] for seen in ddp)
+    (server,) = {seen["grandparent"] for seen in horovod + ddp}
+    assert [server] == [p.pid for p in servers() if "torch" in p.cmdline()]
+    assert all(seen["optimizer_imports"] == 0 for seen in horovod + ddp)
+
+
 @pytest.mark.parametrize(
     "options, cell_imports",
     [
@@ -120,19 +133,23 @@ def test_which_runs_are_warm_is_read_from_the_code():
     local, spark, worker = make_options(np=-2), make_options(np=2), "hvd_magic.rank.worker"
     torch = ("torch", "torch._dynamo")  # what PyTorch imports on first use, with it
     assert warm_modules({"torch", "torch.nn"}, local) == (*torch, worker)
-    both = (*torch, "horovod.torch", worker)
-    assert warm_modules({"horovod.torch", "torch"}, local) == both
-    assert warm_modules({"horovod.torch"}, local) == both  # the binding imports its framework
-    keras = ("tensorflow", "horovod.tensorflow", "horovod.tensorflow.keras", worker)
+    # Horovod's binding: its framework, not the binding (the rank imports it: one server a framework)
+    assert warm_modules({"horovod.torch", "torch"}, local) == (*torch, worker)
+    assert warm_modules({"horovod.torch"}, local) == (*torch, worker)  # the binding imports its framework
+    keras = ("tensorflow", worker)
     assert warm_modules({"tensorflow", "horovod.tensorflow.keras"}, local) == keras
+    assert warm_modules({"horovod.keras"}, local) == ("keras", worker)
     assert warm_modules({"tensorflow", "keras.layers"}, local) == ("tensorflow", "keras", worker)
     assert warm_modules({"torch", "tensorflow"}, local) == (*torch, "tensorflow", worker)  # what it imports
     assert warm_modules({"jax", "torch"}, local) == ()  # JAX: not safe to fork once imported
     assert warm_modules({"numpy"}, local) == ()
     assert warm_modules({"torch"}, spark) == (*torch, worker)  # by the executors' servers
-    assert warm_modules({"horovod.torch"}, spark) == both  # installed there or not: the server finds out
+    assert warm_modules({"horovod.torch"}, spark) == (*torch, worker)  # there or not: the server finds out
     assert warm_modules({"torch"}, make_options(np=2, env={"A": "1"})) == ()
     assert warm_modules({"torch"}, make_options(np=-2, env={"LD_PRELOAD": "x"})) == ()
+    # read later (by the binding each rank imports, by the rank): a resized attempt's, a timeline's
+    ours = {"HVD_MAGIC_RESIZED": "4,2", "HOROVOD_TIMELINE": "DYNAMIC"}
+    assert warm_modules({"torch"}, make_options(np=2, env=ours)) == (*torch, worker)
 
 
 # A Horovod-Keras cell: each rank fits, sums its rank with the others', and writes what it saw.
@@ -158,7 +175,8 @@ open(os.path.join(DIRECTORY, f"{hvd.rank()}.json"), "w").write(json.dumps(seen))
 
 @pytest.mark.parametrize("launcher", ["mpi", "gloo"])
 def test_a_keras_cells_ranks_are_forked_warm_and_train_together(ip, tmp_path, launcher):
-    """TensorFlow, Keras and Horovod's binding are imported once (4 to 6 CPU-s a rank here)."""
+    """TensorFlow and Keras are imported once (4 to 6 CPU-s a rank here); Horovod's binding by
+    each rank (0.04)."""
     for run in ("first", "second"):
         folder = tmp_path / run
         folder.mkdir()
@@ -176,7 +194,7 @@ def test_a_keras_cells_ranks_are_forked_warm_and_train_together(ip, tmp_path, la
 
 @pytest.mark.parametrize("start, framework", [("", "horovod"), ("backend=torch", "torch.distributed")])
 def test_a_live_sessions_ranks_are_forked_warm_too(ip, start, framework):
-    """Its set-up cell imports Horovod's PyTorch binding (or torch.distributed): they are preloaded."""
+    """Its set-up cell imports Horovod's PyTorch binding (or torch.distributed): PyTorch is preloaded."""
     ip.run_line_magic("horovod", f"start np=-2 {start}")
     try:
         cell = "import os\nopen(f'/proc/{os.getppid()}/cmdline').read(), sorted(sys.modules)"
@@ -251,6 +269,113 @@ def test_a_variable_read_at_import_changed_in_the_notebook_gets_a_new_server(ip,
     assert len(after) == 1 and after != before
     again = {seen["grandparent"] for seen in where(ip, tmp_path)}
     assert again == after  # kept while nothing changes
+
+
+# A Spark task's Python worker asking for the server its keeper (argv[1]) shares; prints its socket.
+ASK_THE_KEEPERS_SERVER = (
+    "import sys\nfrom hvd_magic.launch.forkservers import serving\n"
+    "print(serving(('hvd_magic.rank.worker',), {}, keeper=int(sys.argv[1])))\n"
+)
+
+
+def ask_the_keepers_server(keeper: int, tmp: Path) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", ASK_THE_KEEPERS_SERVER, str(keeper)],
+        capture_output=True, text=True, timeout=180, env=dict(os.environ, TMPDIR=str(tmp)),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def kept_by(keeper: int) -> list[psutil.Process]:
+    """The servers kept by ``keeper`` (not what they forked: the process that watches the keeper)."""
+    found = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if f"{SERVER} --keeper {keeper} " in " ".join(process.cmdline()):
+                if SERVER not in " ".join(process.parent().cmdline()):
+                    found.append(process)
+    return found
+
+
+@pytest.fixture
+def short_tmp():
+    """A temporary folder with a short path (a socket's path has at most 107 bytes)."""
+    with tempfile.TemporaryDirectory(prefix="hvd-") as folder:
+        yield Path(folder)
+
+
+def test_a_server_shared_under_a_keeper_serves_each_of_its_processes_and_ends_with_it(short_tmp):
+    """An executor's Python workers (here, two processes one after the other) share the server
+    their keeper (the executor's Python daemon) keeps: it outlives the worker that started it,
+    and ends, its folder with it, once the keeper does."""
+    tmp_path = short_tmp
+    keeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        first = ask_the_keepers_server(keeper.pid, tmp_path)  # starts it, then ends
+        (server,) = kept_by(keeper.pid)
+        assert ask_the_keepers_server(keeper.pid, tmp_path) == first and kept_by(keeper.pid) == [server]
+        assert Path(first).parent.parent == tmp_path / f"hvd_magic-servers-{os.getuid()}"
+        assert Path(first).is_socket() and (Path(first).parent.stat().st_mode & 0o777) == 0o700
+    finally:
+        keeper.kill()
+        keeper.wait()
+    assert psutil.wait_procs([server], timeout=30)[1] == []
+    assert not Path(first).parent.exists()
+
+
+# Workers that wait for a line on stdin, then ask at the same moment for their keepers' servers.
+ASK_WHEN_TOLD = ASK_THE_KEEPERS_SERVER.replace("\nprint(", "\nsys.stdin.readline()\nprint(")
+ENDED_KEEPER = 4_194_305  # above any pid (Linux's pid_max is at most 2**22)
+
+
+def test_workers_of_several_executors_start_their_servers_at_once_beside_what_ended_keepers_left(short_tmp):
+    """The Python workers of three executors on one machine start their servers at the same moment,
+    each sweeping away what keepers that ended left: every one is served (seen in CI: a task
+    failed when another had removed a leftover between its listing and its removal)."""
+    base = short_tmp / f"hvd_magic-servers-{os.getuid()}"
+    base.mkdir(mode=0o700)
+    for n in range(2000):
+        (base / f"{ENDED_KEEPER}-{n:020d}.lock").touch()
+        (base / f"{ENDED_KEEPER}-{n:020d}").mkdir()
+    keepers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) for _ in range(3)]
+    env = dict(os.environ, TMPDIR=str(short_tmp))
+    try:
+        workers = [
+            subprocess.Popen(
+                [sys.executable, "-c", ASK_WHEN_TOLD, str(keeper.pid)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+            for keeper in keepers
+        ]
+        for worker in workers:
+            assert worker.stdin is not None
+            worker.stdin.write("go\n")
+            worker.stdin.flush()
+        said = [worker.communicate(timeout=180) for worker in workers]
+        assert [worker.returncode for worker in workers] == [0, 0, 0], said
+        sockets = [Path(out.strip()) for out, _ in said]
+        assert all(path.is_socket() and path.parent.parent == base for path in sockets), said
+        assert len(set(sockets)) == 3
+        assert not [entry for entry in os.listdir(base) if entry.startswith(f"{ENDED_KEEPER}-")]
+    finally:
+        for keeper in keepers:
+            keeper.kill()
+            keeper.wait()
+
+
+def test_a_shared_servers_folder_that_others_may_enter_is_not_used(short_tmp):
+    """Where this user's folder of shared servers lets others in, the worker keeps a server of
+    its own instead (which ends with it), in a folder only it may enter."""
+    tmp_path = short_tmp
+    (tmp_path / f"hvd_magic-servers-{os.getuid()}").mkdir(mode=0o755)
+    os.chmod(tmp_path / f"hvd_magic-servers-{os.getuid()}", 0o755)
+    own = ask_the_keepers_server(os.getpid(), tmp_path)
+    assert Path(own).parent.name.startswith("hvd_magic-fork-") and kept_by(os.getpid()) == []
 
 
 @pytest.mark.skipif(

@@ -2,7 +2,8 @@
 
 Horovod 0.28.1 predates PyTorch >= 2.1 (whose headers need C++17), TensorFlow >= 2.19 (whose XLA
 op API changed) and Keras 3 (its Keras binding imports the Keras 3 backend); ``patch_source``
-makes those three changes and fails loudly if the source no longer looks as expected.
+makes those changes, keeps idle MPI ranks from spinning, and fails loudly if the source no longer
+looks as expected.
 """
 
 from __future__ import annotations
@@ -28,6 +29,24 @@ Say = Callable[[str], None]
 # their headers; GCC >= 13's standard library no longer brings them in by the way.
 FORCED_INCLUDES = "-include cstdint -include string -include stdexcept"
 KERAS_IMPORT = re.compile(r"^(\s*)from keras import backend as K$", re.MULTILINE)
+# Horovod's background thread starts a cycle HOROVOD_CYCLE_TIME (5 ms) after the last one started
+# and negotiates in it with every rank: over MPI a collective that busy-waits for the last rank to
+# come. Ranks whose cycles are out of phase keep their offset for good, and an idle rank spins a
+# core for it (seen here: 8.0 CPU-s in an 8 s sleep after hvd.init(), the other rank 0.16; Horovod
+# issue #2804). After a cycle with nothing to do, the next counts from the negotiation's end,
+# the same moment on every rank: idle ranks fall in phase and sleep (0.27 CPU-s each). Busy
+# cycles keep their pace; Gloo, which waits without spinning, keeps its own (in phase, its idle
+# ranks took more: 1.0-2.0 CPU-s against 0.6).
+NEGOTIATED = """    if (process_set_id == 0) {
+      state.mark_cycles_in_timeline =
+          state.timeline_controller.MarkCyclesInTimelinePending();
+    }
+"""
+IN_PHASE = """    if (process_set_id == 0 && state.control_operation == LibType::MPI &&
+        response_list.responses().empty()) {
+      state.last_cycle_start = std::chrono::steady_clock::now();  // hvd_magic: idle ranks in phase
+    }
+"""
 
 
 def _edit(path: Path, old: str | re.Pattern[str], new: str) -> None:
@@ -59,6 +78,7 @@ def patch_source(source: Path, with_tensorflow: bool) -> None:
     keras = source / "horovod" / "tensorflow" / "keras"
     for module in (keras / "__init__.py", keras / "callbacks.py"):
         _edit(module, KERAS_IMPORT, r"\1K = tf.keras.backend")
+    _edit(source / "horovod" / "common" / "operations.cc", NEGOTIATED, NEGOTIATED + IN_PHASE)
 
 
 def _pip(*args: str, log: Path | None = None, env: dict[str, str] | None = None) -> None:

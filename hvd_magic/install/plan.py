@@ -11,9 +11,13 @@ from pathlib import Path
 from hvd_magic.errors import InstallError
 from hvd_magic.install.detect import Toolchain, distribution_version
 
-__all__ = ["HOROVOD_VERSION", "BuildPlan", "cached_wheel", "make_plan", "python_build_tools"]
+__all__ = ["CACHE_PREFIX", "HOROVOD_VERSION", "BuildPlan", "cached_wheel", "make_plan", "python_build_tools"]
 
 HOROVOD_VERSION = "0.28.1"
+# What build.patch_source changes, by revision: a wheel cached before the last change is built anew
+# (2: idle ranks in phase). Part of the cache entry's name, not of its key.
+SOURCE_EDITS = 2
+CACHE_PREFIX = f"horovod-{HOROVOD_VERSION}-edits{SOURCE_EDITS}-"
 # The Python tools Horovod's setup.py builds with (it is built without build isolation, against
 # the installed frameworks); the bounds are the ones this build is tested with.
 BUILD_TOOLS = {"setuptools": "setuptools<80", "wheel": "wheel", "packaging": "packaging", "pyyaml": "pyyaml"}
@@ -37,7 +41,7 @@ class BuildPlan:
 
     @property
     def directory(self) -> Path:
-        return self.cache / f"horovod-{HOROVOD_VERSION}-{self.key}"
+        return self.cache / f"{CACHE_PREFIX}{self.key}"
 
     def build_env(self) -> dict[str, str]:
         """Horovod's own build switches: what is installed is built, the rest explicitly left out."""
@@ -92,7 +96,7 @@ class BuildPlan:
             lines.append(
                 "  changes for today's frameworks: C++17; TensorFlow >= 2.19 without xla_mpi_ops.cc;"
             )
-            lines.append("  the Keras binding uses tf.keras.backend")
+            lines.append("  the Keras binding uses tf.keras.backend; idle MPI ranks do not spin")
         return "\n".join(lines)
 
 
@@ -169,11 +173,10 @@ def _serves(key: str, plan: BuildPlan) -> bool:
 def cached_wheel(plan: BuildPlan) -> Path | None:
     """A wheel in the cache that serves ``plan``: its own entry first, then any compatible one;
     only wheels for this machine's platform (a cache may be shared between machines)."""
-    prefix = f"horovod-{HOROVOD_VERSION}-"
     platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")  # e.g. linux_x86_64
-    entries = [plan.directory] + sorted(p for p in plan.cache.glob(prefix + "*") if p != plan.directory)
+    entries = [plan.directory] + sorted(p for p in plan.cache.glob(CACHE_PREFIX + "*") if p != plan.directory)
     for entry in entries:
-        if entry.is_dir() and _serves(entry.name.removeprefix(prefix), plan):
+        if entry.is_dir() and _serves(entry.name.removeprefix(CACHE_PREFIX), plan):
             wheels = sorted(entry.glob(f"horovod-*-{platform}.whl"))
             if wheels:
                 return wheels[0]

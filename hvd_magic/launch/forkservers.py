@@ -1,32 +1,40 @@
 """The fork servers warm ranks are forked from (``hvd_magic.rank.forkserver``), kept by the process
-that launches ranks: the notebook's kernel for local ranks, a Spark task's Python worker (which
-Spark keeps from one task to the next) for ranks on an executor. A server starts with the first
-run that needs it (it pays the imports once, in that run's start) and stays while its keeper
-lives; one that died, whose framework or Horovod was reinstalled since, or whose imports read a
-variable its keeper has changed since, is started anew. Which runs are warm is decided on the
-notebook's side (``launch.warm``); this module imports nothing of it, as it runs in Spark tasks.
+that launches ranks (the notebook's kernel, for local ranks) or, on an executor, shared by the
+executor's Python workers and kept by its Python daemon (``keeper``): Spark ends an idle Python
+worker after a minute without tasks and kills a cancelled task's, but keeps the daemon as long as
+the executor. A server starts with the first run that needs it (it pays the imports once, in
+that run's start) and stays while its keeper lives; one that died, whose framework or Horovod was
+reinstalled since, or whose imports read a variable changed since, is started anew. Which runs
+are warm is decided on the notebook's side (``launch.warm``); this module imports nothing of it,
+as it runs in Spark tasks.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
+import hashlib
 import importlib.util
 import itertools
+import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterable, Mapping
+from typing import IO
 
 import psutil
 
 from hvd_magic.launch.processes import THREAD_VARS, worker_command
 from hvd_magic.protocol.files import forked_rank_file
 
-__all__ = ["forked_ranks", "rank_command", "server_tree", "serving", "stand_in"]
+__all__ = ["forked_ranks", "own_processes", "rank_command", "server_tree", "serving", "stand_in"]
 
 READY_SECONDS = 120.0  # the server's imports, on a loaded machine
 IMPORT_VARIABLES = ("TORCH", "PYTORCH", "TF_", "KERAS_", "PYTHON", "LD_", "OMP_", "KMP_", "GOMP_", "MKL_")
@@ -38,15 +46,18 @@ TAKEN_AFTER_FORK = (*THREAD_VARS, "TF_NUM_INTEROP_THREADS", "PYTHONPATH", "PYTHO
 class _Server:
     """One fork server, and what it was started from."""
 
-    def __init__(self, modules: tuple[str, ...], env: Mapping[str, str]) -> None:
+    def __init__(
+        self, modules: tuple[str, ...], env: Mapping[str, str], folder: str = "", keeper: int | None = None
+    ) -> None:
         self.modules, self.installed, self.read_at_import = modules, _installed(modules), _read_at_import(env)
-        self.folder = tempfile.mkdtemp(prefix="hvd_magic-fork-")  # the user's only (0700)
+        self.folder = folder or tempfile.mkdtemp(prefix="hvd_magic-fork-")  # the user's only (0700)
         self.socket = os.path.join(self.folder, "socket")
         self.log = open(os.path.join(self.folder, "log"), "w+b")  # noqa: SIM115 - the server's stderr
-        argv = [sys.executable, "-m", "hvd_magic.rank.forkserver", self.socket, *modules]
+        shared = ["--keeper", str(keeper)] if keeper is not None else []
+        argv = [sys.executable, "-m", "hvd_magic.rank.forkserver", *shared, self.socket, *modules]
         self.process = subprocess.Popen(
             argv,
-            stdin=subprocess.PIPE,  # held: its end is the server's
+            stdin=subprocess.PIPE if keeper is None else subprocess.DEVNULL,  # held: its end is the server's
             stdout=subprocess.PIPE,
             stderr=self.log,
             env=os.environ | self.read_at_import | {"PYTHONUNBUFFERED": "1"},
@@ -71,8 +82,11 @@ class _Server:
         return self.process.poll() is None and same
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.process.stdin.close()  # type: ignore[union-attr]
+        if self.process.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
+        else:  # a shared server, which ends with its keeper: ended here only when it never was ready
+            self.process.terminate()
         try:
             self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -108,13 +122,22 @@ def _installed(modules: tuple[str, ...]) -> dict[str, float]:
 _servers: dict[tuple[str, ...], _Server] = {}
 _retired: list[_Server] = []  # replaced, closed when the kernel ends
 _failed: set[tuple[str, ...]] = set()
+_shared: dict[str, int] = {}  # the folders of the shared servers this process used, their pids
 _lock = threading.Lock()
 
 
-def serving(modules: tuple[str, ...], env: Mapping[str, str]) -> str | None:
-    """The socket of this process's fork server that has imported ``modules`` as ranks of the
-    run's ``env`` would, started if there is none (or none usable); None if none could start
-    (the ranks then start the usual way)."""
+def serving(modules: tuple[str, ...], env: Mapping[str, str], keeper: int | None = None) -> str | None:
+    """The socket of a fork server that has imported ``modules`` as ranks of the run's ``env``
+    would, started if there is none (or none usable); None if none could start (the ranks then
+    start the usual way). This process's own, or, with ``keeper``, the one shared by every process
+    of this user with that keeper, which lasts as long as the keeper does (``launch.task.shared``)."""
+    base = _shared_base() if keeper is not None else None
+    if keeper is not None and base is not None:  # (else this process's own)
+        with _lock:
+            found = None if modules in _failed else _shared_serving(modules, env, keeper, base)
+            if found is None:
+                _failed.add(modules)
+            return found
     with _lock:
         server = _servers.get(modules)
         if server is not None and not server.usable(env):
@@ -130,6 +153,80 @@ def serving(modules: tuple[str, ...], env: Mapping[str, str]) -> str | None:
                 return None
             _servers[modules] = server
         return server.socket
+
+
+def _shared_serving(modules: tuple[str, ...], env: Mapping[str, str], keeper: int, base: str) -> str | None:
+    """The server shared under ``keeper``: in a folder of ``base`` named by the keeper and by what
+    the server imports (the modules, their files' times, the variables read at import), started
+    under a lock by the first process that finds none listening there."""
+    what = json.dumps([sys.executable, modules, _installed(modules), _read_at_import(env)], sort_keys=True)
+    name = f"{keeper}-{hashlib.sha256(what.encode()).hexdigest()[:20]}"
+    folder = os.path.join(base, name)
+    with open(os.path.join(base, f"{name}.lock"), "a") as lock:
+        if not _locked(lock, READY_SECONDS):
+            return None
+        pid = _listening(folder)
+        if pid is None:
+            _remove_ended(base)
+            shutil.rmtree(folder, ignore_errors=True)  # a server killed before it could remove it
+            os.mkdir(folder, 0o700)
+            server = _Server(modules, env, folder, keeper)
+            if not server.ready(READY_SECONDS):
+                server.close()
+                return None
+            pid = server.process.pid
+            with open(os.path.join(folder, "pid"), "w") as note:
+                note.write(str(pid))
+        _shared[folder] = pid
+        return os.path.join(folder, "socket")
+
+
+def _shared_base() -> str | None:
+    """This user's folder of shared servers (0700), or None where it is not this user's alone."""
+    base = os.path.join(tempfile.gettempdir(), f"hvd_magic-servers-{os.getuid()}")
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(base, 0o700)
+    found = os.lstat(base)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o077:
+        return None
+    return base
+
+
+def _locked(lock: IO[str], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+
+
+def _listening(folder: str) -> int | None:
+    """The pid of the server of ``folder`` if it is there (its socket is in place once it listens)."""
+    try:
+        with open(os.path.join(folder, "pid")) as note:
+            pid = int(note.read())
+        alive = psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return pid if alive and os.path.exists(os.path.join(folder, "socket")) else None
+    except (OSError, ValueError, psutil.Error):
+        return None
+
+
+def _remove_ended(base: str) -> None:
+    """What shared servers of keepers that ended left (their server killed with them). The
+    workers of other keepers may sweep at the same time: what one removed, another finds gone."""
+    for entry in os.listdir(base):
+        keeper = entry.split("-", 1)[0]
+        if keeper.isdigit() and not psutil.pid_exists(int(keeper)):
+            path = os.path.join(base, entry)
+            if entry.endswith(".lock"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(path)
+            else:
+                shutil.rmtree(path, ignore_errors=True)
 
 
 def stand_in() -> list[str]:
@@ -150,7 +247,7 @@ def server_tree() -> set[int]:
     """The pids of this process's fork servers and of everything they forked (their waiters,
     the ranks), which a task that stops its descendants must not take for its own."""
     with _lock:
-        pids = [server.process.pid for server in [*_servers.values(), *_retired]]
+        pids = [server.process.pid for server in [*_servers.values(), *_retired]] + list(_shared.values())
     tree = set(pids)
     for pid in pids:
         with contextlib.suppress(psutil.Error):
@@ -158,10 +255,19 @@ def server_tree() -> set[int]:
     return tree
 
 
+def own_processes() -> list[psutil.Process]:
+    """What this process started, with the warm ranks forked for its stand-ins (not below it when
+    their server is shared); not its fork servers, kept for the next runs, nor what they forked
+    for others."""
+    servers = server_tree()
+    mine = [child for child in psutil.Process().children(recursive=True) if child.pid not in servers]
+    return mine + forked_ranks(mine)
+
+
 def forked_ranks(processes: Iterable[psutil.Process]) -> list[psutil.Process]:
     """The warm ranks running for those of ``processes`` that are their stand-ins."""
     with _lock:
-        folders = [server.folder for server in [*_servers.values(), *_retired]]
+        folders = [server.folder for server in [*_servers.values(), *_retired]] + list(_shared)
     found = []
     for process, folder in itertools.product(processes, folders):
         try:

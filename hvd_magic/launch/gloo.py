@@ -20,6 +20,7 @@ from typing import Any
 
 import psutil
 
+from hvd_magic.launch.forkservers import own_processes
 from hvd_magic.protocol import GlooSlot, Message, Record, StoreAnswer, StoreRequest
 
 __all__ = ["GlooStore", "LoopbackStoreServer", "gloo_env", "gloo_slots"]
@@ -178,7 +179,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 
 class LoopbackStoreServer(http.server.ThreadingHTTPServer):
-    """The store on 127.0.0.1 for the descendants of this process (the ranks it starts).
+    """The store on 127.0.0.1 for the ranks this process starts (its descendants, or forked for
+    its stand-ins: ``forkservers.own_processes``).
 
     >>> server = LoopbackStoreServer(GlooStore(slots).request)       # doctest: +SKIP
     >>> env = {"HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_GLOO_RENDEZVOUS_PORT": str(server.port)}
@@ -191,7 +193,6 @@ class LoopbackStoreServer(http.server.ThreadingHTTPServer):
         self.backend = backend
         self.port: int = self.server_address[1]
         self.refused = 0
-        self._owner = psutil.Process()
         self._known: dict[int, float] = {}  # descendant pid -> its start time (pids get reused)
         self._thread = threading.Thread(target=self.serve_forever, name="hvd_magic-gloo-store", daemon=True)
         self._thread.start()
@@ -204,9 +205,9 @@ class LoopbackStoreServer(http.server.ThreadingHTTPServer):
         pid = _owner_of(target, self._known)
         if pid is not None and _started_at(pid) == self._known[pid]:
             return True
-        # A new rank (or a stranger): look again among all current descendants.
+        # A new rank (or a stranger): look again among all it started (warm ranks included).
         self._known = {}
-        for child in self._owner.children(recursive=True):
+        for child in own_processes():
             with contextlib.suppress(psutil.Error):
                 self._known[child.pid] = child.create_time()
         if _owner_of(target, self._known) is not None:

@@ -13,8 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
-import psutil
-
 from hvd_magic.hub import Hub, Replies
 from hvd_magic.protocol import Message, NativeAsked, NativeDumps
 
@@ -49,9 +47,11 @@ def dumps(pids: dict[int, int]) -> dict[int, str]:
 
 
 def answer(send: Callable[[NativeDumps], object], asked: NativeAsked) -> None:
-    """A Spark task's answer: the dumps of the ranks asked that run under it (its descendants:
-    the rank it started, or those its exec agent's daemon started)."""
-    mine = {child.pid for child in psutil.Process().children(recursive=True)}
+    """A Spark task's answer: the dumps of the ranks asked that run under it (the rank it started,
+    or those its exec agent's daemon started; forked from a server, if warm)."""
+    from hvd_magic.launch.forkservers import own_processes
+
+    mine = {process.pid for process in own_processes()}
     found = dumps({rank: pid for rank, pid in zip(asked.ranks, asked.pids, strict=True) if pid in mine})
     send(NativeDumps(asked.id, list(found), list(found.values())))
 

@@ -4,6 +4,7 @@ failed stage or a lost host means for the run's ranks: pure."""
 from __future__ import annotations
 
 import collections
+import itertools
 import re
 from collections.abc import Collection
 
@@ -146,15 +147,32 @@ def task_death(rank: int, exit: LauncherExit) -> RankDeath:
 
 def spark_failure(text: str) -> str:
     """The line of a failed job's (long, Java) error that says why: our own task's error, a lost
-    executor, else the stage failure, else the first line."""
+    executor, the exception a task's Python raised, else the stage failure, else the first line."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    for marker in (
-        "hvd_magic:",
-        "hvd_magic data:",
-        "ExecutorLostFailure",
-        "Job aborted due to stage failure",
-    ):
-        found = next((line for line in lines if marker in line), None)
-        if found is not None:
-            return found[found.index(marker) :][:500]
-    return lines[0][:500] if lines else "the Spark job failed"
+
+    def from_marker(*markers: str) -> str | None:
+        for marker in markers:
+            found = next((line for line in lines if marker in line), None)
+            if found is not None:
+                return found[found.index(marker) :][:500]
+        return None
+
+    raised = _python_exception(lines)
+    said = from_marker("hvd_magic:", "hvd_magic data:", "ExecutorLostFailure")
+    said = said or (f"a task raised {raised}"[:500] if raised else None)
+    return (
+        said
+        or from_marker("Job aborted due to stage failure")
+        or (lines[0][:500] if lines else "the Spark job failed")
+    )
+
+
+def _python_exception(lines: list[str]) -> str:
+    """The exception line (its type and message) of the first Python traceback in a Java error:
+    the traceback's last line before the Java stack that follows it (and Spark's SQLSTATE)."""
+    for at, line in enumerate(lines):
+        if "PythonException" in line and "Traceback (most recent call last)" in line:
+            body = itertools.takewhile(lambda line: not line.startswith("at "), lines[at + 1 :])
+            said = [line for line in body if not line.startswith("SQLSTATE:")]
+            return said[-1] if said else ""
+    return ""

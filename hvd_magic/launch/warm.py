@@ -6,9 +6,11 @@ start).
 Ranks whose code imports PyTorch, TensorFlow or Keras (and Horovod's bindings of them), no
 framework that cannot be forked once imported (JAX, MXNet), and that set no ``env=`` of their
 own (a variable read at import would not reach a rank forked from a process that imported
-already): on this machine (np < 0), from a server the kernel keeps; on Spark, from a server each
-task's Python worker keeps on its executor. Others, and every rank where
-``HVD_MAGIC_WARM_RANKS=0`` is set in the notebook, start the usual way.
+already; Horovod's and hvd_magic's own are read later, by the binding each rank imports itself
+and by the rank: a resized attempt's ``HVD_MAGIC_RESIZED``, a session's timeline): on this
+machine (np < 0), from a server the kernel keeps; on Spark, from a server each executor keeps.
+Others, and every rank where ``HVD_MAGIC_WARM_RANKS=0`` is set in the notebook, start the usual
+way.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ WORKER = "hvd_magic.rank.worker"  # its own imports, preloaded too
 # What a server may preload, each where the code imports it or a module of it: importing them
 # neither starts a GPU's driver nor leaves a thread holding a lock that a fork would copy.
 FRAMEWORKS = ("torch", "tensorflow", "keras", "tf_keras")
-BINDINGS = {
+BINDINGS = {  # Horovod's binding -> the framework preloaded for it (the rank imports the binding)
     "horovod.torch": "torch",
     "horovod.tensorflow": "tensorflow",
     "horovod.keras": "keras",
@@ -41,6 +43,7 @@ BINDINGS = {
 # whose framework lacks them (an older PyTorch) preloads the rest, and its ranks import as they would.
 FIRST_USE = {"torch": ("torch._dynamo",)}
 _COLD = ("jax", "mxnet", "horovod.mxnet")  # JAX warns that a fork of it may deadlock
+READ_AFTER_FORK = ("HOROVOD_", "HVD_MAGIC_")  # variables no preloaded framework reads at import
 
 
 def _within(name: str, *packages: str) -> bool:
@@ -48,12 +51,15 @@ def _within(name: str, *packages: str) -> bool:
 
 
 def _preload(names: set[str]) -> tuple[str, ...]:
-    """The frameworks and bindings among ``names`` (a binding's framework with it), in order,
-    each framework followed by what it imports on first use."""
-    order = (*FRAMEWORKS, *BINDINGS)
-    wanted = {module for module in order if any(_within(name, module) for name in names)}
-    wanted |= {BINDINGS[binding] for binding in wanted & BINDINGS.keys()}  # it imports its framework
-    chosen = (module for module in order if module in wanted)
+    """The frameworks ``names`` import, themselves or through Horovod's binding of them, in
+    order, each followed by what it imports on first use. Not the bindings: with its framework
+    imported, a binding takes a rank 0.02 to 0.04 CPU-s, and one server then serves the cells of
+    a framework whatever their launcher (Horovod's, or torch.distributed's ``backend=torch``)."""
+    wanted = {module for module in FRAMEWORKS if any(_within(name, module) for name in names)}
+    wanted |= {
+        framework for binding, framework in BINDINGS.items() if any(_within(name, binding) for name in names)
+    }
+    chosen = (module for module in FRAMEWORKS if module in wanted)
     return tuple(loaded for module in chosen for loaded in (module, *FIRST_USE.get(module, ())))
 
 
@@ -67,7 +73,10 @@ def warm_modules(imports: Iterable[str], options: RunOptions) -> tuple[str, ...]
     preload = _preload(names)
     if not preload or any(_within(name, *_COLD) for name in names):
         return ()
-    if options.env or os.environ.get(ENV_WARM_RANKS) == "0":
+    if (
+        any(not name.startswith(READ_AFTER_FORK) for name in options.env)
+        or os.environ.get(ENV_WARM_RANKS) == "0"
+    ):
         return ()
     if options.np < 0 and any(importlib.util.find_spec(name.split(".")[0]) is None for name in preload):
         return ()  # not installed here: each rank's own import error says so

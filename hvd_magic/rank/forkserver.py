@@ -1,8 +1,9 @@
-"""Warm ranks: one process imports the framework once (PyTorch, TensorFlow, Keras, Horovod's
-binding), then forks every rank from itself, so that a rank starts in milliseconds instead of
-importing it anew (1.5 to 6 CPU-seconds a rank).
+"""Warm ranks: one process imports the framework once (PyTorch, TensorFlow or Keras; each rank
+imports Horovod's binding itself), then forks every rank from itself, so that a rank starts in
+milliseconds instead of importing it anew (1.5 to 6 CPU-seconds a rank).
 
     python -m hvd_magic.rank.forkserver SOCKET MODULE...     # stdin: held open by the notebook
+    python -m hvd_magic.rank.forkserver --keeper PID SOCKET MODULE...   # shared: ends with PID
 
 A launcher starts ``forked.py SOCKET`` where it would start the rank (``mpirun`` runs it, or the
 launcher itself): that stand-in hands its standard streams, environment and directory over the
@@ -18,8 +19,11 @@ socket and stands for the rank until it ends (see ``forked``). Here, for each st
 
 Peers are authenticated by the kernel: the socket's folder is the user's only (0700) and a peer
 of another user id is refused (``SO_PEERCRED``). The server ends when the notebook closes its
-stdin or dies. It must never touch a GPU or start a thread before forking: a CUDA context or a
-lock held by another thread would not survive into the ranks.
+stdin or dies, or, for a server shared by an executor's Python workers (``--keeper``), when the
+keeper (the executor's Python daemon) ends; that one then removes its folder itself. The socket
+is there only once the server listens, so that whoever finds it may use it. It must never touch
+a GPU or start a thread before forking: a CUDA context or a lock held by another thread would not
+survive into the ranks.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import io
 import json
 import os
 import runpy
+import shutil
 import signal
 import socket
 import struct
@@ -40,6 +45,7 @@ import threading
 from typing import Any
 
 from hvd_magic.protocol.files import forked_rank_file
+from hvd_magic.protocol.lifetime import wait_for_end_of
 
 __all__ = ["cuda_initialized", "receive", "serve"]
 
@@ -67,7 +73,7 @@ def receive(conn: socket.socket) -> tuple[dict[str, Any], list[int], int]:
     return {"env": env, "cwd": cwd}, list(fds), pid
 
 
-def serve(path: str, modules: list[str]) -> None:
+def serve(path: str, modules: list[str], keeper: int | None = None) -> None:
     for index, name in enumerate(modules):
         try:
             importlib.import_module(name)
@@ -78,10 +84,13 @@ def serve(path: str, modules: list[str]) -> None:
     if cuda_initialized():
         raise SystemExit("hvd_magic fork server: importing the framework started CUDA; not forking")
     server = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # one message, one request
-    server.bind(path)
+    server.bind(f"{path}.new")
     server.listen(64)
+    os.rename(f"{path}.new", path)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the waiters: reaped by the kernel
-    _end_with_stdin(server)
+    if keeper is not None:  # nobody else removes a shared server's folder
+        signal.signal(signal.SIGTERM, lambda *_: _remove_and_exit(os.path.dirname(path)))
+    _end_with(server, keeper)
     print("ready", flush=True)
     while True:
         conn, _ = server.accept()
@@ -116,13 +125,17 @@ def cuda_initialized() -> bool:
     return bool(driver.cuCtxGetCurrent(ctypes.byref(context)) != CUDA_ERROR_NOT_INITIALIZED)
 
 
-def _end_with_stdin(server: socket.socket) -> None:
-    """The notebook holds our stdin: at its end (closed, or the notebook died) the server ends.
-    A process of its own watches it, so that the server itself never has a second thread."""
+def _end_with(server: socket.socket, keeper: int | None) -> None:
+    """The server ends at the end of its stdin (closed, or the notebook died), or of its keeper's
+    process. A process of its own watches it, so that the server itself never has a second thread."""
     if os.fork() == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         server.close()
-        while sys.stdin.buffer.read(1 << 16):
-            pass
+        if keeper is None:
+            while sys.stdin.buffer.read(1 << 16):
+                pass
+        else:
+            wait_for_end_of(keeper)
         os.kill(os.getppid(), signal.SIGTERM)
         os._exit(0)
     nothing = os.open(os.devnull, os.O_RDONLY)  # fd 0 stays taken: a stand-in's streams come above 2
@@ -130,27 +143,40 @@ def _end_with_stdin(server: socket.socket) -> None:
     os.close(nothing)
 
 
+def _remove_and_exit(folder: str) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+    os._exit(0)
+
+
 def _wait_for_rank(
     conn: socket.socket, request: dict[str, Any], fds: list[int], stand_in: int, folder: str
 ) -> None:
     """The waiter: forks the rank, then tells the stand-in its pid and, once it ended, how; the
-    rank's pid is noted in the server's ``folder`` meanwhile (``protocol.files.forked_rank_file``)."""
+    rank's pid is noted in the server's ``folder`` meanwhile (``protocol.files.forked_rank_file``),
+    before the rank goes on: whoever asks the launcher which ranks are its own finds it."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a shared server's folder is its own to remove
     from hvd_magic.protocol.lifetime import die_with_parent
 
     die_with_parent()  # the server gone, the waiter goes (and the rank with it)
+    noted, note_written = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
+            os.close(note_written)
+            os.read(noted, 1)  # until the note is written (or the waiter is gone, and this with it)
             _become_rank(conn, request, fds, stand_in)  # ends the process
         finally:
             os._exit(1)
-    for fd in fds:
+    for fd in [*fds, noted]:
         os.close(fd)
     written = forked_rank_file(folder, stand_in)
     try:
-        with open(written, "w") as note:
-            note.write(str(pid))
+        try:
+            with open(written, "w") as note:
+                note.write(str(pid))
+        finally:
+            os.close(note_written)  # the rank goes on
         conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
         _, status = os.waitpid(pid, 0)
         conn.sendall(json.dumps({"status": status}).encode() + b"\n")
@@ -262,4 +288,7 @@ _SERVER_PYTHONPATH = {
 _BASE_PATH = [entry for entry in sys.path[1:] if os.path.abspath(entry) not in _SERVER_PYTHONPATH]
 
 if __name__ == "__main__":
-    serve(sys.argv[1], sys.argv[2:])
+    if sys.argv[1] == "--keeper":
+        serve(sys.argv[3], sys.argv[4:], keeper=int(sys.argv[2]))
+    else:
+        serve(sys.argv[1], sys.argv[2:])

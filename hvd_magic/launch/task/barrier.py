@@ -7,9 +7,9 @@ and gets the run's ``Plan`` back: one rendezvous through the driver, not Spark's
 ``allGather`` (~1 s per call here). With MPI, the first task runs mpirun, and the first task of
 each executor serves the exec agent that starts that executor's share of the ranks. With Gloo,
 each task starts its own rank and serves it the rendezvous store on loopback, relaying to the
-driver's store. Every task holds its slot (and GPU) until the driver releases it. Ranks of
-PyTorch code are warm (``TaskSpec.warm``): forked from a server the task's Python worker keeps,
-which Spark reuses for the next tasks (``launch.forkservers``).
+driver's store. Every task holds its slot (and GPU) until the driver releases it. Warm ranks
+(``TaskSpec.warm``) are forked from a server the executor's Python workers share, which lasts as
+long as the executor (``launch.forkservers``).
 """
 
 from __future__ import annotations
@@ -138,7 +138,9 @@ def _write_shard(spec: TaskSpec, partition: int, address: str, batches: Iterator
 def _run_task(spec: TaskSpec, context: Any, partition: int, executor: str, shard: str) -> int:
     check_reachable(spec.hub_address)
     # Before joining: mpirun may start this host's ranks as soon as every task has its plan.
-    server = forkservers.serving(spec.warm, spec.env) if spec.warm else None
+    # kept by this Python worker's parent (the executor's Python daemon, or its JVM without one),
+    # which Spark keeps as long as the executor: not by this worker, which it may end
+    server = forkservers.serving(spec.warm, spec.env, keeper=os.getppid()) if spec.warm else None
     resources = context.resources()
     client = HubClient(spec.hub_address, spec.hub_token, rank=-1)
     ip = own_address(spec.hub_address)
@@ -177,11 +179,8 @@ def _run_task(spec: TaskSpec, context: Any, partition: int, executor: str, shard
         if agent is not None:
             agent.close()
         # The driver returns from its stop only once every task confirmed this.
-        client.send(
-            Stopped(
-                join.executor, [processes.describe(p) for p in processes.stop_and_confirm(_descendants())]
-            )
-        )
+        remaining = processes.stop_and_confirm(forkservers.own_processes())
+        client.send(Stopped(join.executor, [processes.describe(p) for p in remaining]))
         client.close()
     return code
 
@@ -266,11 +265,3 @@ def _ask_driver(relay: HubClient, method: str, path: str, body: bytes) -> tuple[
     if not isinstance(answer.record, StoreAnswer):
         raise ValueError(f"the driver answered a store request with {answer.kind.value!r}")
     return answer.record.status, answer.blob
-
-
-def _descendants() -> list[psutil.Process]:
-    """What this task started: not this worker's fork servers, kept for the next tasks, but the
-    warm ranks of its stand-ins."""
-    servers = forkservers.server_tree()
-    mine = [child for child in psutil.Process().children(recursive=True) if child.pid not in servers]
-    return mine + forkservers.forked_ranks(mine)

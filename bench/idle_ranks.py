@@ -1,0 +1,66 @@
+"""Idle ranks benchmark: what a live session's ranks cost while they wait between calls.
+
+A ``hvd_magic.Session(np=-2)`` per launcher; each rank reads its own CPU time (all its threads,
+Horovod's background thread among them) before and after a pause with nothing to do. Measured in
+the same run: Gloo's ranks (Horovod as released: its waits sleep) are the baseline for MPI's,
+whose negotiation is a collective that busy-waits. Target (the build's edit for idle ranks, see
+docs/installing.md): an idle MPI rank costs no more than an idle Gloo rank (<= 1x); Horovod as
+released spun about one core for the MPI rank that came first to each cycle (8.0 CPU-s in 8 s).
+
+Usage: python bench/idle_ranks.py [--pause 8] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def cpu_seconds() -> list[float]:
+    """Every rank's CPU time so far (user and system, all threads)."""
+    import resource
+
+    import horovod.torch as hvd
+
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    return list(hvd.allgather_object(used.ru_utime + used.ru_stime))
+
+
+def idle_cost(launcher: str, pause: float, repeat: int) -> list[float]:
+    """The CPU-s each rank took in each pause: ``repeat`` pauses, the ranks' costs of each."""
+    import hvd_magic
+
+    costs = []
+    with hvd_magic.Session(np=-2, launcher=launcher) as session:
+        for _ in range(repeat):
+            before = session.run(cpu_seconds)
+            time.sleep(pause)  # the pause measured: the ranks wait for the next call
+            after = session.run(cpu_seconds)
+            costs += [end - start for start, end in zip(before, after, strict=True)]
+    return costs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pause", type=float, default=8.0)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    gloo = idle_cost("gloo", args.pause, args.repeat)
+    mpi = idle_cost("mpi", args.pause, args.repeat)
+    print(f"idle ranks benchmark: np=2, {args.repeat} pauses of {args.pause:.0f} s, {os.cpu_count()} cores")
+    for name, costs in (("gloo (baseline)", gloo), ("mpi", mpi)):
+        share = statistics.median(costs) / args.pause
+        print(f"  {name:<16} CPU-s per rank per pause: median {statistics.median(costs):5.2f}, "
+              f"most {max(costs):5.2f} ({share:.0%} of a core)")  # fmt: skip
+    ratio = statistics.median(mpi) / statistics.median(gloo)
+    print(f"  mpi / gloo, median: {ratio:.2f}x (<= 1); most: {max(mpi) / max(gloo):.2f}x")
+
+
+if __name__ == "__main__":
+    main()
