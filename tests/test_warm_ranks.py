@@ -52,6 +52,7 @@ seen = {
     "budget": os.environ.get("OMP_NUM_THREADS"), "draw": random.random(),
     "path0": sys.path[0] == os.getcwd(), "foreign": sorted(set(globals()) & {"serve", "receive", "WORKER"}),
     "horovod": "horovod" in sys.modules,
+    "env": {name: value for name, value in os.environ.items() if name.endswith("_HVD_TEST")},
 }
 open(os.path.join(DIRECTORY, f"{rank}.json"), "w").write(json.dumps(seen))
 """
@@ -105,20 +106,13 @@ def test_a_frameworks_cells_share_one_server_whatever_their_launcher(ip, tmp_pat
     assert all(seen["optimizer_imports"] == 0 for seen in horovod + ddp)
 
 
-@pytest.mark.parametrize(
-    "options, cell_imports",
-    [
-        ("np=-2", "import os"),  # no framework: nothing to gain
-        ("np=-2 env=A=1", "import torch"),  # a variable of its own, read at import perhaps
-    ],
-)
-def test_other_ranks_start_the_usual_way(ip, tmp_path, options, cell_imports):
-    cell = (
-        f"{cell_imports}\nimport os\nfrom hvd_magic.protocol.env import rank_from_env\n"
+def test_ranks_of_no_framework_start_the_usual_way(ip, tmp_path):
+    cell = (  # nothing to gain
+        "import os\nfrom hvd_magic.protocol.env import rank_from_env\n"
         f"parent = open(f'/proc/{{os.getppid()}}/cmdline').read()\n"
         f"open(os.path.join({str(tmp_path)!r}, str(rank_from_env()[0])), 'w').write(parent)\n"
     )
-    ip.run_cell_magic("horovod", options, cell)
+    ip.run_cell_magic("horovod", "np=-2", cell)
     assert [(tmp_path / str(rank)).read_text().split("\0")[0] for rank in (0, 1)] == ["mpirun"] * 2
 
 
@@ -145,11 +139,28 @@ def test_which_runs_are_warm_is_read_from_the_code():
     assert warm_modules({"numpy"}, local) == ()
     assert warm_modules({"torch"}, spark) == (*torch, worker)  # by the executors' servers
     assert warm_modules({"horovod.torch"}, spark) == (*torch, worker)  # there or not: the server finds out
-    assert warm_modules({"torch"}, make_options(np=2, env={"A": "1"})) == ()
-    assert warm_modules({"torch"}, make_options(np=-2, env={"LD_PRELOAD": "x"})) == ()
-    # read later (by the binding each rank imports, by the rank): a resized attempt's, a timeline's
-    ours = {"HVD_MAGIC_RESIZED": "4,2", "HOROVOD_TIMELINE": "DYNAMIC"}
-    assert warm_modules({"torch"}, make_options(np=2, env=ours)) == (*torch, worker)
+    # env= of any kind: a rank takes its environment after the fork (and a variable read at
+    # import gets a server of its own: the test below); a resized attempt's, a timeline's, the user's
+    for env in ({"A": "1"}, {"LD_PRELOAD": "x"}, {"HVD_MAGIC_RESIZED": "4,2", "HOROVOD_TIMELINE": "DYNAMIC"}):
+        assert warm_modules({"torch"}, make_options(np=2, env=env)) == (*torch, worker)
+
+
+def test_a_runs_env_keeps_its_ranks_warm_and_what_is_read_at_import_gets_a_server_started_with_it(
+    ip, tmp_path
+):
+    """A variable of the run's own reaches its forked ranks; one the frameworks may read at import
+    (``TORCH*``, ``TF_*``, ``LD_*``, ...) is in the environment of the server they were forked
+    from, another server than the runs' without it."""
+    own = where(ip, tmp_path, "np=-2 env=OWN_HVD_TEST=1")
+    (plain,) = {rank["grandparent"] for rank in own}
+    assert "TORCH_HVD_TEST" not in psutil.Process(plain).environ()
+    at_import = where(ip, tmp_path, "np=-2 env=TORCH_HVD_TEST=2")
+    for seen, expected in [(own, {"OWN_HVD_TEST": "1"}), (at_import, {"TORCH_HVD_TEST": "2"})]:
+        assert all(SERVER in " ".join(rank["parent"]) for rank in seen)  # forked: warm
+        assert all(rank["optimizer_imports"] == 0 and rank["env"] == expected for rank in seen)
+    (reading,) = {rank["grandparent"] for rank in at_import}
+    assert reading != plain
+    assert psutil.Process(reading).environ().get("TORCH_HVD_TEST") == "2"  # there when it imported
 
 
 # A Horovod-Keras cell: each rank fits, sums its rank with the others', and writes what it saw.

@@ -3,14 +3,13 @@
 3 CPU-seconds a rank for PyTorch, 4 to 6 for TensorFlow and Keras: the most of a small cell's
 start).
 
-Ranks whose code imports PyTorch, TensorFlow or Keras (and Horovod's bindings of them), no
-framework that cannot be forked once imported (JAX, MXNet), and that set no ``env=`` of their
-own (a variable read at import would not reach a rank forked from a process that imported
-already; Horovod's and hvd_magic's own are read later, by the binding each rank imports itself
-and by the rank: a resized attempt's ``HVD_MAGIC_RESIZED``, a session's timeline): on this
-machine (np < 0), from a server the kernel keeps; on Spark, from a server each executor keeps.
-Others, and every rank where ``HVD_MAGIC_WARM_RANKS=0`` is set in the notebook, start the usual
-way.
+Ranks whose code imports PyTorch, TensorFlow or Keras (and Horovod's bindings of them), and no
+framework that cannot be forked once imported (JAX, MXNet): on this machine (np < 0), from a
+server the kernel keeps; on Spark, from a server each executor keeps. A run's ``env=`` keeps them
+warm: a rank takes its environment after the fork, and a variable the frameworks or the
+interpreter may read at import (``TF_USE_LEGACY_KERAS``, ``LD_PRELOAD``) gets a server started
+with it (``launch.forkservers`` keys its servers by them). Others, and every rank where
+``HVD_MAGIC_WARM_RANKS=0`` is set in the notebook, start the usual way.
 """
 
 from __future__ import annotations
@@ -43,7 +42,6 @@ BINDINGS = {  # Horovod's binding -> the framework preloaded for it (the rank im
 # whose framework lacks them (an older PyTorch) preloads the rest, and its ranks import as they would.
 FIRST_USE = {"torch": ("torch._dynamo",)}
 _COLD = ("jax", "mxnet", "horovod.mxnet")  # JAX warns that a fork of it may deadlock
-READ_AFTER_FORK = ("HOROVOD_", "HVD_MAGIC_")  # variables no preloaded framework reads at import
 
 
 def _within(name: str, *packages: str) -> bool:
@@ -73,10 +71,7 @@ def warm_modules(imports: Iterable[str], options: RunOptions) -> tuple[str, ...]
     preload = _preload(names)
     if not preload or any(_within(name, *_COLD) for name in names):
         return ()
-    if (
-        any(not name.startswith(READ_AFTER_FORK) for name in options.env)
-        or os.environ.get(ENV_WARM_RANKS) == "0"
-    ):
+    if os.environ.get(ENV_WARM_RANKS) == "0":
         return ()
     if options.np < 0 and any(importlib.util.find_spec(name.split(".")[0]) is None for name in preload):
         return ()  # not installed here: each rank's own import error says so
