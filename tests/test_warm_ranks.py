@@ -335,6 +335,32 @@ def test_a_server_shared_under_a_keeper_serves_each_of_its_processes_and_ends_wi
     assert not Path(first).parent.exists()
 
 
+# A kernel that starts a fork server of its own, says its socket, and waits to be killed.
+KEEPS_A_SERVER = """
+import time
+from hvd_magic.launch import forkservers
+print(forkservers.serving(("json",), {}), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_kernels_server_ends_and_removes_its_folder(short_tmp):
+    """A kernel killed before it could close its fork server: the server ends at its stdin's end
+    and removes its folder (socket, log, its ranks' notes) itself."""
+    env = os.environ | {"TMPDIR": str(short_tmp)}
+    argv = [sys.executable, "-c", KEEPS_A_SERVER]
+    kernel = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        folder = Path(kernel.stdout.readline().strip()).parent
+        (server,) = [p for p in psutil.Process(kernel.pid).children() if SERVER in " ".join(p.cmdline())]
+        assert folder.parent == short_tmp and (folder / "socket").is_socket()
+    finally:
+        kernel.kill()
+        kernel.wait()
+    assert psutil.wait_procs([server], timeout=30)[1] == []
+    assert not folder.exists()
+
+
 # Workers that wait for a line on stdin, then ask at the same moment for their keepers' servers.
 ASK_WHEN_TOLD = ASK_THE_KEEPERS_SERVER.replace("\nprint(", "\nsys.stdin.readline()\nprint(")
 ENDED_KEEPER = 4_194_305  # above any pid (Linux's pid_max is at most 2**22)

@@ -20,7 +20,7 @@ socket and stands for the rank until it ends (see ``forked``). Here, for each st
 Peers are authenticated by the kernel: the socket's folder is the user's only (0700) and a peer
 of another user id is refused (``SO_PEERCRED``). The server ends when the notebook closes its
 stdin or dies, or, for a server shared by an executor's Python workers (``--keeper``), when the
-keeper (the executor's Python daemon) ends; that one then removes its folder itself. The socket
+keeper (the executor's Python daemon) ends; either removes its folder itself as it ends. The socket
 is there only once the server listens, so that whoever finds it may use it. It must never touch
 a GPU or start a thread before forking: a CUDA context or a lock held by another thread would not
 survive into the ranks.
@@ -88,8 +88,9 @@ def serve(path: str, modules: list[str], keeper: int | None = None) -> None:
     server.listen(64)
     os.rename(f"{path}.new", path)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the waiters: reaped by the kernel
-    if keeper is not None:  # nobody else removes a shared server's folder
-        signal.signal(signal.SIGTERM, lambda *_: _remove_and_exit(os.path.dirname(path)))
+    # Its end removes its folder: a shared server's has no one else to, and the kernel that
+    # started a server of its own may have died (the server then ends at its stdin's end)
+    signal.signal(signal.SIGTERM, lambda *_: _remove_and_exit(os.path.dirname(path)))
     _end_with(server, keeper)
     print("ready", flush=True)
     while True:
@@ -155,7 +156,7 @@ def _wait_for_rank(
     rank's pid is noted in the server's ``folder`` meanwhile (``protocol.files.forked_rank_file``),
     before the rank goes on: whoever asks the launcher which ranks are its own finds it."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a shared server's folder is its own to remove
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the server's folder is the server's to remove
     from hvd_magic.protocol.lifetime import die_with_parent
 
     die_with_parent()  # the server gone, the waiter goes (and the rank with it)
