@@ -49,7 +49,8 @@ class _Server:
     def __init__(
         self, modules: tuple[str, ...], env: Mapping[str, str], folder: str = "", keeper: int | None = None
     ) -> None:
-        self.modules, self.installed, self.read_at_import = modules, _installed(modules), _read_at_import(env)
+        self.modules, self.identity = modules, _identity(modules, env)
+        self.read_at_import = _read_at_import(env)
         self.folder = folder or tempfile.mkdtemp(prefix="hvd_magic-fork-")  # the user's only (0700)
         self.socket = os.path.join(self.folder, "socket")
         self.log = open(os.path.join(self.folder, "log"), "w+b")  # noqa: SIM115 - the server's stderr
@@ -78,8 +79,7 @@ class _Server:
     def usable(self, env: Mapping[str, str]) -> bool:
         """Alive, and what it imported would be imported alike for ranks of ``env``: the same
         files, and the same variables that the imports read."""
-        same = _installed(self.modules) == self.installed and _read_at_import(env) == self.read_at_import
-        return self.process.poll() is None and same
+        return self.process.poll() is None and _identity(self.modules, env) == self.identity
 
     def close(self) -> None:
         if self.process.stdin is not None:
@@ -106,6 +106,13 @@ def _read_at_import(env: Mapping[str, str]) -> dict[str, str]:
         for name, value in merged.items()
         if name.startswith(IMPORT_VARIABLES) and name not in TAKEN_AFTER_FORK
     }
+
+
+def _identity(modules: tuple[str, ...], env: Mapping[str, str]) -> str:
+    """What a server for ranks of ``env`` imports, as it would import it: the interpreter, the
+    modules, their files' times and the variables the imports read. A server serves where this
+    is its own."""
+    return json.dumps([sys.executable, modules, _installed(modules), _read_at_import(env)], sort_keys=True)
 
 
 def _installed(modules: tuple[str, ...]) -> dict[str, float]:
@@ -159,8 +166,7 @@ def _shared_serving(modules: tuple[str, ...], env: Mapping[str, str], keeper: in
     """The server shared under ``keeper``: in a folder of ``base`` named by the keeper and by what
     the server imports (the modules, their files' times, the variables read at import), started
     under a lock by the first process that finds none listening there."""
-    what = json.dumps([sys.executable, modules, _installed(modules), _read_at_import(env)], sort_keys=True)
-    name = f"{keeper}-{hashlib.sha256(what.encode()).hexdigest()[:20]}"
+    name = f"{keeper}-{hashlib.sha256(_identity(modules, env).encode()).hexdigest()[:20]}"
     folder = os.path.join(base, name)
     with open(os.path.join(base, f"{name}.lock"), "a") as lock:
         if not _locked(lock, READY_SECONDS):
