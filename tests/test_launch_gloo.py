@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import builtins
+import errno
 import http.client
 import socket
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -62,7 +65,27 @@ print(connection.getresponse().status, flush=True)
 """
 
 
-def test_gloo_store_serves_its_own_processes_only():
+@pytest.mark.parametrize("lookup", ["sock_diag", "proc"])
+def test_gloo_store_serves_its_own_processes_only(lookup, monkeypatch):
+    """The peer's socket is looked up by netlink's sock_diag, or where a kernel offers none (a
+    sandbox's), in /proc/net/tcp; each way is tested with the other one taken away."""
+    real_socket, real_open = socket.socket, builtins.open
+
+    def no_netlink(family: int = -1, *args: Any, **kwargs: Any) -> socket.socket:
+        if family == socket.AF_NETLINK:
+            raise OSError(errno.EPROTONOSUPPORT, "Protocol not supported")
+        return real_socket(family, *args, **kwargs)
+
+    def no_proc_table(file: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(file) == "/proc/net/tcp":
+            raise PermissionError(errno.EACCES, "Permission denied", file)
+        return real_open(file, *args, **kwargs)
+
+    if lookup == "proc":
+        monkeypatch.setattr(socket, "socket", no_netlink)
+    else:
+        monkeypatch.setattr(builtins, "open", no_proc_table)
+
     def probe(*args: str) -> str:  # a child of this process: one of "our ranks"
         argv = [sys.executable, "-c", PROBE, str(server.port), *args]
         return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout.strip()

@@ -4,7 +4,8 @@ served on loopback to this host's own ranks only.
 Gloo's C++ client speaks plain HTTP (a new connection per request) and cannot send a secret.
 So no store listens on the network at all. Each host serves the store on 127.0.0.1 and
 accepts a connection only if the socket at its other end belongs to a process this process
-started (its descendant), checked in ``/proc`` before a byte is read. On Spark, the task
+started (its descendant), checked before a byte is read: the kernel names the socket at the
+other end (netlink's sock_diag, else ``/proc/net/tcp``), and ``/proc/<pid>/fd`` its owner. On Spark, the task
 relays each request over its CURVE channel to the store on the driver (``Hub`` responders).
 """
 
@@ -14,6 +15,7 @@ import contextlib
 import http.server
 import os
 import socket
+import struct
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -104,13 +106,50 @@ class GlooStore:
                 self._values.pop(scope, None)
 
 
+# sock_diag (linux/sock_diag.h, linux/inet_diag.h): one socket looked up by its four-tuple
+NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, NO_COOKIE = 4, 20, 1, 0xFFFFFFFF
+DIAG_UID_INODE = 16 + 4 + 48 + 12  # nlmsghdr, inet_diag_msg's state bytes, its sockid, 3 counters
+
+
 def _proc_address(address: tuple[str, int]) -> str:
     """An IPv4 address as /proc/net/tcp prints it: the 32-bit value in host order, then the port."""
     return f"{socket.inet_aton(address[0])[::-1].hex().upper()}:{address[1]:04X}"
 
 
 def _socket_of(client: tuple[str, int], server: tuple[str, int]) -> str | None:
-    """The socket connected from ``client`` to ``server`` if this user owns it, as its fds show it."""
+    """The socket connected from ``client`` to ``server`` if this user owns it, as its fds show it.
+
+    Asked of the kernel by netlink (sock_diag), which finds that one socket: /proc/net/tcp,
+    read where netlink is not offered, prints every socket of the host (20 ms a connection with
+    6,000 of them, against 0.02, and Gloo makes a connection per request)."""
+    try:
+        found = _diag_uid_inode(client, server)
+    except OSError:  # no sock_diag here (a sandbox's kernel)
+        found = _proc_uid_inode(client, server)
+    if found is None or found[0] != os.getuid():
+        return None
+    return f"socket:[{found[1]}]"
+
+
+def _diag_uid_inode(client: tuple[str, int], server: tuple[str, int]) -> tuple[int, int] | None:
+    sockid = (
+        struct.pack("!HH", client[1], server[1])
+        + socket.inet_aton(client[0]).ljust(16, b"\0")
+        + socket.inet_aton(server[0]).ljust(16, b"\0")
+        + struct.pack("=III", 0, NO_COOKIE, NO_COOKIE)  # any interface, any cookie
+    )
+    body = struct.pack("=BBBBI", socket.AF_INET, socket.IPPROTO_TCP, 0, 0, 0xFFFFFFFF) + sockid
+    header = struct.pack("=IHHII", 16 + len(body), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, 1, 0)
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG) as diag:
+        diag.sendto(header + body, (0, 0))
+        answer = diag.recv(1 << 16)
+    if len(answer) < DIAG_UID_INODE + 8 or struct.unpack_from("=H", answer, 4)[0] != SOCK_DIAG_BY_FAMILY:
+        return None  # an error message: no such socket
+    uid, inode = struct.unpack_from("=II", answer, DIAG_UID_INODE)
+    return uid, inode
+
+
+def _proc_uid_inode(client: tuple[str, int], server: tuple[str, int]) -> tuple[int, int] | None:
     needle = f" {_proc_address(client)} {_proc_address(server)} ".encode()
     with open("/proc/net/tcp", "rb") as table_file:
         table = table_file.read()
@@ -119,9 +158,7 @@ def _socket_of(client: tuple[str, int], server: tuple[str, int]) -> str | None:
         return None
     fields = table[start : table.find(b"\n", start)].split()
     # local, remote, state, queues, timer, retransmits, uid, timeout, inode
-    if len(fields) < 9 or int(fields[6]) != os.getuid():
-        return None
-    return f"socket:[{int(fields[8])}]"
+    return (int(fields[6]), int(fields[8])) if len(fields) >= 9 else None
 
 
 def _owner_of(target: str, candidates: Iterable[int]) -> int | None:
