@@ -29,8 +29,7 @@ from pathlib import Path
 def with_bytecode(archive: Path) -> bool:
     """Rewrites ``archive`` with bytecode beside its sources; False where it had some already."""
     with zipfile.ZipFile(archive) as old:
-        names = old.namelist()
-        if any(name.endswith(".pyc") for name in names):
+        if any(name.endswith(".pyc") for name in old.namelist()):
             return False
         with tempfile.TemporaryDirectory(dir=archive.parent) as scratch:
             old.extractall(scratch)
@@ -38,7 +37,7 @@ def with_bytecode(archive: Path) -> bool:
             with warnings.catch_warnings():  # the sources' own (a test's `is` with a literal)
                 warnings.simplefilter("ignore")
                 ok = compileall.compile_dir(
-                    scratch, quiet=2, legacy=True, ddir=str(archive), workers=1, rx=tests,
+                    scratch, quiet=2, legacy=True, ddir=str(archive), rx=tests,
                     invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
                 )  # fmt: skip
             if not ok:

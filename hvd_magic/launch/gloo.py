@@ -5,8 +5,9 @@ Gloo's C++ client speaks plain HTTP (a new connection per request) and cannot se
 So no store listens on the network at all. Each host serves the store on 127.0.0.1 and
 accepts a connection only if the socket at its other end belongs to a process this process
 started (its descendant), checked before a byte is read: the kernel names the socket at the
-other end (netlink's sock_diag, else ``/proc/net/tcp``), and ``/proc/<pid>/fd`` its owner. On Spark, the task
-relays each request over its CURVE channel to the store on the driver (``Hub`` responders).
+other end (netlink's sock_diag, else ``/proc/net/tcp``), and ``/proc/<pid>/fd`` its owner. On
+Spark, the task relays each request over its CURVE channel to the store on the driver (``Hub``
+responders).
 """
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ class GlooStore:
 
 
 # sock_diag (linux/sock_diag.h, linux/inet_diag.h): one socket looked up by its four-tuple
-NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, NO_COOKIE = 4, 20, 1, 0xFFFFFFFF
+NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST = 4, 20, 1
+NO_COOKIE = ALL_STATES = 0xFFFFFFFF  # any socket cookie; TCP states: all of them
 DIAG_UID_INODE = 16 + 4 + 48 + 12  # nlmsghdr, inet_diag_msg's state bytes, its sockid, 3 counters
 
 
@@ -138,7 +140,7 @@ def _diag_uid_inode(client: tuple[str, int], server: tuple[str, int]) -> tuple[i
         + socket.inet_aton(server[0]).ljust(16, b"\0")
         + struct.pack("=III", 0, NO_COOKIE, NO_COOKIE)  # any interface, any cookie
     )
-    body = struct.pack("=BBBBI", socket.AF_INET, socket.IPPROTO_TCP, 0, 0, 0xFFFFFFFF) + sockid
+    body = struct.pack("=BBBBI", socket.AF_INET, socket.IPPROTO_TCP, 0, 0, ALL_STATES) + sockid
     header = struct.pack("=IHHII", 16 + len(body), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, 1, 0)
     with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG) as diag:
         diag.sendto(header + body, (0, 0))
