@@ -8,6 +8,12 @@ PY := .venv/bin/python
 # a Spark cluster) longest first. scripts/coverage.sh runs the suite the same way.
 PYTEST_ARGS := -ra -n 3 --dist loadscope --no-loadscope-reorder
 
+# Where a machine sets PYTHONDONTWRITEBYTECODE (this one does), what make runs still keeps the
+# bytecode it compiles in the clone's own venv, as Python does elsewhere: each module compiled
+# once, on its first import, instead of all 22,000 at install or every import anew
+# (scripts/bytecode.py makes what Python cannot write itself).
+unexport PYTHONDONTWRITEBYTECODE
+
 .PHONY: setup demo test lint docs bench js-test spark-archive pytest-args
 
 # (SETUP_DONE=1: a step of `make test`, which set up already)

