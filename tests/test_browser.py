@@ -215,9 +215,15 @@ def test_a_ranks_breakpoint_is_answered_in_the_pages_input_box(breakpoint_lab):
                 .some(o => /^20$/m.test(o.textContent))""",
             timeout=60_000,
         )
-        page.wait_for_function(
-            "() => document.querySelectorAll('.jp-Stdin-input').length === 2", timeout=60_000
-        )
+        second = "() => document.querySelectorAll('.jp-Stdin-input').length === 2"
+        try:
+            page.wait_for_function(second, timeout=60_000)
+        except Exception as err:  # once under a busy core (stop 64): keep what the page showed
+            page.screenshot(path=str(ARTIFACTS / "breakpoint_in_a_rank-failed.png"))
+            boxes = page.eval_on_selector_all(".jp-Stdin-input", "els => els.map(e => [e.value, e.disabled])")
+            shown = page.inner_text(".jp-OutputArea")
+            said = f"no second prompt: input boxes (value, disabled) {boxes}; the cell's output:\n{shown}"
+            raise AssertionError(said) from err
         page.screenshot(path=str(ARTIFACTS / "breakpoint_in_a_rank.png"))
         box = page.locator(".jp-Stdin-input").last  # the new prompt's box (the first one keeps "p x")
         box.fill("c")
