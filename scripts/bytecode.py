@@ -87,12 +87,9 @@ def with_bytecode(archive: Path) -> bool:
 
 
 def compile_first_imports() -> None:
-    """Imports ``FIRST_IMPORTS`` and every hvd_magic module in a child that writes bytecode."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    subprocess.run(
-        [sys.executable, "-c", IMPORT_ALL, *FIRST_IMPORTS],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True,
-    )  # fmt: skip
+    """Imports ``FIRST_IMPORTS`` and every hvd_magic module in a child, which writes their bytecode."""
+    command = [sys.executable, "-c", IMPORT_ALL, *FIRST_IMPORTS]
+    subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
 
 
 def main() -> None:
@@ -100,8 +97,9 @@ def main() -> None:
     for archive in sorted((pyspark / "python" / "lib").glob("*.zip")):
         if with_bytecode(archive):
             print(f"[setup] bytecode added to {archive.name}", file=sys.stderr)
-    compile_first_imports()
-    print("[setup] bytecode written for what the bed's read-only hosts import", file=sys.stderr)
+    if not os.environ.get("PYTHONDONTWRITEBYTECODE"):  # else uv compiled the whole venv (setup.sh)
+        compile_first_imports()
+        print("[setup] bytecode written for what the bed's read-only hosts import", file=sys.stderr)
 
 
 if __name__ == "__main__":
