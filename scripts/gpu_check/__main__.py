@@ -5,8 +5,11 @@
     scripts/gpu_check.sh                # on the GPU machine: one PASS/FAIL line a check, a summary
     scripts/gpu_check.sh --cpu          # the same checks' cells on the CPU (the suite runs this)
 
-Each check runs in its own process with a time limit, its output in ``--out`` (``$OUT`` on the
-device tool); the whole run keeps within ``--budget`` seconds (8 minutes by default)."""
+On the GPU each check runs in its own process with a time limit (a crash or a CUDA fault costs
+only itself), its output in ``--out`` (``$OUT`` on the device tool); the whole run keeps within
+``--budget`` seconds (8 minutes by default). ``--cpu`` runs the checks one after another in one
+process, within the sum of their limits: there is no GPU state for one to leave to the next,
+and one Python, IPython and fork server instead of eight halves what the suite pays for it."""
 
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "gpu_check-out"))
     parser.add_argument("--only", default="", help="comma-separated checks (default: all)")
     parser.add_argument("--budget", type=float, default=480.0, help="seconds for the whole run")
-    parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one check in this process
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: run these checks in this process
     return parser.parse_args()
 
 
@@ -92,22 +95,33 @@ def describe_machine() -> str:
     return f"Python {sys.version.split()[0]} at {sys.executable}; GPU: {gpu}; {tools}"
 
 
-def run_check(name: str, gpu: bool, env: dict[str, str], out: Path, limit: float) -> tuple[bool, str]:
-    command = [sys.executable, str(HERE), "--one", name] + ([] if gpu else ["--cpu"])
-    log = out / "logs" / f"{name}.log"
+def run_checks(
+    names: list[str], gpu: bool, env: dict[str, str], out: Path, limit: float
+) -> dict[str, tuple[bool, str]]:
+    """``names`` in one process within ``limit`` seconds: each check's result, or why it has none."""
+    command = [sys.executable, str(HERE), "--one", ",".join(names)] + ([] if gpu else ["--cpu"])
+    log = out / "logs" / f"{names[0] if len(names) == 1 else 'checks'}.log"
+    timed_out = False
     with log.open("w") as sink:
         try:
             subprocess.run(
                 command, env=env, stdout=sink, stderr=subprocess.STDOUT, timeout=limit, check=False
             )
         except subprocess.TimeoutExpired:
-            return False, f"did not finish within {limit:.0f} s (its output: {log})"
-    said = [line for line in log.read_text(errors="replace").splitlines() if line.startswith(RESULT)]
-    if not said:
-        tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-5:])
-        return False, f"ended without a result: {tail}"
-    passed, detail = json.loads(said[-1][len(RESULT) :])
-    return bool(passed), str(detail)
+            timed_out = True
+    text = log.read_text(errors="replace")
+    said = {}
+    for line in text.splitlines():
+        if line.startswith(RESULT):
+            name, passed, detail = json.loads(line[len(RESULT) :])
+            said[name] = (bool(passed), str(detail))
+    tail = " | ".join(text.strip().splitlines()[-5:])
+    why = (
+        f"did not finish within {limit:.0f} s (its output: {log})"
+        if timed_out
+        else f"ended without a result: {tail}"
+    )
+    return {name: said.get(name, (False, why)) for name in names}
 
 
 def keep_build(out: Path, env: dict[str, str]) -> None:
@@ -119,12 +133,19 @@ def keep_build(out: Path, env: dict[str, str]) -> None:
                 shutil.copy(path, out / path.name)
 
 
+def report(outcomes: dict[str, tuple[bool, str]]) -> dict[str, bool]:
+    """One ``PASS``/``FAIL name: detail`` line a check; whether each passed."""
+    for name, (passed, detail) in outcomes.items():
+        print(f"{'PASS' if passed else 'FAIL'} {name}: {detail}", flush=True)
+    return {name: passed for name, (passed, _) in outcomes.items()}
+
+
 def gather_logs(out: Path) -> None:
     """One file of every check's output (the device tool brings back at most 8 files)."""
     logs = sorted((out / "logs").glob("*.log"))
     with (out / "checks.log").open("w") as whole:
         for log in logs:
-            whole.write(f"===== {log.stem}\n{log.read_text(errors='replace')}\n")
+            whole.write(log.read_text(errors="replace") + "\n")  # each check's part headed "===== name"
     shutil.rmtree(out / "logs")
 
 
@@ -132,8 +153,12 @@ def main() -> int:
     args = arguments()
     carried = carry.Carried(args.carry)
     if args.one:
-        passed, detail = checks.run_one(args.one, gpu=not args.cpu)
-        print(RESULT + json.dumps([passed, detail]), flush=True)
+        for name in args.one.split(","):
+            print(f"===== {name}", flush=True)
+            started = time.monotonic()
+            passed, detail = checks.run_one(name, gpu=not args.cpu)
+            detail += f" ({time.monotonic() - started:.0f} s)"
+            print(RESULT + json.dumps([name, passed, detail]), flush=True)
         return 0
     if args.fetch:
         carry.fetch(carried, args.python)
@@ -152,18 +177,18 @@ def main() -> int:
         results["carry"] = not complaint
         said = complaint or "IPython and pyzmq from the carried wheels"
         print(f"{'PASS' if not complaint else 'FAIL'} carry: {said}", flush=True)
-    for name in names:
+    if not gpu:  # one process for every check: their limits add up
+        limit = min(sum(LIMITS.get(name, DEFAULT_LIMIT) for name in names), args.budget)
+        results.update(report(run_checks(names, gpu, env, args.out, limit)))
+    for name in names if gpu else []:
         left = args.budget - (time.monotonic() - began)
         if left < 20:
             print(f"FAIL {name}: not run, the budget of {args.budget:.0f} s is spent", flush=True)
             results[name] = False
             continue
-        started = time.monotonic()
-        passed, detail = run_check(name, gpu, env, args.out, min(LIMITS.get(name, DEFAULT_LIMIT), left))
-        results[name] = passed
-        took = f"{time.monotonic() - started:.0f} s"
-        print(f"{'PASS' if passed else 'FAIL'} {name}: {detail} ({took})", flush=True)
-        if name == "build" and gpu:
+        limit = min(LIMITS.get(name, DEFAULT_LIMIT), left)
+        results.update(report(run_checks([name], gpu, env, args.out, limit)))
+        if name == "build":
             keep_build(args.out, env)
     gather_logs(args.out)
     failed = [name for name, passed in results.items() if not passed]

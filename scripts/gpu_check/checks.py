@@ -1,5 +1,6 @@
 """The checks, each a function of the mode: it returns what it saw, or raises ``Failed`` with why.
-Each runs in its own process (``__main__`` starts them), so a hang or a crash costs only itself.
+On the GPU each runs in its own process (``__main__`` starts them), so a hang or a crash costs
+only itself; the CPU dry run runs them in one.
 Cells run through IPython's ``%%horovod`` as in a notebook; the straggler check watches the run's
 messages through the supervisor's view interface, as the suite does."""
 
@@ -49,7 +50,8 @@ def shell() -> Any:
     from IPython.core.interactiveshell import InteractiveShell
 
     ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "hvd_magic")
+    if "hvd_magic" not in ip.extension_manager.loaded:  # the CPU dry run's checks share one shell
+        ip.run_line_magic("load_ext", "hvd_magic")
     return ip
 
 
