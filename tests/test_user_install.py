@@ -48,7 +48,7 @@ def build_wheel(tmp_path: Path) -> Path:
 def test_a_user_installs_the_wheel_beside_their_torch_and_runs_the_quickstart(tmp_path):
     wheel = build_wheel(tmp_path)
     venv = tmp_path / "venv"
-    run([sys.executable, "-m", "venv", venv])
+    run([sys.executable, "-m", "venv", "--without-pip", venv])  # pip comes with the user's packages, below
     python = venv / "bin" / "python"
     # a user's shell, which lets Python keep the bytecode it compiles (this machine's
     # PYTHONDONTWRITEBYTECODE would have every import of the user's torch compile it anew: 2.6x)
@@ -57,9 +57,11 @@ def test_a_user_installs_the_wheel_beside_their_torch_and_runs_the_quickstart(tm
     env["PATH"] = f"{venv / 'bin'}:{env['PATH']}"
     # the user's environment as they had it (their torch, a kernel), put together by uv from its
     # cache, where pip would unpack and compile torch's wheel anew (the test: 156 s -> 102 s, unloaded)
-    run([*uv_install(python), "torch==2.13.0", "ipykernel", "nbclient", "scikit-learn"], env=env)
+    # (venv's own pip, unpacked and compiled by ensurepip, took 6 CPU-s of the test)
+    run([*uv_install(python), "pip", "torch==2.13.0", "ipykernel", "nbclient", "scikit-learn"], env=env)
     # then hvd_magic's wheel, as the README installs it: with pip
-    run([python, "-m", "pip", "install", "-q", f"{wheel}[widgets,timeline]"], env=env)
+    # (without compiling every module of what it installs: Python compiles those imported, once)
+    run([python, "-m", "pip", "install", "-q", "--no-compile", f"{wheel}[widgets,timeline]"], env=env)
     installed = run([python, "-m", "hvd_magic", "install-horovod"], env=env)
     assert "using the cached wheel" in installed.stdout and "installed horovod-0.28.1" in installed.stdout
     assert "TensorFlow      not installed: left out" in installed.stdout
