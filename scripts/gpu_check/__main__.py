@@ -8,7 +8,7 @@
 On the GPU each check runs in its own process with a time limit (a crash or a CUDA fault costs
 only itself), its output in ``--out`` (``$OUT`` on the device tool); the whole run keeps within
 ``--budget`` seconds (8 minutes by default). ``--cpu`` runs the checks one after another in one
-process, within the sum of their limits: there is no GPU state for one to leave to the next,
+process, within the sum of their limits (and the budget): there is no GPU state for one to leave to the next,
 and one Python, IPython and fork server instead of eight halves what the suite pays for it."""
 
 from __future__ import annotations
