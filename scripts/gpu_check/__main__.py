@@ -177,18 +177,17 @@ def main() -> int:
         results["carry"] = not complaint
         said = complaint or "IPython and pyzmq from the carried wheels"
         print(f"{'PASS' if not complaint else 'FAIL'} carry: {said}", flush=True)
-    if not gpu:  # one process for every check: their limits add up
-        limit = min(sum(LIMITS.get(name, DEFAULT_LIMIT) for name in names), args.budget)
-        results.update(report(run_checks(names, gpu, env, args.out, limit)))
-    for name in names if gpu else []:
+    batches = [[name] for name in names] if gpu else [names]  # --cpu: one process, the limits added
+    for batch in batches:
         left = args.budget - (time.monotonic() - began)
         if left < 20:
-            print(f"FAIL {name}: not run, the budget of {args.budget:.0f} s is spent", flush=True)
-            results[name] = False
+            for name in batch:
+                print(f"FAIL {name}: not run, the budget of {args.budget:.0f} s is spent", flush=True)
+                results[name] = False
             continue
-        limit = min(LIMITS.get(name, DEFAULT_LIMIT), left)
-        results.update(report(run_checks([name], gpu, env, args.out, limit)))
-        if name == "build":
+        limit = min(sum(LIMITS.get(name, DEFAULT_LIMIT) for name in batch), left)
+        results.update(report(run_checks(batch, gpu, env, args.out, limit)))
+        if gpu and batch == ["build"]:
             keep_build(args.out, env)
     gather_logs(args.out)
     failed = [name for name, passed in results.items() if not passed]
