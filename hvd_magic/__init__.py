@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING
 
 from hvd_magic.errors import (
@@ -17,7 +18,7 @@ from hvd_magic.errors import (
     SessionEnded,
 )
 
-if TYPE_CHECKING:  # what type checkers and editors see of the names imported on first use
+if TYPE_CHECKING:  # the two that were imported eagerly once, typed for checkers and editors
     from hvd_magic.rank.progress import progress
     from hvd_magic.rank.reporting import report
 
@@ -48,52 +49,30 @@ __all__ = [
 ]
 
 
+# The names of ``__all__`` beyond the exception tree: imported on first use (PEP 562), each from
+# the module named here (``timeline`` is that module itself), so that ``import hvd_magic`` is the
+# exception tree alone (no launchers, no zmq, no TensorFlow for ``LiveCallback``).
+_ON_FIRST_USE = {
+    "HorovodRunner": "hvd_magic.notebook.runner",
+    "LiveCallback": "hvd_magic.rank.progress",  # a Keras callback, built on first use
+    "Session": "hvd_magic.session.api",  # a live session from Python: ranks kept across calls
+    "TorchDistributor": "hvd_magic.notebook.distributor",  # Spark's TorchDistributor's signature
+    "checkpoint": "hvd_magic.rank.checkpoints",  # keeping a long run's work, from a rank
+    "progress": "hvd_magic.rank.progress",
+    "report": "hvd_magic.rank.reporting",
+    "resized": "hvd_magic.rank.resized",  # min_np=: this attempt's ranks, resized from the last's
+    "resume": "hvd_magic.rank.checkpoints",
+    "shard": "hvd_magic.data",
+    "stopping": "hvd_magic.rank.checkpoints",
+    "timeline": "hvd_magic.timeline",
+}
+
+
 def __getattr__(name: str) -> object:
-    """The names of ``__all__`` beyond the exception tree, imported on first use (PEP 562):
-    ``import hvd_magic`` stays the errors alone for what runs it without a rank's client (the
-    orted agents, Spark's Python workers, the doctor's probes), 0.2 CPU-s less each."""
-    if name == "progress":  # a rank's progress bar (its reporting client comes with it)
-        from hvd_magic.rank.progress import progress
-
-        return progress
-    if name == "report":  # a rank's metrics for the live view
-        from hvd_magic.rank.reporting import report
-
-        return report
-    # HorovodRunner pulls in the launchers; keep `import hvd_magic` cheap on the ranks.
-    if name == "HorovodRunner":
-        from hvd_magic.notebook.runner import HorovodRunner
-
-        return HorovodRunner
-    if name == "TorchDistributor":  # Spark's TorchDistributor's signature on the same runs
-        from hvd_magic.notebook.distributor import TorchDistributor
-
-        return TorchDistributor
-    if name in ("checkpoint", "resume", "stopping"):  # keeping a long run's work, from a rank
-        from hvd_magic.rank import checkpoints
-
-        return getattr(checkpoints, name)
-    if name == "Session":  # a live session from Python: ranks kept across calls
-        from hvd_magic.session.api import Session
-
-        return Session
-    if name == "LiveCallback":  # a Keras callback: built on first use, so TensorFlow loads only then
-        from hvd_magic.rank import progress as loops
-
-        return loops.LiveCallback
-    if name == "resized":  # min_np=: this attempt's ranks, resized from the last's
-        from hvd_magic.rank.resized import resized
-
-        return resized
-    if name == "shard":
-        from hvd_magic.data import shard
-
-        return shard
-    if name == "timeline":
-        import importlib
-
-        return importlib.import_module(".timeline", __name__)
-    raise AttributeError(f"module 'hvd_magic' has no attribute {name!r}")
+    if name not in _ON_FIRST_USE:
+        raise AttributeError(f"module 'hvd_magic' has no attribute {name!r}")
+    module = importlib.import_module(_ON_FIRST_USE[name])
+    return module if module.__name__ == f"{__name__}.{name}" else getattr(module, name)
 
 
 def __dir__() -> list[str]:

@@ -146,6 +146,7 @@ def test_import_is_cheap() -> None:
         "import hvd_magic\n"
         "heavy = tuple(sys.argv[1:])\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in heavy)))\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('hvd_magic', 'zmq'))))\n"
         "print(json.dumps(hvd_magic.__file__))\n"
     )
     done = subprocess.run(
@@ -160,4 +161,14 @@ def test_import_is_cheap() -> None:
     lines = done.stdout.strip().splitlines()
     repo = Path(__file__).resolve().parents[1]
     assert Path(json.loads(lines[-1])).resolve().is_relative_to(repo)  # this checkout's package
-    assert json.loads(lines[-2]) == []
+    assert json.loads(lines[-3]) == []
+    assert json.loads(lines[-2]) == ["hvd_magic", "hvd_magic.errors"]  # the rest on first use
+
+
+def test_dir_lists_every_public_name_before_its_first_use() -> None:
+    code = "import json, hvd_magic\nprint(json.dumps(sorted(set(hvd_magic.__all__) - set(dir(hvd_magic)))))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []
