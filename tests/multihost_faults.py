@@ -3,6 +3,8 @@ run may leave on a host (its processes, Open MPI's session and shared-memory dir
 
 from __future__ import annotations
 
+import glob
+import os
 import signal
 import time
 from typing import TYPE_CHECKING
@@ -67,7 +69,8 @@ def files_left(bed: Bed, hosts: list[str]) -> dict[str, list[str]]:
     """Each host's run directories and files still under /tmp (only hosts that have some)."""
     left = {}
     for name in hosts:
-        listed = bed.run(name, ["sh", "-c", f"ls -d {RUN_FILES} 2>/dev/null"]).stdout.split()
+        root = bed.seen_from(name, "")
+        listed = sorted(path.removeprefix(root) for p in RUN_FILES.split() for path in glob.glob(root + p))
         if listed:
             left[name] = listed
     return left
@@ -78,7 +81,7 @@ def wait_for_file(bed: Bed, hosts: list[str], path: str, timeout: float) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for name in hosts:
-            if bed.run(name, ["test", "-e", path]).returncode == 0:
+            if os.path.lexists(bed.seen_from(name, path)):
                 return name
         time.sleep(0.2)
     raise TimeoutError(f"{path} did not appear on any of {hosts} within {timeout:.0f} s")

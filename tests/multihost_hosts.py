@@ -113,6 +113,12 @@ class Bed:
             self.command(name, argv), capture_output=True, text=True, timeout=timeout, check=False
         )
 
+    def seen_from(self, name: str, path: str) -> str:
+        """``path`` as host ``name`` sees it (its own /tmp), from the machine: through its init
+        process's root, which is looked up in that host's mount namespace. Checking a file there
+        costs no process, where ``run`` costs an nsenter, a shell and the command."""
+        return f"/proc/{self.host(name).pid}/root{path}"
+
     def save(self) -> None:
         state = {"id": self.id, "subnet": self.subnet, "hosts": [asdict(h) for h in self.hosts]}
         STATE.write_text(json.dumps(state, indent=1))

@@ -34,7 +34,7 @@ SHARED = {"test_timeline_": "test_timeline"}  # modules named so share one group
 # modules that share one Spark cluster (spark_fixtures.shared_spark_session), made once per group
 SAME_CLUSTER = {
     "test_estimator_compat": "spark-two-executors",
-    "test_session_spark": "spark-two-executors",
+    "test_spark_sessions": "spark-two-executors",  # last: it kills an executor
     "test_spark_estimators": "spark-two-executors",
     "test_data_spark": "spark-four-gpus",
     "test_launch_spark": "spark-four-gpus",

@@ -176,7 +176,7 @@ def test_the_listener_answers_only_its_token():
         listener.close()
 
 
-def test_the_magic_shows_the_table(ip):
+def test_the_magic_shows_the_table(ip, without_binding_probes):
     report = ip.run_line_magic("horovod_doctor", "")
     html = report._repr_html_()
     assert "<table class='hvd-doctor'>" in html and "mpirun" in html

@@ -26,15 +26,18 @@ def uv_install(python: Path) -> list[str | Path]:
     return ["bash", ROOT / "scripts" / "uv_install.sh", python]
 
 
+# what the checkout's tools made (the venv, caches, builds, the GPU check's carry): not the source
+MADE_HERE = (".venv", ".git", "static", "*.egg-info", "test-artifacts", "build", "*.so", "node_modules")
+MADE_HERE += (".mypy_cache", ".ruff_cache", ".pytest_cache", "_build", ".gpu", "gpu_check-out")
+
+
 def build_wheel(tmp_path: Path) -> Path:
     """From a clean copy: no prebuilt viewer bundle, no compiled scanner, so the build makes both."""
     source = tmp_path / "src"
     shutil.copytree(
         ROOT,
         source,
-        ignore=shutil.ignore_patterns(
-            ".venv", ".git", "static", "*.egg-info", "test-artifacts", "build", "*.so", "node_modules"
-        ),
+        ignore=shutil.ignore_patterns(*MADE_HERE),
     )
     build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
     run([*build, "-w", tmp_path / "dist", source])
