@@ -37,6 +37,7 @@ SAME_CLUSTER = {
     "test_spark_sessions": "spark-two-executors",  # last: it kills an executor
     "test_spark_estimators": "spark-two-executors",
     "test_data_spark": "spark-four-gpus",
+    "test_distributor": "spark-four-gpus",
     "test_launch_spark": "spark-four-gpus",
 }
 UNKNOWN_SECONDS = 5.0

@@ -14,7 +14,7 @@ from hvd_magic.launch.spark_session import check_slots
 from hvd_magic.notebook.distributor import check_task_gpus, local_gpu_processes, ssl_notes
 
 from .helpers import leftover_processes
-from .spark_fixtures import fake_gpu_script, spark_session
+from .spark_fixtures import TWO_EXECUTORS_FOUR_GPUS, gpu_conf, shared_spark_session
 
 ENV_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -185,30 +185,23 @@ def test_tls_clusters_are_refused_unless_allowed_as_in_spark():
 
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory):
-    """One executor with two (fake) GPUs and two slots, a GPU a task."""
-    gpus = fake_gpu_script(tmp_path_factory.mktemp("gpu"), ["0", "1"])
-    conf = {
-        "spark.worker.resource.gpu.amount": "2",
-        "spark.worker.resource.gpu.discoveryScript": str(gpus),
-        "spark.executor.resource.gpu.amount": "2",
-        "spark.executor.resource.gpu.discoveryScript": str(gpus),
-        "spark.task.resource.gpu.amount": "1",
-        "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "1",
-    }
-    with spark_session("local-cluster[1,2,1024]", conf) as session:
-        check_slots(session, 2, wait=60)  # the executor registers after the session starts
+    """The launch tests' cluster, shared: two executors with two (fake) GPUs and two slots each,
+    a GPU a task."""
+    conf = gpu_conf(tmp_path_factory.getbasetemp() / "gpus")
+    with shared_spark_session(TWO_EXECUTORS_FOUR_GPUS, conf) as session:
+        check_slots(session, 4, wait=60)  # the executors register after the session starts
         yield session
 
 
 def test_on_spark_each_process_is_a_task_with_its_gpu(spark):
-    result = TorchDistributor(num_processes=2, local_mode=False, use_gpu=True).run(train, 0.5)
+    result = TorchDistributor(num_processes=4, local_mode=False, use_gpu=True).run(train, 0.5)
     ranks = result["ranks"]
-    assert result["returned_by"] == 0 and [r["rank"] for r in ranks] == [0, 1]
-    assert ranks[0]["params"] == ranks[1]["params"]
-    assert sorted(r["gpus"] for r in ranks) == ["0", "1"]  # the task's GPU, a different one each
-    for rank in ranks:  # both on one executor, yet each is its own node, as under Spark's
+    assert result["returned_by"] == 0 and [r["rank"] for r in ranks] == [0, 1, 2, 3]
+    assert all(rank["params"] == ranks[0]["params"] for rank in ranks)
+    assert sorted(r["gpus"] for r in ranks) == ["0", "0", "1", "1"]  # the task's GPU: two an executor
+    for rank in ranks:  # two on each executor, yet each is its own node, as under Spark's
         assert (rank["env"]["LOCAL_RANK"], rank["env"]["LOCAL_WORLD_SIZE"]) == ("0", "1")
-        assert rank["env"]["RANK"] == str(rank["rank"]) and rank["env"]["WORLD_SIZE"] == "2"
+        assert rank["env"]["RANK"] == str(rank["rank"]) and rank["env"]["WORLD_SIZE"] == "4"
     assert leftover_processes() == []
 
 

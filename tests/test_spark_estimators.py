@@ -96,7 +96,9 @@ def test_torch_estimator_fits_mnist_transforms_held_out_digits_and_its_saved_mod
 ):
     """One fit on MNIST: its records (TensorBoard, MLflow, the live view), held-out accuracy;
     then the model saved and loaded back, and the export the fit left in a plain-folder
-    model_dir, give identical predictions, and the module file alone does outside Spark."""
+    model_dir, give identical predictions, and the module file alone does outside Spark. A
+    second fit into that model_dir, named as a URL (pyarrow's file://), resumes from its latest
+    checkpoint (a retry resuming: test_a_fit_that_loses_a_rank_starts_again_on_its_own...)."""
     import cloudpickle
     import torch
 
@@ -146,33 +148,20 @@ def test_torch_estimator_fits_mnist_transforms_held_out_digits_and_its_saved_mod
     assert alone == pytest.approx(before[0], abs=1e-5)
     with torch.no_grad():  # getModel(), as horovod.spark's TorchModel has it
         assert loaded.getModel()(torch.tensor([first]))[0].tolist() == pytest.approx(alone, abs=1e-6)
+    # A second fit with one epoch more, into the same folder named as a URL (pyarrow's file://):
+    # epochs 1 and 2 come from the checkpoints, only epoch 3 is trained, and its export loads back.
+    url = f"file://{tmp_path}/run"
+    resumed = torch_estimator(epochs=3, model_dir=url).fit(train_df.limit(2000))
+    trained = live_views[1].model.logs[0].text()  # rank 0's line for each epoch it trains
+    assert "epoch 3: loss" in trained and "epoch 1: loss" not in trained and "epoch 2: loss" not in trained
+    assert len(resumed.history) == 3 and resumed.history[:2] == model.history
+    checkpoints = [checkpoint_name(epoch) for epoch in (1, 2, 3)]
+    assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == checkpoints
+    exported = TorchModel.load(f"{url}/model")  # the fitted model, exported into model_dir
+    assert exported.history == resumed.history
+    for name, weights in resumed.getModel().state_dict().items():
+        assert torch.equal(exported.getModel().state_dict()[name], weights), name
     assert run_processes_anywhere() == []
-
-
-def test_a_second_fit_resumes_from_the_latest_checkpoint_in_a_model_dir_url(mnist, tmp_path, capsys):
-    """model_dir as a URL (pyarrow's file://). With a plain folder: its export loading back is
-    checked by the first test, a second fit resuming by the Keras fit-and-resume test, a retry
-    resuming by test_a_fit_that_loses_a_rank_starts_again_on_its_own_from_the_last_epoch."""
-    from hvd_magic.spark import TorchModel
-
-    train_df, test_df = mnist
-    small = train_df.limit(2000)
-    model_dir = f"file://{tmp_path}/remote"
-    first = torch_estimator(epochs=1, model_dir=model_dir).fit(small)
-    assert "epoch 1: loss" in capsys.readouterr().out
-    second = torch_estimator(epochs=2, model_dir=model_dir).fit(small)
-    trained = capsys.readouterr().out  # rank 0's line for each epoch it trains
-    assert "epoch 2: loss" in trained and "epoch 1: loss" not in trained
-    assert len(second.history) == 2
-    assert second.history[0] == first.history[0]  # epoch 1 came from the checkpoint, not retrained
-    stored = tmp_path / "remote"
-    assert sorted(os.listdir(stored / "checkpoints")) == [checkpoint_name(1), checkpoint_name(2)]
-    exported = TorchModel.load(f"{model_dir}/model")  # the fitted model, exported into model_dir
-    assert exported.history == second.history
-    assert (
-        exported.transform(test_df).select("prediction").collect()
-        == second.transform(test_df).select("prediction").collect()
-    )
 
 
 def fragile_net(marks, fault: str, after=None):
@@ -280,10 +269,11 @@ def test_a_cross_validator_over_a_pipeline_fits_each_grid_point_and_the_best_sav
     assert fold_epochs == [[1, 5], [1, 5]]  # each fold's fits ran with the grid's epochs
     fitted = best.bestModel
     assert fitted.stages[-1].getOrDefault("batch_size") == 32 and len(fitted.stages[-1].history) == 5
-    assert accuracy(fitted.transform(df)) >= 0.9
+    fitted_accuracy = accuracy(fitted.transform(df))
+    assert fitted_accuracy >= 0.9
     fitted.save(str(tmp_path / "pipeline"))
     again = PipelineModel.load(str(tmp_path / "pipeline"))
-    assert accuracy(again.transform(df)) == accuracy(fitted.transform(df))
+    assert accuracy(again.transform(df)) == fitted_accuracy
     assert run_processes_anywhere() == []
 
 
@@ -364,7 +354,9 @@ def test_keras_estimator_fits_mnist_transforms_saves_loads_and_a_second_fit_resu
             model_dir=str(tmp_path / "run"),
         )
 
-    model = estimator(2).fit(train_df)
+    # 8,320 rows: 4,160 a rank, 416 of them held out, 3,744 = 117 whole batches of 32 (a last,
+    # partial batch would make Keras trace its step a second time on every rank)
+    model = estimator(2).fit(train_df.limit(8320))
     assert "epoch 1: " in capsys.readouterr().out  # rank 0's line for each epoch it trains
     assert len(model.history) == 2 and model.history[1]["val_accuracy"] > 0.85
     for epoch in model.history:  # a Keras metric name and a Metric object agree with 'accuracy'
@@ -381,7 +373,7 @@ def test_keras_estimator_fits_mnist_transforms_saves_loads_and_a_second_fit_resu
     assert [list(row) for row in after] == [list(row) for row in before]
     assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == [checkpoint_name(1), checkpoint_name(2)]
     # A second fit with one epoch more, into the same model_dir: only epoch 3 is trained.
-    resumed = estimator(3).fit(train_df)
+    resumed = estimator(3).fit(train_df.limit(1920))  # 864 rows a rank to train: 27 batches
     trained = capsys.readouterr().out
     assert "epoch 3: " in trained and "epoch 1: " not in trained and "epoch 2: " not in trained
     assert len(resumed.history) == 3 and resumed.history[:2] == model.history
@@ -393,61 +385,6 @@ def test_keras_estimator_fits_mnist_transforms_saves_loads_and_a_second_fit_resu
     numpy.testing.assert_allclose(
         plain.predict(images, verbose=0), resumed.getModel().predict(images, verbose=0)
     )
-    assert run_processes_anywhere() == []
-
-
-def test_keras_callbacks_get_keras_lifecycle_and_one_rank_stopping_stops_all(mnist, tmp_path):
-    """LearningRateScheduler reaches the optimizer that trains (a rate of 0 leaves the weights
-    as the first epoch's checkpoint has them); a callback sees every batch; a stop asked on
-    rank 0 alone ends the fit after that epoch on both ranks (else rank 1 would wait forever)."""
-    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-    import cloudpickle
-    import keras
-    import numpy
-
-    from hvd_magic.spark import KerasEstimator
-
-    class Lifecycle(keras.callbacks.Callback):
-        def on_train_begin(self, logs=None):
-            self.began, self.batches = 1.0, 0
-
-        def on_train_batch_end(self, batch, logs=None):
-            self.batches += 1 if logs and "loss" in logs else 0
-
-        def on_epoch_end(self, epoch, logs=None):
-            import horovod.tensorflow as hvd
-
-            logs.update(batches=self.batches, began=self.began)
-            self.batches = 0
-            if epoch == 1 and hvd.rank() == 0:
-                self.model.stop_training = True
-
-    train_df, _ = mnist
-    keras.utils.set_random_seed(0)
-    net = keras.Sequential([keras.Input((784,)), keras.layers.Dense(10)])
-    schedule = keras.callbacks.LearningRateScheduler(lambda epoch, rate: 0.01 if epoch == 0 else 0.0)
-    estimator = KerasEstimator(
-        num_proc=2,
-        model=net,
-        optimizer=keras.optimizers.Adam(0.5),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        feature_cols=["image"],
-        label_cols=["label"],
-        batch_size=50,
-        epochs=5,
-        verbose=0,
-        callbacks=[schedule, Lifecycle()],
-        model_dir=str(tmp_path),
-    )
-    model = estimator.fit(train_df.limit(2000))
-    assert [epoch["batches"] for epoch in model.history] == [20, 20]  # 1,000 rows a rank, 50 a batch
-    assert [epoch["began"] for epoch in model.history] == [1.0, 1.0]
-    assert [epoch["learning_rate"] for epoch in model.history] == pytest.approx([0.01, 0.0])
-    checkpoints = sorted(os.listdir(tmp_path / "checkpoints"))
-    assert checkpoints == [checkpoint_name(1), checkpoint_name(2)]
-    first = cloudpickle.loads((tmp_path / "checkpoints" / checkpoints[0]).read_bytes())["weights"]
-    for after, before in zip(model.getModel().get_weights(), first, strict=True):
-        numpy.testing.assert_array_equal(after, before)  # epoch 2 trained at rate 0
     assert run_processes_anywhere() == []
 
 
@@ -546,18 +483,37 @@ def test_a_keras_metric_keras_does_not_know_is_refused_before_launch(mnist):
     assert run_processes_anywhere() == []
 
 
-def test_a_keras_model_with_its_own_layer_class_and_functions_fits_transforms_saves_and_loads(
-    mnist, tmp_path
-):
-    """What the notebook defines is not importable on the ranks or the executors: a layer class
-    travels with the model on its own, as does a function registered with Keras in the notebook
-    (its __main__); a function the file names that is neither must be given as custom_objects,
-    and without it the model is refused before launch, saying what to give. One model has all
-    three: refused without custom_objects, then fitted, transformed, saved and loaded with it."""
+def test_keras_callbacks_and_a_models_own_classes_and_functions_reach_the_ranks(mnist, tmp_path):
+    """One Keras fit for both. Callbacks get Keras' lifecycle: LearningRateScheduler reaches the
+    optimizer that trains (a rate of 0 leaves the weights as the first epoch's checkpoint has
+    them); a callback sees every batch; a stop asked on rank 0 alone ends the fit after that
+    epoch on both ranks (else rank 1 would wait forever). What the notebook defines is not
+    importable on the ranks or the executors: a layer class travels with the model on its own,
+    as does a function registered with Keras in the notebook (its __main__); a function the file
+    names that is neither must be given as custom_objects, and without it the model is refused
+    before launch, saying what to give. The model has all three: refused without
+    custom_objects, then fitted, transformed, saved and loaded with it."""
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    import cloudpickle
     import keras
+    import numpy
 
     from hvd_magic.spark import KerasEstimator, KerasModel
+
+    class Lifecycle(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.began, self.batches = 1.0, 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.batches += 1 if logs and "loss" in logs else 0
+
+        def on_epoch_end(self, epoch, logs=None):
+            import horovod.tensorflow as hvd
+
+            logs.update(batches=self.batches, began=self.began)
+            self.batches = 0
+            if epoch == 1 and hvd.rank() == 0:
+                self.model.stop_training = True
 
     class Scale(keras.layers.Layer):
         def __init__(self, factor=1.0, **kwargs):
@@ -578,9 +534,11 @@ def test_a_keras_model_with_its_own_layer_class_and_functions_fits_transforms_sa
 
     train_df, test_df = mnist
     keras.utils.set_random_seed(0)
+    schedule = keras.callbacks.LearningRateScheduler(lambda epoch, rate: 0.01 if epoch == 0 else 0.0)
     params = dict(
-        num_proc=2, optimizer=keras.optimizers.Adam(2e-3), feature_cols=["image"], label_cols=["label"],
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), batch_size=32, verbose=0,
+        num_proc=2, optimizer=keras.optimizers.Adam(0.5), feature_cols=["image"], label_cols=["label"],
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), batch_size=50, epochs=5,
+        verbose=0, callbacks=[schedule, Lifecycle()], model_dir=str(tmp_path / "run"),
     )  # fmt: skip
     halved.__module__ = "__main__"
     keras.saving.register_keras_serializable(package="notebook")(halved)
@@ -600,7 +558,14 @@ def test_a_keras_model_with_its_own_layer_class_and_functions_fits_transforms_sa
         model = KerasEstimator(model=own, custom_objects={"scaled": scaled}, **params).fit(
             train_df.limit(2000)
         )
-        assert len(model.history) == 1
+        assert [epoch["batches"] for epoch in model.history] == [20, 20]  # 1,000 rows a rank, 50 a batch
+        assert [epoch["began"] for epoch in model.history] == [1.0, 1.0]
+        assert [epoch["learning_rate"] for epoch in model.history] == pytest.approx([0.01, 0.0])
+        checkpoints = sorted(os.listdir(tmp_path / "run" / "checkpoints"))
+        assert checkpoints == [checkpoint_name(1), checkpoint_name(2)]
+        first = cloudpickle.loads((tmp_path / "run" / "checkpoints" / checkpoints[0]).read_bytes())["weights"]
+        for after, before in zip(model.getModel().get_weights(), first, strict=True):
+            numpy.testing.assert_array_equal(after, before)  # epoch 2 trained at rate 0
         assert isinstance(model.getModel().layers[0], Scale) and model.getModel().layers[0].factor == 2.0
         before = model.transform(test_df.limit(200)).select("rawPrediction").toPandas()["rawPrediction"]
         model.save(str(tmp_path / "saved"))
