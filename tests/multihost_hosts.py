@@ -116,8 +116,11 @@ class Bed:
     def seen_from(self, name: str, path: str) -> str:
         """``path`` as host ``name`` sees it (its own /tmp), from the machine: through its init
         process's root, which is looked up in that host's mount namespace. Checking a file there
-        costs no process, where ``run`` costs an nsenter, a shell and the command."""
-        return f"/proc/{self.host(name).pid}/root{path}"
+        costs no process, where ``run`` costs an nsenter, a shell and the command. Raises where
+        the host's /tmp cannot be read so (a check that reads nothing would find nothing left)."""
+        root = f"/proc/{self.host(name).pid}/root"
+        os.listdir(f"{root}/tmp")  # OSError if that view is not there
+        return f"{root}{path}"
 
     def save(self) -> None:
         state = {"id": self.id, "subnet": self.subnet, "hosts": [asdict(h) for h in self.hosts]}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from collections import defaultdict
 
 import pytest
 
@@ -23,6 +24,7 @@ def train(learning_rate, steps=1):
     """The shape of Spark's TorchDistributor examples: init, DDP, train, return something."""
     import os
 
+    import psutil
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -42,6 +44,10 @@ def train(learning_rate, steps=1):
         "env": {name: os.environ.get(name) for name in ENV_NAMES},
         "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }
+    executor = psutil.Process()  # on Spark: the executor JVM above this rank (None locally)
+    while executor is not None and "CoarseGrainedExecutorBackend" not in " ".join(executor.cmdline()):
+        executor = executor.parent()
+    me["executor"] = executor.pid if executor is not None else None
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, me)
     dist.destroy_process_group()
@@ -198,7 +204,10 @@ def test_on_spark_each_process_is_a_task_with_its_gpu(spark):
     ranks = result["ranks"]
     assert result["returned_by"] == 0 and [r["rank"] for r in ranks] == [0, 1, 2, 3]
     assert all(rank["params"] == ranks[0]["params"] for rank in ranks)
-    assert sorted(r["gpus"] for r in ranks) == ["0", "0", "1", "1"]  # the task's GPU: two an executor
+    gpus = defaultdict(list)  # by executor: each of its two tasks has its own GPU
+    for rank in ranks:
+        gpus[rank["executor"]].append(rank["gpus"])
+    assert None not in gpus and sorted(sorted(given) for given in gpus.values()) == [["0", "1"], ["0", "1"]]
     for rank in ranks:  # two on each executor, yet each is its own node, as under Spark's
         assert (rank["env"]["LOCAL_RANK"], rank["env"]["LOCAL_WORLD_SIZE"]) == ("0", "1")
         assert rank["env"]["RANK"] == str(rank["rank"]) and rank["env"]["WORLD_SIZE"] == "4"

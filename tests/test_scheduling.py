@@ -60,3 +60,13 @@ def test_a_recording_keeps_groups_it_did_not_run_and_drops_modules_that_are_gone
 def test_the_groups_named_in_the_recorded_durations_exist() -> None:
     assert all(scheduling.still_exists(group) for group in scheduling.known_seconds())
     assert not scheduling.still_exists("tests/test_gone_long_ago.py")
+
+
+def test_the_module_that_kills_an_executor_runs_last_in_its_clusters_group() -> None:
+    """A group's modules run in file order; test_spark_sessions kills one of the cluster's
+    executors, and a module after it would pay its executor's warm Python daemon and fork
+    servers again."""
+    group = [
+        m for m, g in scheduling.SAME_CLUSTER.items() if g == scheduling.SAME_CLUSTER["test_spark_sessions"]
+    ]
+    assert sorted(group)[-1] == "test_spark_sessions"

@@ -161,6 +161,8 @@ def test_torch_estimator_fits_mnist_transforms_held_out_digits_and_its_saved_mod
     assert exported.history == resumed.history
     for name, weights in resumed.getModel().state_dict().items():
         assert torch.equal(exported.getModel().state_dict()[name], weights), name
+    some = test_df.limit(200)  # and, loaded from the URL, it predicts as the fitted model does
+    assert raw_outputs(exported.transform(some)) == raw_outputs(resumed.transform(some))
     assert run_processes_anywhere() == []
 
 
@@ -320,8 +322,9 @@ def test_an_empty_dataframe_and_an_unpicklable_model_are_refused_before_launch(m
 
 
 def test_keras_estimator_fits_mnist_transforms_saves_loads_and_a_second_fit_resumes(mnist, tmp_path, capsys):
-    """A fit, its held-out accuracy, save and load; then a second fit into the same (plain
-    folder) model_dir resumes from its latest checkpoint, and exports a plain Keras file."""
+    """A fit, its held-out accuracy, save and load; then a second fit into the same model_dir
+    resumes from its latest checkpoint, and exports a plain Keras file. The model_dir is a URL
+    (pyarrow's file://) to a folder that does not exist yet: the first fit makes it."""
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     import keras
     import numpy
@@ -351,7 +354,7 @@ def test_keras_estimator_fits_mnist_transforms_saves_loads_and_a_second_fit_resu
             batch_size=32,
             epochs=epochs,
             validation=0.1,
-            model_dir=str(tmp_path / "run"),
+            model_dir=f"file://{tmp_path}/run",
         )
 
     # 8,320 rows: 4,160 a rank, 416 of them held out, 3,744 = 117 whole batches of 32 (a last,
