@@ -95,6 +95,8 @@ while True:
     if hvd_magic.stopping():
         hvd_magic.checkpoint({{"step": step, "w": w}}, step=step)
         break
+    if step == 1:  # past its first boundary, not stopping
+        pathlib.Path({marks!r}, f"polled-{{hvd.rank()}}").touch()
     time.sleep({pause})
 (step, w.item())
 """
@@ -140,9 +142,17 @@ def test_a_first_interrupt_stops_at_a_step_boundary_and_returns_the_model(ip, tm
     assert "stopping at the next step boundary" in shown and f"stopped on request at step {step:,}" in shown
 
 
+def press_once_past_the_first_boundary(stops: list, marks: Path) -> None:
+    """The stop button once both ranks passed their first step boundary without stopping: the
+    next is a whole step away. (Pressed as soon as the first rank polled, a stop could land
+    while that boundary was still being agreed on, under load, and end the run there.)"""
+    wait_until(lambda: all((marks / f"polled-{rank}").exists() for rank in (0, 1)))
+    press_once_polling(stops)
+
+
 def test_ranks_that_do_not_reach_a_boundary_in_time_are_stopped_at_once(ip, tmp_path, monkeypatch):
     stops = recorded_stops(monkeypatch)
-    when_started(tmp_path, 2, lambda: press_once_polling(stops))
+    when_started(tmp_path, 2, lambda: press_once_past_the_first_boundary(stops, tmp_path))
     started = time.monotonic()
     with pytest.raises(RunInterrupted):  # a step takes 60 s here: past the 5 s grace
         ip.run_cell_magic("horovod", "np=-2", STOPPABLE.format(marks=str(tmp_path), pause=60))
@@ -157,7 +167,7 @@ def test_a_second_interrupt_stops_at_once(ip, tmp_path, monkeypatch):
     stops = recorded_stops(monkeypatch)
 
     def press_twice() -> None:
-        press_once_polling(stops)
+        press_once_past_the_first_boundary(stops, tmp_path)
         wait_until(lambda: stops[-1].asked_at is not None)  # the first press asked the ranks to stop
         os.kill(os.getpid(), signal.SIGINT)
 
