@@ -11,7 +11,8 @@ PYTEST_ARGS := -ra -n 3 --dist loadscope --no-loadscope-reorder
 # Where a machine sets PYTHONDONTWRITEBYTECODE (this one does), what make runs still keeps the
 # bytecode it compiles in the clone's own venv, as Python does elsewhere: each module compiled
 # once, on its first import, instead of all 22,000 at install or every import anew
-# (scripts/bytecode.py makes what Python cannot write itself).
+# (scripts/bytecode.py makes what Python cannot write itself). After pytest, the venv's bytecode is
+# kept for the next fresh venv of the same pins, as Horovod's wheel is (scripts/bytecode.py).
 unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup demo test lint docs bench js-test spark-archive pytest-args
@@ -38,6 +39,7 @@ docs: setup
 test: setup
 	$(MAKE) --no-print-directory -j 4 --output-sync=target SETUP_DONE=1 lint docs js-test spark-archive
 	$(PY) -m pytest $(PYTEST_ARGS) --durations=25
+	@$(PY) scripts/bytecode.py --keep
 
 pytest-args:
 	@echo $(PYTEST_ARGS)

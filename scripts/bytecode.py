@@ -17,17 +17,33 @@ Two places stay where Python cannot write:
   what their kernels, Spark workers, fork servers and ranks import is compiled here first, by
   importing it once (``FIRST_IMPORTS``) in a process that may write its bytecode.
 
-    python scripts/bytecode.py [site-packages/pyspark]
+Bytecode is kept from one venv to the next, as Horovod's wheel is (``--keep``, after setup and
+after ``make test``'s pytest): uv links every venv's files from its cache, so a module's source
+has the same size and modification time in each venv, which is all Python checks a ``.pyc``
+against. A fresh clone's venv gets the bytecode kept (hard links, into ``__pycache__`` folders
+where the source is) instead of compiling its imports anew; a ``.pyc`` whose source differs is
+recompiled by Python as ever, and replaced, never written into (Python writes a new file and
+renames it), so the kept copy stays as it was. Kept per ``requirements-dev.txt``, two at most.
+
+    python scripts/bytecode.py --take      # the kept bytecode into this venv (setup, before imports)
+    python scripts/bytecode.py --keep      # this venv's bytecode kept (after pytest)
+    python scripts/bytecode.py [site-packages/pyspark]   # the zips, the bed's imports; then --keep
 """
 
 from __future__ import annotations
 
 import compileall
+import contextlib
+import hashlib
+import importlib.util
 import os
 import py_compile
 import re
+import shutil
+import struct
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import warnings
 import zipfile
@@ -92,14 +108,105 @@ def compile_first_imports() -> None:
     subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
 
 
+ROOT = Path(__file__).resolve().parent.parent
+SITE = Path(sysconfig.get_paths()["purelib"])
+KEPT_VERSIONS = 2
+
+
+def kept_folder() -> Path:
+    """Where the bytecode of this venv's pinned stack is kept, beside Horovod's wheel."""
+    home = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    cache = os.environ.get("HVD_MAGIC_CACHE") or Path(home, "hvd_magic")
+    pins = hashlib.sha256((ROOT / "requirements-dev.txt").read_bytes()).hexdigest()[:16]
+    return Path(cache, "bytecode", f"{sys.implementation.cache_tag}-{pins}")
+
+
+def _link(source: Path, target: Path) -> bool:
+    """``target`` as a hard link to ``source`` (a copy across file systems); False where it exists."""
+    if target.exists():
+        return False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        try:
+            os.link(source, target)
+        except OSError:
+            shutil.copy2(source, target)
+    return True
+
+
+def _bytecode(folder: Path) -> list[Path]:
+    return [path.relative_to(folder) for path in folder.rglob("__pycache__/*.pyc")]
+
+
+def _fresh(name: Path, folder: Path, site: Path) -> bool:
+    """Whether Python takes ``folder/name`` (a ``__pycache__`` file) for its source in ``site``:
+    the modification time and size it was compiled from (a pyc of unchecked hash: always)."""
+    try:
+        source = (site / importlib.util.source_from_cache(str(name))).stat()
+        header = (folder / name).read_bytes()[:16]
+        flags, mtime, size = struct.unpack("<III", header[4:16])
+    except (OSError, ValueError, struct.error):
+        return False
+    return flags != 0 or (mtime, size) == (int(source.st_mtime) & 0xFFFFFFFF, source.st_size & 0xFFFFFFFF)
+
+
+def take_kept(kept: Path, site: Path = SITE) -> tuple[int, bool]:
+    """The bytecode kept in ``kept``, linked into ``site`` where its sources are: how many files,
+    and whether Python takes every one of them."""
+    if not kept.is_dir():
+        return 0, False
+    names = [name for name in _bytecode(kept) if (site / name).parent.parent.is_dir()]
+    taken = sum(_link(kept / name, site / name) for name in names)
+    return taken, all(_fresh(name, site, site) for name in names)
+
+
+def keep(kept: Path, site: Path = SITE) -> int:
+    """The bytecode of ``site``, linked into ``kept`` where it is new there or where the kept file
+    is stale and this one is not (beside ``kept``, the folders beyond the newest
+    ``KEPT_VERSIONS`` removed); how many files were new or renewed."""
+    kept.mkdir(parents=True, exist_ok=True)
+    kept.touch()
+    for old in sorted(kept.parent.iterdir(), key=lambda path: path.stat().st_mtime)[:-KEPT_VERSIONS]:
+        shutil.rmtree(old, ignore_errors=True)
+    renewed = 0
+    for name in _bytecode(site):
+        if (kept / name).exists() and not _fresh(name, kept, site) and _fresh(name, site, site):
+            (kept / name).unlink()  # a link: the venvs that took it keep their own
+        renewed += _link(site / name, kept / name)
+    return renewed
+
+
+FIRST_IMPORTS_DONE = "first-imports"  # in the kept folder: for which FIRST_IMPORTS it holds all
+
+
+def _first_imports_key() -> str:
+    return hashlib.sha256(repr((FIRST_IMPORTS, IMPORT_ALL)).encode()).hexdigest()
+
+
 def main() -> None:
-    pyspark = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__import__("pyspark").__file__).parent
+    arguments = sys.argv[1:]
+    if arguments[:1] == ["--keep"]:
+        print(f"[bytecode] {keep(kept_folder())} new files kept in {kept_folder()}", file=sys.stderr)
+        return
+    taken, all_fresh = take_kept(kept_folder())
+    if arguments[:1] == ["--take"]:
+        if taken:
+            print(f"[setup] bytecode from an earlier venv: {taken} files ({kept_folder()})", file=sys.stderr)
+        return
+    pyspark = Path(arguments[0]) if arguments else Path(__import__("pyspark").__file__).parent
     for archive in sorted((pyspark / "python" / "lib").glob("*.zip")):
         if with_bytecode(archive):
             print(f"[setup] bytecode added to {archive.name}", file=sys.stderr)
     if not os.environ.get("PYTHONDONTWRITEBYTECODE"):  # else uv compiled the whole venv (setup.sh)
-        compile_first_imports()
+        done = kept_folder() / FIRST_IMPORTS_DONE
+        if all_fresh and done.is_file() and done.read_text() == _first_imports_key():
+            compileall.compile_dir(ROOT / "hvd_magic", quiet=2)  # the checkout's own: new in each clone
+        else:
+            compile_first_imports()
         print("[setup] bytecode written for what the bed's read-only hosts import", file=sys.stderr)
+    keep(kept_folder())
+    if not os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        (kept_folder() / FIRST_IMPORTS_DONE).write_text(_first_imports_key())
 
 
 if __name__ == "__main__":

@@ -102,6 +102,8 @@ main() {
         return 0
     fi
     python_packages
+    # the bytecode an earlier venv of the same pins compiled, before anything here imports
+    "$PY" "$ROOT/scripts/bytecode.py" --take
     "$PY" -m pip install -q --no-deps -e "$ROOT"
     # The same installer users run: builds Horovod for this venv (patched for today's
     # frameworks) or takes the wheel cached for it, and installs it.
@@ -115,7 +117,7 @@ main() {
         exit 1
     fi
     # bytecode where Python cannot write its own: pyspark's zips on Spark workers' path, and what
-    # the multi-host bed's read-only hosts import (scripts/bytecode.py)
+    # the multi-host bed's read-only hosts import (scripts/bytecode.py); then all of it kept
     "$PY" "$ROOT/scripts/bytecode.py"
     stamp_value > "$stamp"
     log "ready: $VENV"
