@@ -4,6 +4,7 @@ other hosts, each with its own name, address and disk."""
 from __future__ import annotations
 
 import ast
+import os
 import re
 import signal
 import threading
@@ -50,7 +51,7 @@ def test_a_cell_runs_on_three_hosts_with_their_own_names_addresses_and_disks(mul
     rank0_host = ranks[0]["host"]
     assert multihost.bed.run(rank0_host, ["cat", probe]).stdout == "written by rank 0"
     for host in {"hostA", "hostB", "hostC", "hostD"} - {rank0_host}:  # /tmp is each host's own
-        assert multihost.bed.run(host, ["test", "-e", probe]).returncode == 1, host
+        assert not os.path.lexists(multihost.bed.seen_from(host, probe)), host
     on_the_notebook = kernel.run(f"import os\nos.path.exists({probe!r})")
     assert on_the_notebook.value == "False"
     multihost.bed.run(rank0_host, ["rm", probe])  # a bed brought up by hand outlives the test
@@ -89,7 +90,7 @@ def test_gloo_ranks_read_their_data_shards_where_their_hosts_tasks_wrote_them(mu
         assert len(ids) == 100, (host, len(ids))
         assert writer.rsplit(":", 1)[0] == multihost.ip(host), (host, writer)  # written on its host
         for other in {"hostA", "hostB", "hostC", "hostD"} - {host}:  # and seen nowhere else
-            assert multihost.bed.run(other, ["test", "-e", path]).returncode == 1, (other, path)
+            assert not os.path.lexists(multihost.bed.seen_from(other, path)), (other, path)
     assert files_left(multihost.bed, WORKERS) == {}
 
 
@@ -109,7 +110,7 @@ def test_the_timeline_is_written_on_rank_0s_host_and_arrives_whole_on_the_notebo
     count, folder = ast.literal_eval(whole.value)
     assert count > 60  # strict JSON, every allreduce's events
     for host in ("hostA", "hostB", "hostC"):  # not in any rank host's working folder
-        assert multihost.bed.run(host, ["test", "-e", f"{folder}/bed_timeline.json"]).returncode == 1
+        assert not os.path.lexists(multihost.bed.seen_from(host, f"{folder}/bed_timeline.json")), host
 
 
 def test_a_live_session_spans_the_three_hosts(multihost: Cluster) -> None:
@@ -157,7 +158,7 @@ def test_an_estimators_model_dir_lives_on_the_notebooks_host_only(multihost: Clu
     assert resumed and epochs == 2  # epoch 1 came from the first fit's checkpoint
     assert same  # the executors' predictions are the fitted network's
     for host in WORKERS:  # model_dir is the driver's own: no executor's host has it
-        assert bed.run(host, ["test", "-e", model_dir]).returncode == 1, host
+        assert not os.path.lexists(bed.seen_from(host, model_dir)), host
     kernel.run(f"import shutil\nshutil.rmtree({model_dir!r})")
 
 

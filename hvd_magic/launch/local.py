@@ -16,7 +16,7 @@ from hvd_magic.launch.base import Launcher
 from hvd_magic.launch.forkservers import forked_ranks, rank_command, serving
 from hvd_magic.launch.gloo import GlooStore, LoopbackStoreServer, gloo_env, gloo_slots
 from hvd_magic.launch.memory_cgroup import MemoryWatch
-from hvd_magic.launch.mpirun import mpirun_argv, mpirun_deaths
+from hvd_magic.launch.mpirun import idle_wait_env, mpirun_argv, mpirun_deaths
 from hvd_magic.launch.processes import (
     OutputTail,
     RankDeath,
@@ -118,7 +118,8 @@ class LocalMpiLauncher(_ProcessGroupLauncher):
                 "`apt-get install openmpi-bin libopenmpi-dev`) or use launcher=gloo."
             )
         argv = mpirun_argv(self.np, self.rank_command(env), as_root=os.geteuid() == 0)
-        self._spawn(argv, self.base_env(env))
+        merged = self.base_env(env)
+        self._spawn(argv, merged | idle_wait_env(merged))
 
     def deaths(self) -> list[RankDeath]:
         return mpirun_deaths("\n".join(list(self.tails[0].lines)), self.memory[0]) if self.tails else []

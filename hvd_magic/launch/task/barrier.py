@@ -31,7 +31,7 @@ from hvd_magic.data.parquet import Piece, write_manifest
 from hvd_magic.hub import RunKeys
 from hvd_magic.launch import forkservers, processes
 from hvd_magic.launch.gloo import LoopbackStoreServer, gloo_env
-from hvd_magic.launch.mpirun import mpirun_argv, tcp_interface_env
+from hvd_magic.launch.mpirun import idle_wait_env, mpirun_argv, tcp_interface_env
 from hvd_magic.launch.task.agent import ExecAgent
 from hvd_magic.launch.task.network import check_reachable, interface_of, own_address
 from hvd_magic.launch.task.slot import hold_slot, say
@@ -217,7 +217,8 @@ def _start_mpirun(spec: TaskSpec, plan: SparkPlan, scratch: str) -> subprocess.P
     # orted, which would then make theirs under this path on their own hosts, held by no one.
     own = os.path.join(scratch, "mpirun")
     os.makedirs(own, exist_ok=True)
-    return processes.spawn(argv, dict(os.environ) | spec.env | secrets | {"TMPDIR": own})
+    env = dict(os.environ) | spec.env
+    return processes.spawn(argv, env | idle_wait_env(env) | secrets | {"TMPDIR": own})
 
 
 def _rank_env(spec: TaskSpec, plan: SparkPlan, partition: int) -> dict[str, str]:
