@@ -57,6 +57,7 @@ bench: setup
 	$(PY) bench/stop.py
 	$(PY) bench/data_plane.py
 	$(PY) bench/idle_ranks.py
+	$(PY) bench/idle_ranks.py --spark
 	$(PY) bench/connect_launch.py
 	$(PY) bench/estimator.py
 	$(PY) bench/doctor.py

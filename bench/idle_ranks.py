@@ -7,7 +7,12 @@ whose negotiation is a collective that busy-waits. Target (the build's edit for 
 docs/installing.md): an idle MPI rank costs no more than an idle Gloo rank (<= 1x); Horovod as
 released spun about one core for the MPI rank that came first to each cycle (8.0 CPU-s in 8 s).
 
-Usage: python bench/idle_ranks.py [--pause 8] [--repeat 3]
+``--spark``: three MPI ranks of a session on a local-cluster (two executors of two slots), whose
+waits yield the core (hvd_magic's setting, ``OMPI_MCA_mpi_yield_when_idle=1``) against the
+same ranks spinning as Open MPI would by itself there (the variable set to 0 through ``env=``,
+the baseline, measured in the same run). Target: yielding costs at most half.
+
+Usage: python bench/idle_ranks.py [--pause 8] [--repeat 3] [--spark]
 """
 
 from __future__ import annotations
@@ -32,12 +37,14 @@ def cpu_seconds() -> list[float]:
     return list(hvd.allgather_object(used.ru_utime + used.ru_stime))
 
 
-def idle_cost(launcher: str, pause: float, repeat: int) -> list[float]:
+def idle_cost(
+    launcher: str, pause: float, repeat: int, np: int = -2, env: dict[str, str] | None = None
+) -> list[float]:
     """The CPU-s each rank took in each pause: ``repeat`` pauses, the ranks' costs of each."""
     import hvd_magic
 
     costs = []
-    with hvd_magic.Session(np=-2, launcher=launcher) as session:
+    with hvd_magic.Session(np=np, launcher=launcher, env=env) as session:
         for _ in range(repeat):
             before = session.run(cpu_seconds)
             time.sleep(pause)  # the pause measured: the ranks wait for the next call
@@ -46,11 +53,42 @@ def idle_cost(launcher: str, pause: float, repeat: int) -> list[float]:
     return costs
 
 
+def on_spark(pause: float, repeat: int) -> None:
+    from pyspark.sql import SparkSession
+
+    from tests import spark_jvm  # the suite's small JVMs
+
+    os.environ |= spark_jvm.environment() | {"PYSPARK_PYTHON": sys.executable}
+    spark = (
+        SparkSession.builder.master("local-cluster[2,2,1024]").config("spark.ui.enabled", "false")
+        .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+        .getOrCreate()
+    )  # fmt: skip
+    try:
+        spinning = idle_cost("mpi", pause, repeat, np=3, env={"OMPI_MCA_mpi_yield_when_idle": "0"})
+        yielding = idle_cost("mpi", pause, repeat, np=3)
+    finally:
+        spark.stop()
+    cores = os.cpu_count()
+    print(f"idle ranks on Spark: np=3 on a local-cluster, {repeat} pauses of {pause:.0f} s, {cores} cores")
+    for name, costs in (("spinning (baseline)", spinning), ("yielding", yielding)):
+        median, most = statistics.median(costs), max(costs)
+        print(f"  {name:<20} CPU-s per rank per pause: median {median:5.2f}, most {most:5.2f}")
+    ratio = statistics.median(yielding) / statistics.median(spinning)
+    print(f"  yielding / spinning, median: {ratio:.2f}x (<= 0.5)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pause", type=float, default=8.0)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--spark", action="store_true", help="MPI ranks on a local-cluster: yielding against spinning"
+    )
     args = parser.parse_args()
+    if args.spark:
+        on_spark(args.pause, args.repeat)
+        return
     gloo = idle_cost("gloo", args.pause, args.repeat)
     mpi = idle_cost("mpi", args.pause, args.repeat)
     print(f"idle ranks benchmark: np=2, {args.repeat} pauses of {args.pause:.0f} s, {os.cpu_count()} cores")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hvd_magic.launch.mpirun import lost_node, mpirun_argv, mpirun_deaths, tcp_interface_env
+from hvd_magic.launch.mpirun import idle_wait_env, lost_node, mpirun_argv, mpirun_deaths, tcp_interface_env
 from hvd_magic.launch.processes import death_of
 
 
@@ -22,6 +22,11 @@ def test_mpirun_argv_hosts_and_agent_never_use_horovodrun_btl_flag():
     assert argv[argv.index("plm_rsh_agent") + 1] == "agent"
     assert argv[argv.index("-x") + 1] == "A"
     assert "^openib" not in argv and "--allow-run-as-root" not in argv
+
+
+def test_ranks_waiting_in_mpi_yield_the_core_unless_the_run_chose():
+    assert idle_wait_env({"PATH": "/bin"}) == {"OMPI_MCA_mpi_yield_when_idle": "1"}
+    assert idle_wait_env({"OMPI_MCA_mpi_yield_when_idle": "0"}) == {}  # the user's: left as it is
 
 
 def test_a_hosts_ranks_keep_to_its_interface_unless_the_run_chose_one():

@@ -58,6 +58,7 @@ hvd.init()
 me = {"rank": hvd.rank(), "local_rank": hvd.local_rank(), "size": hvd.size(),
       "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "host": os.environ.get("HVD_MAGIC_VIA_AGENT"),
       "pid": os.getpid(), "threads": os.environ.get("OMP_NUM_THREADS"),
+      "idle_wait": os.environ.get("OMPI_MCA_mpi_yield_when_idle"),
       "sum": hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum).item()}
 [json.loads(s) for s in hvd.allgather_object(json.dumps(me))]
 """
@@ -123,6 +124,7 @@ def test_np4_spreads_over_both_executors_with_each_rank_on_its_slots_gpu(ip, clu
     for host in plan.hosts:
         assert sorted(g for [g] in host.gpus) == ["0", "1"]  # two slots, two different GPUs
     assert {r["threads"] for r in ranks} == {"1"}  # spark.task.cpus=1 per rank
+    assert {r["idle_wait"] for r in ranks} == {"1"}  # MPI's waits yield the core they share
     assert leftover_processes() == []
 
 

@@ -76,8 +76,8 @@ def idle_wait_env(env: Mapping[str, str]) -> dict[str, str]:
     from its background thread only, while the rank's own threads (its framework's share of the
     host's cores) compute on those same cores: a spinning wait takes the core from the rank it
     waits for. Three idle ranks on a two-executor local-cluster here took 18 CPU-s in 10 s
-    spinning, 6.5 yielding (``bench/idle_ranks.py``); a wait that yields costs a system call
-    per poll where no other thread wants the core.
+    spinning, 4.5 yielding (``bench/idle_ranks.py --spark``); a wait that yields costs a system
+    call per poll where no other thread wants the core.
     """
     return {} if YIELD_VARIABLE in env else {YIELD_VARIABLE: "1"}
 
