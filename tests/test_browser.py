@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .lab import ARTIFACTS, CHROMIUM, jupyterlab, notebook_page
+from .lab import ARTIFACTS, CHROMIUM, chromium, jupyterlab_server, notebook_page
 
 TRAIN_CELL = """%%horovod np=-2
 import os, time, torch, hvd_magic, horovod.torch as hvd
@@ -36,19 +36,34 @@ needs_chromium = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """One JupyterLab server and one Chromium for the module's notebooks, each run by a kernel
+    of its own in a folder of its own (the tests' gates are files there)."""
+    root = tmp_path_factory.mktemp("lab")
+    with jupyterlab_server(root) as server, chromium() as browser:
+        yield server, browser
+
+
 @pytest.fixture
-def training_lab(tmp_path):
-    yield from _jupyterlab(tmp_path, TRAIN_CELL)
+def folder(lab, request):
+    """This test's folder under the lab's root: its notebook's, and its kernel's working folder."""
+    server, _ = lab
+    here = server.root / request.node.name[:60]
+    here.mkdir()
+    yield here
+    server.close(here)  # its kernel, and the ranks of a run it left
 
 
-def _jupyterlab(tmp_path, cell: str):
-    with jupyterlab(tmp_path, ["%load_ext hvd_magic", cell]) as url:
-        yield url
+def page_on(lab, folder: Path, cell: str, height: int):
+    """The page of a notebook in ``folder`` of ``%load_ext hvd_magic`` and ``cell``, run."""
+    server, browser = lab
+    return notebook_page(server.notebook(folder, ["%load_ext hvd_magic", cell]), height, browser)
 
 
 @needs_chromium
-def test_live_view_in_jupyterlab(training_lab, tmp_path):
-    with notebook_page(training_lab, height=1400) as page:
+def test_live_view_in_jupyterlab(lab, folder):
+    with page_on(lab, folder, TRAIN_CELL, height=1400) as page:
         # The ranks wait halfway (step 30 of 60) until the test opens the gate: the live grid
         # must show both bars at 50 % and the curve its points while they train.
         page.wait_for_function(
@@ -62,7 +77,7 @@ def test_live_view_in_jupyterlab(training_lab, tmp_path):
         )
         page.screenshot(path=str(ARTIFACTS / "live_view_running.png"))
         assert not page.query_selector(".hvd-final"), "the run ended before the live view was seen"
-        (tmp_path / "go").touch()
+        (folder / "go").touch()
         # At the end the widget is replaced by the final record: both bars at 100 %, curves kept.
         page.wait_for_selector(".hvd-final", timeout=120_000)
         final = page.eval_on_selector_all(".hvd-final .hvd-bar", "bars => bars.map(b => +b.dataset.progress)")
@@ -72,21 +87,15 @@ def test_live_view_in_jupyterlab(training_lab, tmp_path):
         page.screenshot(path=str(ARTIFACTS / "live_view_final.png"))
 
 
-@pytest.fixture
-def big_timeline_lab(tmp_path):
+@needs_chromium
+def test_timeline_viewer_with_2m_events(lab, folder):
+    """The viewer draws 2M events, zooms, hovers and filters; prints first-paint and frame times."""
     sys.path.insert(0, str(Path(__file__).parent.parent / "bench"))
     from timeline_parse import generate
 
-    path = tmp_path / "big_timeline.json"
-    events = generate(str(path), 2_000_000)
-    assert events >= 2_000_000
-    yield from _jupyterlab(tmp_path, f"%horovod_timeline {path}")
-
-
-@needs_chromium
-def test_timeline_viewer_with_2m_events(big_timeline_lab):
-    """The viewer draws 2M events, zooms, hovers and filters; prints first-paint and frame times."""
-    with notebook_page(big_timeline_lab, height=1000) as page:
+    path = folder / "big_timeline.json"
+    assert generate(str(path), 2_000_000) >= 2_000_000
+    with page_on(lab, folder, f"%horovod_timeline {path}", height=1000) as page:
         viewer = page.wait_for_selector(".hvd-timeline-viewer[data-first-paint-ms]", timeout=240_000)
         first_paint = float(viewer.get_attribute("data-first-paint-ms"))
         canvas = page.query_selector(".hvd-timeline-viewer canvas")
@@ -151,27 +160,22 @@ while time.monotonic() < deadline:  # trains until the test opens the gate
 """
 
 
-@pytest.fixture
-def live_timeline_lab(tmp_path):
-    yield from _jupyterlab(tmp_path, LIVE_TIMELINE_CELL)
-
-
 @needs_chromium
-def test_the_timeline_grows_under_the_cell_during_the_run(live_timeline_lab, tmp_path):
+def test_the_timeline_grows_under_the_cell_during_the_run(lab, folder):
     """timeline=PATH in JupyterLab: the viewer appears while the ranks still train, and grows
     as rank 0 streams its timeline; at the end one viewer and the analysis stay."""
     outputs = "[...document.querySelectorAll('.jp-OutputArea')].map(o => o.innerText).join('\\n')"
     grown = "() => +(document.querySelector('.hvd-timeline-viewer') || {dataset: {}}).dataset.endUs > %d"
-    with notebook_page(live_timeline_lab, height=1200) as page:
+    with page_on(lab, folder, LIVE_TIMELINE_CELL, height=1200) as page:
         # the viewer and, in its own output under it, the analysis so far (the two may render
         # a moment apart)
         page.wait_for_function(grown % 0, timeout=180_000)
         page.wait_for_function(f"() => ({outputs}).includes('events so far')", timeout=60_000)
         first = int(page.get_attribute(".hvd-timeline-viewer", "data-end-us"))
         page.wait_for_function(grown % first, timeout=120_000)  # refreshed while the run goes on
-        assert not (tmp_path / "go").exists()
+        assert not (folder / "go").exists()
         page.screenshot(path=str(ARTIFACTS / "timeline_live.png"))
-        (tmp_path / "go").touch()
+        (folder / "go").touch()
         page.wait_for_function(
             f"() => {{ const text = {outputs}; "
             "return text.includes('time per activity') && !text.includes('events so far') }",
@@ -179,7 +183,7 @@ def test_the_timeline_grows_under_the_cell_during_the_run(live_timeline_lab, tmp
         )
         assert len(page.query_selector_all(".hvd-timeline-viewer")) == 1
     # streamed in pieces while Horovod wrote it (and rewrote its closing "]"): still one JSON array
-    events = json.loads((tmp_path / "run_timeline.json").read_text())
+    events = json.loads((folder / "run_timeline.json").read_text())
     assert sum(e.get("ph") == "E" for e in events) > 100
 
 
@@ -195,14 +199,9 @@ print("sum", t.item())
 """
 
 
-@pytest.fixture
-def breakpoint_lab(tmp_path):
-    yield from _jupyterlab(tmp_path, BREAKPOINT_CELL)
-
-
 @needs_chromium
-def test_a_ranks_breakpoint_is_answered_in_the_pages_input_box(breakpoint_lab):
-    with notebook_page(breakpoint_lab, height=1000) as page:
+def test_a_ranks_breakpoint_is_answered_in_the_pages_input_box(lab, folder):
+    with page_on(lab, folder, BREAKPOINT_CELL, height=1000) as page:
         box = page.wait_for_selector(".jp-Stdin-input", timeout=180_000)
         assert box is not None
         prompt = page.text_content(".jp-Stdin-prompt") or ""
