@@ -122,42 +122,65 @@ def kept_folder() -> Path:
 
 
 def _link(source: Path, target: Path) -> bool:
-    """``target`` as a hard link to ``source`` (a copy across file systems); False where it exists."""
+    """``target`` as a hard link to ``source`` (a copy across file systems, whole or not at all);
+    False where it exists, or ``source`` is gone (another clone renewed or removed it)."""
     if target.exists():
         return False
     target.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileExistsError):
+    try:
+        os.link(source, target)
+    except FileExistsError:
+        return False
+    except FileNotFoundError:
+        return False
+    except OSError:
+        part = target.with_name(f"{target.name}.{os.getpid()}.part")
         try:
-            os.link(source, target)
-        except OSError:
-            shutil.copy2(source, target)
+            shutil.copy2(source, part)
+            os.replace(part, target)
+        except FileNotFoundError:
+            return False
     return True
 
 
 def _bytecode(folder: Path) -> list[Path]:
-    return [path.relative_to(folder) for path in folder.rglob("__pycache__/*.pyc")]
+    """The ``__pycache__`` files of this Python under ``folder`` that a venv of the same pins can
+    take: not pytest's rewritten tests, not the editable install's finder (it names its clone)."""
+    found = folder.rglob(f"__pycache__/*.{sys.implementation.cache_tag}.pyc")
+    return [path.relative_to(folder) for path in found if not path.name.startswith("__editable__")]
 
 
 def _fresh(name: Path, folder: Path, site: Path) -> bool:
     """Whether Python takes ``folder/name`` (a ``__pycache__`` file) for its source in ``site``:
-    the modification time and size it was compiled from (a pyc of unchecked hash: always)."""
+    this Python's magic number, and the source's modification time and size (or an unchecked hash)."""
     try:
         source = (site / importlib.util.source_from_cache(str(name))).stat()
-        header = (folder / name).read_bytes()[:16]
-        flags, mtime, size = struct.unpack("<III", header[4:16])
+        with open(folder / name, "rb") as pyc:
+            magic, flags, mtime, size = struct.unpack("<4sIII", pyc.read(16))
     except (OSError, ValueError, struct.error):
         return False
-    return flags != 0 or (mtime, size) == (int(source.st_mtime) & 0xFFFFFFFF, source.st_size & 0xFFFFFFFF)
+    if magic != importlib.util.MAGIC_NUMBER:
+        return False
+    if flags == 0b01:  # a hash, never checked
+        return True
+    return flags == 0 and (mtime, size) == (int(source.st_mtime) & 0xFFFFFFFF, source.st_size & 0xFFFFFFFF)
 
 
-def take_kept(kept: Path, site: Path = SITE) -> tuple[int, bool]:
+def take_kept(kept: Path, site: Path = SITE) -> tuple[int, set[Path]]:
     """The bytecode kept in ``kept``, linked into ``site`` where its sources are: how many files,
-    and whether Python takes every one of them."""
+    and where Python does not take all of it (a package installed anew with other times, such
+    as pip's install of Horovod's wheel): those top-level packages, or single modules."""
     if not kept.is_dir():
-        return 0, False
+        return 0, set()
     names = [name for name in _bytecode(kept) if (site / name).parent.parent.is_dir()]
     taken = sum(_link(kept / name, site / name) for name in names)
-    return taken, all(_fresh(name, site, site) for name in names)
+    stale = {_installed_as(name) for name in names if not _fresh(name, site, site)}
+    return taken, {site / where for where in stale}
+
+
+def _installed_as(name: Path) -> str:
+    """The top-level package (its folder) or module (its file) of a ``__pycache__`` file."""
+    return name.parts[0] if name.parts[0] != "__pycache__" else importlib.util.source_from_cache(str(name))
 
 
 def keep(kept: Path, site: Path = SITE) -> int:
@@ -166,14 +189,22 @@ def keep(kept: Path, site: Path = SITE) -> int:
     ``KEPT_VERSIONS`` removed); how many files were new or renewed."""
     kept.mkdir(parents=True, exist_ok=True)
     kept.touch()
-    for old in sorted(kept.parent.iterdir(), key=lambda path: path.stat().st_mtime)[:-KEPT_VERSIONS]:
+    for old in sorted(kept.parent.iterdir(), key=_age)[:-KEPT_VERSIONS]:
         shutil.rmtree(old, ignore_errors=True)
     renewed = 0
     for name in _bytecode(site):
         if (kept / name).exists() and not _fresh(name, kept, site) and _fresh(name, site, site):
-            (kept / name).unlink()  # a link: the venvs that took it keep their own
+            with contextlib.suppress(FileNotFoundError):
+                (kept / name).unlink()  # a link: the venvs that took it keep their own
         renewed += _link(site / name, kept / name)
     return renewed
+
+
+def _age(folder: Path) -> float:
+    try:
+        return folder.stat().st_mtime
+    except FileNotFoundError:  # removed by another clone meanwhile
+        return 0.0
 
 
 FIRST_IMPORTS_DONE = "first-imports"  # in the kept folder: for which FIRST_IMPORTS it holds all
@@ -183,30 +214,50 @@ def _first_imports_key() -> str:
     return hashlib.sha256(repr((FIRST_IMPORTS, IMPORT_ALL)).encode()).hexdigest()
 
 
+def _first_imports_kept() -> bool:
+    """Whether the kept bytecode holds all that the bed's first imports compile (its marker is
+    written, whole, once ``keep`` has linked them)."""
+    try:
+        return (kept_folder() / FIRST_IMPORTS_DONE).read_text() == _first_imports_key()
+    except OSError:
+        return False
+
+
+def _mark_first_imports_kept() -> None:
+    marker = kept_folder() / FIRST_IMPORTS_DONE
+    part = marker.with_name(f"{marker.name}.{os.getpid()}.part")
+    part.write_text(_first_imports_key())
+    os.replace(part, marker)
+
+
 def main() -> None:
     arguments = sys.argv[1:]
     if arguments[:1] == ["--keep"]:
         print(f"[bytecode] {keep(kept_folder())} new files kept in {kept_folder()}", file=sys.stderr)
         return
-    taken, all_fresh = take_kept(kept_folder())
+    first_imports_kept = _first_imports_kept()  # read before taking: another clone may be keeping
+    taken, stale = take_kept(kept_folder())
     if arguments[:1] == ["--take"]:
         if taken:
             print(f"[setup] bytecode from an earlier venv: {taken} files ({kept_folder()})", file=sys.stderr)
         return
-    pyspark = Path(arguments[0]) if arguments else Path(__import__("pyspark").__file__).parent
+    pyspark = Path(arguments[0]) if arguments else Path(str(__import__("pyspark").__file__)).parent
     for archive in sorted((pyspark / "python" / "lib").glob("*.zip")):
         if with_bytecode(archive):
             print(f"[setup] bytecode added to {archive.name}", file=sys.stderr)
     if not os.environ.get("PYTHONDONTWRITEBYTECODE"):  # else uv compiled the whole venv (setup.sh)
-        done = kept_folder() / FIRST_IMPORTS_DONE
-        if all_fresh and done.is_file() and done.read_text() == _first_imports_key():
-            compileall.compile_dir(ROOT / "hvd_magic", quiet=2)  # the checkout's own: new in each clone
+        if first_imports_kept:  # compiled anew: the checkout's own, and what was installed anew
+            for where in sorted(stale) + [ROOT / "hvd_magic"]:
+                if where.is_dir():
+                    compileall.compile_dir(where, quiet=2)
+                elif where.is_file():
+                    py_compile.compile(str(where), doraise=False)
         else:
             compile_first_imports()
         print("[setup] bytecode written for what the bed's read-only hosts import", file=sys.stderr)
     keep(kept_folder())
     if not os.environ.get("PYTHONDONTWRITEBYTECODE"):
-        (kept_folder() / FIRST_IMPORTS_DONE).write_text(_first_imports_key())
+        _mark_first_imports_kept()
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -81,7 +82,8 @@ class Lab:
         where = folder.relative_to(self.root).as_posix() + "/"
         for session in json.loads(self._call("GET", "/api/sessions")):
             if session.get("path", "").startswith(where):
-                self._call("DELETE", f"/api/sessions/{session['id']}")
+                with contextlib.suppress(urllib.error.HTTPError):  # ended meanwhile
+                    self._call("DELETE", f"/api/sessions/{session['id']}")
 
     def _call(self, method: str, path: str) -> bytes:
         request = urllib.request.Request(f"{self.base}{path}?token={self.token}", method=method)

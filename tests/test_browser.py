@@ -50,8 +50,9 @@ def folder(lab, request):
     """This test's folder under the lab's root: its notebook's, and its kernel's working folder."""
     server, _ = lab
     here = server.root / request.node.name[:60]
-    here.mkdir()
+    here.mkdir(exist_ok=True)
     yield here
+    (here / "go").touch()  # the gate of a test that failed before opening it
     server.close(here)  # its kernel, and the ranks of a run it left
 
 

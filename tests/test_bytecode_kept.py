@@ -44,37 +44,42 @@ def answer_in(site: Path) -> int:
 
 def compiled(site: Path) -> Path:
     source = site / "pinned" / "module.py"
-    return Path(py_compile.compile(str(source), cfile=importlib.util.cache_from_source(str(source))))
+    cfile = importlib.util.cache_from_source(str(source))
+    mode = py_compile.PycInvalidationMode.TIMESTAMP  # as Python writes it on import
+    return Path(py_compile.compile(str(source), cfile=cfile, invalidation_mode=mode))
 
 
 def test_a_venv_takes_the_kept_bytecode_where_python_accepts_it_and_recompiles_where_not(tmp_path):
     kept = tmp_path / "cache" / "bytecode" / "pins-a"
     first = venv_site(tmp_path / "first", answer=1, mtime=1_700_000_000)
     pyc = compiled(first)
-    assert bytecode.keep(kept, first) >= 1
+    first_bytes = pyc.read_bytes()
+    rewritten = pyc.with_name(f"module.{sys.implementation.cache_tag}-pytest-9.2.0.pyc")  # pytest's: not kept
+    rewritten.write_bytes(first_bytes)
+    assert bytecode.keep(kept, first) == 1
     assert (kept / pyc.relative_to(first)).samefile(pyc)
+    assert not (kept / rewritten.relative_to(first)).exists()
 
     # The same size and time (as a link from uv's cache has): Python runs the kept bytecode. The
     # source here says 2, so the answer 1 can only have come from the bytecode of the first venv.
     second = venv_site(tmp_path / "second", answer=2, mtime=1_700_000_000)
-    taken, all_fresh = bytecode.take_kept(kept, second)
-    assert (taken, all_fresh) == (1, True)
+    assert bytecode.take_kept(kept, second) == (1, set())  # taken, and nothing stale
     assert answer_in(second) == 1
 
     # Another time: not taken by Python, which compiles the source anew and replaces the link;
     # the kept file is still the first venv's, and a second take adds nothing
     third = venv_site(tmp_path / "third", answer=3, mtime=1_800_000_000)
-    assert bytecode.take_kept(kept, third) == (1, False)
+    assert bytecode.take_kept(kept, third) == (1, {third / "pinned"})  # the package to compile anew
     assert answer_in(third) == 3
-    assert (kept / pyc.relative_to(first)).samefile(pyc)
-    assert bytecode.take_kept(kept, third)[0] == 0
+    assert (kept / pyc.relative_to(first)).read_bytes() == first_bytes  # never written into
+    assert bytecode.take_kept(kept, third) == (0, set())  # Python's own now, fresh
 
     # Kept again from the third venv: its fresh bytecode replaces the kept one, which was stale
     # there (and its package's, which the imports compiled, is new)
     assert bytecode.keep(kept, third) == 2
     assert not (kept / pyc.relative_to(first)).samefile(pyc)
     fourth = venv_site(tmp_path / "fourth", answer=4, mtime=1_800_000_000)
-    assert bytecode.take_kept(kept, fourth) == (2, True)
+    assert bytecode.take_kept(kept, fourth) == (2, set())
     assert answer_in(fourth) == 3
 
 
