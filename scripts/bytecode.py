@@ -109,16 +109,18 @@ def compile_first_imports() -> None:
 
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # before setup's editable install too
+
+from hvd_magic.install import default_cache  # noqa: E402 - the cache Horovod's wheel is kept in
+
 SITE = Path(sysconfig.get_paths()["purelib"])
 KEPT_VERSIONS = 2
 
 
 def kept_folder() -> Path:
     """Where the bytecode of this venv's pinned stack is kept, beside Horovod's wheel."""
-    home = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    cache = os.environ.get("HVD_MAGIC_CACHE") or Path(home, "hvd_magic")
     pins = hashlib.sha256((ROOT / "requirements-dev.txt").read_bytes()).hexdigest()[:16]
-    return Path(cache, "bytecode", f"{sys.implementation.cache_tag}-{pins}")
+    return default_cache() / "bytecode" / f"{sys.implementation.cache_tag}-{pins}"
 
 
 def _link(source: Path, target: Path) -> bool:
@@ -129,9 +131,7 @@ def _link(source: Path, target: Path) -> bool:
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.link(source, target)
-    except FileExistsError:
-        return False
-    except FileNotFoundError:
+    except (FileExistsError, FileNotFoundError):
         return False
     except OSError:
         part = target.with_name(f"{target.name}.{os.getpid()}.part")
