@@ -1,7 +1,9 @@
 # The two commands of the README: `make demo` and `make test`. Both set up first (idempotent).
 PY := .venv/bin/python
-# mypy keeps its cache in the clone (.mypy_cache): a cache shared by every clone on the machine let
-# CI's fresh clone crash mypy 2.4.1 (INTERNAL ERROR) on state another checkout left; a cold check is ~25 s
+# mypy keeps its cache in the clone (.mypy_cache), never shared: a cache shared by every clone on the
+# machine let CI's fresh clone crash mypy 2.4.1 (INTERNAL ERROR) on state another checkout left. A
+# fresh clone starts from a copy of the last clean check's (scripts/mypy_check.py: 7 CPU-s instead of
+# a cold check's 23) and checks cold where mypy crashes on it.
 
 # How `make test` runs pytest: three workers on two cores (the ranks' waits leave one idle
 # otherwise), tests/scheduling.py's groups (a module, an example notebook, the modules that share
@@ -15,7 +17,7 @@ PYTEST_ARGS := -ra -n 3 --dist loadscope --no-loadscope-reorder
 # kept for the next fresh venv of the same pins, as Horovod's wheel is (scripts/bytecode.py).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup demo test lint docs bench js-test spark-archive pytest-args
+.PHONY: setup demo test lint docs bench js-test pytest-args
 
 # (SETUP_DONE=1: a step of `make test`, which set up already)
 setup:
@@ -27,17 +29,19 @@ demo: setup
 lint: setup
 	$(PY) -m ruff check setup.py hvd_magic tests scripts bench example_notebooks
 	$(PY) -m ruff format --check setup.py hvd_magic tests scripts bench example_notebooks
-	$(PY) -m mypy
+	$(PY) scripts/mypy_check.py
 
 # the guide in docs/ (Sphinx + MyST), warnings as errors: docs/_build/html/index.html
 docs: setup
 	$(PY) -m sphinx -W --keep-going -n -b html docs docs/_build/html
 
-# Before pytest, side by side on the two cores (each is mostly one process): ruff and mypy, the
-# docs, the viewer's vitest tests, and the suite's Spark class archive (tests/spark_jvm.py: made
-# once per environment, 30 s; the suite would make it otherwise, with one core idle)
-test: setup
-	$(MAKE) --no-print-directory -j 4 --output-sync=target SETUP_DONE=1 lint docs js-test spark-archive
+# Set-up makes the suite's Spark class archive beside its own steps (--tests; tests/spark_jvm.py:
+# made once per environment, 30 s of a JVM mostly waiting). Before pytest, side by side on the
+# two cores: ruff and mypy (from the cache of the last clean check: scripts/mypy_check.py), the
+# docs and the viewer's vitest tests.
+test:
+	@bash scripts/setup.sh --tests
+	$(MAKE) --no-print-directory -j 3 --output-sync=target SETUP_DONE=1 lint docs js-test
 	$(PY) -m pytest $(PYTEST_ARGS) --durations=25
 	@$(PY) scripts/bytecode.py --keep
 
@@ -46,9 +50,6 @@ pytest-args:
 
 js-test: setup
 	cd js && npx vitest run
-
-spark-archive: setup
-	$(PY) tests/spark_jvm.py
 
 bench: setup
 	$(PY) bench/launch.py

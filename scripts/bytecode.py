@@ -27,6 +27,7 @@ renames it), so the kept copy stays as it was. Kept per ``requirements-dev.txt``
 
     python scripts/bytecode.py --take      # the kept bytecode into this venv (setup, before imports)
     python scripts/bytecode.py --keep      # this venv's bytecode kept (after pytest)
+    python scripts/bytecode.py --zips      # the zips only (setup, before Spark first runs)
     python scripts/bytecode.py [site-packages/pyspark]   # the zips, the bed's imports; then --keep
 """
 
@@ -117,10 +118,14 @@ SITE = Path(sysconfig.get_paths()["purelib"])
 KEPT_VERSIONS = 2
 
 
+def pins() -> str:
+    """The venv's pinned stack, in short: what is kept per venv is kept under it."""
+    return hashlib.sha256((ROOT / "requirements-dev.txt").read_bytes()).hexdigest()[:16]
+
+
 def kept_folder() -> Path:
     """Where the bytecode of this venv's pinned stack is kept, beside Horovod's wheel."""
-    pins = hashlib.sha256((ROOT / "requirements-dev.txt").read_bytes()).hexdigest()[:16]
-    return default_cache() / "bytecode" / f"{sys.implementation.cache_tag}-{pins}"
+    return default_cache() / "bytecode" / f"{sys.implementation.cache_tag}-{pins()}"
 
 
 def _link(source: Path, target: Path) -> bool:
@@ -230,10 +235,23 @@ def _mark_first_imports_kept() -> None:
     os.replace(part, marker)
 
 
+def _pyspark() -> Path:
+    return Path(str(__import__("pyspark").__file__)).parent
+
+
+def zips_with_bytecode(pyspark: Path) -> None:
+    for archive in sorted((pyspark / "python" / "lib").glob("*.zip")):
+        if with_bytecode(archive):
+            print(f"[setup] bytecode added to {archive.name}", file=sys.stderr)
+
+
 def main() -> None:
     arguments = sys.argv[1:]
     if arguments[:1] == ["--keep"]:
         print(f"[bytecode] {keep(kept_folder())} new files kept in {kept_folder()}", file=sys.stderr)
+        return
+    if arguments[:1] == ["--zips"]:
+        zips_with_bytecode(_pyspark())
         return
     first_imports_kept = _first_imports_kept()  # read before taking: another clone may be keeping
     taken, stale = take_kept(kept_folder())
@@ -241,10 +259,7 @@ def main() -> None:
         if taken:
             print(f"[setup] bytecode from an earlier venv: {taken} files ({kept_folder()})", file=sys.stderr)
         return
-    pyspark = Path(arguments[0]) if arguments else Path(str(__import__("pyspark").__file__)).parent
-    for archive in sorted((pyspark / "python" / "lib").glob("*.zip")):
-        if with_bytecode(archive):
-            print(f"[setup] bytecode added to {archive.name}", file=sys.stderr)
+    zips_with_bytecode(Path(arguments[0]) if arguments else _pyspark())
     if not os.environ.get("PYTHONDONTWRITEBYTECODE"):  # else uv compiled the whole venv (setup.sh)
         if first_imports_kept:  # compiled anew: the checkout's own, and what was installed anew
             for where in sorted(stale) + [ROOT / "hvd_magic"]:
