@@ -109,20 +109,22 @@ main() {
     [ "${1:-}" != "--tests" ] || tests=1
     system_packages
     example_data
-    viewer_bundle
+    viewer_bundle &  # npm's steps, beside Python's
+    local viewer=$!
     local stamp="$VENV/.hvd_magic-setup"
     if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$(stamp_value)" ] \
         && "$PY" -c "import horovod.torch, hvd_magic" 2>/dev/null; then
+        wait "$viewer"
         log "environment is up to date"
         [ -z "$tests" ] || { archive_start; archive_wait; }
         return 0
     fi
     python_packages
-    # the bytecode an earlier venv of the same pins compiled, before anything here imports
-    "$PY" "$ROOT/scripts/bytecode.py" --take
     # pyspark's zips with bytecode (rewritten whole) before any Spark worker reads them
     "$PY" "$ROOT/scripts/bytecode.py" --zips
     [ -z "$tests" ] || archive_start
+    # the bytecode an earlier venv of the same pins compiled (where a module's own is not written yet)
+    "$PY" "$ROOT/scripts/bytecode.py" --take
     "$PY" -m pip install -q --no-deps -e "$ROOT"
     # The same installer users run: builds Horovod for this venv (patched for today's
     # frameworks) or takes the wheel cached for it, and installs it.
@@ -138,6 +140,7 @@ main() {
     # bytecode where Python cannot write its own: what the multi-host bed's read-only hosts
     # import (scripts/bytecode.py); then all of it kept
     "$PY" "$ROOT/scripts/bytecode.py"
+    wait "$viewer"
     archive_wait
     stamp_value > "$stamp"
     log "ready: $VENV"
