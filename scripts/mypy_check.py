@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -37,26 +38,27 @@ def kept_file() -> Path:
     return default_cache() / "mypy" / f"{sys.implementation.cache_tag}-{pins()}.tar"
 
 
-def take(kept: Path) -> bool:
-    """The kept cache unpacked into the clone, where it has none; whether one was taken."""
-    if CACHE.exists() or not kept.is_file():
+def take(kept: Path, cache: Path = CACHE) -> bool:
+    """The kept cache unpacked into ``cache``, where there is none; whether one was taken."""
+    if cache.exists() or not kept.is_file():
         return False
-    part = CACHE.with_name(f"{CACHE.name}.{os.getpid()}.part")
+    part = cache.with_name(f"{cache.name}.{os.getpid()}.part")
     try:
         with tarfile.open(kept) as archive:
             archive.extractall(part, filter="data")
-        part.rename(CACHE)
+        part.rename(cache)
     except (OSError, tarfile.TarError):  # removed or replaced meanwhile: a cold check
         shutil.rmtree(part, ignore_errors=True)
         return False
     return True
 
 
-def keep(kept: Path) -> None:
+def keep(kept: Path, cache: Path = CACHE) -> None:
+    """``cache`` kept as ``kept``, replaced whole; kept files of pins unused for a month go."""
     kept.parent.mkdir(parents=True, exist_ok=True)
     part = kept.with_name(f"{kept.name}.{os.getpid()}.part")
     with tarfile.open(part, "w") as archive:
-        archive.add(CACHE, arcname=".")
+        archive.add(cache, arcname=".")
     os.replace(part, kept)
     for old in kept.parent.glob("*.tar"):
         if old.stat().st_mtime < kept.stat().st_mtime - 30 * 86400:  # pins left a month ago
@@ -64,6 +66,7 @@ def keep(kept: Path) -> None:
 
 
 def check() -> int:
+    """mypy's exit status, 2 where it crashed (its messages passed on)."""
     mypy = [sys.executable, "-m", "mypy"]
     done = subprocess.run(mypy, cwd=ROOT, capture_output=True, text=True, check=False)
     sys.stdout.write(done.stdout)
@@ -71,16 +74,16 @@ def check() -> int:
     return 2 if CRASH in done.stdout + done.stderr else done.returncode
 
 
-def main() -> int:
-    kept = kept_file()
-    taken = take(kept)
+def main(kept: Path | None = None, cache: Path = CACHE, check: Callable[[], int] = check) -> int:
+    kept = kept or kept_file()
+    taken = take(kept, cache)
     status = check()
     if status == 2 and taken:
         print("mypy crashed on the kept cache; checking again without it", file=sys.stderr)
-        shutil.rmtree(CACHE, ignore_errors=True)
+        shutil.rmtree(cache, ignore_errors=True)
         status = check()
     if status == 0:
-        keep(kept)
+        keep(kept, cache)
     return status
 
 
