@@ -2,8 +2,8 @@
 PY := .venv/bin/python
 # mypy keeps its cache in the clone (.mypy_cache), never shared: a cache shared by every clone on the
 # machine let CI's fresh clone crash mypy 2.4.1 (INTERNAL ERROR) on state another checkout left. A
-# fresh clone starts from a copy of the last clean check's (scripts/mypy_check.py: 7 CPU-s instead of
-# a cold check's 23) and checks cold where mypy crashes on it.
+# fresh clone starts from a copy of the last clean check's (scripts/mypy_check.py: 6 to 7 CPU-s instead
+# of a cold check's 23) and checks cold where mypy crashes on it.
 
 # How `make test` runs pytest: three workers on two cores (the ranks' waits leave one idle
 # otherwise), tests/scheduling.py's groups (a module, an example notebook, the modules that share

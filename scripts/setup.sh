@@ -2,7 +2,8 @@
 # Sets up everything hvd_magic needs on a fresh Debian machine: Open MPI, Chromium (for the
 # browser tests), a virtualenv at .venv with the pinned stack, and Horovod 0.28.1 built by
 # `python -m hvd_magic install-horovod` (cached outside the repo).
-# Idempotent: a second run checks a stamp and does almost nothing.
+# Idempotent: a second run checks a stamp and does almost nothing. `--tests` (make test): also
+# the suite's Spark class archive, made beside the other steps.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
