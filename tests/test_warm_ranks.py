@@ -35,7 +35,7 @@ SERVER = "hvd_magic.rank.forkserver"
 
 # Each rank writes where it runs and what it sees into DIRECTORY/RANK.json.
 WHERE = """
-import json, os, random, sys, torch
+import gc, json, os, random, sys, torch
 from hvd_magic.protocol.env import rank_from_env
 rank = rank_from_env()[0]
 def parent_of(pid):
@@ -51,7 +51,7 @@ seen = {
     "grandparent": parent_of(os.getppid()), "threads": torch.get_num_threads(),
     "budget": os.environ.get("OMP_NUM_THREADS"), "draw": random.random(),
     "path0": sys.path[0] == os.getcwd(), "foreign": sorted(set(globals()) & {"serve", "receive", "WORKER"}),
-    "horovod": "horovod" in sys.modules,
+    "horovod": "horovod" in sys.modules, "collector": gc.isenabled(), "frozen": gc.get_freeze_count(),
     "env": {name: value for name, value in os.environ.items() if name.endswith("_HVD_TEST")},
 }
 open(os.path.join(DIRECTORY, f"{rank}.json"), "w").write(json.dumps(seen))
@@ -91,6 +91,8 @@ def test_a_torch_cells_ranks_are_forked_from_one_server_and_are_what_started_ran
         assert seen["path0"] and seen["foreign"] == [] and not seen["horovod"]
         assert seen["optimizer_imports"] == 0  # the server imported what PyTorch's first use does
         assert seen["dynamo_dir"]  # read from the rank's directory, not from the server's
+        # the collector runs, but never walks what the server imported (PyTorch: 290,000 objects)
+        assert seen["collector"] and seen["frozen"] > 100_000, seen["frozen"]
     assert len({seen["draw"] for seen in first + second}) == 4  # random seeded afresh in each
     assert len({seen["pid"] for seen in first + second}) == 4
 

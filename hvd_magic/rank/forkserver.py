@@ -17,13 +17,12 @@ socket and stands for the rank until it ends (see ``forked``). Here, for each st
   from the thread budget it was given; then it runs ``hvd_magic.rank.worker`` as ``python -m``
   would, and dies with the stand-in (the socket's end of file).
 
-Peers are authenticated by the kernel: the socket's folder is the user's only (0700) and a peer
-of another user id is refused (``SO_PEERCRED``). The server ends when the notebook closes its
-stdin or dies, or, for a server shared by an executor's Python workers (``--keeper``), when the
-keeper (the executor's Python daemon) ends; either removes its folder itself as it ends. The socket
-is there only once the server listens, so that whoever finds it may use it. It must never touch
-a GPU or start a thread before forking: a CUDA context or a lock held by another thread would not
-survive into the ranks.
+Peers are authenticated by the kernel: the socket's folder is the user's only (0700), a peer of
+another user id is refused (``SO_PEERCRED``). The server ends when the notebook closes its stdin
+or dies, or (``--keeper``: shared by an executor's Python workers) when the executor's Python
+daemon ends, and removes its folder. Its socket is there once it listens. It must never touch a
+GPU or start a thread before forking: neither a CUDA context nor a lock held by another thread
+would survive into the ranks.
 """
 
 from __future__ import annotations
@@ -31,21 +30,20 @@ from __future__ import annotations
 import array
 import contextlib
 import ctypes
+import gc
 import importlib
-import io
 import json
 import os
-import runpy
 import shutil
 import signal
 import socket
 import struct
 import sys
-import threading
 from typing import Any
 
 from hvd_magic.protocol.files import forked_rank_file
 from hvd_magic.protocol.lifetime import wait_for_end_of
+from hvd_magic.rank.forked_rank import WORKER, become_rank
 
 __all__ = ["cuda_initialized", "receive", "serve"]
 
@@ -74,12 +72,7 @@ def receive(conn: socket.socket) -> tuple[dict[str, Any], list[int], int]:
 
 
 def serve(path: str, modules: list[str], keeper: int | None = None) -> None:
-    for index, name in enumerate(modules):
-        try:
-            importlib.import_module(name)
-        except ImportError:  # a module of a framework imported above (torch._dynamo): where it has it
-            if not any(name.startswith(f"{before}.") for before in modules[:index]):
-                raise
+    _import_frozen(modules)
     sys.modules.pop(WORKER, None)  # its imports stay; the module itself runs anew, as ``__main__``
     if cuda_initialized():
         raise SystemExit("hvd_magic fork server: importing the framework started CUDA; not forking")
@@ -110,6 +103,22 @@ def serve(path: str, modules: list[str], keeper: int | None = None) -> None:
         for fd in fds:
             os.close(fd)
         conn.close()
+
+
+def _import_frozen(modules: list[str]) -> None:
+    """Imports ``modules`` with the collector off (an import makes objects to keep: collections
+    walk them for nothing), then freezes what is left: no rank's collection walks it, nor writes
+    to its pages, which would copy each of them into the rank."""
+    gc.disable()
+    for index, name in enumerate(modules):
+        try:
+            importlib.import_module(name)
+        except ImportError:  # a module of a framework imported above (torch._dynamo): where it has it
+            if not any(name.startswith(f"{before}.") for before in modules[:index]):
+                raise
+    gc.collect()
+    gc.freeze()
+    gc.enable()
 
 
 CUDA_ERROR_NOT_INITIALIZED = 3
@@ -166,7 +175,7 @@ def _wait_for_rank(
         try:
             os.close(note_written)
             os.read(noted, 1)  # until the note is written (or the waiter is gone, and this with it)
-            _become_rank(conn, request, fds, stand_in)  # ends the process
+            become_rank(conn, request, fds, stand_in)  # ends the process
         finally:
             os._exit(1)
     for fd in [*fds, noted]:
@@ -190,103 +199,6 @@ def _wait_for_rank(
             os.remove(written)
     os._exit(0)
 
-
-def _become_rank(conn: socket.socket, request: dict[str, Any], fds: list[int], stand_in: int) -> None:
-    os.setsid()  # out of the server's group: a signal meant for it is not the rank's
-    for target, fd in enumerate(fds):
-        os.dup2(fd, target)
-        os.close(fd)
-    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
-    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
-    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)
-    os.environ.clear()
-    os.environ.update(request["env"])
-    os.chdir(request["cwd"])
-    sys.path[:] = _rank_path(request["cwd"], request["env"].get("PYTHONPATH", ""))
-    _take_place_of(stand_in)
-    _fresh_state()
-    threading.Thread(target=_die_with, args=(conn,), name="hvd_magic-stand-in", daemon=True).start()
-    _show_as([sys.executable, "-m", WORKER])
-    runpy.run_module(WORKER, run_name="__main__", alter_sys=True)  # as ``python -m``: ends the process
-    os._exit(1)  # not reached: the worker's ``__main__`` ends the process
-
-
-WORKER = "hvd_magic.rank.worker"
-
-
-def _rank_path(cwd: str, pythonpath: str) -> list[str]:
-    """sys.path as ``python -m`` in ``cwd`` with ``pythonpath`` would have it: the directory, the
-    PYTHONPATH entries, then the interpreter's own."""
-    return [cwd, *(entry for entry in pythonpath.split(os.pathsep) if entry), *_BASE_PATH]
-
-
-def _take_place_of(stand_in: int) -> None:
-    """The stand-in's CPU affinity and cgroups (memory accounting and OOM records among them)."""
-    try:
-        os.sched_setaffinity(0, os.sched_getaffinity(stand_in))
-    except OSError:
-        pass
-    try:
-        with open(f"/proc/{stand_in}/cgroup") as lines:
-            groups = [line.rstrip("\n").split(":", 2) for line in lines]
-    except OSError:
-        return
-    for _, controllers, path in groups:  # v1: "4:memory:/a/b"; v2: "0::/a/b"
-        folder = "/sys/fs/cgroup" + (f"/{controllers.removeprefix('name=')}" if controllers else "")
-        try:
-            with open(os.path.join(folder + path, "cgroup.procs"), "w") as procs:
-                procs.write(str(os.getpid()))
-        except OSError:
-            pass  # not ours to move (no delegation): accounted where the server is
-
-
-def _show_as(argv: list[str]) -> None:
-    """What ``ps`` and psutil show as this process's command line: ``argv``, written over the
-    server's own (longer) in place, as a started rank's reads."""
-    try:
-        with open("/proc/self/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end: proc(5) fields 48, 49
-    except (OSError, IndexError, ValueError):
-        return
-    shown = "\0".join(argv).encode() + b"\0"
-    if len(shown) <= end - start:
-        ctypes.memmove(start, shown.ljust(end - start, b"\0"), end - start)
-
-
-def _fresh_state() -> None:
-    """What a fork copies that a started process would have drawn anew: random seeds; and the
-    threads the framework read from the server's environment at import."""
-    import random
-
-    random.seed()
-    numpy_random = sys.modules.get("numpy.random")
-    if numpy_random is not None:
-        numpy_random.seed()
-    torch = sys.modules.get("torch")
-    threads = os.environ.get("OMP_NUM_THREADS", "")
-    if torch is not None and threads.isdigit() and int(threads) > 0:
-        torch.set_num_threads(int(threads))
-    dynamo = sys.modules.get("torch._dynamo.config")  # its debug folder: read from the directory
-    if dynamo is not None and hasattr(dynamo, "default_debug_dir_root"):  # at import, the server's
-        setattr(dynamo, "debug_dir_root", dynamo.default_debug_dir_root())  # noqa: B010 - a module
-
-
-def _die_with(conn: socket.socket) -> None:
-    """The stand-in is the rank's place in its launcher's tree: when it is gone, so is the rank."""
-    try:
-        while conn.recv(64):
-            pass
-    except OSError:
-        pass
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-# the interpreter's own sys.path: without the server's directory (``-m``) and PYTHONPATH
-_SERVER_PYTHONPATH = {
-    os.path.abspath(entry) for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry
-}
-_BASE_PATH = [entry for entry in sys.path[1:] if os.path.abspath(entry) not in _SERVER_PYTHONPATH]
 
 if __name__ == "__main__":
     if sys.argv[1] == "--keeper":
