@@ -115,7 +115,7 @@ sys.path.insert(0, str(ROOT))  # before setup's editable install too
 from hvd_magic.install import default_cache  # noqa: E402 - the cache Horovod's wheel is kept in
 
 SITE = Path(sysconfig.get_paths()["purelib"])
-KEPT_VERSIONS = 2
+KEPT_VERSIONS = 2  # per kind of thing kept (bytecode, mypy cache): the newest pins
 
 
 def pins() -> str:
@@ -194,8 +194,7 @@ def keep(kept: Path, site: Path = SITE) -> int:
     ``KEPT_VERSIONS`` removed); how many files were new or renewed."""
     kept.mkdir(parents=True, exist_ok=True)
     kept.touch()
-    for old in sorted(kept.parent.iterdir(), key=_age)[:-KEPT_VERSIONS]:
-        shutil.rmtree(old, ignore_errors=True)
+    prune(kept.parent)
     renewed = 0
     for name in _bytecode(site):
         if (kept / name).exists() and not _fresh(name, kept, site) and _fresh(name, site, site):
@@ -203,6 +202,16 @@ def keep(kept: Path, site: Path = SITE) -> int:
                 (kept / name).unlink()  # a link: the venvs that took it keep their own
         renewed += _link(site / name, kept / name)
     return renewed
+
+
+def prune(folder: Path, pattern: str = "*") -> None:
+    """What is kept per pins in ``folder`` (a folder or a file each, named by ``pattern``): the
+    newest ``KEPT_VERSIONS`` stay, the rest go. The one rule for the bytecode and mypy's cache."""
+    for old in sorted(folder.glob(pattern), key=_age)[:-KEPT_VERSIONS]:
+        if old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)
 
 
 def _age(folder: Path) -> float:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bytecode import ROOT, pins  # noqa: E402 - the kept bytecode's key, said once
+from bytecode import ROOT, pins, prune  # noqa: E402 - the key and the rule of what is kept, said once
 
 from hvd_magic.install import default_cache  # noqa: E402 - where Horovod's wheel is kept
 
@@ -54,15 +54,13 @@ def take(kept: Path, cache: Path = CACHE) -> bool:
 
 
 def keep(kept: Path, cache: Path = CACHE) -> None:
-    """``cache`` kept as ``kept``, replaced whole; kept files of pins unused for a month go."""
+    """``cache`` kept as ``kept``, replaced whole; only the newest pins' files stay (``prune``)."""
     kept.parent.mkdir(parents=True, exist_ok=True)
     part = kept.with_name(f"{kept.name}.{os.getpid()}.part")
     with tarfile.open(part, "w") as archive:
         archive.add(cache, arcname=".")
     os.replace(part, kept)
-    for old in kept.parent.glob("*.tar"):
-        if old.stat().st_mtime < kept.stat().st_mtime - 30 * 86400:  # pins left a month ago
-            old.unlink(missing_ok=True)
+    prune(kept.parent, "*.tar")
 
 
 def check() -> int:

@@ -3,6 +3,7 @@ checks cold where mypy crashes on it, and keeps only a cache that a clean check 
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -61,3 +62,13 @@ def test_a_crash_on_the_kept_cache_checks_again_cold_and_a_failed_check_keeps_no
     before = kept.read_bytes()
     assert mypy_check.main(kept, fresh, check=check) == 1
     assert kept.read_bytes() == before  # not replaced by a failed check's cache
+
+
+def test_only_the_newest_pins_caches_are_kept(tmp_path):
+    """The kept bytecode's rule (``bytecode.prune``): a third pins' cache removes the oldest."""
+    for age, name in enumerate(("pins-a", "pins-b", "pins-c")):
+        kept = tmp_path / "kept" / f"{name}.tar"
+        mypy_check.keep(kept, a_cache(tmp_path / name, name))
+        os.utime(kept, (1_700_000_000 + age, 1_700_000_000 + age))
+    mypy_check.keep(tmp_path / "kept" / "pins-c.tar", tmp_path / "pins-c")
+    assert sorted(path.name for path in (tmp_path / "kept").iterdir()) == ["pins-b.tar", "pins-c.tar"]
