@@ -214,9 +214,9 @@ def prune(folder: Path, pattern: str = "*") -> None:
             old.unlink(missing_ok=True)
 
 
-def _age(folder: Path) -> float:
+def _age(path: Path) -> float:
     try:
-        return folder.stat().st_mtime
+        return path.stat().st_mtime
     except FileNotFoundError:  # removed by another clone meanwhile
         return 0.0
 

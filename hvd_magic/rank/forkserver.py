@@ -11,11 +11,7 @@ socket and stands for the rank until it ends (see ``forked``). Here, for each st
 
 - a *waiter* is forked, which forks the rank, tells the stand-in the rank's pid, waits for the
   rank and tells it how the rank ended (a signal too);
-- the rank takes the stand-in's streams, environment, directory, CPU affinity and cgroups (so
-  its memory is counted, and an out-of-memory kill recorded, where the launcher looks), seeds
-  its random generators afresh (they were copied from here) and sets its framework's threads
-  from the thread budget it was given; then it runs ``hvd_magic.rank.worker`` as ``python -m``
-  would, and dies with the stand-in (the socket's end of file).
+- the rank takes the stand-in's place and runs ``hvd_magic.rank.worker`` (``forked_rank``).
 
 Peers are authenticated by the kernel: the socket's folder is the user's only (0700), a peer of
 another user id is refused (``SO_PEERCRED``). The server ends when the notebook closes its stdin
