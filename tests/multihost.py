@@ -37,7 +37,8 @@ from pathlib import Path
 import pytest
 
 from .kernels import Kernel
-from .multihost_hosts import BED_DIR, Bed, down_hosts, unusable_reason, up_hosts
+from .multihost_down import down_hosts
+from .multihost_hosts import BED_DIR, Bed, unusable_reason, up_hosts
 from .multihost_net import links
 from .multihost_spark import (
     alive_workers,

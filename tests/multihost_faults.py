@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 import psutil
 
 from .helpers import is_run_process
-from .multihost_hosts import Bed, _namespaces, bed_processes, describe
+from .multihost_down import bed_processes, describe
+from .multihost_hosts import Bed, namespaces_of
 from .multihost_net import LINK_PREFIX, sh
 from .multihost_spark import EXECUTORS_CELL, START_SECONDS, start_worker
 
@@ -27,7 +28,7 @@ RUN_FILES = "/tmp/hvd_magic-shm-* /tmp/.hvd_magic-new-* /tmp/ompi.* /tmp/hvd_mag
 def host_processes(bed: Bed, name: str) -> list[psutil.Process]:
     """Every process in host ``name``'s namespaces but its init (which holds them)."""
     host = bed.host(name)
-    return [p for p in bed_processes(bed) if p.pid != host.pid and _namespaces(p.pid) == host.namespaces]
+    return [p for p in bed_processes(bed) if p.pid != host.pid and namespaces_of(p.pid) == host.namespaces]
 
 
 def kill_host(bed: Bed, name: str) -> list[str]:

@@ -10,8 +10,8 @@ Each host is one long-lived init process started with ``unshare --net --mount --
   bed's /etc/hosts (hostA.. → their addresses) and an empty resolv.conf bound over the machine's;
 - its own hostname.
 Every later process of a host joins the init's namespaces with ``nsenter`` and starts from a
-clean environment carrying the bed's marker; teardown kills every process that carries it or
-lives in a bed namespace, and checks that nothing is left.
+clean environment carrying the bed's marker; teardown (``tests.multihost_down``) kills every
+process that carries it or lives in a bed namespace, and checks that nothing is left.
 """
 
 from __future__ import annotations
@@ -21,19 +21,15 @@ import json
 import os
 import selectors
 import shutil
-import signal
 import subprocess
 import sys
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import psutil
-
 from .helpers import SUITE_VARIABLE
-from .multihost_net import check_isolated, connect, free_subnet, links, make_bridge, remove_links
+from .multihost_net import check_isolated, connect, free_subnet, make_bridge
 
 BED_DIR = Path("/run/hvd_magic-bed")  # on the machine's disk: read-only inside the hosts
 STATE = BED_DIR / "state.json"
@@ -136,7 +132,7 @@ class Bed:
         return cls(state["id"], state["subnet"], [Host(**h) for h in state["hosts"]])
 
     def alive(self) -> bool:
-        return all(_namespaces(h.pid) == h.namespaces for h in self.hosts)
+        return all(namespaces_of(h.pid) == h.namespaces for h in self.hosts)
 
 
 def unusable_reason() -> str | None:
@@ -157,7 +153,7 @@ def unusable_reason() -> str | None:
     return None
 
 
-def _namespaces(pid: int) -> dict[str, str]:
+def namespaces_of(pid: int) -> dict[str, str]:
     try:
         return {kind: os.readlink(f"/proc/{pid}/ns/{kind}") for kind in NAMESPACES}
     except OSError:
@@ -235,7 +231,8 @@ def up_hosts(names: list[str]) -> Bed:
     with ThreadPoolExecutor(len(names)) as pool:
         inits = list(pool.map(lambda name: _start_init(name, bed_id), names))
     hosts = [
-        Host(name, ip, init.pid, _namespaces(init.pid)) for (name, ip), init in zip(pairs, inits, strict=True)
+        Host(name, ip, init.pid, namespaces_of(init.pid))
+        for (name, ip), init in zip(pairs, inits, strict=True)
     ]
     bed = Bed(bed_id, str(subnet), hosts, inits)
     bed.save()  # from here on, `down` finds the hosts even if the rest fails
@@ -244,66 +241,3 @@ def up_hosts(names: list[str]) -> Bed:
     for host in bed.hosts:
         check_isolated(host.name, host.pid, host.ip, subnet)
     return bed
-
-
-def bed_processes(bed: Bed | None = None) -> list[psutil.Process]:
-    """Every process that carries the marker or lives in one of the bed's namespaces."""
-    spaces = {space for host in (bed.hosts if bed else []) for space in host.namespaces.values()}
-    found = []
-    for process in psutil.process_iter():
-        try:
-            marked = MARKER in process.environ()
-        except psutil.Error:  # gone, or a zombie: nothing of it runs
-            continue
-        if marked or set(_namespaces(process.pid).values()) & spaces:
-            found.append(process)
-    return found
-
-
-def describe(process: psutil.Process) -> str:
-    try:
-        return f"{process.pid}: {' '.join(process.cmdline())[:150]}"
-    except psutil.Error:  # gone since it was listed
-        return f"{process.pid}: (gone)"
-
-
-def _kill(processes: list[psutil.Process], inits: set[int]) -> None:
-    """SIGTERM to all but the inits, SIGKILL to what is left after STOP_SECONDS, then the inits."""
-    for group in ([p for p in processes if p.pid not in inits], [p for p in processes if p.pid in inits]):
-        for process in group:
-            try:
-                process.send_signal(signal.SIGKILL if process.pid in inits else signal.SIGTERM)
-            except psutil.NoSuchProcess:
-                pass
-        _, alive = psutil.wait_procs(group, timeout=STOP_SECONDS)
-        for process in alive:
-            process.kill()
-        psutil.wait_procs(alive, timeout=STOP_SECONDS)
-
-
-def leftovers(bed: Bed | None = None) -> list[str]:
-    """What of the bed is still on the machine: processes, links, mounts, its directory."""
-    found = [f"process {describe(p)}" for p in bed_processes(bed)]
-    found += [f"link {name}" for name in links()]
-    mounts = Path("/proc/self/mounts").read_text().splitlines()
-    found += [f"mount {line}" for line in mounts if str(BED_DIR) in line]
-    return found + ([f"directory {BED_DIR}"] if BED_DIR.exists() else [])
-
-
-def down_hosts(bed: Bed | None = None) -> list[str]:
-    """Kill every process of the bed, remove its links and directory; what is left (nothing)."""
-    bed = bed or Bed.load()
-    inits = {host.pid for host in bed.hosts} if bed else set()
-    for _ in range(3):  # a process that forked while the others were stopped
-        processes = bed_processes(bed)
-        if not processes:
-            break
-        _kill(processes, inits)
-    for child in bed.children if bed else []:
-        child.wait(timeout=STOP_SECONDS)
-    remove_links()
-    shutil.rmtree(BED_DIR, ignore_errors=True)
-    deadline = time.monotonic() + STOP_SECONDS  # a namespace's devices go shortly after it
-    while (left := leftovers(bed)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return left
