@@ -21,13 +21,15 @@ SOURCE = "ANSWER = {}\n"
 
 def venv_site(root: Path, answer: int, mtime: int) -> Path:
     """A site folder with one package whose module says ``answer`` (the same size whatever the
-    digit), its modification time ``mtime``."""
+    digit), its files' modification time ``mtime`` (the package's too: two venvs made more than a
+    second apart would otherwise differ in it, and its bytecode be stale in the later one)."""
     site = root / "site-packages"
     module = site / "pinned" / "module.py"
     module.parent.mkdir(parents=True)
     (site / "pinned" / "__init__.py").write_text("")
     module.write_text(SOURCE.format(answer))
-    os.utime(module, (mtime, mtime))
+    for source in (module, site / "pinned" / "__init__.py"):
+        os.utime(source, (mtime, mtime))
     return site
 
 

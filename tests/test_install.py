@@ -14,8 +14,17 @@ from pathlib import Path
 import pytest
 
 from hvd_magic.errors import InstallError
-from hvd_magic.install.build import IN_PHASE, NEGOTIATED, build_wheel, patch_source
+from hvd_magic.install.build import build_wheel
 from hvd_magic.install.detect import Found, Nccl, Toolchain, detect, find_cmake
+from hvd_magic.install.edits import (
+    IN_PHASE,
+    MARKED_DONE,
+    NEGOTIATED,
+    RESET,
+    SPINNING_WAIT,
+    WRITER_IDLE,
+    patch_source,
+)
 from hvd_magic.install.plan import (
     CACHE_PREFIX,
     HOROVOD_VERSION,
@@ -122,6 +131,11 @@ def horovod_like_tree(root: Path) -> Path:
         "horovod/common/ops/cuda/CMakeLists.txt": "set(CMAKE_CUDA_STANDARD 11)\n",
         "horovod/torch/cuda_util.cc": 'cudalib = dlopen("libcuda.so", RTLD_LAZY);\n',
         "horovod/common/operations.cc": "  for (auto process_set_id : ids) {\n" + NEGOTIATED + "  }\n",
+        "horovod/torch/handle_manager.h": "#include <mutex>\n  bool PollHandle(int handle);\n"
+        + "  std::mutex mutex_;\n",
+        "horovod/torch/handle_manager.cc": f"void MarkDone() {{\n{MARKED_DONE}void Reset() {{\n{RESET}}}\n",
+        "horovod/torch/mpi_ops_v2.cc": f"void WaitAndClear(int handle) {{\n{SPINNING_WAIT}}}\n",
+        "horovod/common/timeline.cc": f"void TimelineWriter::WriterLoop() {{\n{WRITER_IDLE}}}\n",
     }.items():
         (source / path).parent.mkdir(parents=True, exist_ok=True)
         (source / path).write_text(text)
@@ -141,6 +155,19 @@ def test_the_source_changes_for_todays_frameworks(tmp_path):
     assert NEGOTIATED + IN_PHASE in operations
     resets = "state.last_cycle_start = std::chrono::steady_clock::now();"  # on MPI's idle cycles only
     assert operations.index(resets) > operations.index("LibType::MPI") > operations.index(NEGOTIATED)
+    # PyTorch's wait for a collective and the timeline's writer sleep: no loop that only yields
+    torch = {
+        name: (source / "horovod/torch" / name).read_text()
+        for name in ("handle_manager.h", "handle_manager.cc", "mpi_ops_v2.cc")
+    }
+    assert "std::condition_variable done_;" in torch["handle_manager.h"]
+    assert torch["handle_manager.cc"].count("done_.notify_all();") == 2  # a handle done; all cleared
+    assert "done_.wait(lock," in torch["handle_manager.cc"]
+    assert "handle_manager.WaitForHandle(handle);" in torch["mpi_ops_v2.cc"]
+    assert "this_thread::yield" not in torch["mpi_ops_v2.cc"]
+    assert "gil_scoped_release" in torch["mpi_ops_v2.cc"]  # the wait lets the rank's threads run
+    writer = (source / "horovod/common/timeline.cc").read_text()
+    assert "this_thread::yield" not in writer and "sleep_for(std::chrono::milliseconds(1))" in writer
     with pytest.raises(InstallError, match="Horovod's source changed: CMakeLists.txt"):
         patch_source(source, with_tensorflow=True)  # a source that no longer looks as expected
 

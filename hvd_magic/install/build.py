@@ -1,15 +1,10 @@
 """Builds Horovod's wheel from its PyPI sdist for this environment, caches it, and installs it.
-
-Horovod 0.28.1 predates PyTorch >= 2.1 (whose headers need C++17), TensorFlow >= 2.19 (whose XLA
-op API changed) and Keras 3 (its Keras binding imports the Keras 3 backend); ``patch_source``
-makes those changes, keeps idle MPI ranks from spinning, and fails loudly if the source no longer
-looks as expected.
+The sdist is changed first (``edits``: what today's frameworks need, and waits that sleep).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -20,65 +15,15 @@ from pathlib import Path
 
 from hvd_magic.errors import InstallError
 from hvd_magic.install.detect import find_cmake
+from hvd_magic.install.edits import patch_source
 from hvd_magic.install.plan import HOROVOD_VERSION, BuildPlan, cached_wheel
 
-__all__ = ["install", "patch_source"]
+__all__ = ["install"]
 
 Say = Callable[[str], None]
 # Horovod's headers use std::string, std::logic_error and fixed-width integers without including
 # their headers; GCC >= 13's standard library no longer brings them in by the way.
 FORCED_INCLUDES = "-include cstdint -include string -include stdexcept"
-KERAS_IMPORT = re.compile(r"^(\s*)from keras import backend as K$", re.MULTILINE)
-# Horovod's background thread starts a cycle HOROVOD_CYCLE_TIME (5 ms) after the last one started
-# and negotiates in it with every rank: over MPI a collective that busy-waits for the last rank to
-# come. Ranks whose cycles are out of phase keep their offset for good, and an idle rank spins a
-# core for it (seen here: 8.0 CPU-s in an 8 s sleep after hvd.init(), the other rank 0.16; Horovod
-# issue #2804). After a cycle with nothing to do, the next counts from the negotiation's end,
-# the same moment on every rank: idle ranks fall in phase and sleep (0.27 CPU-s each). Busy
-# cycles keep their pace; Gloo, which waits without spinning, keeps its own (in phase, its idle
-# ranks took more: 1.0-2.0 CPU-s against 0.6).
-NEGOTIATED = """    if (process_set_id == 0) {
-      state.mark_cycles_in_timeline =
-          state.timeline_controller.MarkCyclesInTimelinePending();
-    }
-"""
-IN_PHASE = """    if (process_set_id == 0 && state.control_operation == LibType::MPI &&
-        response_list.responses().empty()) {
-      state.last_cycle_start = std::chrono::steady_clock::now();  // hvd_magic: idle ranks in phase
-    }
-"""
-
-
-def _edit(path: Path, old: str | re.Pattern[str], new: str) -> None:
-    text = path.read_text()
-    changed = old.sub(new, text) if isinstance(old, re.Pattern) else text.replace(old, new)
-    if changed == text:
-        raise InstallError(
-            f"Horovod's source changed: {path.name} no longer has {getattr(old, 'pattern', old)!r}"
-        )
-    path.write_text(changed)
-
-
-def patch_source(source: Path, with_tensorflow: bool) -> None:
-    """The changes today's frameworks need, applied to an unpacked Horovod source tree."""
-    for cmake in (source / "CMakeLists.txt", source / "horovod" / "torch" / "CMakeLists.txt"):
-        _edit(cmake, "set(CMAKE_CXX_STANDARD 14)", "set(CMAKE_CXX_STANDARD 17)")
-    # CUDA 13's headers need C++17 too; and the driver's library is libcuda.so.1 on a machine
-    # without CUDA's development files (the unversioned name comes with them).
-    cuda_kernels = source / "horovod" / "common" / "ops" / "cuda" / "CMakeLists.txt"
-    _edit(cuda_kernels, "set(CMAKE_CUDA_STANDARD 11)", "set(CMAKE_CUDA_STANDARD 17)")
-    _edit(source / "horovod" / "torch" / "cuda_util.cc", 'dlopen("libcuda.so",', 'dlopen("libcuda.so.1",')
-    if with_tensorflow:
-        tf_cmake = source / "horovod" / "tensorflow" / "CMakeLists.txt"
-        lines = tf_cmake.read_text().splitlines(keepends=True)
-        kept = [line for line in lines if "xla_mpi_ops.cc" not in line]
-        if len(kept) == len(lines):
-            raise InstallError(f"Horovod's source changed: {tf_cmake} no longer lists xla_mpi_ops.cc")
-        tf_cmake.write_text("".join(kept))
-    keras = source / "horovod" / "tensorflow" / "keras"
-    for module in (keras / "__init__.py", keras / "callbacks.py"):
-        _edit(module, KERAS_IMPORT, r"\1K = tf.keras.backend")
-    _edit(source / "horovod" / "common" / "operations.cc", NEGOTIATED, NEGOTIATED + IN_PHASE)
 
 
 def _pip(*args: str, log: Path | None = None, env: dict[str, str] | None = None) -> None:

@@ -14,9 +14,10 @@ from hvd_magic.install.detect import Toolchain, distribution_version
 __all__ = ["CACHE_PREFIX", "HOROVOD_VERSION", "BuildPlan", "cached_wheel", "make_plan", "python_build_tools"]
 
 HOROVOD_VERSION = "0.28.1"
-# What build.patch_source changes, by revision: a wheel cached before the last change is built anew
-# (2: idle ranks in phase). Part of the cache entry's name, not of its key.
-SOURCE_EDITS = 2
+# What edits.patch_source changes, by revision: a wheel cached before the last change is built anew
+# (2: idle ranks in phase; 3: PyTorch's waits and the timeline's writer sleep). Part of the cache
+# entry's name, not of its key.
+SOURCE_EDITS = 3
 CACHE_PREFIX = f"horovod-{HOROVOD_VERSION}-edits{SOURCE_EDITS}-"
 # The Python tools Horovod's setup.py builds with (it is built without build isolation, against
 # the installed frameworks); the bounds are the ones this build is tested with.
@@ -96,7 +97,8 @@ class BuildPlan:
             lines.append(
                 "  changes for today's frameworks: C++17; TensorFlow >= 2.19 without xla_mpi_ops.cc;"
             )
-            lines.append("  the Keras binding uses tf.keras.backend; idle MPI ranks do not spin")
+            lines.append("  the Keras binding uses tf.keras.backend; waits that sleep instead of spinning:")
+            lines.append("  idle MPI ranks, PyTorch's synchronize(), the timeline's writer")
         return "\n".join(lines)
 
 
