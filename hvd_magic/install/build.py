@@ -1,4 +1,5 @@
 """Builds Horovod's wheel from its PyPI sdist for this environment, caches it, and installs it.
+
 The sdist is changed first (``edits``: what today's frameworks need, and waits that sleep).
 """
 

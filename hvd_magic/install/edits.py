@@ -113,7 +113,8 @@ def _sleeping_waits(horovod: Path) -> None:
 
 
 def patch_source(source: Path, with_tensorflow: bool) -> None:
-    """The changes today's frameworks need, applied to an unpacked Horovod source tree."""
+    """This module's changes (today's frameworks', and the waits), applied to an unpacked
+    Horovod source tree."""
     for cmake in (source / "CMakeLists.txt", source / "horovod" / "torch" / "CMakeLists.txt"):
         _edit(cmake, "set(CMAKE_CXX_STANDARD 14)", "set(CMAKE_CXX_STANDARD 17)")
     # CUDA 13's headers need C++17 too; and the driver's library is libcuda.so.1 on a machine
