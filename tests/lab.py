@@ -17,8 +17,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import nbformat
-
 ARTIFACTS = Path(__file__).parent.parent / "test-artifacts"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_FLAGS = [
@@ -69,6 +67,8 @@ class Lab:
 
     def notebook(self, folder: Path, cells: list[str]) -> str:
         """``folder/live.ipynb`` of ``cells``; its URL."""
+        import nbformat
+
         nb = nbformat.v4.new_notebook()
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
         nb.cells = [nbformat.v4.new_code_cell(cell) for cell in cells]

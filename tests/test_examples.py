@@ -12,8 +12,8 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import nbformat
 import numpy as np
 import pytest
 
@@ -27,6 +27,9 @@ sys.path.insert(0, str(EXAMPLES))
 import mnist_data  # noqa: E402
 
 from .helpers import free_port  # noqa: E402
+
+if TYPE_CHECKING:
+    import nbformat
 
 
 @pytest.mark.skipif(
@@ -82,6 +85,8 @@ def run_notebook(
 ) -> tuple[str, nbformat.NotebookNode]:
     """Executes an example as `make demo` does (``epochs``: fewer than it trains by default;
     ``digits``: the first so many training digits only); its printed output and the saved notebook."""
+    import nbformat  # here: collecting the module does not import it (its jsonschema: 1.7 CPU-s)
+
     output = tmp_path / notebook
     env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "SPARK_LOCAL_IP")}
     if epochs is not None:

@@ -10,8 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import nbformat
-
 SCRIPT = Path(__file__).parent.parent / "scripts" / "run_notebook.py"
 CELL = """%%horovod np=-2 timeline=on
 import hvd_magic, horovod.torch as hvd, torch
@@ -30,6 +28,8 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
 def run_notebook(tmp_path: Path, cells: list[str]) -> tuple[subprocess.CompletedProcess[str], Path, Path]:
+    import nbformat  # here: its jsonschema builds a grammar at import (1.7 CPU-s a collecting worker)
+
     notebook = nbformat.v4.new_notebook()
     notebook.cells = [nbformat.v4.new_code_cell(cell) for cell in cells]
     source, saved, report = tmp_path / "run.ipynb", tmp_path / "saved.ipynb", tmp_path / "run.html"
@@ -51,6 +51,8 @@ def test_a_headless_run_prints_results_and_saves_only_its_final_record(tmp_path)
     assert re.search(r"Horovod Timeline viewer: 1 tensor, [\d,]+ spans", printed)  # the viewer, as text
     assert "Horovod Timeline: " in printed and "communication" in printed  # the analysis's summary
     assert "Out[2]: 0" in printed
+
+    import nbformat
 
     notebook = nbformat.read(saved, as_version=4)
     shown = [

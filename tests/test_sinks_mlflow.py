@@ -7,7 +7,6 @@ import re
 import sys
 from pathlib import Path
 
-import mlflow
 import pytest
 from IPython.core.error import UsageError
 
@@ -30,6 +29,8 @@ hvd.allreduce(torch.ones(1), op=hvd.Sum).item()
 def store(tmp_path, monkeypatch):
     """A fresh SQLite tracking store for the test, and MLflow's client on it. MLflow puts the
     artifacts of a SQLite store's runs in ./mlruns: the test's folder, not the checkout."""
+    import mlflow  # here: collecting the module does not import MLflow (1.7 CPU-s)
+
     monkeypatch.chdir(tmp_path)
     previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -53,6 +54,8 @@ def artifacts(client, run_id: str, path: str = ARTIFACTS) -> list[str]:
 
 
 def test_a_cell_logs_into_the_active_mlflow_run(ip, store, tmp_path):
+    import mlflow
+
     timeline = tmp_path / "timeline.json"
     with mlflow.start_run() as run:
         value = ip.run_cell_magic("horovod", f"np=-2 timeline={timeline}", REPORTING_CELL)
@@ -72,6 +75,8 @@ def test_a_cell_logs_into_the_active_mlflow_run(ip, store, tmp_path):
 
 
 def test_mlflow_yes_starts_a_run_of_its_own_and_ends_it_with_the_outcome(store):
+    import mlflow
+
     def main(fail):
         import hvd_magic
 
@@ -91,6 +96,8 @@ def test_mlflow_yes_starts_a_run_of_its_own_and_ends_it_with_the_outcome(store):
 
 
 def test_without_an_active_run_nothing_is_logged_and_mlflow_is_not_imported(monkeypatch, store):
+    import mlflow
+
     monkeypatch.delitem(sys.modules, "mlflow")
     with make_sinks(make_options(np=-2)) as sinks:
         assert sinks.sinks == {}
@@ -135,6 +142,8 @@ def test_params_an_mlflow_run_already_has_are_kept_and_the_clash_said(store, cap
 
 
 def test_an_estimators_fitted_model_folder_goes_to_the_active_run(store, tmp_path):
+    import mlflow
+
     folder = tmp_path / "model"
     (folder / "metadata").mkdir(parents=True)
     (folder / "metadata" / "part-00000").write_text("{}")

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from IPython.core.error import UsageError
-from tensorboard.backend.event_processing import event_accumulator
 
 from hvd_magic import HorovodRunner, RankFailedError
 from hvd_magic.sinks import model_dir_logdir
@@ -37,6 +36,8 @@ hvd.allgather_object(sent)
 
 def read_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
     """Every scalar series in a run's folder, as TensorBoard reads it (all points kept)."""
+    from tensorboard.backend.event_processing import event_accumulator
+
     reader = event_accumulator.EventAccumulator(str(folder), size_guidance={event_accumulator.SCALARS: 0})
     reader.Reload()
     return {
@@ -202,6 +203,8 @@ model.fit(np.ones((8, 2)), np.ones((8, 1)), epochs=2, verbose=0,
           callbacks=[tf.keras.callbacks.TensorBoard({str(tmp_path)!r})])
 """
     ip.run_cell_magic("horovod", "np=-1", cell)
+    from tensorboard.backend.event_processing import event_accumulator
+
     reader = event_accumulator.EventAccumulator(str(tmp_path / "train"))
     reader.Reload()
     assert "epoch_loss" in reader.Tags()["tensors"]

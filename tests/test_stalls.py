@@ -9,8 +9,6 @@ import os
 import threading
 
 import pytest
-import torch
-import torch.distributed as dist
 
 from hvd_magic.protocol import CELL_FILENAME, Stall, Waiting
 from hvd_magic.rank.stalls import StallFilter, WaitWatch, waiting_in
@@ -93,6 +91,8 @@ def test_a_stall_is_the_ranks_not_waiting_once_one_waited_long_enough():
 def blocked_in_init():
     """A thread inside a real init_process_group (cell code, line 2) that waits for a second
     rank that never comes; it gives up after a few seconds."""
+    import torch.distributed as dist  # here: collecting the module does not import torch
+
     store = dist.HashStore()
     cell = 'import datetime\ninit("gloo", store=store, rank=0, world_size=2, timeout=timedelta(seconds=8))\n'
     code = compile(
@@ -146,6 +146,8 @@ def test_importing_torch_distributed_is_not_a_wait():
     call: told as a wait, it hid the rank that was behind (a full run blamed the rank that timed
     out). Frames run as a module under torch/distributed, and its lambdas, are not calls."""
     import sys
+
+    import torch
 
     path = os.path.join(os.path.dirname(str(torch.__file__)), "distributed", "being_imported.py")
     scope: dict = {"sys": sys}

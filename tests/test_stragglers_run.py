@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from tensorboard.backend.event_processing import event_accumulator
 
 from hvd_magic.options import RunOptions, make_options
 from hvd_magic.protocol import Message, Started, Straggler
@@ -66,6 +65,8 @@ def test_a_slowed_rank_is_named_with_its_host_and_reason_then_cleared(tmp_path):
     assert (tmp_path / "stop").exists() and steps > 0  # the run ended because it caught up
     assert leftover_processes() == []
     (run,) = (tmp_path / "logs").iterdir()  # TensorBoard: 1 from when it was named, 0 from when it caught up
+    from tensorboard.backend.event_processing import event_accumulator
+
     events = event_accumulator.EventAccumulator(str(run), size_guidance={"scalars": 0})
     assert [event.value for event in events.Reload().Scalars("stragglers/rank_1")] == [1.0, 0.0]
     assert "stragglers/rank_0" not in events.Tags()["scalars"]
