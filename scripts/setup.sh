@@ -93,7 +93,8 @@ viewer_bundle() {
 }
 
 # The suite's Spark class archive (tests/spark_jvm.py: one small local-cluster job, about 30 s of
-# a JVM mostly waiting), made while the set-up's own steps go on: `make test` asks for it (--tests)
+# a JVM mostly waiting, or the copy kept in the cache), made while the set-up's own steps go on:
+# `make test` asks for it (--tests)
 archive_start() {
     "$PY" "$ROOT/tests/spark_jvm.py" > "$VENV/spark-archive.log" 2>&1 &
     ARCHIVE=$!

@@ -12,7 +12,11 @@ standalone masters and workers) on two cores. Two things halve what each costs:
   a first job took 12 CPU-s instead of 22 here. The archive is made once per environment (a
   local-cluster job run with ``-XX:ArchiveClassesAtExit``) and kept beside pyspark's jars, in
   the virtual environment, under a name drawn from the JVM, the jars and the options; a JVM
-  that cannot use it (another Java, other jars) runs without it, silently.
+  that cannot use it (another Java, other jars) runs without it, silently. A copy is kept in
+  hvd_magic's cache (``spark-cds/``), as Horovod's wheel and the bytecode are, for the next fresh
+  virtual environment: uv links its jars from one store, so they are the same files, with the same
+  sizes and times, that the JVM checks an archive's jars against (the paths may differ: a clone
+  elsewhere maps another clone's archive). Making it took 34 CPU-s of a fresh clone's set-up.
 
 The JVMs take these options from a properties file (``--properties-file``, through
 ``PYSPARK_SUBMIT_ARGS``) and ``SPARK_DAEMON_JAVA_OPTS``, not from a ``SPARK_CONF_DIR``: Spark
@@ -34,12 +38,16 @@ from pathlib import Path
 
 import pyspark
 
+from hvd_magic.install import default_cache
+
 __all__ = ["archive_path", "environment"]
 
 JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:CICompilerCount=1"
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"  # a JVM that cannot use the archive says nothing
 JARS = Path(pyspark.__file__).parent / "jars"
 FOLDER = Path(sys.prefix) / "hvd_magic-spark-cds"
+KEPT = default_cache() / "spark-cds"  # the archives kept for the next fresh environments
+KEEP = 3  # archives kept there (164 MB each), the most recently made
 MAKE_SECONDS = 600  # one local-cluster job and the archive's dump, on a loaded machine
 
 # What the archive's JVM does: a local-cluster (master, worker and an executor), a DataFrame, a
@@ -69,8 +77,8 @@ def archive_path() -> Path:
     key = hashlib.sha256()
     with contextlib.suppress(OSError):
         key.update(f"{java} {java.stat().st_mtime}".encode())
-    for jar in sorted(JARS.glob("*.jar")):
-        key.update(f"{jar.name} {jar.stat().st_size}\n".encode())
+    for jar in sorted(JARS.glob("*.jar")):  # what the JVM checks of each: its size and time
+        key.update(f"{jar.name} {jar.stat().st_size} {jar.stat().st_mtime_ns}\n".encode())
     key.update(JAVA_OPTIONS.encode())
     return FOLDER / f"spark-{key.hexdigest()[:16]}.jsa"
 
@@ -107,6 +115,37 @@ def _make(archive: Path) -> None:
         os.replace(archive.with_suffix(".part"), archive)
 
 
+def _place(source: Path, target: Path) -> None:
+    """``source`` at ``target``, linked (else copied: another file system), whole or not at all."""
+    part = target.with_name(f"{target.name}.part{os.getpid()}")
+    try:
+        os.link(source, part)
+    except OSError:
+        shutil.copyfile(source, part)
+    os.replace(part, target)
+
+
+def _take_kept(archive: Path) -> bool:
+    """The kept copy of ``archive`` placed in this environment, if there is one."""
+    try:
+        _place(KEPT / archive.name, archive)
+    except OSError:  # none kept
+        return False
+    return True
+
+
+def _keep(archive: Path) -> None:
+    """A copy of the archive just made, for the next fresh environments; the oldest beyond
+    ``KEEP`` removed."""
+    if not archive.is_file():
+        return
+    with contextlib.suppress(OSError):
+        KEPT.mkdir(parents=True, exist_ok=True)
+        _place(archive, KEPT / archive.name)
+        for old in sorted(KEPT.glob("*.jsa"), key=lambda path: path.stat().st_mtime)[:-KEEP]:
+            old.unlink()
+
+
 def environment() -> dict[str, str]:
     """The variables every Spark JVM of the suite is started under (made once, under a lock,
     by the first process of the suite that asks)."""
@@ -114,8 +153,9 @@ def environment() -> dict[str, str]:
     archive = archive_path()
     with open(FOLDER / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another worker of the suite may be making it
-        if not archive.is_file():
+        if not archive.is_file() and not _take_kept(archive):
             _make(archive)
+            _keep(archive)
         shared = f"-XX:SharedArchiveFile={archive} {QUIET}" if archive.is_file() else ""
         options = f"{JAVA_OPTIONS} {shared}".strip()
         properties = _properties(archive.with_suffix(".conf"), options, options)
