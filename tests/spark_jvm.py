@@ -38,7 +38,10 @@ from pathlib import Path
 
 import pyspark
 
-from hvd_magic.install import default_cache
+if not __package__:  # run as a script by set-up, which may not have installed hvd_magic yet
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from hvd_magic.install import default_cache  # noqa: E402 - the cache Horovod's wheel is kept in
 
 __all__ = ["archive_path", "environment"]
 
