@@ -175,13 +175,27 @@ def _run_process(process: psutil.Process) -> bool:
         return False
 
 
-def leftover_processes(root: psutil.Process | None = None) -> list[str]:
-    """Processes of a run below ``root`` (by default this process) that must not be left behind."""
-    found = []
-    for process in (root or psutil.Process()).children(recursive=True):
-        if _run_process(process):
-            found.append(f"{process.pid}: {_cmdline(process)[:200]}")
-    return found
+# How long a run's process found on its way out may take to end: a rank whose end its launcher
+# has seen may still be exiting (its atexit work, coverage.py's data file under scripts/coverage.sh).
+ENDING_SECONDS = 10.0
+
+
+def _ended(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:  # gone
+        return True
+
+
+def leftover_processes(root: psutil.Process | None = None, settle: float = ENDING_SECONDS) -> list[str]:
+    """Processes of a run below ``root`` (by default this process) that must not be left behind:
+    those still running ``settle`` seconds on (0: those running now, as a run's own are)."""
+    below = (root or psutil.Process()).children(recursive=True)
+    listed = [process for process in below if _run_process(process)]
+    deadline = time.monotonic() + settle
+    while any(not _ended(process) for process in listed) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [f"{process.pid}: {_cmdline(process)[:200]}" for process in listed if not _ended(process)]
 
 
 def single_process_env() -> dict[str, str]:

@@ -227,11 +227,11 @@ def test_gloo_ranks_can_shut_down_and_init_again(ip):
 
 def test_a_local_np_far_above_the_cores_is_refused_before_anything_starts(ip, capsys, monkeypatch):
     monkeypatch.setattr("hvd_magic.options.run_options.machine_cores", lambda: 2)
-    before = leftover_processes()
+    before = leftover_processes(settle=0)
     with pytest.raises(UsageError, match=r"1,000 ranks on this machine, which has 2 CPU cores") as info:
         ip.run_cell_magic("horovod", "np=-1000", "1")
     assert "oversubscribe=yes" in str(info.value) and "np=1000 to run on the Spark cluster" in str(info.value)
-    assert leftover_processes() == before  # nothing was launched
+    assert leftover_processes(settle=0) == before  # nothing was launched
 
 
 def test_a_local_np_above_the_cores_runs_and_says_so_once(ip, capsys, monkeypatch):

@@ -133,7 +133,7 @@ def test_the_python_session_takes_a_calls_timeline_and_logdir(tmp_path: Path) ->
     session cell has them; what cannot be recorded is refused with the magic's reasons."""
     from hvd_magic import Session
 
-    others = set(leftover_processes())  # the module's own session's ranks, when it runs
+    others = set(leftover_processes(settle=0))  # the module's own session's ranks, when it runs
 
     # nested: pickled by value, as a notebook's functions are
     def allreduces(name: str) -> int:
