@@ -180,22 +180,24 @@ def _run_process(process: psutil.Process) -> bool:
 ENDING_SECONDS = 10.0
 
 
-def _ended(process: psutil.Process) -> bool:
-    try:
-        return process.status() == psutil.STATUS_ZOMBIE
-    except psutil.Error:  # gone
-        return True
+def _left_after(seconds: float, find: Callable[[], list[str]]) -> list[str]:
+    """What ``find`` still finds after up to ``seconds``; [] as soon as it finds nothing."""
+    deadline = time.monotonic() + seconds
+    while (left := find()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
 
 
 def leftover_processes(root: psutil.Process | None = None, settle: float = ENDING_SECONDS) -> list[str]:
     """Processes of a run below ``root`` (by default this process) that must not be left behind:
-    those still running ``settle`` seconds on (0: those running now, as a run's own are)."""
-    below = (root or psutil.Process()).children(recursive=True)
-    listed = [process for process in below if _run_process(process)]
-    deadline = time.monotonic() + settle
-    while any(not _ended(process) for process in listed) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return [f"{process.pid}: {_cmdline(process)[:200]}" for process in listed if not _ended(process)]
+    those still running ``settle`` seconds on (0: those running now, as a run's own are). An
+    ended one that is not reaped yet (a zombie) has no command line left: it is not counted."""
+
+    def running() -> list[str]:
+        below = (root or psutil.Process()).children(recursive=True)
+        return [f"{process.pid}: {_cmdline(process)[:200]}" for process in below if _run_process(process)]
+
+    return _left_after(settle, running)
 
 
 def single_process_env() -> dict[str, str]:
@@ -239,10 +241,7 @@ def _of_another_suite(process: psutil.Process) -> bool:
 
 def gone_within(seconds: float) -> list[str]:
     """The run's processes still alive anywhere after up to ``seconds``; [] once all are gone."""
-    deadline = time.monotonic() + seconds
-    while (left := run_processes_anywhere()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return left
+    return _left_after(seconds, run_processes_anywhere)
 
 
 def executor_processes() -> list[psutil.Process]:
