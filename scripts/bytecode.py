@@ -128,7 +128,7 @@ def kept_folder() -> Path:
     return default_cache() / "bytecode" / f"{sys.implementation.cache_tag}-{pins()}"
 
 
-def _link(source: Path, target: Path) -> bool:
+def link(source: Path, target: Path) -> bool:
     """``target`` as a hard link to ``source`` (a copy across file systems, whole or not at all);
     False where it exists, or ``source`` is gone (another clone renewed or removed it)."""
     if target.exists():
@@ -178,7 +178,7 @@ def take_kept(kept: Path, site: Path = SITE) -> tuple[int, set[Path]]:
     if not kept.is_dir():
         return 0, set()
     names = [name for name in _bytecode(kept) if (site / name).parent.parent.is_dir()]
-    taken = sum(_link(kept / name, site / name) for name in names)
+    taken = sum(link(kept / name, site / name) for name in names)
     stale = {_installed_as(name) for name in names if not _fresh(name, site, site)}
     return taken, {site / where for where in stale}
 
@@ -200,7 +200,7 @@ def keep(kept: Path, site: Path = SITE) -> int:
         if (kept / name).exists() and not _fresh(name, kept, site) and _fresh(name, site, site):
             with contextlib.suppress(FileNotFoundError):
                 (kept / name).unlink()  # a link: the venvs that took it keep their own
-        renewed += _link(site / name, kept / name)
+        renewed += link(site / name, kept / name)
     return renewed
 
 

@@ -38,8 +38,11 @@ from pathlib import Path
 
 import pyspark
 
-if not __package__:  # run as a script by set-up, which may not have installed hvd_magic yet
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# set-up's scripts/bytecode.py: how what is kept in the cache is placed and pruned (it also puts
+# the checkout on the path, for set-up's run of this file before hvd_magic is installed)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+
+from bytecode import link, prune  # noqa: E402
 
 from hvd_magic.install import default_cache  # noqa: E402 - the cache Horovod's wheel is kept in
 
@@ -50,7 +53,6 @@ QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"  # a JVM that cannot use the archi
 JARS = Path(pyspark.__file__).parent / "jars"
 FOLDER = Path(sys.prefix) / "hvd_magic-spark-cds"
 KEPT = default_cache() / "spark-cds"  # the archives kept for the next fresh environments
-KEEP = 3  # archives kept there (164 MB each), the most recently made
 MAKE_SECONDS = 600  # one local-cluster job and the archive's dump, on a loaded machine
 
 # What the archive's JVM does: a local-cluster (master, worker and an executor), a DataFrame, a
@@ -118,35 +120,12 @@ def _make(archive: Path) -> None:
         os.replace(archive.with_suffix(".part"), archive)
 
 
-def _place(source: Path, target: Path) -> None:
-    """``source`` at ``target``, linked (else copied: another file system), whole or not at all."""
-    part = target.with_name(f"{target.name}.part{os.getpid()}")
-    try:
-        os.link(source, part)
-    except OSError:
-        shutil.copyfile(source, part)
-    os.replace(part, target)
-
-
-def _take_kept(archive: Path) -> bool:
-    """The kept copy of ``archive`` placed in this environment, if there is one."""
-    try:
-        _place(KEPT / archive.name, archive)
-    except OSError:  # none kept
-        return False
-    return True
-
-
 def _keep(archive: Path) -> None:
-    """A copy of the archive just made, for the next fresh environments; the oldest beyond
-    ``KEEP`` removed."""
-    if not archive.is_file():
-        return
-    with contextlib.suppress(OSError):
-        KEPT.mkdir(parents=True, exist_ok=True)
-        _place(archive, KEPT / archive.name)
-        for old in sorted(KEPT.glob("*.jsa"), key=lambda path: path.stat().st_mtime)[:-KEEP]:
-            old.unlink()
+    """The archive just made, kept for the next fresh environments (as the bytecode is: the
+    newest few kept)."""
+    if archive.is_file():
+        link(archive, KEPT / archive.name)
+        prune(KEPT, "*.jsa")
 
 
 def environment() -> dict[str, str]:
@@ -156,7 +135,7 @@ def environment() -> dict[str, str]:
     archive = archive_path()
     with open(FOLDER / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another worker of the suite may be making it
-        if not archive.is_file() and not _take_kept(archive):
+        if not archive.is_file() and not link(KEPT / archive.name, archive):
             _make(archive)
             _keep(archive)
         shared = f"-XX:SharedArchiveFile={archive} {QUIET}" if archive.is_file() else ""
