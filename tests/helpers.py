@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 
 import psutil
@@ -242,6 +243,24 @@ def _of_another_suite(process: psutil.Process) -> bool:
 def gone_within(seconds: float) -> list[str]:
     """The run's processes still alive anywhere after up to ``seconds``; [] once all are gone."""
     return _left_after(seconds, run_processes_anywhere)
+
+
+FORK_SERVER = "hvd_magic.rank.forkserver"
+
+
+def fork_servers_of(keeper: int) -> list[psutil.Process]:
+    """The fork servers ``keeper`` keeps: forked from a template and shown with ``--keeper PID``,
+    or started as its children where there is no template (not what a server forked itself)."""
+    found = []
+    for process in psutil.process_iter():
+        with suppress(psutil.Error):  # gone, or a zombie
+            argv = " ".join(process.cmdline())
+            kept = f"{FORK_SERVER} --keeper {keeper} " in argv or (
+                FORK_SERVER in argv and process.ppid() == keeper
+            )
+            if kept and FORK_SERVER not in " ".join(process.parent().cmdline()):
+                found.append(process)
+    return found
 
 
 def executor_processes() -> list[psutil.Process]:

@@ -23,7 +23,7 @@ from hvd_magic.options import make_options
 from hvd_magic.run.capture import capture_cell
 from hvd_magic.run.supervisor import execute
 
-from .helpers import RecordingView, leftover_processes
+from .helpers import RecordingView, fork_servers_of, leftover_processes
 from .kernels import Kernel
 
 LIMIT = 1200 * 2**20  # room for the kernel and two torch ranks, not for rank 1's allocations
@@ -105,13 +105,6 @@ def test_a_process_killed_by_the_oom_killer_is_told_from_one_killed_from_outside
     assert killed.failure is FailureClass.KILLED and killed.what == "was killed by signal 9 (SIGKILL)"
 
 
-def _serves(process: psutil.Process) -> bool:
-    try:
-        return "hvd_magic.rank.forkserver" in process.cmdline()
-    except psutil.Error:  # gone, or a zombie
-        return False
-
-
 def test_a_rank_taken_by_the_oom_killer_is_named_with_its_limit_and_not_retried(memory_cgroup, tmp_path):
     """A notebook's kernel in a container with a memory limit: rank 1 allocates past it. Its
     ranks are warm, forked from a server that started before the kernel was put in the cgroup:
@@ -123,7 +116,7 @@ def test_a_rank_taken_by_the_oom_killer_is_named_with_its_limit_and_not_retried(
         assert kernel.run("%%horovod np=-2 backend=torch\nimport torch\n").status == "ok"  # the server
         (memory_cgroup / "cgroup.procs").write_text(str(manager.provisioner.process.pid))
         kernel_process = psutil.Process(manager.provisioner.process.pid)
-        servers = [p.pid for p in kernel_process.children() if _serves(p)]
+        servers = [p.pid for p in fork_servers_of(kernel_process.pid)]
         limited = (memory_cgroup / "cgroup.procs").read_text().split()
         assert servers and not set(map(str, servers)) & set(limited)  # outside the limit
         outcome = kernel.run("%%horovod np=-2 backend=torch retries=1\n" + OOM_CELL, timeout=240)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,7 +30,7 @@ from hvd_magic.rank import forked
 from hvd_magic.run.capture import capture_cell, capture_function
 from hvd_magic.session.ranks import setup_imports
 
-from .helpers import STAND_IN, gone_within, leftover_processes, waiting_cell, when_started
+from .helpers import STAND_IN, fork_servers_of, gone_within, leftover_processes, waiting_cell, when_started
 
 SERVER = "hvd_magic.rank.forkserver"
 
@@ -66,14 +67,7 @@ def where(ip, tmp_path: Path, options: str = "np=-2", imports: str = "") -> list
 
 
 def servers() -> list[psutil.Process]:
-    found = []
-    for process in psutil.Process().children():
-        try:
-            if SERVER in " ".join(process.cmdline()):
-                found.append(process)
-        except psutil.Error:  # gone, or a zombie
-            continue
-    return found
+    return fork_servers_of(os.getpid())
 
 
 @pytest.mark.parametrize("launcher", ["launcher=mpi", "launcher=gloo", "backend=torch"])
@@ -300,17 +294,6 @@ def ask_the_keepers_server(keeper: int, tmp: Path) -> str:
     return done.stdout.strip()
 
 
-def kept_by(keeper: int) -> list[psutil.Process]:
-    """The servers kept by ``keeper`` (not what they forked: the process that watches the keeper)."""
-    found = []
-    for process in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            if f"{SERVER} --keeper {keeper} " in " ".join(process.cmdline()):
-                if SERVER not in " ".join(process.parent().cmdline()):
-                    found.append(process)
-    return found
-
-
 @pytest.fixture
 def short_tmp():
     """A temporary folder with a short path (a socket's path has at most 107 bytes)."""
@@ -326,8 +309,10 @@ def test_a_server_shared_under_a_keeper_serves_each_of_its_processes_and_ends_wi
     keeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
         first = ask_the_keepers_server(keeper.pid, tmp_path)  # starts it, then ends
-        (server,) = kept_by(keeper.pid)
-        assert ask_the_keepers_server(keeper.pid, tmp_path) == first and kept_by(keeper.pid) == [server]
+        (server,) = fork_servers_of(keeper.pid)
+        assert ask_the_keepers_server(keeper.pid, tmp_path) == first and fork_servers_of(keeper.pid) == [
+            server
+        ]
         assert Path(first).parent.parent == tmp_path / f"hvd_magic-servers-{os.getuid()}"
         assert Path(first).is_socket() and (Path(first).parent.stat().st_mode & 0o777) == 0o700
     finally:
@@ -347,19 +332,83 @@ time.sleep(600)
 
 
 def test_a_killed_kernels_server_ends_and_removes_its_folder(short_tmp):
-    """A kernel killed before it could close its fork server: the server ends at its stdin's end
-    and removes its folder (socket, log, its ranks' notes) itself."""
+    """A kernel killed before it could close its fork server: the server, which its keeper's end
+    ends, removes its folder (socket, log, its ranks' notes) itself."""
     env = os.environ | {"TMPDIR": str(short_tmp)}
     argv = [sys.executable, "-c", KEEPS_A_SERVER]
     kernel = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
     try:
         folder = Path(kernel.stdout.readline().strip()).parent
-        (server,) = [p for p in psutil.Process(kernel.pid).children() if SERVER in " ".join(p.cmdline())]
+        (server,) = fork_servers_of(kernel.pid)
         assert folder.parent == short_tmp and (folder / "socket").is_socket()
     finally:
         kernel.kill()
         kernel.wait()
     assert psutil.wait_procs([server], timeout=30)[1] == []
+    assert not folder.exists()
+
+
+# A module whose import leaves a line in the file MARK says: imported once, one line.
+COUNTS_ITS_IMPORTS = "import os\nopen(os.environ['MARK'], 'a').write('imported\\n')\n"
+
+
+def template_of(server: psutil.Process) -> psutil.Process:
+    (parent,) = [p for p in [server.parent()] if "hvd_magic.rank.template" in " ".join(p.cmdline())]
+    return parent
+
+
+def test_kernels_one_after_another_fork_their_servers_from_one_template_that_imported_once(short_tmp):
+    """A second kernel (a restarted one, another notebook) gets a server without importing again:
+    both servers are forked from one template, which is no kernel's child (a launcher stopping
+    what it started spares it) and outlives the first; each server ends with its own kernel."""
+    (short_tmp / "counted.py").write_text(COUNTS_ITS_IMPORTS)
+    mark = short_tmp / "imports"
+    env = os.environ | {"TMPDIR": str(short_tmp), "PYTHONPATH": str(short_tmp), "MARK": str(mark)}
+    code = KEEPS_A_SERVER.replace('("json",)', '("counted",)')
+    kernels, templates = [], []
+    try:
+        for _ in range(2):
+            kernel = subprocess.Popen(
+                [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env
+            )
+            kernels.append(kernel)
+            assert Path(kernel.stdout.readline().strip()).is_socket()
+            (server,) = fork_servers_of(kernel.pid)
+            templates.append(template_of(server))
+            assert templates[-1].pid not in {
+                p.pid for p in psutil.Process(kernel.pid).children(recursive=True)
+            }
+            if len(kernels) == 1:
+                kernel.kill()  # the first kernel ends before the second starts
+                kernel.wait()
+                assert psutil.wait_procs([server], timeout=30)[1] == []
+        assert templates[0] == templates[1] and templates[1].is_running()
+        assert mark.read_text() == "imported\n"  # by the template, once
+    finally:
+        for kernel in kernels:
+            kernel.kill()
+            kernel.wait()
+        for process in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if str(short_tmp) in " ".join(process.cmdline()):
+                    process.kill()
+
+
+@pytest.mark.parametrize("end", ["idle", "folder removed"])
+def test_a_template_ends_when_idle_or_when_its_folder_is_gone(short_tmp, end):
+    """A template outlives its starter: it ends by itself, its folder with it, once no server was
+    asked of it for its idle time, or once its folder was removed (a TMPDIR that went)."""
+    folder = short_tmp / "template"
+    folder.mkdir(mode=0o700)
+    idle = "1" if end == "idle" else "600"
+    argv = [sys.executable, "-m", "hvd_magic.rank.template", idle, str(folder / "socket"), "json"]
+    starter = subprocess.run(argv, stdout=subprocess.PIPE, text=True, timeout=120, cwd=folder)
+    assert starter.stdout == "ready\n"  # said by the template, which forked away from the starter
+    template = psutil.Process(int((folder / "pid").read_text()))
+    assert template.ppid() != os.getpid()
+    if end == "folder removed":
+        shutil.rmtree(folder)
+    assert psutil.wait_procs([template], timeout=60)[1] == []
     assert not folder.exists()
 
 
@@ -414,18 +463,23 @@ def test_a_shared_servers_folder_that_others_may_enter_is_not_used(short_tmp):
     (tmp_path / f"hvd_magic-servers-{os.getuid()}").mkdir(mode=0o755)
     os.chmod(tmp_path / f"hvd_magic-servers-{os.getuid()}", 0o755)
     own = ask_the_keepers_server(os.getpid(), tmp_path)
-    assert Path(own).parent.name.startswith("hvd_magic-fork-") and kept_by(os.getpid()) == []
+    assert Path(own).parent.name.startswith("hvd_magic-fork-")
+    assert os.listdir(tmp_path / f"hvd_magic-servers-{os.getuid()}") == []  # no server nor template there
 
 
 @pytest.mark.skipif(
     os.geteuid() != 0 or not os.access("/usr/bin/python3", os.X_OK), reason="runs a peer as another user"
 )
-def test_the_server_answers_only_its_own_user(ip, tmp_path):
+@pytest.mark.parametrize("asked", ["server", "template"])
+def test_the_server_and_its_template_answer_only_their_own_user(ip, tmp_path, asked):
     (used,) = {seen["grandparent"] for seen in where(ip, tmp_path)}  # a server is up
-    server = psutil.Process(used)
-    socket_path = server.cmdline()[server.cmdline().index("-m") + 2]
+    process = psutil.Process(used) if asked == "server" else template_of(psutil.Process(used))
+    after = process.cmdline()[process.cmdline().index("-m") + 2 :]  # [IDLE] or [--keeper PID], SOCKET
+    socket_path = after[1] if asked == "template" else after[2] if after[0] == "--keeper" else after[0]
     folder = os.path.dirname(socket_path)
-    os.chmod(folder, 0o755)  # as if the folder let others in: the peer check still holds
+    opened = [folder, os.path.dirname(folder)] if asked == "template" else [folder]  # and its base
+    for path in opened:
+        os.chmod(path, 0o755)  # as if the folder let others in: the peer check still holds
     os.chmod(socket_path, 0o777)
     try:
         peer = (  # a stand-in's request; what comes back (b'' once the server closed on it)
@@ -448,7 +502,8 @@ def test_the_server_answers_only_its_own_user(ip, tmp_path):
             cwd="/",
         )
     finally:
-        os.chmod(folder, 0o700)
+        for path in opened:
+            os.chmod(path, 0o700)
     assert done.stdout.strip() == "0", done.stderr  # closed, unanswered: nothing forked
     log = Path(folder, "log").read_text()
     assert "refused a request: peer of user 65534" in log

@@ -2,8 +2,9 @@
 that launches ranks (the notebook's kernel, for local ranks) or, on an executor, shared by the
 executor's Python workers and kept by its Python daemon (``keeper``): Spark ends an idle Python
 worker after a minute without tasks and kills a cancelled task's, but keeps the daemon as long as
-the executor. A server starts with the first run that needs it (it pays the imports once, in
-that run's start) and stays while its keeper lives; one that died, whose framework or Horovod was
+the executor. A server starts with the first run that needs it, forked from this machine's
+template of it (``launch.templates``: the imports are paid once for every kernel and executor of
+the user), and stays while its keeper lives; one that died, whose framework or Horovod was
 reinstalled since, or whose imports read a variable changed since, is started anew. Which runs
 are warm is decided on the notebook's side (``launch.warm``); this module imports nothing of it,
 as it runs in Spark tasks.
@@ -13,63 +14,80 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import fcntl
 import hashlib
 import importlib.util
 import itertools
 import json
 import os
 import shutil
-import stat
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterable, Mapping
-from typing import IO
 
 import psutil
 
 from hvd_magic.launch.processes import THREAD_VARS, worker_command
+from hvd_magic.launch.templates import forked_server, listening, locked, remove_ended, shared_base
 from hvd_magic.protocol.files import forked_rank_file
 
 __all__ = ["forked_ranks", "own_processes", "rank_command", "server_tree", "serving", "stand_in"]
 
 READY_SECONDS = 120.0  # the server's imports, on a loaded machine
 IMPORT_VARIABLES = ("TORCH", "PYTORCH", "TF_", "KERAS_", "PYTHON", "LD_", "OMP_", "KMP_", "GOMP_", "MKL_")
+# ... of which a framework's imports do not read the other's (Keras, which may run on either, reads both)
+NOT_READ_BY = {
+    "torch": ("TF_", "KERAS_"),
+    "tensorflow": ("TORCH", "PYTORCH"),
+    "tf_keras": ("TORCH", "PYTORCH"),
+}
 # ... but not these: a rank takes its thread budget after the fork (``rank.forkserver``), and its
 # own sys.path and streams
 TAKEN_AFTER_FORK = (*THREAD_VARS, "TF_NUM_INTEROP_THREADS", "PYTHONPATH", "PYTHONUNBUFFERED")
 
 
 class _Server:
-    """One fork server, and what it was started from."""
+    """One fork server, and what it was started from: forked from a template (``templates``),
+    or started here where there is none."""
 
     def __init__(
         self, modules: tuple[str, ...], env: Mapping[str, str], folder: str = "", keeper: int | None = None
     ) -> None:
         self.modules, self.identity = modules, _identity(modules, env)
-        self.read_at_import = _read_at_import(env)
+        self.read_at_import = _read_at_import(modules, env)
         self.folder = folder or tempfile.mkdtemp(prefix="hvd_magic-fork-")  # the user's only (0700)
         self.socket = os.path.join(self.folder, "socket")
-        self.log = open(os.path.join(self.folder, "log"), "w+b")  # noqa: SIM115 - the server's stderr
+        environment = os.environ | self.read_at_import | {"PYTHONUNBUFFERED": "1"}
+        self.started: subprocess.Popen[bytes] | None = None
+        forked = forked_server(modules, environment, self.identity, self.socket, keeper or os.getpid())
+        if forked is not None:
+            self.pid = forked
+            return
         shared = ["--keeper", str(keeper)] if keeper is not None else []
         argv = [sys.executable, "-m", "hvd_magic.rank.forkserver", *shared, self.socket, *modules]
-        self.process = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE if keeper is None else subprocess.DEVNULL,  # held: its end is the server's
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-            env=os.environ | self.read_at_import | {"PYTHONUNBUFFERED": "1"},
-            cwd=self.folder,
-            start_new_session=True,  # the notebook's Ctrl-C is not the server's
-        )
+        with open(os.path.join(self.folder, "log"), "wb") as log:  # the server's stderr
+            self.started = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE
+                if keeper is None
+                else subprocess.DEVNULL,  # held: its end is the server's
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=environment,
+                cwd=self.folder,
+                start_new_session=True,  # the notebook's Ctrl-C is not the server's
+            )
+        self.pid = self.started.pid
 
     def ready(self, timeout: float) -> bool:
-        """Whether it said ``ready`` within ``timeout`` seconds."""
+        """Whether it said ``ready`` within ``timeout`` seconds (one forked from a template
+        listened before its pid came)."""
+        if self.started is None:
+            return True
         said: list[bytes] = []
-        stdout = self.process.stdout
+        stdout = self.started.stdout
         assert stdout is not None
         reader = threading.Thread(target=lambda: said.append(stdout.readline()), daemon=True)
         reader.start()
@@ -79,32 +97,50 @@ class _Server:
     def usable(self, env: Mapping[str, str]) -> bool:
         """Alive, and what it imported would be imported alike for ranks of ``env``: the same
         files, and the same variables that the imports read."""
-        return self.process.poll() is None and _identity(self.modules, env) == self.identity
+        return self._alive() and _identity(self.modules, env) == self.identity
+
+    def _alive(self) -> bool:
+        if self.started is not None:
+            return self.started.poll() is None
+        try:  # a template's child: reaped by the template, or by init once it ended
+            return bool(psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE)
+        except psutil.Error:
+            return False
 
     def close(self) -> None:
-        if self.process.stdin is not None:
+        if self.started is not None and self.started.stdin is not None:
             with contextlib.suppress(OSError):
-                self.process.stdin.close()
-        else:  # a shared server, which ends with its keeper: ended here only when it never was ready
-            self.process.terminate()
+                self.started.stdin.close()
+        else:  # one that ends with its keeper (this process, or a shared server's): told to end now
+            with contextlib.suppress(OSError):
+                os.kill(self.pid, signal.SIGTERM)
         try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self.log.close()
+            if self.started is not None:
+                self.started.wait(timeout=5)
+            else:
+                psutil.Process(self.pid).wait(timeout=5)
+        except (subprocess.TimeoutExpired, psutil.TimeoutExpired):
+            with contextlib.suppress(OSError):
+                os.kill(self.pid, signal.SIGKILL)
+        except psutil.Error:
+            pass
+        if self.started is not None:
+            self.started.wait()
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _read_at_import(env: Mapping[str, str]) -> dict[str, str]:
+def _read_at_import(modules: tuple[str, ...], env: Mapping[str, str]) -> dict[str, str]:
     """The variables of the ranks' environment (this process's, and the run's ``env`` over it)
-    that the frameworks, their OpenMP and the interpreter may read at import: a rank forked
-    later would not see another value of one (``TF_USE_LEGACY_KERAS``, say)."""
+    that ``modules``, their OpenMP and the interpreter may read at import: a rank forked later
+    would not see another value of one (``TF_USE_LEGACY_KERAS``, say)."""
+    roots = [module.split(".")[0] for module in modules if not module.startswith("hvd_magic")]
+    unread = set.intersection(*(set(NOT_READ_BY.get(root, ())) for root in roots)) if roots else set()
+    prefixes = tuple(prefix for prefix in IMPORT_VARIABLES if prefix not in unread)
     merged = os.environ | dict(env)
     return {
         name: value
         for name, value in merged.items()
-        if name.startswith(IMPORT_VARIABLES) and name not in TAKEN_AFTER_FORK
+        if name.startswith(prefixes) and name not in TAKEN_AFTER_FORK
     }
 
 
@@ -112,7 +148,9 @@ def _identity(modules: tuple[str, ...], env: Mapping[str, str]) -> str:
     """What a server for ranks of ``env`` imports, as it would import it: the interpreter, the
     modules, their files' times and the variables the imports read. A server serves where this
     is its own."""
-    return json.dumps([sys.executable, modules, _installed(modules), _read_at_import(env)], sort_keys=True)
+    return json.dumps(
+        [sys.executable, modules, _installed(modules), _read_at_import(modules, env)], sort_keys=True
+    )
 
 
 def _installed(modules: tuple[str, ...]) -> dict[str, float]:
@@ -138,7 +176,7 @@ def serving(modules: tuple[str, ...], env: Mapping[str, str], keeper: int | None
     would, started if there is none (or none usable); None if none could start (the ranks then
     start the usual way). This process's own, or, with ``keeper``, the one shared by every process
     of this user with that keeper, which lasts as long as the keeper does (``launch.task.shared``)."""
-    base = _shared_base() if keeper is not None else None
+    base = shared_base() if keeper is not None else None
     if keeper is not None and base is not None:  # (else this process's own)
         with _lock:
             found = None if modules in _failed else _shared_serving(modules, env, keeper, base)
@@ -169,70 +207,22 @@ def _shared_serving(modules: tuple[str, ...], env: Mapping[str, str], keeper: in
     name = f"{keeper}-{hashlib.sha256(_identity(modules, env).encode()).hexdigest()[:20]}"
     folder = os.path.join(base, name)
     with open(os.path.join(base, f"{name}.lock"), "a") as lock:
-        if not _locked(lock, READY_SECONDS):
+        if not locked(lock, READY_SECONDS):
             return None
-        pid = _listening(folder)
+        pid = listening(folder)
         if pid is None:
-            _remove_ended(base)
+            remove_ended(base)
             shutil.rmtree(folder, ignore_errors=True)  # a server killed before it could remove it
             os.mkdir(folder, 0o700)
             server = _Server(modules, env, folder, keeper)
             if not server.ready(READY_SECONDS):
                 server.close()
                 return None
-            pid = server.process.pid
+            pid = server.pid
             with open(os.path.join(folder, "pid"), "w") as note:
                 note.write(str(pid))
         _shared[folder] = pid
         return os.path.join(folder, "socket")
-
-
-def _shared_base() -> str | None:
-    """This user's folder of shared servers (0700), or None where it is not this user's alone."""
-    base = os.path.join(tempfile.gettempdir(), f"hvd_magic-servers-{os.getuid()}")
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(base, 0o700)
-    found = os.lstat(base)
-    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o077:
-        return None
-    return base
-
-
-def _locked(lock: IO[str], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.05)
-
-
-def _listening(folder: str) -> int | None:
-    """The pid of the server of ``folder`` if it is there (its socket is in place once it listens)."""
-    try:
-        with open(os.path.join(folder, "pid")) as note:
-            pid = int(note.read())
-        alive = psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-        return pid if alive and os.path.exists(os.path.join(folder, "socket")) else None
-    except (OSError, ValueError, psutil.Error):
-        return None
-
-
-def _remove_ended(base: str) -> None:
-    """What shared servers of keepers that ended left (their server killed with them). The
-    workers of other keepers may sweep at the same time: what one removed, another finds gone."""
-    for entry in os.listdir(base):
-        keeper = entry.split("-", 1)[0]
-        if keeper.isdigit() and not psutil.pid_exists(int(keeper)):
-            path = os.path.join(base, entry)
-            if entry.endswith(".lock"):
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(path)
-            else:
-                shutil.rmtree(path, ignore_errors=True)
 
 
 def stand_in() -> list[str]:
@@ -253,7 +243,7 @@ def server_tree() -> set[int]:
     """The pids of this process's fork servers and of everything they forked (their waiters,
     the ranks), which a task that stops its descendants must not take for its own."""
     with _lock:
-        pids = [server.process.pid for server in [*_servers.values(), *_retired]] + list(_shared.values())
+        pids = [server.pid for server in [*_servers.values(), *_retired]] + list(_shared.values())
     tree = set(pids)
     for pid in pids:
         with contextlib.suppress(psutil.Error):

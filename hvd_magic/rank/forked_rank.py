@@ -15,7 +15,7 @@ import sys
 import threading
 from typing import Any
 
-__all__ = ["WORKER", "become_rank"]
+__all__ = ["WORKER", "become_rank", "show_as"]
 
 WORKER = "hvd_magic.rank.worker"
 
@@ -35,7 +35,7 @@ def become_rank(conn: socket.socket, request: dict[str, Any], fds: list[int], st
     _take_place_of(stand_in)
     _fresh_state()
     threading.Thread(target=_die_with, args=(conn,), name="hvd_magic-stand-in", daemon=True).start()
-    _show_as([sys.executable, "-m", WORKER])
+    show_as([sys.executable, "-m", WORKER])
     runpy.run_module(WORKER, run_name="__main__", alter_sys=True)  # as ``python -m``: ends the process
     os._exit(1)  # not reached: the worker's ``__main__`` ends the process
 
@@ -66,9 +66,9 @@ def _take_place_of(stand_in: int) -> None:
             pass  # not ours to move (no delegation): accounted where the server is
 
 
-def _show_as(argv: list[str]) -> None:
+def show_as(argv: list[str]) -> None:
     """What ``ps`` and psutil show as this process's command line: ``argv``, written over the
-    server's own (longer) in place, as a started rank's reads."""
+    server's own (longer) in place, as a started rank's reads (left as it is where it is longer)."""
     try:
         with open("/proc/self/stat") as stat:
             fields = stat.read().rsplit(")", 1)[1].split()

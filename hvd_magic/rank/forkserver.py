@@ -5,6 +5,9 @@ milliseconds instead of importing it anew (1.5 to 6 CPU-seconds a rank).
     python -m hvd_magic.rank.forkserver SOCKET MODULE...     # stdin: held open by the notebook
     python -m hvd_magic.rank.forkserver --keeper PID SOCKET MODULE...   # shared: ends with PID
 
+A server may also be forked from a *template* that imported the modules already (``template``),
+and is then the same as one started with ``--keeper``, its command line too.
+
 A launcher starts ``forked.py SOCKET`` where it would start the rank (``mpirun`` runs it, or the
 launcher itself): that stand-in hands its standard streams, environment and directory over the
 socket and stands for the rank until it ends (see ``forked``). Here, for each stand-in:
@@ -41,7 +44,17 @@ from hvd_magic.protocol.files import forked_rank_file
 from hvd_magic.protocol.lifetime import wait_for_end_of
 from hvd_magic.rank.forked_rank import WORKER, become_rank
 
-__all__ = ["cuda_initialized", "receive", "serve"]
+__all__ = [
+    "check_peer",
+    "cuda_initialized",
+    "end_with",
+    "import_frozen",
+    "listen",
+    "receive",
+    "remove_and_exit",
+    "serve",
+    "serve_forever",
+]
 
 MAX_REQUEST = 1 << 20  # one stand-in's environment and directory, as JSON
 STREAMS = 3  # stdin, stdout, stderr
@@ -50,9 +63,7 @@ STREAMS = 3  # stdin, stdout, stderr
 def receive(conn: socket.socket) -> tuple[dict[str, Any], list[int], int]:
     """One stand-in's request, its three streams and its pid; ``PermissionError`` for a peer of
     another user."""
-    pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-    if uid != os.getuid():
-        raise PermissionError(f"peer of user {uid}")
+    pid = check_peer(conn)
     fds = array.array("i")
     data, ancillary, _, _ = conn.recvmsg(MAX_REQUEST, socket.CMSG_SPACE(STREAMS * fds.itemsize))
     for level, kind, payload in ancillary:
@@ -67,23 +78,41 @@ def receive(conn: socket.socket) -> tuple[dict[str, Any], list[int], int]:
     return {"env": env, "cwd": cwd}, list(fds), pid
 
 
+def check_peer(conn: socket.socket) -> int:
+    """The peer's pid; ``PermissionError`` for a peer of another user."""
+    pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    if uid != os.getuid():
+        raise PermissionError(f"peer of user {uid}")
+    return int(pid)
+
+
 def serve(path: str, modules: list[str], keeper: int | None = None) -> None:
-    _import_frozen(modules)
+    import_frozen(modules)
+    listener = listen(path)
+    end_with(listener, keeper)
+    print("ready", flush=True)
+    serve_forever(listener, os.path.dirname(path))
+
+
+def listen(path: str) -> socket.socket:
+    """The server's socket at ``path``, there once it listens; a SIGTERM removes its folder."""
     sys.modules.pop(WORKER, None)  # its imports stay; the module itself runs anew, as ``__main__``
     if cuda_initialized():
         raise SystemExit("hvd_magic fork server: importing the framework started CUDA; not forking")
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # one message, one request
-    server.bind(f"{path}.new")
-    server.listen(64)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # one message, one request
+    listener.bind(f"{path}.new")
+    listener.listen(64)
     os.rename(f"{path}.new", path)
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the waiters: reaped by the kernel
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # what it forks: reaped by the kernel
     # Its end removes its folder: a shared server's has no one else to, and the kernel that
     # started a server of its own may have died (the server then ends at its stdin's end)
-    signal.signal(signal.SIGTERM, lambda *_: _remove_and_exit(os.path.dirname(path)))
-    _end_with(server, keeper)
-    print("ready", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: remove_and_exit(os.path.dirname(path)))
+    return listener
+
+
+def serve_forever(listener: socket.socket, folder: str) -> None:
     while True:
-        conn, _ = server.accept()
+        conn, _ = listener.accept()
         try:
             request, fds, stand_in = receive(conn)
         except (OSError, ValueError) as err:
@@ -92,8 +121,8 @@ def serve(path: str, modules: list[str], keeper: int | None = None) -> None:
             continue
         if os.fork() == 0:
             try:  # a child never returns into this loop, whatever happens in it
-                server.close()
-                _wait_for_rank(conn, request, fds, stand_in, os.path.dirname(path))
+                listener.close()
+                _wait_for_rank(conn, request, fds, stand_in, folder)
             finally:
                 os._exit(1)
         for fd in fds:
@@ -101,7 +130,7 @@ def serve(path: str, modules: list[str], keeper: int | None = None) -> None:
         conn.close()
 
 
-def _import_frozen(modules: list[str]) -> None:
+def import_frozen(modules: list[str]) -> None:
     """Imports ``modules`` with the collector off (an import makes objects to keep: collections
     walk them for nothing), then freezes what is left: no rank's collection walks it, nor writes
     to its pages, which would copy each of them into the rank."""
@@ -131,7 +160,7 @@ def cuda_initialized() -> bool:
     return bool(driver.cuCtxGetCurrent(ctypes.byref(context)) != CUDA_ERROR_NOT_INITIALIZED)
 
 
-def _end_with(server: socket.socket, keeper: int | None) -> None:
+def end_with(server: socket.socket, keeper: int | None) -> None:
     """The server ends at the end of its stdin (closed, or the notebook died), or of its keeper's
     process. A process of its own watches it, so that the server itself never has a second thread."""
     if os.fork() == 0:
@@ -149,7 +178,7 @@ def _end_with(server: socket.socket, keeper: int | None) -> None:
     os.close(nothing)
 
 
-def _remove_and_exit(folder: str) -> None:
+def remove_and_exit(folder: str) -> None:
     shutil.rmtree(folder, ignore_errors=True)
     os._exit(0)
 

@@ -1,0 +1,146 @@
+"""This user's folder of shared fork servers on this machine, and the templates fork servers are
+forked from (``hvd_magic.rank.template``).
+
+A template imports a server's modules once, as a server would import them (the same interpreter,
+modules, files and variables read at import: ``forkservers``' identity names it), and forks a
+server for each that asks, in milliseconds: a restarted kernel, another notebook, a new executor
+of this machine start theirs warm instead of importing the framework anew. It lives in the
+folder of shared servers, is started under its lock by the first that finds none listening,
+and ends after ``IDLE_SECONDS`` without a request. Where there is no such folder of this user's
+only, there is no template: servers are started as they were.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from typing import IO
+
+import psutil
+
+__all__ = ["IDLE_SECONDS", "forked_server", "listening", "locked", "remove_ended", "shared_base"]
+
+IDLE_SECONDS = 600.0  # a template without a request for so long ends
+TEMPLATE = "hvd_magic.rank.template"
+READY_SECONDS = 120.0  # the template's imports, on a loaded machine
+
+
+def forked_server(
+    modules: tuple[str, ...], environment: Mapping[str, str], identity: str, path: str, keeper: int
+) -> int | None:
+    """The pid of a fork server listening at ``path`` and kept by ``keeper``, forked from the
+    template of ``identity`` (started, with ``environment``, if none listens); None where there
+    is no template (the caller starts a server itself)."""
+    base = shared_base()
+    if base is None:
+        return None
+    name = f"template-{hashlib.sha256(identity.encode()).hexdigest()[:32]}"
+    folder = os.path.join(base, name)
+    with open(os.path.join(base, f"{name}.lock"), "a") as lock:
+        if not locked(lock, READY_SECONDS):
+            return None
+        if listening(folder) is None and not _start(modules, environment, folder):
+            return None
+        return _ask(os.path.join(folder, "socket"), path, keeper)
+
+
+def _start(modules: tuple[str, ...], environment: Mapping[str, str], folder: str) -> bool:
+    """A template in ``folder``, listening once this returns True."""
+    shutil.rmtree(folder, ignore_errors=True)  # one killed before it could remove it
+    os.mkdir(folder, 0o700)
+    argv = [sys.executable, "-m", TEMPLATE, str(IDLE_SECONDS), os.path.join(folder, "socket"), *modules]
+    with open(os.path.join(folder, "log"), "ab") as log:
+        starter = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, env=dict(environment),
+            cwd=folder, start_new_session=True,
+        )  # fmt: skip
+    said: list[bytes] = []
+    stdout = starter.stdout
+    assert stdout is not None
+    reader = threading.Thread(target=lambda: said.append(stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(READY_SECONDS)
+    stdout.close()
+    starter.wait()  # the template forked away from it at once
+    if said == [b"ready\n"]:
+        return True
+    pid = listening(folder)
+    if pid is not None:
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(pid).kill()
+    shutil.rmtree(folder, ignore_errors=True)
+    return False
+
+
+def _ask(template: str, path: str, keeper: int) -> int | None:
+    """The pid of the server the template at ``template`` forked for ``path`` and ``keeper``."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
+            conn.settimeout(READY_SECONDS)
+            conn.connect(template)
+            conn.sendall(json.dumps({"socket": path, "keeper": keeper}).encode())
+            pid = json.loads(conn.recv(1 << 12)).get("pid")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return pid if isinstance(pid, int) else None
+
+
+def shared_base() -> str | None:
+    """This user's folder of shared servers (0700), or None where it is not this user's alone."""
+    base = os.path.join(tempfile.gettempdir(), f"hvd_magic-servers-{os.getuid()}")
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(base, 0o700)
+    found = os.lstat(base)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o077:
+        return None
+    return base
+
+
+def locked(lock: IO[str], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+
+
+def listening(folder: str) -> int | None:
+    """The pid of the server (or template) of ``folder`` if it is there (its socket is in place
+    once it listens)."""
+    try:
+        with open(os.path.join(folder, "pid")) as note:
+            pid = int(note.read())
+        alive = psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return pid if alive and os.path.exists(os.path.join(folder, "socket")) else None
+    except (OSError, ValueError, psutil.Error):
+        return None
+
+
+def remove_ended(base: str) -> None:
+    """What shared servers of keepers that ended left (their server killed with them). The
+    workers of other keepers may sweep at the same time: what one removed, another finds gone."""
+    for entry in os.listdir(base):
+        keeper = entry.split("-", 1)[0]
+        if keeper.isdigit() and not psutil.pid_exists(int(keeper)):
+            path = os.path.join(base, entry)
+            if entry.endswith(".lock"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(path)
+            else:
+                shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,126 @@
+"""The template fork servers are forked from: it imports the frameworks once for every fork
+server of this user on this machine that would import them alike, so that a server starts in
+milliseconds instead of importing them anew (PyTorch 3.5 CPU-seconds, TensorFlow 7): a kernel
+restarted, a second notebook, an executor of another Spark application, each starts its ranks
+warm from the first cell.
+
+    python -m hvd_magic.rank.template IDLE SOCKET MODULE...
+
+Its peers are authenticated as a fork server's are (a folder of the user's only, ``SO_PEERCRED``).
+A request names the new server's socket and its keeper (``launch.templates``); the child becomes
+that server, as one started with ``--keeper`` is (``forkserver``): it ends with its keeper, not
+with the template, and shows that command line. The template is kept by no one: it leaves its
+starter's tree at once, and ends, its folder with it, when no request came for IDLE seconds (or
+within seconds of its folder's removal).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from typing import Any
+
+from hvd_magic.rank.forked_rank import show_as
+from hvd_magic.rank.forkserver import (
+    check_peer,
+    end_with,
+    import_frozen,
+    listen,
+    remove_and_exit,
+    serve_forever,
+)
+
+__all__ = ["SERVER", "template"]
+
+SERVER = "hvd_magic.rank.forkserver"
+MAX_REQUEST = 1 << 12
+LOOK_SECONDS = 5.0  # how often an idle template looks at its folder and its idle time
+
+
+def template(path: str, modules: list[str], idle: float) -> None:
+    """A template: imports ``modules`` once, then forks a fork server for each request (its
+    socket and keeper), which serves as one started with ``--keeper`` would. It is no child of
+    whoever started it (it forks away at once), and ends once no request came for ``idle``
+    seconds and no one holds its lock (``FOLDER.lock``: a client asking for a server holds it)."""
+    if os.fork() > 0:
+        os._exit(0)  # the starter reaps this one; the template is reparented
+    folder = os.path.dirname(path)
+    import_frozen(modules)
+    listener = listen(path)
+    with open(os.path.join(folder, "pid"), "w") as note:
+        note.write(str(os.getpid()))
+    print("ready", flush=True)
+    os.dup2(2, 1)  # its stderr is its log: the starter's pipe is not written to again
+    listener.settimeout(min(idle, LOOK_SECONDS))
+    last = time.monotonic()
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            if not os.path.exists(path):  # its folder removed (its TMPDIR's, say): no one finds it
+                os._exit(0)
+            if time.monotonic() - last >= idle and _unclaimed(f"{folder}.lock"):
+                remove_and_exit(folder)
+            continue
+        last = time.monotonic()
+        try:
+            request = _server_request(conn)
+        except (OSError, ValueError) as err:
+            print(f"hvd_magic fork server template: refused a request: {err}", file=sys.stderr, flush=True)
+            conn.close()
+            continue
+        if os.fork() == 0:
+            try:  # a child never returns into this loop, whatever happens in it
+                listener.close()
+                _become_server(conn, request["socket"], request["keeper"], modules)
+            finally:
+                os._exit(1)
+        conn.close()
+
+
+def _server_request(conn: socket.socket) -> dict[str, Any]:
+    """A template's request: where the new server listens, and whose end it ends with."""
+    check_peer(conn)
+    request = json.loads(conn.recv(MAX_REQUEST))
+    path, keeper = request.get("socket"), request.get("keeper")
+    if not (isinstance(path, str) and os.path.isabs(path) and os.path.isdir(os.path.dirname(path))):
+        raise ValueError(f"no folder for a server's socket at {path!r}")
+    if not (isinstance(keeper, int) and keeper > 0):
+        raise ValueError(f"not a keeper's pid: {keeper!r}")
+    return {"socket": path, "keeper": keeper}
+
+
+def _become_server(conn: socket.socket, path: str, keeper: int, modules: list[str]) -> None:
+    """The template's child: a fork server kept by ``keeper``, writing to the log in its own
+    folder and shown as one started with ``--keeper`` is; it answers the request with its pid."""
+    folder = os.path.dirname(path)
+    log = os.open(os.path.join(folder, "log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.chdir(folder)
+    show_as([sys.executable, "-m", SERVER, "--keeper", str(keeper), path, *modules])
+    listener = listen(path)
+    end_with(listener, keeper)
+    conn.sendall(json.dumps({"pid": os.getpid()}).encode())
+    conn.close()
+    serve_forever(listener, folder)
+
+
+def _unclaimed(lock: str) -> bool:
+    """Whether no client holds the template's lock; if so, it is held from now on (to the end)."""
+    fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    return True
+
+
+if __name__ == "__main__":
+    template(sys.argv[2], sys.argv[3:], idle=float(sys.argv[1]))
