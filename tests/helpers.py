@@ -21,6 +21,7 @@ from hvd_magic.protocol import Message
 RUN_PROGRAMS = ("mpirun", "orted")
 RUN_MODULES = ("hvd_magic.rank.worker", "hvd_magic.launch.task.agent")
 STAND_IN = os.path.join("hvd_magic", "rank", "forked.py")  # a warm rank's stand-in, run by path
+FORK_SERVER = "hvd_magic.rank.forkserver"  # a warm rank's server, and the waiters it forks
 SUITE_VARIABLE = "HVD_MAGIC_TEST_SUITE"  # every process a suite starts inherits its mark (conftest)
 SLEEP_FOREVER = "while True:\n    time.sleep(0.1)\n"
 WAIT_FOR_GO = (  # a cell's ranks wait (up to 120 s) for the test to make ``go`` in the folder ``d``
@@ -195,7 +196,7 @@ def leftover_processes(root: psutil.Process | None = None, settle: float = ENDIN
     ended one that is not reaped yet (a zombie) has no command line left: it is not counted."""
 
     def running() -> list[str]:
-        below = (root or psutil.Process()).children(recursive=True)
+        below = below_with_warm_ranks(root or psutil.Process())
         return [f"{process.pid}: {_cmdline(process)[:200]}" for process in below if _run_process(process)]
 
     return _left_after(settle, running)
@@ -234,18 +235,31 @@ def _whence(process: psutil.Process) -> str:
 
 def _of_another_suite(process: psutil.Process) -> bool:
     try:
-        mark = process.environ().get(SUITE_VARIABLE)
-    except psutil.Error:
+        mark = _suite_mark(process)
+    except (psutil.Error, ValueError):
         return False
     return mark is not None and mark != os.environ.get(SUITE_VARIABLE)
+
+
+def _suite_mark(process: psutil.Process) -> str | None:
+    """The mark of the suite whose run ``process`` is of. A warm rank (and its fork server) shows
+    the environment its server's template was started with, by whichever suite's kernel started
+    it: the mark of the server's keeper (``--keeper PID``) counts, else that of the first process
+    above that is neither a rank nor a fork server."""
+    current: psutil.Process | None = process
+    while current is not None:
+        argv = current.cmdline()
+        if FORK_SERVER in argv and "--keeper" in argv:
+            return psutil.Process(int(argv[argv.index("--keeper") + 1])).environ().get(SUITE_VARIABLE)
+        if FORK_SERVER not in argv and not is_rank(argv):
+            return current.environ().get(SUITE_VARIABLE)
+        current = current.parent()
+    return None
 
 
 def gone_within(seconds: float) -> list[str]:
     """The run's processes still alive anywhere after up to ``seconds``; [] once all are gone."""
     return _left_after(seconds, run_processes_anywhere)
-
-
-FORK_SERVER = "hvd_magic.rank.forkserver"
 
 
 def fork_servers_of(keeper: int) -> list[psutil.Process]:
@@ -261,6 +275,16 @@ def fork_servers_of(keeper: int) -> list[psutil.Process]:
             if kept and FORK_SERVER not in " ".join(process.parent().cmdline()):
                 found.append(process)
     return found
+
+
+def below_with_warm_ranks(root: psutil.Process) -> list[psutil.Process]:
+    """What runs below ``root``, and what the fork servers it keeps forked (its warm ranks, which
+    are not below it where their server was forked from a template)."""
+    found = {process.pid: process for process in root.children(recursive=True)}
+    for server in fork_servers_of(root.pid):
+        with suppress(psutil.Error):
+            found |= {process.pid: process for process in server.children(recursive=True)}
+    return list(found.values())
 
 
 def executor_processes() -> list[psutil.Process]:

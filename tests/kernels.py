@@ -8,6 +8,8 @@ from typing import Any
 
 import psutil
 
+from .helpers import below_with_warm_ranks
+
 # Every cell a test sends asks the kernel not to abort its queue when the cell fails. ipykernel 7
 # sends a failed cell's reply first and starts aborting after it, so a cell sent at once on that
 # reply was sometimes aborted unrun (status "aborted") on a loaded machine: a race in the kernel,
@@ -64,4 +66,5 @@ class Kernel:
         return outcome
 
     def processes(self) -> list[psutil.Process]:
-        return psutil.Process(self.manager.provisioner.process.pid).children(recursive=True)
+        """What runs below the kernel, its warm ranks with it."""
+        return below_with_warm_ranks(psutil.Process(self.manager.provisioner.process.pid))

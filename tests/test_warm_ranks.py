@@ -22,6 +22,7 @@ import psutil
 import pytest
 
 from hvd_magic import RunError
+from hvd_magic.launch.forkservers import serving
 from hvd_magic.launch.local import LocalGlooLauncher, LocalMpiLauncher, LocalTorchLauncher
 from hvd_magic.launch.warm import ENV_WARM_RANKS, warm_modules
 from hvd_magic.options import make_options
@@ -278,6 +279,22 @@ def test_a_variable_read_at_import_changed_in_the_notebook_gets_a_new_server(ip,
     assert again == after  # kept while nothing changes
 
 
+def test_a_variable_only_the_other_framework_reads_keeps_the_server(ip, tmp_path, monkeypatch):
+    """PyTorch reads no ``TF_*`` variable at import: a notebook that sets one for its Keras cells
+    keeps its PyTorch cells' server."""
+    before = {seen["grandparent"] for seen in where(ip, tmp_path)}
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
+    assert {seen["grandparent"] for seen in where(ip, tmp_path)} == before
+
+
+def test_only_the_interpreters_own_python_variables_get_a_server_of_their_own():
+    """Spark gives each executor's Python workers ``PYTHON_*`` variables of their own (a secret, a
+    batch size) that no import reads; ``PYTHONHASHSEED`` is the interpreter's, fixed as it starts."""
+    first = serving(("json",), {"PYTHON_WORKER_FACTORY_SECRET": "a", "PYTHON_UDF_BATCH_SIZE": "100"})
+    assert serving(("json",), {"PYTHON_WORKER_FACTORY_SECRET": "b"}) == first
+    assert serving(("json",), {"PYTHONHASHSEED": "7"}) not in (first, None)
+
+
 # A Spark task's Python worker asking for the server its keeper (argv[1]) shares; prints its socket.
 ASK_THE_KEEPERS_SERVER = (
     "import sys\nfrom hvd_magic.launch.forkservers import serving\n"
@@ -392,6 +409,38 @@ def test_kernels_one_after_another_fork_their_servers_from_one_template_that_imp
             with contextlib.suppress(psutil.Error):
                 if str(short_tmp) in " ".join(process.cmdline()):
                     process.kill()
+
+
+def test_a_kernel_whose_path_finds_another_copy_of_the_framework_gets_a_template_of_its_own(short_tmp):
+    """Two kernels whose paths find two copies of what the servers import (a package installed
+    twice, the same file times) do not share a template: each imports its own."""
+    mark = short_tmp / "imports"
+    code = KEEPS_A_SERVER.replace('("json",)', '("counted",)')
+    kernels, templates = [], []
+    try:
+        for copy in ("a", "b"):
+            (short_tmp / copy).mkdir()
+            (short_tmp / copy / "counted.py").write_text(COUNTS_ITS_IMPORTS)
+            os.utime(short_tmp / copy / "counted.py", (1_000_000_000, 1_000_000_000))
+            env = os.environ | {
+                "TMPDIR": str(short_tmp),
+                "PYTHONPATH": str(short_tmp / copy),
+                "MARK": str(mark),
+            }
+            kernel = subprocess.Popen(
+                [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env
+            )
+            kernels.append(kernel)
+            assert Path(kernel.stdout.readline().strip()).is_socket()
+            (server,) = fork_servers_of(kernel.pid)
+            templates.append(template_of(server))
+        assert templates[0] != templates[1] and mark.read_text() == "imported\n" * 2
+    finally:
+        for kernel in kernels:
+            kernel.kill()
+            kernel.wait()
+        for template in templates:
+            template.kill()
 
 
 @pytest.mark.parametrize("end", ["idle", "folder removed"])

@@ -2,12 +2,12 @@
 that launches ranks (the notebook's kernel, for local ranks) or, on an executor, shared by the
 executor's Python workers and kept by its Python daemon (``keeper``): Spark ends an idle Python
 worker after a minute without tasks and kills a cancelled task's, but keeps the daemon as long as
-the executor. A server starts with the first run that needs it, forked from this machine's
-template of it (``launch.templates``: the imports are paid once for every kernel and executor of
-the user), and stays while its keeper lives; one that died, whose framework or Horovod was
-reinstalled since, or whose imports read a variable changed since, is started anew. Which runs
-are warm is decided on the notebook's side (``launch.warm``); this module imports nothing of it,
-as it runs in Spark tasks.
+the executor. A server starts with the first run that needs it (a kernel's is forked from this
+machine's template of it, ``launch.templates``: the imports are paid once for every kernel of the
+user; an executor's imports for itself) and stays while its keeper lives; one that died, whose
+framework or Horovod was reinstalled since, or whose imports read a variable changed since, is
+started anew. Which runs are warm is decided on the notebook's side (``launch.warm``); this
+module imports nothing of it, as it runs in Spark tasks.
 """
 
 from __future__ import annotations
@@ -46,6 +46,16 @@ NOT_READ_BY = {
 # ... but not these: a rank takes its thread budget after the fork (``rank.forkserver``), and its
 # own sys.path and streams
 TAKEN_AFTER_FORK = (*THREAD_VARS, "TF_NUM_INTEROP_THREADS", "PYTHONPATH", "PYTHONUNBUFFERED")
+# The interpreter's own are PYTHONHASHSEED, PYTHONWARNINGS...: no underscore after PYTHON, but for
+# these (3.13's); others with one are no interpreter's (Spark gives each executor's Python workers
+# a PYTHON_WORKER_FACTORY_SECRET of its own, which would have kept a server per executor)
+INTERPRETER_UNDERSCORED = (
+    "PYTHON_GIL",
+    "PYTHON_JIT",
+    "PYTHON_CPU_COUNT",
+    "PYTHON_FROZEN_MODULES",
+    "PYTHON_PRESITE",
+)
 
 
 class _Server:
@@ -61,7 +71,13 @@ class _Server:
         self.socket = os.path.join(self.folder, "socket")
         environment = os.environ | self.read_at_import | {"PYTHONUNBUFFERED": "1"}
         self.started: subprocess.Popen[bytes] | None = None
-        forked = forked_server(modules, environment, self.identity, self.socket, keeper or os.getpid())
+        # a server of this process's own comes from the user's template; an executor's shared one
+        # is started by the task's Python worker, below the executor, as its ranks are
+        forked = (
+            forked_server(modules, environment, self.identity, self.socket, os.getpid())
+            if keeper is None
+            else None
+        )
         if forked is not None:
             self.pid = forked
             return
@@ -140,7 +156,9 @@ def _read_at_import(modules: tuple[str, ...], env: Mapping[str, str]) -> dict[st
     return {
         name: value
         for name, value in merged.items()
-        if name.startswith(prefixes) and name not in TAKEN_AFTER_FORK
+        if name.startswith(prefixes)
+        and name not in TAKEN_AFTER_FORK
+        and (not name.startswith("PYTHON_") or name in INTERPRETER_UNDERSCORED)
     }
 
 
@@ -153,14 +171,15 @@ def _identity(modules: tuple[str, ...], env: Mapping[str, str]) -> str:
     )
 
 
-def _installed(modules: tuple[str, ...]) -> dict[str, float]:
-    """When each preloaded package's files last changed (a reinstall changes them)."""
+def _installed(modules: tuple[str, ...]) -> dict[str, tuple[str, float]]:
+    """Where each preloaded package is found, and when its files last changed (a reinstall
+    changes them; another kernel's path may find another copy)."""
     found = {}
     for name in {module.split(".")[0] for module in modules}:
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.origin:
             with contextlib.suppress(OSError):
-                found[name] = os.stat(spec.origin).st_mtime
+                found[name] = (spec.origin, os.stat(spec.origin).st_mtime)
     return found
 
 

@@ -3,8 +3,9 @@ forked from (``hvd_magic.rank.template``).
 
 A template imports a server's modules once, as a server would import them (the same interpreter,
 modules, files and variables read at import: ``forkservers``' identity names it), and forks a
-server for each that asks, in milliseconds: a restarted kernel, another notebook, a new executor
-of this machine start theirs warm instead of importing the framework anew. It lives in the
+server for each kernel that asks, in milliseconds: a restarted kernel or another notebook starts
+its ranks warm instead of importing the framework anew. (An executor's server is not forked from
+one: it stays below the executor, as its ranks must.) It lives in the
 folder of shared servers, is started under its lock by the first that finds none listening,
 and ends after ``IDLE_SECONDS`` without a request. Where there is no such folder of this user's
 only, there is no template: servers are started as they were.

@@ -1,8 +1,7 @@
 """The template fork servers are forked from: it imports the frameworks once for every fork
-server of this user on this machine that would import them alike, so that a server starts in
-milliseconds instead of importing them anew (PyTorch 3.5 CPU-seconds, TensorFlow 7): a kernel
-restarted, a second notebook, an executor of another Spark application, each starts its ranks
-warm from the first cell.
+server of a kernel of this user on this machine that would import them alike, so that a server
+starts in milliseconds instead of importing them anew (PyTorch 3.5 CPU-seconds, TensorFlow 7): a
+kernel restarted, or a second notebook, starts its ranks warm from the first cell.
 
     python -m hvd_magic.rank.template IDLE SOCKET MODULE...
 
