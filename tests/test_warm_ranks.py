@@ -411,6 +411,47 @@ def test_kernels_one_after_another_fork_their_servers_from_one_template_that_imp
                     process.kill()
 
 
+CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+
+
+def cpuacct_group(process: psutil.Process) -> str:
+    lines = Path(f"/proc/{process.pid}/cgroup").read_text().splitlines()
+    return next(line.split(":", 2)[2] for line in lines if line.split(":")[1] == "cpuacct")
+
+
+def test_a_server_forked_from_a_template_is_accounted_with_its_kernel(short_tmp):
+    """A kernel in a cgroup of its own (a container's, a systemd unit's) gets a server there too,
+    as one it started itself would be, not in the cgroup of whoever started the template."""
+    group = CPUACCT / f"hvd_magic-test-{os.getpid()}-{short_tmp.name}"
+    try:
+        group.mkdir()
+    except OSError:
+        pytest.skip("needs a cgroup v1 cpuacct hierarchy to make a group in")
+    env = os.environ | {"TMPDIR": str(short_tmp)}
+    argv = [sys.executable, "-c", KEEPS_A_SERVER]
+    kernels = []
+    try:
+        for moved in (False, True):  # the first starts the template outside the group
+            join = (lambda: (group / "cgroup.procs").write_text(str(os.getpid()))) if moved else None
+            kernels.append(
+                subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env, preexec_fn=join)
+            )
+            assert Path(kernels[-1].stdout.readline().strip()).is_socket()
+        (server,) = fork_servers_of(kernels[1].pid)
+        assert cpuacct_group(server) == f"/{group.name}" != cpuacct_group(template_of(server))
+    finally:
+        for kernel in kernels:
+            kernel.kill()
+            kernel.wait()
+        for process in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if str(short_tmp) in " ".join(process.cmdline()):
+                    process.kill()
+                    process.wait(10)
+        with contextlib.suppress(OSError):
+            group.rmdir()
+
+
 def test_a_kernel_whose_path_finds_another_copy_of_the_framework_gets_a_template_of_its_own(short_tmp):
     """Two kernels whose paths find two copies of what the servers import (a package installed
     twice, the same file times) do not share a template: each imports its own."""

@@ -17,7 +17,6 @@ import contextlib
 import hashlib
 import importlib.util
 import itertools
-import json
 import os
 import shutil
 import signal
@@ -29,33 +28,21 @@ from collections.abc import Iterable, Mapping
 
 import psutil
 
-from hvd_magic.launch.processes import THREAD_VARS, worker_command
-from hvd_magic.launch.templates import forked_server, listening, locked, remove_ended, shared_base
+from hvd_magic.launch.processes import worker_command
+from hvd_magic.launch.templates import (
+    forked_server,
+    identity,
+    listening,
+    locked,
+    read_at_import,
+    remove_ended,
+    shared_base,
+)
 from hvd_magic.protocol.files import forked_rank_file
 
 __all__ = ["forked_ranks", "own_processes", "rank_command", "server_tree", "serving", "stand_in"]
 
 READY_SECONDS = 120.0  # the server's imports, on a loaded machine
-IMPORT_VARIABLES = ("TORCH", "PYTORCH", "TF_", "KERAS_", "PYTHON", "LD_", "OMP_", "KMP_", "GOMP_", "MKL_")
-# ... of which a framework's imports do not read the other's (Keras, which may run on either, reads both)
-NOT_READ_BY = {
-    "torch": ("TF_", "KERAS_"),
-    "tensorflow": ("TORCH", "PYTORCH"),
-    "tf_keras": ("TORCH", "PYTORCH"),
-}
-# ... but not these: a rank takes its thread budget after the fork (``rank.forkserver``), and its
-# own sys.path and streams
-TAKEN_AFTER_FORK = (*THREAD_VARS, "TF_NUM_INTEROP_THREADS", "PYTHONPATH", "PYTHONUNBUFFERED")
-# The interpreter's own are PYTHONHASHSEED, PYTHONWARNINGS...: no underscore after PYTHON, but for
-# these (3.13's); others with one are no interpreter's (Spark gives each executor's Python workers
-# a PYTHON_WORKER_FACTORY_SECRET of its own, which would have kept a server per executor)
-INTERPRETER_UNDERSCORED = (
-    "PYTHON_GIL",
-    "PYTHON_JIT",
-    "PYTHON_CPU_COUNT",
-    "PYTHON_FROZEN_MODULES",
-    "PYTHON_PRESITE",
-)
 
 
 class _Server:
@@ -65,8 +52,8 @@ class _Server:
     def __init__(
         self, modules: tuple[str, ...], env: Mapping[str, str], folder: str = "", keeper: int | None = None
     ) -> None:
-        self.modules, self.identity = modules, _identity(modules, env)
-        self.read_at_import = _read_at_import(modules, env)
+        self.modules, self.identity = modules, identity(modules, env)
+        self.read_at_import = read_at_import(modules, env)
         self.folder = folder or tempfile.mkdtemp(prefix="hvd_magic-fork-")  # the user's only (0700)
         self.socket = os.path.join(self.folder, "socket")
         environment = os.environ | self.read_at_import | {"PYTHONUNBUFFERED": "1"}
@@ -113,7 +100,7 @@ class _Server:
     def usable(self, env: Mapping[str, str]) -> bool:
         """Alive, and what it imported would be imported alike for ranks of ``env``: the same
         files, and the same variables that the imports read."""
-        return self._alive() and _identity(self.modules, env) == self.identity
+        return self._alive() and identity(self.modules, env) == self.identity
 
     def _alive(self) -> bool:
         if self.started is not None:
@@ -143,44 +130,6 @@ class _Server:
         if self.started is not None:
             self.started.wait()
         shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def _read_at_import(modules: tuple[str, ...], env: Mapping[str, str]) -> dict[str, str]:
-    """The variables of the ranks' environment (this process's, and the run's ``env`` over it)
-    that ``modules``, their OpenMP and the interpreter may read at import: a rank forked later
-    would not see another value of one (``TF_USE_LEGACY_KERAS``, say)."""
-    roots = [module.split(".")[0] for module in modules if not module.startswith("hvd_magic")]
-    unread = set.intersection(*(set(NOT_READ_BY.get(root, ())) for root in roots)) if roots else set()
-    prefixes = tuple(prefix for prefix in IMPORT_VARIABLES if prefix not in unread)
-    merged = os.environ | dict(env)
-    return {
-        name: value
-        for name, value in merged.items()
-        if name.startswith(prefixes)
-        and name not in TAKEN_AFTER_FORK
-        and (not name.startswith("PYTHON_") or name in INTERPRETER_UNDERSCORED)
-    }
-
-
-def _identity(modules: tuple[str, ...], env: Mapping[str, str]) -> str:
-    """What a server for ranks of ``env`` imports, as it would import it: the interpreter, the
-    modules, their files' times and the variables the imports read. A server serves where this
-    is its own."""
-    return json.dumps(
-        [sys.executable, modules, _installed(modules), _read_at_import(modules, env)], sort_keys=True
-    )
-
-
-def _installed(modules: tuple[str, ...]) -> dict[str, tuple[str, float]]:
-    """Where each preloaded package is found, and when its files last changed (a reinstall
-    changes them; another kernel's path may find another copy)."""
-    found = {}
-    for name in {module.split(".")[0] for module in modules}:
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.origin:
-            with contextlib.suppress(OSError):
-                found[name] = (spec.origin, os.stat(spec.origin).st_mtime)
-    return found
 
 
 _servers: dict[tuple[str, ...], _Server] = {}
@@ -223,7 +172,7 @@ def _shared_serving(modules: tuple[str, ...], env: Mapping[str, str], keeper: in
     """The server shared under ``keeper``: in a folder of ``base`` named by the keeper and by what
     the server imports (the modules, their files' times, the variables read at import), started
     under a lock by the first process that finds none listening there."""
-    name = f"{keeper}-{hashlib.sha256(_identity(modules, env).encode()).hexdigest()[:20]}"
+    name = f"{keeper}-{hashlib.sha256(identity(modules, env).encode()).hexdigest()[:20]}"
     folder = os.path.join(base, name)
     with open(os.path.join(base, f"{name}.lock"), "a") as lock:
         if not locked(lock, READY_SECONDS):

@@ -1,14 +1,14 @@
-"""This user's folder of shared fork servers on this machine, and the templates fork servers are
-forked from (``hvd_magic.rank.template``).
+"""What tells fork servers apart (``identity``: what a server imports, as it would import it),
+this user's folder of shared fork servers on this machine, and the templates servers are forked
+from (``hvd_magic.rank.template``).
 
-A template imports a server's modules once, as a server would import them (the same interpreter,
-modules, files and variables read at import: ``forkservers``' identity names it), and forks a
+A template imports a server's modules once, as a server of its identity would, and forks a
 server for each kernel that asks, in milliseconds: a restarted kernel or another notebook starts
 its ranks warm instead of importing the framework anew. (An executor's server is not forked from
-one: it stays below the executor, as its ranks must.) It lives in the
-folder of shared servers, is started under its lock by the first that finds none listening,
-and ends after ``IDLE_SECONDS`` without a request. Where there is no such folder of this user's
-only, there is no template: servers are started as they were.
+one: it stays below the executor, as its ranks must.) It lives in the folder of shared servers,
+is started under its lock by the first that finds none listening, and ends after
+``IDLE_SECONDS`` without a request. Where there is no such folder of this user's only, there is
+no template: servers are started as they were.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -31,8 +32,39 @@ from typing import IO
 
 import psutil
 
-__all__ = ["IDLE_SECONDS", "forked_server", "listening", "locked", "remove_ended", "shared_base"]
+from hvd_magic.launch.processes import THREAD_VARS
 
+__all__ = [
+    "IDLE_SECONDS",
+    "forked_server",
+    "identity",
+    "listening",
+    "locked",
+    "read_at_import",
+    "remove_ended",
+    "shared_base",
+]
+
+IMPORT_VARIABLES = ("TORCH", "PYTORCH", "TF_", "KERAS_", "PYTHON", "LD_", "OMP_", "KMP_", "GOMP_", "MKL_")
+# ... of which a framework's imports do not read the other's (Keras, which may run on either, reads both)
+NOT_READ_BY = {
+    "torch": ("TF_", "KERAS_"),
+    "tensorflow": ("TORCH", "PYTORCH"),
+    "tf_keras": ("TORCH", "PYTORCH"),
+}
+# ... but not these: a rank takes its thread budget after the fork (``rank.forkserver``), and its
+# own sys.path and streams
+TAKEN_AFTER_FORK = (*THREAD_VARS, "TF_NUM_INTEROP_THREADS", "PYTHONPATH", "PYTHONUNBUFFERED")
+# The interpreter's own are PYTHONHASHSEED, PYTHONWARNINGS...: no underscore after PYTHON, but for
+# these (3.13's); others with one are no interpreter's (Spark gives each executor's Python workers
+# a PYTHON_WORKER_FACTORY_SECRET of its own, which would have kept a server per executor)
+INTERPRETER_UNDERSCORED = (
+    "PYTHON_GIL",
+    "PYTHON_JIT",
+    "PYTHON_CPU_COUNT",
+    "PYTHON_FROZEN_MODULES",
+    "PYTHON_PRESITE",
+)
 IDLE_SECONDS = 600.0  # a template without a request for so long ends
 TEMPLATE = "hvd_magic.rank.template"
 READY_SECONDS = 120.0  # the template's imports, on a loaded machine
@@ -145,3 +177,41 @@ def remove_ended(base: str) -> None:
                     os.remove(path)
             else:
                 shutil.rmtree(path, ignore_errors=True)
+
+
+def read_at_import(modules: tuple[str, ...], env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of the ranks' environment (this process's, and the run's ``env`` over it)
+    that ``modules``, their OpenMP and the interpreter may read at import: a rank forked later
+    would not see another value of one (``TF_USE_LEGACY_KERAS``, say)."""
+    roots = [module.split(".")[0] for module in modules if not module.startswith("hvd_magic")]
+    unread = set.intersection(*(set(NOT_READ_BY.get(root, ())) for root in roots)) if roots else set()
+    prefixes = tuple(prefix for prefix in IMPORT_VARIABLES if prefix not in unread)
+    merged = os.environ | dict(env)
+    return {
+        name: value
+        for name, value in merged.items()
+        if name.startswith(prefixes)
+        and name not in TAKEN_AFTER_FORK
+        and (not name.startswith("PYTHON_") or name in INTERPRETER_UNDERSCORED)
+    }
+
+
+def identity(modules: tuple[str, ...], env: Mapping[str, str]) -> str:
+    """What a server for ranks of ``env`` imports, as it would import it: the interpreter, the
+    modules, their files' times and the variables the imports read. A server serves where this
+    is its own."""
+    return json.dumps(
+        [sys.executable, modules, _installed(modules), read_at_import(modules, env)], sort_keys=True
+    )
+
+
+def _installed(modules: tuple[str, ...]) -> dict[str, tuple[str, float]]:
+    """Where each preloaded package is found, and when its files last changed (a reinstall
+    changes them; another kernel's path may find another copy)."""
+    found = {}
+    for name in {module.split(".")[0] for module in modules}:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin:
+            with contextlib.suppress(OSError):
+                found[name] = (spec.origin, os.stat(spec.origin).st_mtime)
+    return found

@@ -15,7 +15,7 @@ import sys
 import threading
 from typing import Any
 
-__all__ = ["WORKER", "become_rank", "show_as"]
+__all__ = ["WORKER", "become_rank", "join_groups_of", "show_as"]
 
 WORKER = "hvd_magic.rank.worker"
 
@@ -32,7 +32,7 @@ def become_rank(conn: socket.socket, request: dict[str, Any], fds: list[int], st
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
     sys.path[:] = _rank_path(request["cwd"], request["env"].get("PYTHONPATH", ""))
-    _take_place_of(stand_in)
+    join_groups_of(stand_in)
     _fresh_state()
     threading.Thread(target=_die_with, args=(conn,), name="hvd_magic-stand-in", daemon=True).start()
     show_as([sys.executable, "-m", WORKER])
@@ -46,14 +46,15 @@ def _rank_path(cwd: str, pythonpath: str) -> list[str]:
     return [cwd, *(entry for entry in pythonpath.split(os.pathsep) if entry), *_BASE_PATH]
 
 
-def _take_place_of(stand_in: int) -> None:
-    """The stand-in's CPU affinity and cgroups (memory accounting and OOM records among them)."""
+def join_groups_of(pid: int) -> None:
+    """Takes the CPU affinity and cgroups of the process ``pid`` (a rank its stand-in's, a server
+    forked from a template its keeper's): memory accounting and OOM records among them."""
     try:
-        os.sched_setaffinity(0, os.sched_getaffinity(stand_in))
+        os.sched_setaffinity(0, os.sched_getaffinity(pid))
     except OSError:
         pass
     try:
-        with open(f"/proc/{stand_in}/cgroup") as lines:
+        with open(f"/proc/{pid}/cgroup") as lines:
             groups = [line.rstrip("\n").split(":", 2) for line in lines]
     except OSError:
         return
@@ -63,7 +64,7 @@ def _take_place_of(stand_in: int) -> None:
             with open(os.path.join(folder + path, "cgroup.procs"), "w") as procs:
                 procs.write(str(os.getpid()))
         except OSError:
-            pass  # not ours to move (no delegation): accounted where the server is
+            pass  # not ours to move (no delegation): accounted where its parent is
 
 
 def show_as(argv: list[str]) -> None:

@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any
 
-from hvd_magic.rank.forked_rank import show_as
+from hvd_magic.rank.forked_rank import join_groups_of, show_as
 from hvd_magic.rank.forkserver import (
     check_peer,
     end_with,
@@ -102,6 +102,7 @@ def _become_server(conn: socket.socket, path: str, keeper: int, modules: list[st
     os.dup2(log, 2)
     os.close(log)
     os.chdir(folder)
+    join_groups_of(keeper)  # accounted with its kernel, as a server the kernel started would be
     show_as([sys.executable, "-m", SERVER, "--keeper", str(keeper), path, *modules])
     listener = listen(path)
     end_with(listener, keeper)
