@@ -564,8 +564,7 @@ def test_a_shared_servers_folder_that_others_may_enter_is_not_used(short_tmp):
 def test_the_server_and_its_template_answer_only_their_own_user(ip, tmp_path, asked):
     (used,) = {seen["grandparent"] for seen in where(ip, tmp_path)}  # a server is up
     process = psutil.Process(used) if asked == "server" else template_of(psutil.Process(used))
-    after = process.cmdline()[process.cmdline().index("-m") + 2 :]  # [IDLE] or [--keeper PID], SOCKET
-    socket_path = after[1] if asked == "template" else after[2] if after[0] == "--keeper" else after[0]
+    socket_path = next(part for part in process.cmdline() if part.endswith("/socket"))
     folder = os.path.dirname(socket_path)
     opened = [folder, os.path.dirname(folder)] if asked == "template" else [folder]  # and its base
     for path in opened:

@@ -33,9 +33,10 @@ from hvd_magic.rank.forkserver import (
     serve_forever,
 )
 
-__all__ = ["SERVER", "template"]
+__all__ = ["SERVER", "detach", "template"]
 
 SERVER = "hvd_magic.rank.forkserver"
+TEMPLATE = "hvd_magic.rank.template"
 MAX_REQUEST = 1 << 12
 LOOK_SECONDS = 5.0  # how often an idle template looks at its folder and its idle time
 
@@ -43,10 +44,8 @@ LOOK_SECONDS = 5.0  # how often an idle template looks at its folder and its idl
 def template(path: str, modules: list[str], idle: float) -> None:
     """A template: imports ``modules`` once, then forks a fork server for each request (its
     socket and keeper), which serves as one started with ``--keeper`` would. It is no child of
-    whoever started it (it forks away at once), and ends once no request came for ``idle``
+    whoever started it (``detach``), and ends once no request came for ``idle``
     seconds and no one holds its lock (``FOLDER.lock``: a client asking for a server holds it)."""
-    if os.fork() > 0:
-        os._exit(0)  # the starter reaps this one; the template is reparented
     folder = os.path.dirname(path)
     import_frozen(modules)
     listener = listen(path)
@@ -122,5 +121,17 @@ def _unclaimed(lock: str) -> bool:
     return True
 
 
+def detach(argv: list[str]) -> None:
+    """Leaves the starter's tree: forks (the starter reaps this process, which ends at once), and
+    the child, a child of no one's, runs the template anew as ``--detached`` (a fresh interpreter,
+    whose own start a tool that watches processes, coverage.py say, sees)."""
+    if os.fork() > 0:
+        os._exit(0)
+    os.execv(sys.executable, [sys.executable, "-m", TEMPLATE, "--detached", *argv])
+
+
 if __name__ == "__main__":
-    template(sys.argv[2], sys.argv[3:], idle=float(sys.argv[1]))
+    if sys.argv[1] == "--detached":
+        template(sys.argv[3], sys.argv[4:], idle=float(sys.argv[2]))
+    else:
+        detach(sys.argv[1:])
