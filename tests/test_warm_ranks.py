@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -500,6 +501,32 @@ def test_a_template_ends_when_idle_or_when_its_folder_is_gone(short_tmp, end):
         shutil.rmtree(folder)
     assert psutil.wait_procs([template], timeout=60)[1] == []
     assert not folder.exists()
+
+
+def test_a_template_refuses_a_request_that_names_no_server_and_goes_on(short_tmp):
+    folder = short_tmp / "template"
+    folder.mkdir(mode=0o700)
+    argv = [sys.executable, "-m", "hvd_magic.rank.template", "600", str(folder / "socket"), "json"]
+    log = folder / "log"
+    with log.open("w") as stderr:
+        subprocess.run(argv, stdout=subprocess.PIPE, stderr=stderr, timeout=120, cwd=folder, check=True)
+    template = psutil.Process(int((folder / "pid").read_text()))
+    try:
+        for request in (
+            {"socket": "relative/socket", "keeper": 1},
+            {"socket": str(short_tmp / "s"), "keeper": "1"},
+        ):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
+                conn.settimeout(30)
+                conn.connect(str(folder / "socket"))
+                conn.sendall(json.dumps(request).encode())
+                assert conn.recv(4096) == b""  # closed, unanswered: nothing forked
+        said = log.read_text()
+        assert "refused a request: no folder for a server's socket at 'relative/socket'" in said
+        assert "refused a request: not a keeper's pid: '1'" in said
+        assert template.is_running() and template.children() == []
+    finally:
+        template.kill()
 
 
 # Workers that wait for a line on stdin, then ask at the same moment for their keepers' servers.
