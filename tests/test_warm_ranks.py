@@ -375,6 +375,18 @@ def template_of(server: psutil.Process) -> psutil.Process:
     return parent
 
 
+def end_all(kernels: list[subprocess.Popen[str]], folder: Path) -> None:
+    """Ends the test's kernels, and the templates and servers whose sockets lie in ``folder``."""
+    for kernel in kernels:
+        kernel.kill()
+        kernel.wait()
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if str(folder) in " ".join(process.cmdline()):
+                process.kill()
+                process.wait(10)
+
+
 def test_kernels_one_after_another_fork_their_servers_from_one_template_that_imported_once(short_tmp):
     """A second kernel (a restarted one, another notebook) gets a server without importing again:
     both servers are forked from one template, which is no kernel's child (a launcher stopping
@@ -403,13 +415,7 @@ def test_kernels_one_after_another_fork_their_servers_from_one_template_that_imp
         assert templates[0] == templates[1] and templates[1].is_running()
         assert mark.read_text() == "imported\n"  # by the template, once
     finally:
-        for kernel in kernels:
-            kernel.kill()
-            kernel.wait()
-        for process in psutil.process_iter():
-            with contextlib.suppress(psutil.Error):
-                if str(short_tmp) in " ".join(process.cmdline()):
-                    process.kill()
+        end_all(kernels, short_tmp)
 
 
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
@@ -441,14 +447,7 @@ def test_a_server_forked_from_a_template_is_accounted_with_its_kernel(short_tmp)
         (server,) = fork_servers_of(kernels[1].pid)
         assert cpuacct_group(server) == f"/{group.name}" != cpuacct_group(template_of(server))
     finally:
-        for kernel in kernels:
-            kernel.kill()
-            kernel.wait()
-        for process in psutil.process_iter():
-            with contextlib.suppress(psutil.Error):
-                if str(short_tmp) in " ".join(process.cmdline()):
-                    process.kill()
-                    process.wait(10)
+        end_all(kernels, short_tmp)
         with contextlib.suppress(OSError):
             group.rmdir()
 
