@@ -18,27 +18,29 @@ IMAGE_HAS = ("torch", "numpy", "psutil", "cloudpickle", "pyarrow", "pandas", "te
              "pyyaml", "packaging", "pygments", "typing-extensions")  # fmt: skip
 # hvd_magic's own needs that such an image lacks (IPython and what it imports, pyzmq), and the two
 # build tools install-horovod asks for at versions Horovod 0.28.1 builds with (the image's
-# setuptools 81 and cmake 4.4 are outside them); at the versions the suite runs with.
-WHEELS = (
-    "ipython==9.18.1",
-    "ipython-pygments-lexers==1.1.1",
-    "traitlets==5.16.1",
-    "jedi==0.20.1",
-    "parso==0.8.7",
-    "prompt-toolkit==3.0.53",
-    "wcwidth==0.9.4",
-    "pexpect==4.9.0",
-    "ptyprocess==0.7.0",
-    "decorator==5.3.1",
-    "matplotlib-inline==0.2.2",
-    "stack-data==0.6.3",
-    "asttokens==3.0.2",
-    "executing==2.3.0",
-    "pure-eval==0.2.4",
-    "pyzmq==27.3.0",
-    "setuptools==79.0.1",
-    "cmake==3.31.10",
-)
+# setuptools 81 and cmake 4.4 are outside them); at the versions the suite runs with, as
+# requirements-dev.txt pins them.
+CARRIED = ("ipython", "ipython-pygments-lexers", "traitlets", "jedi", "parso", "prompt-toolkit", "wcwidth",
+           "pexpect", "ptyprocess", "decorator", "matplotlib-inline", "stack-data", "asttokens", "executing",
+           "pure-eval", "pyzmq", "setuptools", "cmake")  # fmt: skip
+PINS = Path(__file__).resolve().parents[2] / "requirements-dev.txt"
+
+
+def pinned(names: tuple[str, ...], pins: Path = PINS) -> tuple[str, ...]:
+    """``name==version`` for each of ``names``, as ``pins`` (a requirements file) pins it."""
+    found = {}
+    for line in pins.read_text().splitlines():
+        spec = line.split("#", 1)[0].strip()
+        if "==" in spec:
+            name, version = spec.split("==", 1)
+            found[name.strip().lower()] = version.strip()
+    unpinned = [name for name in names if name not in found]
+    if unpinned:
+        raise SystemExit(f"{pins} pins no version of {', '.join(unpinned)}: pin it with ==")
+    return tuple(f"{name}=={found[name]}" for name in names)
+
+
+WHEELS = pinned(CARRIED)
 # Horovod's setup.py asks setuptools for cffi (its setup_requires), which fetches it, from the
 # carried folder too; any version serves (these ran the build on an H200).
 BUILD_WHEELS = ("cffi==2.0.0", "pycparser==2.23")
