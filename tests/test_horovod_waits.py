@@ -15,6 +15,12 @@ from hvd_magic import HorovodRunner
 
 PAUSE = 3.0  # seconds one rank keeps the other waiting
 SPIN_MARGIN = 0.4  # CPU-s: a spinning wait takes a core's share of the whole pause, even loaded
+# Horovod's cycle, in milliseconds (5 by default). Each idle cycle negotiates over MPI, where
+# whichever rank comes first busy-waits for the other: on a loaded machine a rank woken late costs
+# the other its lateness, 200 times a second (rank 0 took 1.05 and 1.18 CPU-s against its peer's
+# 0.23 and 0.27 in two suite runs). Ten times fewer cycles leave the waits under test to show:
+# neither the writer's nor synchronize()'s depends on the cycle.
+CYCLE_MS = "50"
 
 
 def waits(pause: float) -> dict[str, list[float]]:
@@ -64,7 +70,7 @@ def _timeline_names(path: str, tensor: str, timeout: float = 30.0) -> bool:
 
 def test_ranks_that_wait_for_a_late_rank_or_write_the_timeline_sleep(tmp_path):
     timeline = tmp_path / "timeline.json"
-    env = {"HOROVOD_TIMELINE": str(timeline)}  # rank 0 runs Horovod's timeline writer
+    env = {"HOROVOD_TIMELINE": str(timeline), "HOROVOD_CYCLE_TIME": CYCLE_MS}  # rank 0 writes the timeline
     cost = HorovodRunner(np=-2, launcher="mpi", env=env).run(waits, pause=PAUSE)
     writer, other = cost["idle"]
     assert writer < other + SPIN_MARGIN, f"rank 0, with the timeline's writer: {cost}"
