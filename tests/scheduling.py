@@ -6,7 +6,7 @@ A group is a test module (its module-scoped fixtures, a Spark cluster say, are m
 the example notebooks go one a group (they share nothing, and are the longest), the timeline
 modules are one group (they share the session's recorded timelines), and so are the modules
 that share a Spark cluster (``spark_fixtures.shared_spark_session``: made once for all of them,
-stopped at the group's end). Longest first,
+stopped at the group's end), and the modules that mostly wait (``WAITING``). Longest first,
 so that no worker is left with a long group at the end while the other has nothing to do; how
 long each group took is kept in ``durations.json``, written anew by a run with
 ``HVD_MAGIC_RECORD_DURATIONS=1`` (a group it does not know counts as short).
@@ -40,6 +40,16 @@ SAME_CLUSTER = {
     "test_distributor": "spark-four-gpus",
     "test_launch_spark": "spark-four-gpus",
 }
+# Modules that mostly wait (on a timeout, a stall or a rank held on purpose: under a third of a
+# core on average) are one group, run one after another: two of them at once on two workers
+# left the cores idle (a fresh clone's run: 144 idle core-seconds, most of them in its last
+# third, where such modules met), while one beside two busy workers leaves none.
+WAITING = frozenset({
+    "test_session", "test_stragglers_run", "test_faults_horovod", "test_debugger", "test_faults_torch",
+    "test_stop", "test_failure_classes", "test_hub", "test_stalls", "test_horovod_waits",
+    "test_launch_agent", "test_launch_processes",
+})  # fmt: skip
+WAITING_GROUP = "waiting"
 UNKNOWN_SECONDS = 5.0
 
 
@@ -50,6 +60,8 @@ def group_of(nodeid: str) -> str:
         return nodeid
     if module in SAME_CLUSTER:
         return SAME_CLUSTER[module]
+    if module in WAITING:
+        return WAITING_GROUP
     for prefix, group in SHARED.items():
         if module.startswith(prefix):
             return group

@@ -11,7 +11,9 @@ import pytest
 from . import scheduling
 
 
-def test_a_module_is_a_group_but_each_notebook_is_one_and_the_timeline_modules_share_one() -> None:
+def test_a_module_is_a_group_but_notebooks_are_one_each_and_the_timeline_and_waiting_modules_share_one() -> (
+    None
+):
     assert scheduling.group_of("tests/test_magic.py::test_x[a]") == "tests/test_magic.py"
     notebook = "tests/test_examples.py::test_example_notebooks_run_headless[mnist_keras]"
     assert scheduling.group_of(notebook) == notebook
@@ -21,6 +23,9 @@ def test_a_module_is_a_group_but_each_notebook_is_one_and_the_timeline_modules_s
     assert shared == {"spark-four-gpus"}
     standalone = "tests/test_launch_spark_standalone.py"
     assert scheduling.group_of(f"{standalone}::t") == standalone
+    # the modules that mostly wait: one group, never two of them at once
+    waiting = {scheduling.group_of(f"tests/{m}.py::t") for m in ("test_session", "test_stalls", "test_stop")}
+    assert waiting == {scheduling.WAITING_GROUP}
 
 
 def test_the_longest_group_starts_first_and_a_groups_tests_keep_their_order(monkeypatch) -> None:
@@ -47,13 +52,13 @@ def test_a_recording_keeps_groups_it_did_not_run_and_drops_modules_that_are_gone
     monkeypatch.setattr(scheduling, "DURATIONS", durations)
     monkeypatch.setattr(scheduling, "still_exists", lambda group: "gone" not in group)
     recorder = scheduling.DurationRecorder()
-    for nodeid, seconds in [("tests/test_session.py::a", 2.04), ("tests/test_session.py::b", 3.0)]:
+    for nodeid, seconds in [("tests/test_retry.py::a", 2.04), ("tests/test_retry.py::b", 3.0)]:
         recorder.pytest_runtest_logreport(SimpleNamespace(nodeid=nodeid, duration=seconds))  # type: ignore[arg-type]
     recorder.pytest_sessionfinish(None)  # type: ignore[arg-type]
     assert json.loads(durations.read_text()) == {
         "tests/test_magic.py": 50.0,
         "test_timeline": 9.0,
-        "tests/test_session.py": 5.0,
+        "tests/test_retry.py": 5.0,
     }
 
 
