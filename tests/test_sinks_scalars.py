@@ -9,7 +9,7 @@ import time
 import hypothesis
 import hypothesis.strategies as st
 
-from hvd_magic.protocol import Exit, Message, Reports
+from hvd_magic.protocol import Exit, Message, Reports, Started
 from hvd_magic.sinks import run_name
 from hvd_magic.sinks.scalars import GRACE_SECONDS, Point, Scalars
 
@@ -52,6 +52,30 @@ def test_a_value_after_its_steps_mean_was_written_is_the_ranks_point_only():
         Point("loss", 1, 5.0, 30.0, rank=1),
         Point("loss", 1, 5.0, 30.0),
     ]
+
+
+def started(rank: int, size: int) -> Message:
+    return Message(Started("host", 100 + rank, rank, size), rank)
+
+
+def test_an_attempt_on_fewer_ranks_gets_its_means_at_once_and_the_last_attempts_steps_are_written_first():
+    """min_np=: 4 ranks, then 2 (two were lost mid-step), then 4 again; a retry on the same size."""
+    scalars = Scalars(ranks=4)
+    assert [scalars.take(started(rank, 4), now=0.0) for rank in range(4)] == [[]] * 4
+    for rank in range(3):  # rank 3 lost before it reported step 7
+        scalars.take(reports(rank, {"t": 1.0, "step": 7, "metrics": {"loss": float(rank)}}), now=1.0)
+    assert scalars.take(started(0, 2), now=2.0) == [Point("loss", 7, 1.0, 1.0)]  # over the three
+    scalars.take(started(1, 2), now=2.0)
+    scalars.take(reports(0, {"t": 3.0, "step": 26, "metrics": {"loss": 2.0}}), now=3.0)
+    both = scalars.take(reports(1, {"t": 3.5, "step": 26, "metrics": {"loss": 4.0}}), now=3.5)
+    assert both[-1] == Point("loss", 26, 3.0, 3.5)  # at once: not after the grace, nor at the end
+    assert [scalars.take(started(rank, 4), now=4.0) for rank in range(4)] == [[]] * 4
+    for rank in range(4):
+        points = scalars.take(reports(rank, {"t": 5.0, "step": 21, "metrics": {"loss": 1.0}}), now=5.0)
+    assert points[-1] == Point("loss", 21, 1.0, 5.0)
+    scalars.take(reports(0, {"t": 6.0, "step": 28, "metrics": {"loss": 8.0}}), now=6.0)
+    assert scalars.take(started(0, 4), now=7.0) == [Point("loss", 28, 8.0, 6.0)]  # a retry, same size
+    assert scalars.rest() == []
 
 
 def test_a_metric_without_a_step_is_at_the_ranks_current_step_else_its_count_of_records():

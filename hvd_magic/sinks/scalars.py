@@ -8,6 +8,11 @@ within a flush or two of each other, 0.1 s apart), or when the run ends. A value
 after its step's mean was written (a rank more than the grace behind) is that rank's point
 only: a step has one mean. A metric reported without a step belongs to the rank's current
 step, as in the live view.
+
+A run that starts again (``retries=``; on another number of ranks with ``min_np=``) is seen by
+its ranks' ``Started``: a rank that starts a second time, or on another size, begins the next
+attempt. The steps the last attempt left without every rank's value get their means then, over
+the ranks that reported, and the next steps' means wait for the new attempt's ranks.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from hvd_magic.protocol import Message, Reports
+from hvd_magic.protocol import Message, Reports, Started
 
 __all__ = ["GRACE_SECONDS", "Point", "Scalars"]
 
@@ -51,11 +56,14 @@ class Scalars:
         self._count: dict[int, int] = {}  # rank -> its records: the x of metrics never given a step
         self._pending: dict[tuple[str, int], _Pending] = {}  # (metric, step), oldest first
         self._late: dict[tuple[str, int], set[int]] = {}  # written without these ranks, oldest first
+        self._started: set[int] = set()  # the ranks of this attempt that said they started
 
     def take(self, message: Message, now: float) -> list[Point]:
         """The points in ``message`` (arrived at ``now``, the run's clock), and the means that
         are complete or waited past the grace."""
         points: list[Point] = []
+        if isinstance(message.record, Started):
+            points += self._started_on(message.rank, message.record.size)
         if isinstance(message.record, Reports) and 0 <= message.rank < self.ranks:
             for record in json.loads(message.blob):
                 points += self._fold(message.rank, record, now)
@@ -65,6 +73,17 @@ class Scalars:
         """At the end: the means of the steps not every rank reported, over those that did."""
         points = [self._mean(key, pending) for key, pending in self._pending.items()]
         self._pending.clear()
+        return points
+
+    def _started_on(self, rank: int, size: int) -> list[Point]:
+        """Rank ``rank`` started, one of ``size``: a new attempt where it had started already or
+        the size changed (the last attempt's steps then get their means, over who reported)."""
+        points = []
+        if rank in self._started or size != self.ranks:
+            points = self.rest()
+            self._started.clear()
+            self.ranks = size
+        self._started.add(rank)
         return points
 
     def _fold(self, rank: int, record: dict[str, Any], now: float) -> list[Point]:
