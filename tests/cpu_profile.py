@@ -5,7 +5,8 @@ starts use: ranks, mpirun, Spark's JVMs and Python workers, kernels, browsers, t
 Each xdist worker moves itself into a cgroup of its own (cgroup v1's ``cpuacct``), which every
 process it starts inherits, however far it is reparented; the group's CPU is read as each test's
 setup, call and teardown ends, and the test's sum is kept on its teardown report (``cpu_s`` in
-its user properties, which pytest's ``--junitxml`` file takes from that report). The controller
+its user properties, which pytest's ``--junitxml`` file takes from that report), with the worker
+that ran it and when it ended (``worker``, ``ended``: what ran beside what). The controller
 adds them up by module and prints the table at the end of the run.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import warnings
 from collections import defaultdict
 from collections.abc import Generator
@@ -66,7 +68,10 @@ class CpuMeter:
         now = self.seconds()
         self.test, self.last = self.test + now - self.last, now
         if call.when == "teardown":
-            outcome.get_result().user_properties.append((KEY, round(self.test, 2)))
+            properties = outcome.get_result().user_properties
+            properties.append((KEY, round(self.test, 2)))
+            # where and when it ended: each worker's timeline, to see what ran beside what
+            properties += [("worker", self.group.name.rsplit("-", 1)[1]), ("ended", round(time.time(), 1))]
             self.test = 0.0
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
