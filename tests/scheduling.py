@@ -41,9 +41,11 @@ SAME_CLUSTER = {
     "test_launch_spark": "spark-four-gpus",
 }
 # Modules that mostly wait (on a timeout, a stall or a rank held on purpose: under a third of a
-# core on average) are one group, run one after another: two of them at once on two workers
-# left the cores idle (a fresh clone's run: 144 idle core-seconds, most of them in its last
-# third, where such modules met), while one beside two busy workers leaves none.
+# core on average) are one group, run one after another, and it starts first, beside the two
+# Spark clusters' groups, whose JVMs and ranks use more than a core each: there its waits leave
+# the cores to them. Two such modules at once left the cores idle (a fresh clone's run: 144 idle
+# core-seconds, most of them where such modules met); the group beside smaller modules, which
+# use less than a core each, still left 136.
 WAITING = frozenset({
     "test_session", "test_stragglers_run", "test_faults_horovod", "test_debugger", "test_faults_torch",
     "test_stop", "test_failure_classes", "test_hub", "test_stalls", "test_horovod_waits",
@@ -96,8 +98,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadScopeSch
 
 class LongestFirst:
     """Sorts the items by their group's known time, after pytest's own order (which keeps the
-    tests that share a fixture's value together); each group's tests stay together, in the
-    order pytest gave them."""
+    tests that share a fixture's value together), the waiting modules' group first; each
+    group's tests stay together, in the order pytest gave them."""
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
@@ -105,9 +107,9 @@ class LongestFirst:
         groups = [group_of(item.nodeid) for item in items]
         first_seen = {group: index for index, group in reversed(list(enumerate(groups)))}
 
-        def key(index: int) -> tuple[float, int, int]:
+        def key(index: int) -> tuple[bool, float, int, int]:
             group = groups[index]
-            return -seconds.get(group, UNKNOWN_SECONDS), first_seen[group], index
+            return group != WAITING_GROUP, -seconds.get(group, UNKNOWN_SECONDS), first_seen[group], index
 
         items[:] = [items[index] for index in sorted(range(len(items)), key=key)]
 

@@ -28,13 +28,17 @@ def test_a_module_is_a_group_but_notebooks_are_one_each_and_the_timeline_and_wai
     assert waiting == {scheduling.WAITING_GROUP}
 
 
-def test_the_longest_group_starts_first_and_a_groups_tests_keep_their_order(monkeypatch) -> None:
-    known = {"tests/test_b.py": 100.0, "tests/test_a.py": 10.0}
+def test_the_waiting_group_then_the_longest_start_first_and_a_groups_tests_keep_their_order(
+    monkeypatch,
+) -> None:
+    known = {"tests/test_b.py": 100.0, "tests/test_a.py": 10.0, scheduling.WAITING_GROUP: 20.0}
     monkeypatch.setattr(scheduling, "known_seconds", lambda: known)
     ids = ["tests/test_a.py::one", "tests/test_c.py::one", "tests/test_b.py::one", "tests/test_a.py::two"]
+    ids.append("tests/test_stalls.py::one")
     items = [SimpleNamespace(nodeid=nodeid) for nodeid in ids]
     scheduling.LongestFirst().pytest_collection_modifyitems(items)  # type: ignore[arg-type]
     assert [item.nodeid for item in items] == [
+        "tests/test_stalls.py::one",  # beside the longest groups, which use the cores it leaves
         "tests/test_b.py::one",
         "tests/test_a.py::one",
         "tests/test_a.py::two",
