@@ -506,6 +506,21 @@ def test_more_ranks_than_slots_fails_fast_with_advice(cluster):
     assert "np=6" in message and "has 4" in message and "spark.executor" in message
 
 
+def test_executors_are_waited_for_only_where_the_configuration_allows_enough_slots():
+    from hvd_magic.launch.spark_session import slot_wait
+
+    def session(**settings: str) -> SimpleNamespace:
+        settings = {key.replace("_", "."): value for key, value in settings.items()}
+        return SimpleNamespace(conf=SimpleNamespace(get=lambda key, default=None: settings.get(key, default)))
+
+    assert slot_wait(session(spark_master="local-cluster[2,2,1024]"), 6, 10.0) == 0.0  # 4 at most
+    assert slot_wait(session(spark_master="local-cluster[2,2,1024]"), 4, 10.0) == 10.0  # still joining
+    assert slot_wait(session(spark_master="local[4]", spark_task_cpus="2"), 3, 10.0) == 0.0
+    static = session(spark_master="yarn", spark_executor_instances="2", spark_executor_cores="4")
+    assert slot_wait(static, 9, 10.0) == 0.0 and slot_wait(static, 8, 10.0) == 10.0
+    assert slot_wait(session(spark_master="spark://host:7077"), 64, 10.0) == 10.0  # it does not say
+
+
 def test_run_secrets_never_appear_on_command_lines(ip, cluster, monkeypatch):
     from hvd_magic import hub as hub_module
 

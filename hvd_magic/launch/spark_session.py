@@ -219,9 +219,16 @@ def slots_within(read: Callable[[], int | None], need: int, deadline: float, pol
         time.sleep(poll)
 
 
+def slot_wait(session: Any, np: int, wait: float = SLOT_WAIT_SECONDS) -> float:
+    """How long to wait for executors to register before the slots are counted: none where the
+    configuration allows fewer than ``np`` at most (the master URL's, or static executors')."""
+    ceiling = _slots_from_conf(session)
+    return 0.0 if ceiling is not None and ceiling < np else wait
+
+
 def check_slots(session: Any, np: int, wait: float = SLOT_WAIT_SECONDS) -> None:
     """Raise LaunchError unless ``np`` barrier tasks can run at once (executors may still join)."""
-    slots = wait_for_slots(session, np, wait)
+    slots = wait_for_slots(session, np, slot_wait(session, np, wait))
     if slots is None or slots >= np:
         return
     gpus = conf(session, "spark.task.resource.gpu.amount")
