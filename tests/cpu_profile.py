@@ -32,15 +32,16 @@ class CpuMeter:
     """On a worker: its cgroup's CPU time, read as each phase of a test ends; the test's whole
     figure goes on its teardown report (the one pytest's JUnit file takes properties from)."""
 
-    def __init__(self, group: Path, home: str) -> None:
-        self.group, self.home = group, home
+    def __init__(self, group: Path, home: str, worker: str) -> None:
+        self.group, self.home, self.worker = group, home, worker
         self.last = self.seconds()
         self.test = 0.0  # the running test's CPU so far
 
     @classmethod
-    def start(cls, name: str) -> CpuMeter | None:
-        """This process in a new cgroup ``name``; None where cgroup v1's cpuacct is not writable."""
-        group = CPUACCT / name
+    def start(cls, worker: str) -> CpuMeter | None:
+        """This process (xdist's ``worker``) in a new cgroup of its own; None where cgroup v1's
+        cpuacct is not writable."""
+        group = CPUACCT / f"hvd_magic-suite-{os.getpid()}-{worker}"
         try:
             home = next(
                 line.split(":", 2)[2]
@@ -54,7 +55,7 @@ class CpuMeter:
                 f"{VARIABLE}: no cpuacct cgroup to measure in ({err}); nothing measured", stacklevel=1
             )
             return None
-        return cls(group, home)
+        return cls(group, home, worker)
 
     def seconds(self) -> float:
         return int((self.group / "cpuacct.usage").read_text()) / 1e9
@@ -71,7 +72,7 @@ class CpuMeter:
             properties = outcome.get_result().user_properties
             properties.append((KEY, round(self.test, 2)))
             # where and when it ended: each worker's timeline, to see what ran beside what
-            properties += [("worker", self.group.name.rsplit("-", 1)[1]), ("ended", round(time.time(), 1))]
+            properties += [("worker", self.worker), ("ended", round(time.time(), 1))]
             self.test = 0.0
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
@@ -106,7 +107,7 @@ def configure(config: pytest.Config) -> None:
         return
     worker = getattr(config, "workerinput", {}).get("workerid")
     if worker is not None or not config.getoption("numprocesses", None):
-        meter = CpuMeter.start(f"hvd_magic-suite-{os.getpid()}-{worker or 'main'}")
+        meter = CpuMeter.start(worker or "main")
         if meter is not None:
             config.pluginmanager.register(meter, "hvd-magic-cpu-meter")
     if worker is None:

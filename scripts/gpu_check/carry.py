@@ -28,12 +28,16 @@ PINS = Path(__file__).resolve().parents[2] / "requirements-dev.txt"
 
 def pinned(names: tuple[str, ...], pins: Path = PINS) -> tuple[str, ...]:
     """``name==version`` for each of ``names``, as ``pins`` (a requirements file) pins it."""
+    from packaging.requirements import Requirement
+
     found = {}
     for line in pins.read_text().splitlines():
         spec = line.split("#", 1)[0].strip()
-        if "==" in spec:
-            name, version = spec.split("==", 1)
-            found[name.strip().lower()] = version.strip()
+        if spec and not spec.startswith("-"):
+            requirement = Requirement(spec)
+            exact = [item.version for item in requirement.specifier if item.operator == "=="]
+            if exact:
+                found[requirement.name.lower()] = exact[0]
     unpinned = [name for name in names if name not in found]
     if unpinned:
         raise SystemExit(f"{pins} pins no version of {', '.join(unpinned)}: pin it with ==")
