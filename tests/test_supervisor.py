@@ -26,7 +26,7 @@ from hvd_magic.protocol import (
     Waiting,
 )
 from hvd_magic.run import supervisor as run_supervisor
-from hvd_magic.run.supervisor import DRAIN_SECONDS, Run
+from hvd_magic.run.supervisor import DRAIN_SECONDS, SETTLE_SECONDS, Run
 
 from .fakes import FakeHub, ScriptedLauncher, SteppingClock, healthy_rank, nothing, send
 from .helpers import RecordingView
@@ -98,6 +98,32 @@ def test_the_drain_does_not_wait_for_ranks_that_ended_without_a_word(seen, said)
     with pytest.raises(RunError, match=said):
         supervisor.execute()
     assert clock.now - began < DRAIN_SECONDS
+
+
+def test_a_run_whose_ranks_all_said_their_exit_ends_without_settling():
+    """The settle is for a rank that died without a word; a healthy run (every session cell, every
+    cold cell) ends as soon as each rank's exit is in (it waited 0.25 s at every end: issue 77)."""
+    launcher = ScriptedLauncher(on_start=healthy_rank(0, value=7) + healthy_rank(1), code=0)
+    clock = SteppingClock(0.001)  # each read 1 ms: the old settle took >= 250 reads
+    began = clock.now
+    supervisor = Run(FakeHub(), launcher, RecordingView(), make_options(np=-2, launcher="gloo"), clock=clock)
+    supervisor.wait = 0.001
+    assert supervisor.execute() == (7, {})
+    assert clock.now - began < SETTLE_SECONDS / 4
+
+
+def test_what_a_killed_rank_sent_just_before_it_died_is_still_read():
+    """A rank the launcher saw die: what it sent on its way out arrives after the launcher ended."""
+    launcher = ScriptedLauncher(on_start=[*healthy_rank(0, value=1), send(1, Started("h", 2, 1, 2))], code=1)
+    launcher.seen_deaths = [death_of(1, -9, "h")]
+    hub, view = FakeHub(), RecordingView()
+    clock = SteppingClock(0.01)  # the settle spans ~25 clock reads
+    supervisor = Run(hub, launcher, view, make_options(np=-2, launcher="gloo"), clock=clock)
+    supervisor.wait = 0.001
+    hub.put_after(hub.events.reads + 8, 1, Log())
+    with pytest.raises(RunError, match=r"rank 1 was killed by signal 9"):
+        supervisor.execute()
+    assert any(isinstance(message.record, Log) for message in view.messages)
 
 
 def test_the_cause_arriving_after_a_consequence_is_named():

@@ -24,6 +24,7 @@ __all__ = [
     "rank_failed",
     "run_stopped",
     "silent_death",
+    "unaccounted",
     "unloadable_value",
 ]
 
@@ -32,6 +33,15 @@ def silent_death(record: RunRecord, deaths: list[RankDeath]) -> RankDeath | None
     """The first rank the launcher saw end that had not reported an error or its exit."""
     spoke = {failure.rank for failure in record.errors} | set(record.exited)
     return next((death for death in deaths if death.rank not in spoke), None)
+
+
+def unaccounted(record: RunRecord, deaths: list[RankDeath], ended_by: str | None) -> tuple[bool, bool]:
+    """After the launcher ended: is a started rank still to be heard from (neither its exit nor
+    its death known), and is one dead without having said its exit? A run stopped from outside
+    (``ended_by``) took all its ranks with it."""
+    dead = set(record.started) if ended_by is not None else {death.rank for death in deaths}
+    quiet = [rank for rank in record.started if rank not in record.exited]
+    return any(rank not in dead for rank in quiet), any(rank in dead for rank in quiet)
 
 
 def explained(record: RunRecord, deaths: list[RankDeath], ended_by: str | None = None) -> bool:

@@ -262,17 +262,16 @@ class Run:
 
     def _drain(self) -> None:
         """After the launcher exits: the messages still on their way, until every started rank
-        said it exited or is known dead (a killed rank says nothing), or ``DRAIN_SECONDS``."""
+        said it exited or is known dead (a killed rank says nothing), or ``DRAIN_SECONDS``; a rank
+        dead without a word adds up to ``SETTLE_SECONDS``, for what it sent just before it died."""
         now = self.clock()
         settle, deadline = now + SETTLE_SECONDS, now + DRAIN_SECONDS
-        while (self._unaccounted() or self.clock() < settle) and self.clock() < deadline:
+        while self.clock() < deadline:
+            waiting, silent = diagnosis.unaccounted(self.record, self.launcher.deaths(), self.launcher.ended_by)
+            if not waiting and (not silent or self.clock() >= settle):
+                break
             self._pump(wait=self.wait / 2)
         self._pump(wait=0)
-
-    def _unaccounted(self) -> bool:
-        ended = self.launcher.ended_by is not None  # stopped from outside: its ranks ended with it
-        dead = set(self.record.started) if ended else {death.rank for death in self.launcher.deaths()}
-        return any(rank not in self.record.exited and rank not in dead for rank in self.record.started)
 
     def _rank_failed(self) -> RunError:
         """A rank's error that only says Horovod shut down has its cause elsewhere: another rank's
