@@ -112,6 +112,23 @@ def test_a_run_whose_ranks_all_said_their_exit_ends_without_settling():
     assert clock.now - began < SETTLE_SECONDS / 4
 
 
+class DeathsCounted(ScriptedLauncher):
+    asked = 0
+
+    def deaths(self):  # type: ignore[no-untyped-def]
+        self.asked += 1
+        return super().deaths()
+
+
+def test_a_clean_end_asks_the_launcher_for_no_deaths():
+    """A Spark launcher's deaths ask Spark (eight JVM calls): a live cell on Spark spent 2.5 ms of
+    its 5 in them, twice a cell. A run whose ranks all said their exit needs no such word."""
+    launcher = DeathsCounted(on_start=healthy_rank(0, value=3) + healthy_rank(1), code=0)
+    supervisor, _, _ = run(launcher)
+    assert supervisor.execute() == (3, {})
+    assert launcher.asked == 0
+
+
 def test_what_a_killed_rank_sent_just_before_it_died_is_still_read():
     """A rank the launcher saw die: what it sent on its way out arrives after the launcher ended."""
     launcher = ScriptedLauncher(on_start=[*healthy_rank(0, value=1), send(1, Started("h", 2, 1, 2))], code=1)

@@ -16,6 +16,7 @@ from hvd_magic.run.record import RunRecord, is_consequence, timed_out
 from hvd_magic.run.timeouts import UNEVEN_HINT
 
 __all__ = [
+    "clean_end",
     "death_host",
     "explained",
     "failure_after_exit",
@@ -40,8 +41,15 @@ def unaccounted(record: RunRecord, deaths: list[RankDeath], ended_by: str | None
     its death known), and is one dead without having said its exit? A run stopped from outside
     (``ended_by``) took all its ranks with it."""
     dead = set(record.started) if ended_by is not None else {death.rank for death in deaths}
-    quiet = [rank for rank in record.started if rank not in record.exited]
+    quiet = record.unfinished()
     return any(rank not in dead for rank in quiet), any(rank in dead for rank in quiet)
+
+
+def clean_end(record: RunRecord, code: int) -> bool:
+    """Every rank started and said its exit, none an error, rank 0's result is in, the launcher
+    exited 0: nothing to explain (nor to ask the launcher: a Spark launcher's deaths ask Spark)."""
+    ended = code == 0 and not record.errors and not record.unfinished()
+    return ended and not record.never_started() and record.result is not None
 
 
 def explained(record: RunRecord, deaths: list[RankDeath], ended_by: str | None = None) -> bool:
@@ -148,10 +156,9 @@ def failure_after_exit(
     """
     if record.errors:
         return rank_failed(record, silent_death(record, deaths), ended_by)
-    never_started = record.never_started()
-    unfinished = [rank for rank in record.started if rank not in record.exited]
-    if code == 0 and not never_started and not unfinished and record.result is not None:
+    if clean_end(record, code):
         return None
+    never_started, unfinished = record.never_started(), record.unfinished()
     if ended_by is not None:
         return run_stopped(ended_by, started=bool(record.started))
     problems, failure = [], FailureClass.LOST if never_started else None

@@ -119,6 +119,10 @@ class RunRecord:
         if (ended := self.waits.pop(rank, None)) is not None:
             self.ended_waits[rank] = ended
 
+    def unfinished(self) -> list[int]:
+        """The started ranks that have not said their exit."""
+        return [rank for rank in self.started if rank not in self.exited]
+
     def last_wait(self, rank: int) -> WaitSeen | None:
         """Where ``rank`` waits, or waited until just now (nothing else came from it since)."""
         return self.waits.get(rank) or self.ended_waits.get(rank)

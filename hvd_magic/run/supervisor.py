@@ -264,10 +264,11 @@ class Run:
         """After the launcher exits: the messages still on their way, until every started rank
         said it exited or is known dead (a killed rank says nothing), or ``DRAIN_SECONDS``; a rank
         dead without a word adds up to ``SETTLE_SECONDS``, for what it sent just before it died."""
-        now = self.clock()
+        now, launcher = self.clock(), self.launcher
         settle, deadline = now + SETTLE_SECONDS, now + DRAIN_SECONDS
-        while self.clock() < deadline:
-            waiting, silent = diagnosis.unaccounted(self.record, self.launcher.deaths(), self.launcher.ended_by)
+        self._pump(wait=0)
+        while self.record.unfinished() and self.clock() < deadline:  # (deaths() may ask Spark)
+            waiting, silent = diagnosis.unaccounted(self.record, launcher.deaths(), launcher.ended_by)
             if not waiting and (not silent or self.clock() >= settle):
                 break
             self._pump(wait=self.wait / 2)
@@ -286,11 +287,11 @@ class Run:
         return diagnosis.rank_failed(self.record, death, launcher.ended_by, launcher.said())
 
     def _outcome(self, code: int) -> Any:
-        failure = diagnosis.failure_after_exit(
-            self.record, code, self.launcher.deaths(), self.launcher.diagnostics(), self.launcher.ended_by
-        )
-        if failure is not None:
-            raise failure
+        if not diagnosis.clean_end(self.record, code):  # else the launcher need not be asked
+            said = self.launcher.deaths(), self.launcher.diagnostics(), self.launcher.ended_by
+            failure = diagnosis.failure_after_exit(self.record, code, *said)
+            if failure is not None:
+                raise failure
         assert self.record.result is not None
         try:
             return cloudpickle.loads(self.record.result)
