@@ -137,6 +137,7 @@ class CurveServer:
     def close(self) -> None:
         with self._wake_lock:
             self._stop.set()
+            self._wake_out.send(b"")  # the loop ends now, not at its next poll's timeout
         self._thread.join(timeout=5)
         for sock in (self._socket, self._wake_in, self._wake_out):
             sock.close(linger=0)

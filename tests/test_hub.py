@@ -9,6 +9,7 @@ import time
 import pytest
 import zmq
 
+from hvd_magic import hub as hub_module
 from hvd_magic.hub import Hub, Replies
 from hvd_magic.launch.gloo import GlooStore, gloo_slots
 from hvd_magic.protocol import Kind, Log, RankStacks, Result, StoreAnswer, StoreRequest
@@ -144,3 +145,14 @@ def test_replies_gather_the_answers_to_their_question_only_and_drop_late_ones(hu
     client.close()
     assert [m.record for m in second] == [RankStacks(questions[1])]  # the late one was dropped
     assert hub.events.qsize() == 1  # the Hello only: answers are never queued as the run's events
+
+
+def test_close_ends_the_hubs_loop_at_once_not_at_its_next_poll(monkeypatch):
+    """Every run closes its hub: the loop waited out its poll (0.2 s) at every cold cell's end
+    (issue 77). With a poll of a minute, a close that did not wake the loop would take the
+    5 s it gives the thread."""
+    monkeypatch.setattr(hub_module, "_POLL_MS", 60_000)
+    hub = Hub("127.0.0.1", b"")
+    started = time.monotonic()
+    hub.close()
+    assert time.monotonic() - started < 2.5
