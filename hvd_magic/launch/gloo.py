@@ -13,6 +13,7 @@ responders).
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.server
 import os
 import socket
@@ -29,6 +30,7 @@ from hvd_magic.protocol import GlooSlot, Message, Record, StoreAnswer, StoreRequ
 __all__ = ["GlooStore", "LoopbackStoreServer", "gloo_env", "gloo_slots"]
 
 MAX_VALUE_BYTES = 64 << 20  # Gloo stores addresses: ~150 bytes per peer per rank
+STOP_POLL_SECONDS = 0.02  # how soon a closed store's thread sees its stop
 Backend = Callable[[str, str, bytes], tuple[int, bytes]]
 
 
@@ -233,7 +235,10 @@ class LoopbackStoreServer(http.server.ThreadingHTTPServer):
         self.port: int = self.server_address[1]
         self.refused = 0
         self._known: dict[int, float] = {}  # descendant pid -> its start time (pids get reused)
-        self._thread = threading.Thread(target=self.serve_forever, name="hvd_magic-gloo-store", daemon=True)
+        # Its stop is seen at the next poll: at the default 0.5 s, every Gloo task on Spark held its
+        # slot that long after its rank ended.
+        serve = functools.partial(self.serve_forever, poll_interval=STOP_POLL_SECONDS)
+        self._thread = threading.Thread(target=serve, name="hvd_magic-gloo-store", daemon=True)
         self._thread.start()
 
     def verify_request(self, request: Any, client_address: Any) -> bool:

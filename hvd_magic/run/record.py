@@ -123,6 +123,10 @@ class RunRecord:
         """The started ranks that have not said their exit."""
         return [rank for rank in self.started if rank not in self.exited]
 
+    def all_exited(self) -> bool:
+        """Ranks started, and every one of them said its exit."""
+        return bool(self.started) and not self.unfinished()
+
     def last_wait(self, rank: int) -> WaitSeen | None:
         """Where ``rank`` waits, or waited until just now (nothing else came from it since)."""
         return self.waits.get(rank) or self.ended_waits.get(rank)
