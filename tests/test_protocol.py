@@ -73,6 +73,7 @@ EXAMPLES = {
     Kind.TYPED: protocol.Typed(3, "p x"),
     Kind.DEBUGGER_LEFT: protocol.DebuggerLeft("--Return--\n"),
     Kind.NOTICED: protocol.Noticed("AWS spot interruption notice: {...}"),
+    Kind.TIMING_OFF: protocol.TimingOff(0.087, 0.00141, 0.01),
     Kind.NATIVE_ASKED: protocol.NativeAsked(3, [1, 2], [4242, 4343]),
     Kind.NATIVE_DUMPS: protocol.NativeDumps(3, [1], ["Thread 4242 (idle): ..."]),
     Kind.STOP_ASKED: protocol.StopAsked("Spark is decommissioning executor 2 (10.0.0.3)"),

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hvd_magic.options import OptionError, make_options
-from hvd_magic.protocol import Exit, Message, RankStatus, Reports, Started, Straggler
+from hvd_magic.protocol import Exit, Message, RankStatus, Reports, Started, Straggler, TimingOff
 from hvd_magic.run.stragglers import (
     RECOVERY_SHARE,
     StragglerDetector,
@@ -172,16 +173,21 @@ def test_the_watch_names_a_rank_with_its_host_and_reason_from_the_messages_it_is
     assert watch.check(8.2) == []  # it finished: forgotten, not "caught up"
 
 
-def lock_step(watch: StragglerWatch, waits: dict[int, float] | None, seconds: int = 8) -> list[Straggler]:
+def lock_step(
+    watch: StragglerWatch,
+    waits: dict[int, float] | None,
+    seconds: int = 8,
+    unsent: Callable[[int, float], bool] = lambda rank, now: False,
+) -> list[Straggler]:
     """Three ranks in lock-step, five steps a second on the wall clock; with ``waits``, each
-    rank's seconds waited in collectives per step (sent as ``w``)."""
+    rank's seconds waited in collectives per step (sent as ``w``, unless ``unsent(rank, now)``)."""
     found = []
     for tick in range(1, seconds * 10 + 1):
         now = tick / 10
         if tick % 2 == 0:
             for rank in (0, 1, 2):
                 record = {"t": 1000 + now, "step": tick // 2}
-                if waits is not None:
+                if waits is not None and not unsent(rank, now):
                     record["w"] = waits[rank] * (tick // 2)
                 watch.take(Message(Reports(), rank, json.dumps([record]).encode()), now)
         found += watch.check(now)
@@ -206,6 +212,20 @@ def test_in_lock_step_without_measured_waits_no_rank_stands_out():
     assert lock_step(StragglerWatch(StragglerRule(0.7, 2.0)), None) == []
     # measured, and even: nobody is named either
     assert lock_step(StragglerWatch(StragglerRule(0.7, 2.0)), {0: 0.1, 1: 0.1, 2: 0.1}) == []
+
+
+def test_while_a_rank_sends_no_waits_every_rank_is_judged_by_wall_time():
+    """A rank whose timing stopped (it cost too much) or is held (measuring what it costs) sends
+    no waits: judging the others' own clocks against its wall clock would name it; all are
+    judged by wall time then (nobody in lock-step), by their own clocks again once all send."""
+    waits = {0: 0.15, 1: 0.01, 2: 0.15}  # rank 1 is the one the others wait for
+    stopped = lock_step(
+        StragglerWatch(StragglerRule(0.7, 2.0)), waits, unsent=lambda rank, now: rank == 0 and now > 1
+    )
+    assert stopped == []
+    held = lock_step(StragglerWatch(StragglerRule(0.7, 2.0)), waits, 12, lambda rank, now: 1 < now <= 4)
+    assert [(s.slow_rank, s.recovered) for s in held] == [(1, False)], held
+    assert held[0].outside > 0.85  # on its own clock again (0.95 once its rate has settled)
 
 
 def test_a_rank_that_goes_silent_decays_into_a_straggler():
@@ -238,6 +258,20 @@ def test_the_live_model_shows_a_straggler_until_it_recovers():
     assert "likely data wait" in model.summary() and "straggler: data wait" in grid_html(model)
     model.apply(Message(Straggler(1, "host-1", 1.0, 1.1, 0.7, 10.0, recovered=True), 1))
     assert "straggler" not in model.summary() and "straggler" not in grid_html(model)
+
+
+def test_a_timing_stopped_for_its_cost_is_said_once_whichever_ranks_say_it(capsys):
+    view, model = ConsoleView(), RunModel(2)
+    for rank in (1, 0):
+        off = Message(TimingOff(0.0869, 0.00141, 0.01), rank)
+        view.message(off)
+        model.apply(off)
+    said = (
+        "hvd_magic: rank 1's wait timing cost 8.7 % of its 1.41 ms step (over 1 %); it is off for this "
+        "run, and stragglers are judged by wall time"
+    )
+    assert capsys.readouterr().err.splitlines() == [said]
+    assert model.summary().endswith(said) and model.summary().count("wait timing") == 1
 
 
 def test_the_console_says_a_straggler_once_and_when_it_caught_up(capsys):

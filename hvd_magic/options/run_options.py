@@ -29,7 +29,7 @@ from hvd_magic.options.parse import (
     parse_timeline,
     parse_timeout,
 )
-from hvd_magic.protocol.env import ENV_PREEMPTION, preemption_error
+from hvd_magic.protocol.env import ENV_PREEMPTION, ENV_TIMING_LIMIT, parse_timing_limit, preemption_error
 from hvd_magic.run.stragglers import StragglerRule
 
 __all__ = [
@@ -165,11 +165,16 @@ def make_options(
 
 
 def _checked_env(env: str | dict[str, str] | None) -> dict[str, str]:
-    """``env=``, with the preemption notice's source checked (the notebook's own variable too)."""
+    """``env=``, with the preemption notice's source and the wait timing's limit checked (the
+    notebook's own variables too)."""
     values = parse_env(env)
     preemption = values.get(ENV_PREEMPTION, os.environ.get(ENV_PREEMPTION, ""))
     if preemption and (problem := preemption_error(preemption)):
         raise OptionError(problem)
+    try:
+        parse_timing_limit(values.get(ENV_TIMING_LIMIT, os.environ.get(ENV_TIMING_LIMIT)))
+    except ValueError as err:
+        raise OptionError(str(err)) from None
     return values
 
 

@@ -18,6 +18,7 @@ from hvd_magic.protocol.control_messages import (
     ResumeRequest,
     StacksAsked,
     StopAsked,
+    TimingOff,
     Typed,
 )
 from hvd_magic.protocol.env import (
@@ -31,6 +32,7 @@ from hvd_magic.protocol.env import (
     ENV_SHARDS,
     ENV_SLOT_GPUS,
     ENV_TIME_WAITS,
+    ENV_TIMING_LIMIT,
     ENV_TOKEN,
     ENV_VIA_AGENT,
 )
@@ -116,6 +118,7 @@ __all__ = [
     "ENV_RESIZED",
     "ENV_SHARD",
     "ENV_TIME_WAITS",
+    "ENV_TIMING_LIMIT",
     "ENV_SHARDS",
     "ENV_SLOT_GPUS",
     "ENV_TOKEN",
@@ -170,6 +173,7 @@ __all__ = [
     "StoreAnswer",
     "StoreRequest",
     "Straggler",
+    "TimingOff",
     "Typed",
     "Waiting",
 ]

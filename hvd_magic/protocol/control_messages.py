@@ -1,6 +1,7 @@
 """The records that keep a long run's work and show where it is: checkpoints asked back by ranks
 that resume, a stop the ranks reach at a step boundary, each rank's stacks asked at any moment,
-and a rank's questions to the person at the notebook (``input()``, pdb). Kinds are in
+and a rank's questions to the person at the notebook (``input()``, pdb), and what a rank says of its
+own machine (a preemption notice) and of its wait timing (stopped: it cost too much). Kinds are in
 ``messages``."""
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ __all__ = [
     "ResumeRequest",
     "StacksAsked",
     "StopAsked",
+    "TimingOff",
     "Typed",
 ]
 
@@ -137,3 +139,20 @@ class Noticed(Record):
     """A rank's machine is about to be taken (a cloud's preemption notice it read): ``text``."""
 
     text: str = ""
+
+
+@_kind(Kind.TIMING_OFF)
+@dataclass(frozen=True)
+class TimingOff(Record):
+    """The rank's timing of its waits in collectives cost ``share`` of its ``step`` (seconds, an
+    untimed one), over ``limit``: it is off in that rank from now on, which sends no waits
+    (``rank.timing_cost``), so the straggler watch judges the ranks by wall time."""
+
+    share: float
+    step: float
+    limit: float
+
+    def text(self, rank: int) -> str:
+        cost = f"{100 * self.share:.1f} % of its {1e3 * self.step:.2f} ms step (over {100 * self.limit:g} %)"
+        then = "it is off for this run, and stragglers are judged by wall time"
+        return f"rank {rank}'s wait timing cost {cost}; {then}"

@@ -17,11 +17,14 @@ __all__ = [
     "ENV_SHARDS",
     "ENV_SLOT_GPUS",
     "ENV_TIME_WAITS",
+    "ENV_TIMING_LIMIT",
     "ENV_TOKEN",
     "ENV_VIA_AGENT",
     "RANK_VARIABLES",
     "TF_LEVEL_VARIABLE",
     "TIMELINE_DYNAMIC",
+    "TIMING_LIMIT",
+    "parse_timing_limit",
     "preemption_error",
     "rank_from_env",
 ]
@@ -39,6 +42,8 @@ ENV_PREEMPTION = "HVD_MAGIC_PREEMPTION"  # aws, gcp, azure or file:PATH: a notic
 ENV_RESIZED = "HVD_MAGIC_RESIZED"  # "4,3": this attempt's ranks, resized from 4 to 3 (min_np=)
 ENV_FORK_SERVER = "HVD_MAGIC_FORK_SERVER"  # a warm rank's stand-in: its fork server's socket (mpi on Spark)
 ENV_TIME_WAITS = "HVD_MAGIC_TIME_WAITS"  # "0": the rank times no waits in collectives (stragglers=off)
+ENV_TIMING_LIMIT = "HVD_MAGIC_TIMING_LIMIT"  # "2%", "0.02" or "off": what that timing may cost a step
+TIMING_LIMIT = 0.01  # its default: 1 % of the rank's step
 TF_LEVEL_VARIABLE = "TF_CPP_MIN_LOG_LEVEL"  # TensorFlow C++ log level: set by the notebook
 # HOROVOD_TIMELINE's value for a timeline started and stopped by hvd.start_timeline/stop_timeline
 # (a live session's cells): no file of its own until then.
@@ -53,6 +58,26 @@ def preemption_error(value: str) -> str | None:
         f"{ENV_PREEMPTION}={value}: say where each rank looks for a preemption notice: aws, gcp, azure "
         "(the cloud's metadata service) or file:PATH (a file a node agent writes)"
     )
+
+
+def parse_timing_limit(value: str | None) -> float | None:
+    """``HVD_MAGIC_TIMING_LIMIT``: the share of a rank's step its wait timing may cost (``2%``,
+    ``0.02``; unset: 1 %), or None for no limit (``off``). A ValueError says the spelling."""
+    spelled = (value or "").strip().lower()
+    if not spelled:
+        return TIMING_LIMIT
+    if spelled in ("off", "none", "no", "0"):
+        return None
+    try:
+        limit = float(spelled[:-1]) / 100 if spelled.endswith("%") else float(spelled)
+    except ValueError:
+        limit = -1.0
+    if not 0 < limit < 1:
+        raise ValueError(
+            f"{ENV_TIMING_LIMIT}={value}: say what share of a rank's step the timing of its waits may "
+            "cost before it stops, e.g. 1% or 0.01, or off for no limit"
+        )
+    return limit
 
 
 # A rank's (rank, local rank, size) as each launcher sets them, in the order they are looked for

@@ -51,11 +51,12 @@ prompt         rank → hub               ``Prompt``          —
 typed          hub → rank               ``Typed``           —
 debugger_left  rank → hub               ``DebuggerLeft``    —
 noticed        rank → hub               ``Noticed``         —
+timing_off     rank → hub               ``TimingOff``       —
 =============  =======================  ==================  ================================
 
 A new kind is one ``Kind`` member, one record class (the ranks' here, the Spark tasks' and the
 exec agents' in ``task_messages``, a live session's in ``session_messages``, checkpoints' and
-graceful stops', stacks' and prompts' in ``control_messages``) and one row in this table.
+graceful stops', stacks', prompts' and a rank's notices in ``control_messages``) and one row in this table.
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ class Kind(str, Enum):
     TYPED = "typed"
     DEBUGGER_LEFT = "debugger_left"
     NOTICED = "noticed"
+    TIMING_OFF = "timing_off"
     NATIVE_ASKED = "native_asked"
     NATIVE_DUMPS = "native_dumps"
 

@@ -14,7 +14,8 @@ Every training step is timed. Timing one step in many was tried and taken back: 
 sample is right on average but too noisy for a rank that waits most of its time (see
 docs/stragglers.md). On an H200, with a 1.2 ms step, timing a step cost about 20 us in Python
 and 70 us for each CUDA event recorded from the backward (measured, not explained), before the
-timed path was made flat (below).
+timed path was made flat (below). So the timing measures what it costs each model's steps, once,
+and where that is over its limit, stops (``timing_cost``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 from hvd_magic.rank import collective_time
 from hvd_magic.rank.after_import import when_imported
 from hvd_magic.rank.device_waits import DeviceWaits
+from hvd_magic.rank.timing_cost import LimitedSteps, timing_limit
 
 __all__ = ["BackwardWait", "time_ddp", "time_model", "time_on_device", "time_on_host"]
 
@@ -39,6 +41,7 @@ _tried: weakref.WeakKeyDictionary[Any, BackwardWait | None] = weakref.WeakKeyDic
 _device_waits: dict[int, DeviceWaits] = {}  # this process's CUDA waits, by device (their events)
 _counted: set[int] = set()  # the waits counted as this rank's (their ids)
 _UNTRIED: Any = object()  # a model not in _tried
+_stopped = False  # timing cost too much: no model is timed from now on
 
 
 def time_ddp() -> None:
@@ -66,7 +69,7 @@ def _patch_ddp(module: ModuleType) -> None:
                 _mark(functools.partial(time_model, self))
                 wait = _tried.get(self)
             if isinstance(wait, BackwardWait):
-                wait.armed = synced  # a backward under ``no_sync`` waits for nothing
+                wait.step(synced)
         return forward(self, *args, **kwargs)
 
     ddp._hvd_magic_timed = True
@@ -78,6 +81,8 @@ def time_model(model: Any) -> None:
     place), as its first training forward in a rank does: on the host's clock on the CPU, by
     CUDA events on a CUDA GPU, not at all on other devices."""
     _untimed(model)  # tried once, whatever comes of it
+    if _stopped:  # timing cost a model's steps too much
+        return
     if model.device_type == "cpu":
         time_on_host(model)
     elif model.device_type == "cuda":
@@ -108,9 +113,19 @@ def _untimed(model: Any) -> None:
 
 def _time(model: Any, clock: HostClock | DeviceClock) -> None:
     _untimed(model)
-    wait = _tried[model] = BackwardWait(clock, _parameter(model))
+    limit = timing_limit()
+    limited = LimitedSteps(limit, _stop) if limit is not None else None
+    wait = _tried[model] = BackwardWait(clock, _parameter(model), limited)
     weakref.finalize(model, wait.forget)  # the hook goes with the model (a module wrapped anew)
     collective_time.measured()
+
+
+def _stop() -> None:
+    """Time no model from now on (the timing cost too much)."""
+    global _stopped
+    _stopped = True
+    for model in list(_tried.keys()):
+        _untimed(model)
 
 
 def _parameter(model: Any) -> Any:
@@ -135,16 +150,33 @@ class BackwardWait:
     current stream). A forward whose backward never came is not timed (an eval forward; of two
     forwards before a backward, the backward is timed once)."""
 
-    def __init__(self, clock: HostClock | DeviceClock, parameter: Any) -> None:
+    def __init__(self, clock: HostClock | DeviceClock, parameter: Any, limited: LimitedSteps | None) -> None:
         self.clock = clock
+        self.limited = limited  # what the timing costs, until known (then None)
         self.armed = False  # a training forward ran whose backward has not been timed yet
         self.queue = _engine().queue_callback  # runs a callback once the backward's graph is done
         self.hook = parameter.register_post_accumulate_grad_hook(self._accumulated)
 
+    def step(self, synced: bool) -> None:
+        """A training forward: time its backward, unless under ``no_sync`` (that backward waits
+        for nothing) or left untimed to measure what timing costs."""
+        limited = self.limited
+        if synced and limited is not None:
+            try:
+                synced, done = limited.step(), limited.probe.done
+            except Exception:  # noqa: BLE001 - timed without a limit rather than a failed step
+                limited.forget()
+                done = True
+            if done:
+                self.limited = None
+        self.armed = synced
+
     def forget(self) -> None:
-        """Time no more (the model is timed anew)."""
+        """Time no more (the model is timed anew, or is gone, or its timing cost too much)."""
         self.hook.remove()
         self.armed = False
+        if self.limited is not None:
+            self.limited.forget()
 
     # These two, and the end a clock gives, run inside every timed backward, where each line of
     # Python costs several times what it costs in a loop (measured: 6-9 us a call on the CPU,

@@ -15,7 +15,9 @@ Where the waits are timed:
 - Horovod's TensorFlow gradient allreduce, in the graph: ``collective_tf``.
 
 Elsewhere (TF1-style graphs, steps XLA compiles, accelerators other than CUDA GPUs) a rank
-sends no ``w`` and is judged by wall time.
+sends no ``w`` and is judged by wall time. It sends none either while the figure is held (``hold``:
+DDP's timing measuring what it costs, ``timing_cost``), nor once the timing is off (``switch_off``:
+``stragglers=off``, or a timing that cost over its limit).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["add", "add_source", "measured", "switch_off", "timed", "waited"]
+__all__ = ["add", "add_source", "end_hold", "hold", "is_off", "measured", "switch_off", "timed", "waited"]
 
 # Modules of Horovod's PyTorch binding that hold ``synchronize`` under that name (the first defines it).
 TIMED_MODULES = (
@@ -45,15 +47,46 @@ _cells: dict[int, list[float]] = {}
 _installed = False
 _measured = False  # a timer other than Horovod-torch's is in place (DDP, TensorFlow)
 _sources: list[Callable[[], float]] = []  # clocks kept elsewhere (TensorFlow's, in its graph)
-_off = False  # nothing is timed in this process (stragglers=off)
+_off = False  # nothing is timed in this process (stragglers=off, or its timing cost too much)
+_holds: dict[object, float] = {}  # what holds the figure back, until when (perf_counter's clock)
+_said = 0.0  # the figure last said
+_held = False  # a hold kept the last call from saying one
+_unsaid = 0.0  # seconds waited while held, left out of the figure
 
 
 def waited() -> float | None:
     """Seconds this process has waited in collectives so far; None while nothing is measured
-    (``horovod.torch`` not imported, no DDP model hooked, no TensorFlow allreduce timed)."""
+    (``horovod.torch`` not imported, no DDP model hooked, no TensorFlow allreduce timed) or held.
+    After a hold the figure goes on from the last one said: the waits in between are left out."""
+    global _said, _held, _unsaid
     if _off or (not _installed and not _install() and not _measured):
         return None
-    return sum(cell[0] for cell in list(_cells.values())) + sum(_read(source) for source in _sources)
+    if _holds and _holding():
+        _held = True
+        return None
+    total = sum(cell[0] for cell in list(_cells.values())) + sum(_read(source) for source in _sources)
+    if _held:
+        _held, _unsaid = False, total - _said
+    _said = total - _unsaid
+    return _said
+
+
+def hold(key: object, seconds: float) -> None:
+    """Say no figure (``waited`` is None) until ``end_hold(key)``, or for ``seconds`` at most."""
+    _holds[key] = time.perf_counter() + seconds
+
+
+def end_hold(key: object) -> None:
+    """End ``key``'s hold (if any)."""
+    _holds.pop(key, None)
+
+
+def _holding() -> bool:
+    now = time.perf_counter()
+    for key, until in list(_holds.items()):
+        if until <= now:
+            _holds.pop(key, None)  # a hold whose holder went quiet (its model trains no more)
+    return bool(_holds)
 
 
 def _read(source: Callable[[], float]) -> float:
@@ -64,9 +97,15 @@ def _read(source: Callable[[], float]) -> float:
 
 
 def switch_off() -> None:
-    """Time nothing in this process (``stragglers=off``): ``waited`` says None from now on."""
+    """Time nothing in this process (``stragglers=off``, or a timing over its limit): ``waited``
+    says None from now on."""
     global _off
     _off = True
+
+
+def is_off() -> bool:
+    """Whether ``switch_off`` was called in this process."""
+    return _off
 
 
 def add(spent: float) -> None:

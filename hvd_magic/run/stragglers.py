@@ -14,7 +14,10 @@ wait for the slow one inside the collective. Where a rank measures its waits in 
 TensorFlow gradients, on the CPU and GPUs), its steps are timed on its own clock, that time less its
 waits, so the rank the others wait for is the slow one; elsewhere steps/s are judged by wall
 time, which names ranks whose steps are their own (independent work, uneven
-shards before a sync), and the stall watch names a rank the others wait on.
+shards before a sync), and the stall watch names a rank the others wait on. Own clocks are only
+compared with own clocks: while any rank sends no waits (none measured; its timing measuring what
+it costs, or off because it cost too much: ``rank.timing_cost``) every rank is judged by wall
+time, and a rank's own clock runs with the wall clock meanwhile (its waits as last sent).
 """
 
 from __future__ import annotations
@@ -167,7 +170,9 @@ class StragglerWatch:
         self.hosts: dict[int, str] = {}
         self.steps: dict[int, StepRate] = {}  # on the rank's own clock: its time outside collectives
         self.walls: dict[int, StepRate] = {}  # on the wall clock
-        self.measured: set[int] = set()  # ranks that send their waits in collectives
+        self.waited: dict[int, float] = {}  # each rank's waits in collectives, as last sent
+        self.measuring: set[int] = set()  # ranks whose last step came with their waits
+        self.own_clocks = False  # at the last check: every rank judged sent its waits
         self.statuses: dict[int, list[tuple[float, RankStatus]]] = {}  # the last two, per rank
         self.ended: set[int] = set()
 
@@ -179,9 +184,12 @@ class StragglerWatch:
             self.hosts[rank] = record.host
         elif isinstance(record, Reports):
             for step, sent, waited in _steps(message.blob, now):
-                if waited is not None:
-                    self.measured.add(rank)
-                self.steps.setdefault(rank, StepRate()).add(step, sent - (waited or 0.0), now)
+                if waited is None:
+                    self.measuring.discard(rank)
+                else:
+                    self.measuring.add(rank)
+                    self.waited[rank] = waited
+                self.steps.setdefault(rank, StepRate()).add(step, sent - self.waited.get(rank, 0.0), now)
                 self.walls.setdefault(rank, StepRate()).add(step, sent, now)
         elif isinstance(record, RankStatus):
             self.statuses[rank] = [*self.statuses.get(rank, [])[-1:], (now, record)]
@@ -192,15 +200,19 @@ class StragglerWatch:
         """Reports come in batches (ten a second, later under load), so a fast rank is always a
         step "late" between two batches: rates are judged ``REPORT_SLACK`` back, where only a
         real silence has made a rank's rate decay. Rates are on the ranks' own clocks (their
-        time outside collectives, where measured), decayed as their wall-clock rates are."""
+        time outside collectives, where every rank measures them), decayed as their wall-clock
+        rates are."""
         if self.detector is None:
             return []
-        rates = {}
+        rates, walls = {}, {}
         for rank, wall in self.walls.items():
             shown, own = wall.at(now - REPORT_SLACK), self.steps[rank].rate
             if rank not in self.ended and shown is not None and own is not None and wall.rate:
                 rates[rank] = own * shown / wall.rate  # a silent rank decays as on the wall clock
-        return [self._straggler(change) for change in self.detector.check(now, rates)]
+                walls[rank] = shown
+        self.own_clocks = all(rank in self.measuring for rank in rates)
+        judged = rates if self.own_clocks else walls
+        return [self._straggler(change) for change in self.detector.check(now, judged)]
 
     def _straggler(self, change: Change) -> Straggler:
         assert self.detector is not None
@@ -224,10 +236,10 @@ class StragglerWatch:
         )
 
     def _outside(self, rank: int) -> float | None:
-        """The share of its time a rank spent outside collectives lately (None: not measured,
-        the rank sent no waits, or too few steps yet)."""
+        """The share of its time a rank spent outside collectives lately (None: judged by wall
+        time, some rank sends no waits, or too few steps yet)."""
         own, wall = self.steps.get(rank), self.walls.get(rank)
-        if rank not in self.measured or own is None or wall is None or not own.rate or wall.rate is None:
+        if not self.own_clocks or own is None or wall is None or not own.rate or wall.rate is None:
             return None
         return min(wall.rate / own.rate, 1.0)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Protocol, TextIO
 
-from hvd_magic.protocol import Log, LogDecoder, Message, Stall, Straggler
+from hvd_magic.protocol import Log, LogDecoder, Message, Stall, Straggler, TimingOff
 
 __all__ = ["ConsoleView", "RunView", "make_view", "timeline_notice"]
 
@@ -34,6 +34,7 @@ class ConsoleView:
         self._open: dict[str, int | None] = {"stdout": None, "stderr": None}  # stream -> rank mid-line
         self._decoder = LogDecoder()
         self._stall: Stall | None = None
+        self._timing_off = False  # said: a rank's wait timing cost too much (once, whichever rank)
 
     def notice(self, text: str) -> None:
         self._end_open_line("stderr")
@@ -44,6 +45,9 @@ class ConsoleView:
             self._stalled(message.record)
         if isinstance(message.record, Straggler):
             self.notice(f"hvd_magic: {message.record.text()}")
+        if isinstance(message.record, TimingOff) and not self._timing_off:
+            self._timing_off = True
+            self.notice(f"hvd_magic: {message.record.text(message.rank)}")
         if not isinstance(message.record, Log):
             return
         stream, rank = message.record.stream, message.rank

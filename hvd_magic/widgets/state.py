@@ -23,6 +23,7 @@ from hvd_magic.protocol import (
     Stall,
     Started,
     Straggler,
+    TimingOff,
 )
 from hvd_magic.run.step_rate import StepRate
 
@@ -153,6 +154,7 @@ class RunModel:
         self.reports = 0
         self._dropped = [0] * ranks
         self.notices: list[str] = []
+        self._timing_off = False  # a rank said its wait timing cost too much: shown once
         self._count = [0] * ranks  # x for metrics reported without a step
         self._forwarded = [0] * ranks  # lines of each rank already in the "all" log
         self._decoder = LogDecoder()
@@ -186,6 +188,9 @@ class RunModel:
             progress.resources, progress.peak_rss = record, max(progress.peak_rss, record.rss)
         elif isinstance(record, Straggler):
             progress.straggling = None if record.recovered else record
+        elif isinstance(record, TimingOff) and not self._timing_off:
+            self._timing_off = True
+            self.notices.append(f"hvd_magic: {record.text(rank)}")
         else:
             return
         self.version += 1
