@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 
+from figures import keep
+
 MASTER = "local[4]"
 
 
@@ -71,10 +73,17 @@ def main() -> None:
         )
         results[kind] = json.loads(done.stdout.strip().splitlines()[-1])
     print(f"launch on Spark Connect beside classic: np=2, {MASTER}, median of {args.repeat}")
+    figures: dict[str, str] = {}
     for launcher in ("mpi", "gloo"):
         classic, connect = results["classic"][launcher], results["connect"][launcher]
         ratio = connect / classic
         print(f"  {launcher:5s} classic {classic:6.2f} s  connect {connect:6.2f} s  ({ratio:.2f}x)")
+        figures |= {
+            f"classic_{launcher}": f"{classic:.2f} s",
+            f"connect_{launcher}": f"{connect:.2f} s",
+            f"connect_{launcher}_classic": f"{ratio:.2f}x",
+        }
+    keep("connect_launch", figures)
 
 
 if __name__ == "__main__":

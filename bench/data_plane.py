@@ -19,7 +19,8 @@ Two paths are timed (np=2, each rank reads its whole shard as an Arrow table; th
 pyarrow is timed twice: warm, in this process, and its first read in a new process (what a
 rank reading the files itself would get: a fresh process pays for its first 100 MB of memory).
 For scale, the same DataFrame collected into the notebook as Arrow (``df.toArrow()``, what a user
-would otherwise do before shipping it) is timed too. Each rank also times its own read.
+would otherwise do before shipping it) is timed too. Each rank also times its own read. The
+figures are kept for the docs (``figures.py``).
 
 Usage: python bench/data_plane.py [--rows 5000000] [--repeat 5]
 """
@@ -36,6 +37,7 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
+from figures import keep
 from timing import least_seconds
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -186,6 +188,20 @@ def main() -> None:
         f"{fresh_seconds / direct:.2f}x pyarrow's in a new process; "
         f"through Spark's rows: {pyarrow_seconds / general:.2f}x pyarrow, {collect_seconds / general:.2f}x "
         "Spark's toArrow()"
+    )
+    keep(
+        "data_plane",
+        {
+            "pyarrow_rate": f"{rows / pyarrow_seconds / 1e6:.0f}M rows/s",
+            "direct": f"{direct:.2f} s",
+            "direct_plan": f"{plan_seconds * 1000:.0f} ms",
+            "direct_rate": f"{rows / direct / 1e6:.0f}M rows/s",
+            "direct_pyarrow": f"{pyarrow_seconds / direct:.2f}x",
+            "direct_fresh": f"{fresh_seconds / direct:.2f}x",
+            "spark_rate": f"{rows / general / 1e6:.1f}M rows/s",
+            "spark_pyarrow": f"{pyarrow_seconds / general:.2f}x",
+            "spark_to_arrow": f"{collect_seconds / general:.2f}x",
+        },
     )
     session.stop()
 

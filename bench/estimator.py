@@ -5,7 +5,8 @@
 - transform rows/s of the fitted model against a plain pandas UDF with the same module.
 
 Each is the least of ``--repeat`` wall times (the floor is the cost on a shared, noisy machine);
-a fit is one short run, so a few epochs keep training, not the launch, in the measure.
+a fit is one short run, so a few epochs keep training, not the launch, in the measure. The
+figures are kept for the docs (``figures.py``).
 
 Usage: python bench/estimator.py [--repeat 3] [--epochs 4]
 """
@@ -19,6 +20,7 @@ import os
 import sys
 from pathlib import Path
 
+from figures import keep
 from timing import least_seconds
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -120,6 +122,16 @@ def main() -> None:
     print(f"fit: {hand_seconds / fit_seconds:.2f}x the hand-written run's samples/s (target >= 0.9)")
     print(f"fit: {live_seconds / fit_seconds:.2f}x the same loop reporting each step, as the estimator does")
     print(f"transform: {plain_seconds / transform_seconds:.2f}x a plain pandas UDF's rows/s")
+    keep(
+        "estimator",
+        {
+            "fit_rate": f"{samples / fit_seconds:,.0f} samples/s",
+            "fit_hand": f"{hand_seconds / fit_seconds:.2f}x",
+            "fit_live": f"{live_seconds / fit_seconds:.2f}x",
+            "transform_rate": f"{transform_rate:,.0f} rows/s",
+            "transform_plain": f"{plain_seconds / transform_seconds:.2f}x",
+        },
+    )
     session.stop()
 
 

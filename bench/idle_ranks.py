@@ -10,7 +10,8 @@ released spun about one core for the MPI rank that came first to each cycle (8.0
 ``--spark``: three MPI ranks of a session on a local-cluster (two executors of two slots), whose
 waits yield the core (hvd_magic's setting, ``OMPI_MCA_mpi_yield_when_idle=1``) against the
 same ranks spinning as Open MPI would by itself there (the variable set to 0 through ``env=``,
-the baseline, measured in the same run). Target: yielding costs at most half.
+the baseline, measured in the same run). Target: yielding costs at most half. The figures are
+kept for the docs (``figures.py``: ``idle_ranks``, ``idle_ranks_spark``).
 
 Usage: python bench/idle_ranks.py [--pause 8] [--repeat 3] [--spark]
 """
@@ -23,6 +24,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+from figures import keep
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -53,7 +56,7 @@ def idle_cost(
     return costs
 
 
-def on_spark(pause: float, repeat: int) -> None:
+def on_spark(pause: float, repeat: int) -> dict[str, str]:
     from pyspark.sql import SparkSession
 
     from tests import spark_jvm  # the suite's small JVMs
@@ -76,6 +79,11 @@ def on_spark(pause: float, repeat: int) -> None:
         print(f"  {name:<20} CPU-s per rank per pause: median {median:5.2f}, most {most:5.2f}")
     ratio = statistics.median(yielding) / statistics.median(spinning)
     print(f"  yielding / spinning, median: {ratio:.2f}x (<= 0.5)")
+    return {
+        "spinning": f"{statistics.median(spinning):.2f} CPU-s",
+        "yielding": f"{statistics.median(yielding):.2f} CPU-s",
+        "yielding_spinning": f"{ratio:.2f}x",
+    }
 
 
 def main() -> None:
@@ -87,7 +95,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.spark:
-        on_spark(args.pause, args.repeat)
+        keep("idle_ranks_spark", on_spark(args.pause, args.repeat))
         return
     gloo = idle_cost("gloo", args.pause, args.repeat)
     mpi = idle_cost("mpi", args.pause, args.repeat)
@@ -98,6 +106,13 @@ def main() -> None:
               f"most {max(costs):5.2f} ({share:.0%} of a core)")  # fmt: skip
     ratio = statistics.median(mpi) / statistics.median(gloo)
     print(f"  mpi / gloo, median: {ratio:.2f}x (<= 1); most: {max(mpi) / max(gloo):.2f}x")
+    figures = {
+        "gloo": f"{statistics.median(gloo):.2f} CPU-s",
+        "mpi": f"{statistics.median(mpi):.2f} CPU-s",
+        "mpi_most": f"{max(mpi):.2f} CPU-s",
+        "mpi_gloo": f"{ratio:.2f}x",
+    }
+    keep("idle_ranks", figures)
 
 
 if __name__ == "__main__":

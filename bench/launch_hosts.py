@@ -6,7 +6,7 @@ In that kernel, each figure is the median wall time of ``HorovodRunner(...).run`
 allreduce (every rank imports torch and horovod, one allreduce, exits), after a warm-up run:
 ``np=3`` on Spark (mpi, gloo, ``backend=torch``) against ``np=-3`` on the notebook's own host.
 The hosts share this machine's cores, so the figure is launch and rendezvous cost across
-hosts, not network speed.
+hosts, not network speed. The figures are kept for the docs (``figures.py``).
 
 Usage: sudo python bench/launch_hosts.py [--repeat 5]   (python -m tests.multihost up first
 reuses a bed already up)
@@ -20,6 +20,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from figures import keep
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -88,7 +90,16 @@ def main() -> int:
     for name, seconds in results.items():
         if "3 hosts" in name:
             print(f"{name}: {seconds / single:.2f}x np=-3 on one host")
+    keep("launch_hosts", {FIGURE_NAMES[name]: f"{seconds:.2f} s" for name, seconds in results.items()})
     return 0
+
+
+FIGURE_NAMES = {  # the docs' names for the cell's figures
+    "np=3 on 3 hosts (Spark, mpi)": "spark_mpi",
+    "np=3 on 3 hosts (Spark, gloo)": "spark_gloo",
+    "np=3 on 3 hosts (backend=torch)": "spark_torch",
+    "np=-3 on 1 host (local, mpi)": "local_mpi",
+}
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import sys
 import time
 
 import psutil
+from figures import keep
 
 from hvd_magic.errors import RunError
 from hvd_magic.hub import Hub
@@ -72,9 +73,11 @@ class Simulated(Launcher):
         return []
 
 
-def kernel_side(ranks: int, seconds: float, rate: int) -> None:
+def kernel_side(ranks: int, seconds: float, rate: int) -> dict[str, float]:
     """The run's real supervision (``Run``: hub, pump, record, straggler watch, live view) fed
-    by the simulator until it ends; the run then fails (no rank sent a result), as expected."""
+    by the simulator until it ends; the run then fails (no rank sent a result), as expected.
+    Returns the reports sent, dropped at the ranks and lost, the UI updates a second and the
+    kernel's CPU as a share of one core."""
     hub = Hub("127.0.0.1", b"")
     view = LiveView(ranks, show=False)
     me = psutil.Process()
@@ -89,12 +92,17 @@ def kernel_side(ranks: int, seconds: float, rate: int) -> None:
     wall = time.monotonic() - started
     cpu_after = me.cpu_times()
     sent, dropped = map(int, simulator.stdout.read().split())  # type: ignore[union-attr]
-    received = view.model.reports
     cpu = (cpu_after.user + cpu_after.system - cpu_before.user - cpu_before.system) / wall
+    lost = sent - dropped - view.model.reports
+    return {"sent": sent, "dropped": dropped, "lost": lost, "updates": view.updates / wall, "cpu": cpu}
+
+
+def print_kernel_side(ranks: int, seconds: float, rate: int, side: dict[str, float]) -> None:
     print(f"(b) kernel side, {ranks} simulated ranks x {rate} reports/s for {seconds:.0f} s:")
-    print(f"    reports sent {sent}, dropped at the ranks {dropped}, lost {sent - dropped - received}")
-    print(f"    UI updates {view.updates} in {wall:.1f} s = {view.updates / wall:.1f}/s (target <= 10)")
-    print(f"    kernel CPU {cpu:.1%} of one core (target <= 30 %)")
+    sent, dropped, lost = side["sent"], side["dropped"], side["lost"]
+    print(f"    reports sent {sent:.0f}, dropped at the ranks {dropped:.0f}, lost {lost:.0f}")
+    print(f"    UI updates {side['updates']:.1f}/s (target <= 10)")
+    print(f"    kernel CPU {side['cpu']:.1%} of one core (target <= 30 %)")
 
 
 TRAIN = """
@@ -116,7 +124,7 @@ def main(report, steps):
 """
 
 
-def training_cost(rounds: int, steps: int) -> None:
+def training_cost(rounds: int, steps: int) -> dict[str, str]:
     from hvd_magic import HorovodRunner
 
     namespace: dict[str, object] = {"__name__": "__main__"}
@@ -148,6 +156,7 @@ def training_cost(rounds: int, steps: int) -> None:
     hub.close()
     share = per_call * 100
     print(f"    one report() call: {per_call * 1e6:.1f} us = {share:.3%} of a second at 100 reports/s")
+    return {"training_cost": f"{(a - b) / a:+.1%}", "report_call": f"{per_call * 1e6:.1f} µs"}
 
 
 def main() -> None:
@@ -159,8 +168,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000)
     args = parser.parse_args()
     print(f"live view benchmark on {os.cpu_count()} cores")
-    training_cost(args.rounds, args.steps)
-    kernel_side(args.ranks, args.seconds, args.rate)
+    figures = training_cost(args.rounds, args.steps)
+    side = kernel_side(args.ranks, args.seconds, args.rate)
+    print_kernel_side(args.ranks, args.seconds, args.rate, side)
+    figures |= {
+        "updates": f"{side['updates']:.1f}",
+        "kernel_cpu": f"{side['cpu']:.0%}",
+        "lost": f"{side['lost']:.0f}",
+    }
+    keep("live_view", figures)
 
 
 if __name__ == "__main__":

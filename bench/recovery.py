@@ -14,6 +14,8 @@
   with and without ``hvd_magic.checkpoint`` of its model and optimizer every 100 steps. Target:
   <= 2 % of the training time.
 
+The figures are kept for the docs (``figures.py``).
+
 Usage: python bench/recovery.py [--repeat 3]
 """
 
@@ -32,6 +34,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from figures import keep
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -204,6 +208,15 @@ def main() -> None:
     print(f"  600 steps without checkpoints (np=-2)             {plain:6.2f} s")
     cost = 100 * (kept / plain - 1)
     print(f"  600 steps, a checkpoint every 100                 {kept:6.2f} s   {cost:+.1f} % (<= 2 %)")
+    keep(
+        "recovery",
+        {
+            "cold": f"{cold:.2f} s",
+            "recovered": f"{recovered:.2f} s",
+            "notice": f"{noticed:.2f} s",
+            "checkpoint_cost": f"{cost:+.1f} %",
+        },
+    )
     session.stop()
 
 

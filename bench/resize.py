@@ -15,6 +15,8 @@ repetition:
    executor) and hvd_magic's (both slots there to the first step at full size: the smaller run's
    next checkpoint, its stop, the relaunch, Horovod's start, the resume).
 
+The figures are kept for the docs (``figures.py``).
+
 Usage: python bench/resize.py [--repeat 3]
 """
 
@@ -32,6 +34,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from figures import keep
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -134,6 +138,8 @@ def main() -> None:
     print(f"  a host's return to the run at full size           {spark + ours:6.2f} s")
     print(f"    Spark: the worker's start to both slots there    {spark:6.2f} s")
     print(f"    hvd_magic: both slots to training at np=2        {ours:6.2f} s")
+    figures = {"fewer": fewer, "back": spark + ours, "spark": spark, "ours": ours}
+    keep("resize", {name: f"{seconds:.2f} s" for name, seconds in figures.items()})
 
 
 if __name__ == "__main__":

@@ -13,7 +13,9 @@ timed and one not, a step of each in turn, which goes first alternating. Printed
 median step, the difference, and that difference as a share of the same model's step on 2
 ranks (measured in the same run). Target (issue 41): <= 1 %. ``--device cuda`` measures the
 torch paths on a GPU (the GPU check runs it): one GPU cannot hold 2 NCCL ranks, so the cost is
-a share of the 1-rank step there, a stricter measure.
+a share of the 1-rank step there, a stricter measure. The timed copy is timed every step here
+(``HVD_MAGIC_TIMING_LIMIT=off``); ``limits_itself`` runs DDP's timing as a rank does, left to its
+limit, which switches it off where it costs over 1 % of the step (``rank.timing_cost``).
 
 Usage: python bench/stragglers.py [--steps 3000] [--paths ddp,horovod,keras] [--device cuda]
 """
@@ -22,9 +24,11 @@ from __future__ import annotations
 
 import argparse
 
+from figures import keep
 from timing import QuietView
 
 from hvd_magic.options import make_options
+from hvd_magic.protocol import ENV_TIMING_LIMIT, Message, TimingOff
 from hvd_magic.run.capture import capture_cell
 from hvd_magic.run.supervisor import execute
 
@@ -116,17 +120,55 @@ models = {"timed": lambda: timed.train_on_batch(x, y), "off": lambda: off.train_
 
 PATHS = {"ddp": DDP, "horovod": HOROVOD, "keras": KERAS}
 
+# DDP's timing as a rank with stragglers on runs it (left to its limit); its value: whether it is off
+LIMITED = (
+    TORCH_MODELS
+    + """
+import torch.distributed as dist, hvd_magic
+from torch.nn.parallel import DistributedDataParallel as DDP
+from hvd_magic.rank import collective_time
+dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo")
+model = DDP(net())
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(1, STEPS + 1):
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    hvd_magic.report(step=step)
+collective_time.waited() is None
+"""
+)
+
 
 def seconds(path: str, steps: int, np: int = -1, device: str = "cpu") -> tuple[float, float]:
     """Rank 0's median step of the timed copy and of the other, in seconds (the median: a
     step caught by the machine's other work, or by Horovod's cycle, does not move it)."""
     torch = path == "ddp"
     options = make_options(
-        np=np, backend="torch" if torch else None, launcher=None if torch else "gloo", stragglers="off"
+        np=np,
+        backend="torch" if torch else None,
+        launcher=None if torch else "gloo",
+        stragglers="off",
+        env={ENV_TIMING_LIMIT: "off"},  # timed every step, its cost as it is
     )
     cell = f"DEVICE = {device!r}\nSTEPS = {steps}\n" + PATHS[path] + INTERLEAVED
     (timed, off), _ = execute(capture_cell(cell, {}), options, QuietView())  # rank 0's value
     return float(timed), float(off)
+
+
+def limits_itself(device: str = "cpu", steps: int = 400) -> tuple[bool, list[str]]:
+    """DDP's timing left to its limit on 1 rank for ``steps`` steps (the limit's probe takes
+    230): whether it is off at the end, and what the rank said of it (the view's line)."""
+    said: list[str] = []
+
+    class Said(QuietView):
+        def message(self, message: object) -> None:
+            if isinstance(message, Message) and isinstance(message.record, TimingOff):
+                said.append(message.record.text(message.rank))
+
+    cell = f"DEVICE = {device!r}\nSTEPS = {steps}\n" + LIMITED
+    off, _ = execute(capture_cell(cell, {}), make_options(np=-1, backend="torch"), Said())
+    return bool(off), said
 
 
 def main() -> None:
@@ -136,12 +178,19 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args()
     print(f"straggler timing: its cost on 1 rank, {args.steps} steps of each copy, in turn, {args.device}")
+    figures = {}
     for path in args.paths.split(","):
-        print(f"  {path:8s} {cost(path, args.steps, args.device)}")
+        line, added, share, base = cost(path, args.steps, args.device)
+        print(f"  {path:8s} {line}")
+        figures |= {f"{path}_added": f"{1e6 * added:+.0f} µs", f"{path}_share": f"{100 * share:+.2f} %"}
+        figures[f"{path}_step"] = f"{1e3 * base:.1f} ms"
+    if args.device == "cpu":
+        keep("stragglers", figures)
 
 
-def cost(path: str, steps: int, device: str = "cpu") -> str:
-    """One path's line: each copy's step, the added time and its share (see the module's text)."""
+def cost(path: str, steps: int, device: str = "cpu") -> tuple[str, float, float, float]:
+    """One path's line (each copy's step, the added time and its share: see the module's text),
+    the seconds added a step, their share and the step they are a share of."""
     timed, off = seconds(path, steps, device=device)
     if device == "cpu":
         _, base = seconds(path, steps // 3, np=-2)  # the step the cost is a share of
@@ -149,10 +198,11 @@ def cost(path: str, steps: int, device: str = "cpu") -> str:
     else:
         base, of = off, f"the 1-rank step ({1e3 * off:5.2f} ms)"
     added = timed - off
-    return (
+    line = (
         f"1 rank: timed {1e3 * timed:6.3f} ms, not {1e3 * off:6.3f} ms a step: added "
         f"{1e6 * added:+4.0f} us = {100 * added / base:+5.2f} % of {of}   target <= 1 %"
     )
+    return line, added, added / base, base
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 A rank samples once a beat (``BEAT_SECONDS``): its process tree's CPU % and RSS (psutil) and,
 with a GPU, one NVML query. The figure is the sample's median time, in a process with the
 children a rank has (here: 4 busy children), as a share of the beat interval: the part of a
-core it takes from training. Target (issue 29): <= 1 %.
+core it takes from training. Target (issue 29): <= 1 %. The figures are kept for the docs
+(``figures.py``).
 
 Usage: python bench/telemetry.py [--samples 500]
 """
@@ -15,6 +16,8 @@ import statistics
 import subprocess
 import sys
 import time
+
+from figures import keep
 
 from hvd_magic.rank.telemetry import ResourceSampler, gpu_probe
 from hvd_magic.run.supervisor import BEAT_SECONDS
@@ -43,6 +46,7 @@ def main() -> None:
     print(f"telemetry: a sample of a rank with 4 children, {gpu} a GPU, median of {args.samples}")
     print(f"  one sample                  {1e6 * median:8.0f} us")
     print(f"  share of a core at one a {BEAT_SECONDS:.0f} s  {share:8.3f} %   target <= 1 %")
+    keep("telemetry", {"sample": f"{1e6 * median:.0f} µs", "share": f"{share:.3f} %"})
 
 
 if __name__ == "__main__":

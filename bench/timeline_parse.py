@@ -3,7 +3,8 @@
 Generates a Horovod-format timeline (default 2.5M events, >= 100 MB: metadata, cycle marks,
 nested B/E spans per tensor, rank-ready X marks, as Horovod 0.28 writes them, without
 newlines), then times each reader in a fresh process and reads its peak memory (VmHWM).
-Targets (issue 5): >= 5x json.load's throughput, <= 0.3x its peak memory.
+Targets (issue 5): >= 5x json.load's throughput, <= 0.3x its peak memory. The figures are kept
+for the docs (``figures.py``).
 
 Usage: python bench/timeline_parse.py [--events 2500000] [--keep PATH]
 """
@@ -16,6 +17,8 @@ import random
 import subprocess
 import sys
 import tempfile
+
+from figures import keep
 
 ACTIVITIES = ["MEMCPY_IN_FUSION_BUFFER", "MPI_ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER"]
 
@@ -84,6 +87,17 @@ def measure(name: str, path: str) -> tuple[int, float, int]:
     return int(n), float(seconds), int(peak_kb)
 
 
+def compare(path: str) -> dict[str, tuple[int, float, int]]:
+    """Each reader's events, seconds and peak KB on ``path``, each in a fresh process."""
+    return {name: measure(name, path) for name in READERS}
+
+
+def ratios(results: dict[str, tuple[int, float, int]]) -> tuple[float, float]:
+    """hvd_magic's throughput as a multiple of json.load's, and its peak memory as a share."""
+    (_, json_s, json_kb), (_, ours_s, ours_kb) = results["json.load"], results["hvd_magic.timeline.read"]
+    return json_s / ours_s, ours_kb / json_kb
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=2_500_000)
@@ -93,17 +107,24 @@ def main() -> None:
     events = generate(path, args.events)
     size = os.path.getsize(path)
     print(f"timeline parse benchmark: {events:,} events, {size / 1e6:.0f} MB, {os.cpu_count()} cores")
-    results = {}
-    for name in READERS:
-        n, seconds, peak_kb = measure(name, path)
-        results[name] = (seconds, peak_kb)
+    results = compare(path)
+    for name, (n, seconds, peak_kb) in results.items():
         rate = size / 1e6 / seconds
         print(
             f"  {name:26s} {n:>10,} events  {seconds:6.2f} s  {rate:6.0f} MB/s  peak {peak_kb / 1024:6.0f} MB"
         )
-    (json_s, json_kb), (ours_s, ours_kb) = results["json.load"], results["hvd_magic.timeline.read"]
-    speed, memory = json_s / ours_s, ours_kb / json_kb
+    speed, memory = ratios(results)
     print(f"throughput {speed:.1f}x json.load (target >= 5); peak memory {memory:.2f}x (target <= 0.3)")
+    keep(
+        "timeline_parse",
+        {
+            "events": f"{events / 1e6:.1f}M events",
+            "size": f"{size / 1e6:.0f} MB",
+            "read": f"{results['hvd_magic.timeline.read'][1]:.2f} s",
+            "speed": f"{speed:.1f}x",
+            "memory": f"{memory:.2f}x",
+        },
+    )
     if not args.keep:
         os.unlink(path)
 

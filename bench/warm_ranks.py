@@ -8,7 +8,8 @@ ranks, mpirun and the server are not all this process's children, so their own c
 be summed here; run it on an otherwise idle machine). The cell is a small Horovod step
 (``hvd.init()``, one allreduce; ``--framework keras``: Horovod's Keras binding on TensorFlow),
 so its cost is mostly the start. The first warm cell, which
-starts the server (on Spark: each worker's), is shown on its own.
+starts the server (on Spark: each worker's), is shown on its own. The figures are kept for the
+docs (``figures.py``: ``warm_ranks``, with ``_spark`` and ``_keras`` after it for those options).
 
 Usage: python bench/warm_ranks.py [--ranks 2] [--repeat 5] [--launcher mpi] [--framework torch]
                                   [--spark local-cluster[2,1,1024]]
@@ -22,6 +23,7 @@ import statistics
 import sys
 import time
 
+from figures import keep
 from timing import QuietView
 
 from hvd_magic.launch.warm import ENV_WARM_RANKS
@@ -90,6 +92,17 @@ def main() -> None:
     (cold_wall, cold_cpu), (warm_wall, warm_cpu) = medians[False], medians[True]
     ratios = f"{warm_wall / cold_wall:.2f}x the wall time, {warm_cpu / cold_cpu:.2f}x the CPU"
     print(f"warm / started anew: {ratios}")
+    bench = "warm_ranks" + ("_spark" if args.spark else "") + ("_keras" if args.framework == "keras" else "")
+    figures = {
+        "warm": f"{warm_wall:.2f} s",
+        "warm_cpu": f"{warm_cpu:.2f} CPU-s",
+        "anew": f"{cold_wall:.2f} s",
+        "anew_cpu": f"{cold_cpu:.2f} CPU-s",
+        "wall_ratio": f"{warm_wall / cold_wall:.2f}x",
+        "cpu_ratio": f"{warm_cpu / cold_cpu:.2f}x",
+        "first": f"{first_wall:.2f} s",
+    }
+    keep(bench, figures)
 
 
 def start_spark(master: str, ranks: int) -> None:

@@ -6,14 +6,14 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE / "_ext"))  # hvd_options: the %%horovod options table, from the parser
+sys.path.insert(0, str(HERE / "_ext"))  # hvd_options (the options table), hvd_figures (bench figures)
 sys.path.insert(0, str(HERE.parent))  # hvd_magic itself, for a build from a checkout
 
 project = "hvd_magic"
 author = "hvd_magic's authors"
 copyright = "hvd_magic's authors"
 
-extensions = ["myst_parser", "hvd_options"]
+extensions = ["myst_parser", "hvd_options", "hvd_figures"]
 source_suffix = {".md": "markdown"}
 root_doc = "index"
 exclude_patterns = ["_build"]

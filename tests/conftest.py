@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from . import cpu_profile, scheduling, spark_fixtures, spark_jvm
+from . import cpu_profile, guards, scheduling, spark_fixtures, spark_jvm
 from .helpers import (
     SUITE_VARIABLE,
     end_of_test,
@@ -89,3 +89,18 @@ def _no_thread_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"):
         monkeypatch.delenv(var, raising=False)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The guards' figures (``tests/guards.py``), passed or failed, from every worker."""
+    lines = [
+        value
+        for key in ("passed", "failed")
+        for report in terminalreporter.stats.get(key, [])
+        for name, value in getattr(report, "user_properties", [])
+        if name == guards.PROPERTY and report.when == "call"
+    ]
+    if lines:
+        terminalreporter.write_sep("-", "benchmark guards (tests/guards.py)")
+        for line in sorted(lines):
+            terminalreporter.write_line(line)

@@ -35,6 +35,7 @@ from hvd_magic.run.diagnosis import failure_after_exit, rank_failed
 from hvd_magic.run.record import RunRecord
 
 from . import spark_jvm
+from .guards import Guard, bench, in_turn
 from .helpers import (
     ALLREDUCE_FOREVER,
     SLEEP_FOREVER,
@@ -788,3 +789,26 @@ def test_interrupt_stops_torch_ranks_on_every_executor(ip, cluster, tmp_path):
         ip.run_cell_magic("horovod", "np=4 backend=torch", allreducing_cell(tmp_path))
     assert run_processes_anywhere() == []  # at once
     assert HorovodRunner(np=2).run(rank_sum()) == 3.0  # the next run works
+
+
+SPARK_CELL = Guard("cold np=2 cell on Spark (local-cluster) / the same cell locally", goal=1.3, limit=3.9)
+SPARK_LIVE_CELL = Guard("live session's trivial cell / a cold np=2 cell's (Spark)", goal=0.02, limit=0.06)
+
+
+def test_guard_spark_cold_cell(cluster, record_property):
+    """Once the cluster is warm, a cold cell on Spark costs little more than the same cell here
+    (issue 77: the barrier stage, the rendezvous and the executors' ranks on its path)."""
+    check_slots(cluster, 4, wait=60)  # an executor killed by an earlier test is back
+    launch = bench("launch")
+    spark, local = in_turn(launch.cold_cell(2), launch.cold_cell(-2), rounds=3)
+    SPARK_CELL.judge(spark / local, record_property, f" ({spark:.2f} s, {local:.2f} s)")
+
+
+def test_guard_spark_live_cell(ip, cluster, record_property):
+    """Once started, Spark is not on a live cell's path (a Spark launcher's deaths asked Spark
+    twice a cell: issue 77). Against a cold cell of the same ``1`` on the same cluster."""
+    check_slots(cluster, 4, wait=60)
+    session = bench("session")
+    trivial, _ = session.live_ms(ip, 2, 20)
+    cold = session.p50_ms(lambda: ip.run_cell_magic("horovod", "np=2", "1"), 3)
+    SPARK_LIVE_CELL.judge(trivial / cold, record_property, f" ({trivial:.1f} ms, {cold:.0f} ms)")

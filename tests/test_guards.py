@@ -1,0 +1,64 @@
+"""Guards on the headline benchmarks, each in a quick mode (``tests/guards.py`` says how they
+judge; the Spark cell's guard is in ``test_launch_spark.py``, beside its cluster)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .guards import Guard, bench, in_turn
+
+pytestmark = pytest.mark.timeout(600)
+
+LIVE_CELL = Guard(
+    "live session's trivial cell / a cold %%horovod np=-2 cell's (local)", goal=0.02, limit=0.06
+)
+COLD_CELL = Guard("cold %%horovod np=-2 allreduce / bare mpirun's (local)", goal=0.6, limit=1.8)
+STRAGGLER_TIMING = Guard("DDP's straggler timing, % of a 2-rank step (CPU)", goal=1.0, limit=3.0)
+TIMELINE_SPEED = Guard(
+    "timeline read, x json.load's throughput", goal=5.0, limit=5 / 3, higher_is_better=True
+)
+TIMELINE_MEMORY = Guard("timeline read, x json.load's peak memory", goal=0.3, limit=0.9)
+LIVE_VIEW_CPU = Guard("live view, kernel CPU share, 64 ranks x 100 reports/s", goal=0.3, limit=0.9)
+
+
+def test_guard_live_cell(ip, record_property):
+    """A live cell is one message each way (2 ms here); a 0.25 s wait at every run's end made it 28x
+    ``%%px`` (issue 77). Against a cold cell of the same ``1`` in the same shell."""
+    trivial, cold = bench("session").live_against_cold(ip, repeat=20, cold_repeat=3)
+    LIVE_CELL.judge(trivial / cold, record_property, f" ({trivial:.1f} ms, {cold:.0f} ms)")
+
+
+def test_guard_cold_local_cell(record_property):
+    """Ranks forked warm start faster than mpirun's fresh Pythons that import torch and Horovod."""
+    launch = bench("launch")
+    ours, bare = in_turn(launch.cold_cell(-2), launch.bare_mpirun, rounds=3)
+    COLD_CELL.judge(ours / bare, record_property, f" ({ours:.2f} s, {bare:.2f} s)")
+
+
+def test_guard_straggler_timing_cost(record_property):
+    """What timing DDP's waits adds to a step: one rank, a timed and an untimed copy in turn."""
+    stragglers = bench("stragglers")
+    timed, off = stragglers.seconds("ddp", 600)
+    _, base = stragglers.seconds("ddp", 200, np=-2)
+    share = 100 * (timed - off) / base
+    STRAGGLER_TIMING.judge(share, record_property, f" ({1e6 * (timed - off):+.0f} us of {1e3 * base:.2f} ms)")
+
+
+def test_guard_timeline_parse_rate(tmp_path: Path, record_property):
+    parse = bench("timeline_parse")
+    path = str(tmp_path / "timeline.json")
+    events = parse.generate(path, 400_000)
+    speed, memory = parse.ratios(parse.compare(path))
+    TIMELINE_SPEED.judge(speed, record_property, f" ({events:,} events)")
+    TIMELINE_MEMORY.judge(memory, record_property)
+
+
+def test_guard_live_view_update_cost(record_property):
+    """The kernel side of the live view under 64 ranks' reports: nothing lost, redraws throttled,
+    and the kernel's CPU share."""
+    side = bench("live_view").kernel_side(ranks=64, seconds=4, rate=100)
+    assert side["lost"] == 0, side
+    assert side["updates"] <= 10.5, side  # the view's throttle: at most 10 redraws a second
+    LIVE_VIEW_CPU.judge(side["cpu"], record_property, f" ({side['sent']:.0f} reports)")
