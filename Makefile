@@ -53,6 +53,8 @@ js-test: setup
 
 bench: setup
 	$(PY) bench/launch.py
+	$(PY) bench/spark_phases.py
+	$(PY) bench/spark_phases.py --launcher mpi
 	$(PY) bench/live_view.py
 	$(PY) bench/timeline_parse.py
 	$(PY) bench/stop.py

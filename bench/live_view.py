@@ -32,13 +32,15 @@ from hvd_magic.run.supervisor import Run
 from hvd_magic.widgets.live_view import LiveView
 
 SIMULATOR = """
-import sys, time
+import os, sys, time
 from hvd_magic.rank.client import HubClient
 from hvd_magic.rank import reporting
-from hvd_magic.protocol import Exit
+from hvd_magic.protocol import Exit, Started
 address, token = sys.argv[1], sys.argv[2]
 ranks, seconds, rate = int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
 reporters = [reporting.Reporter(HubClient(address, token, rank)) for rank in range(ranks)]
+for rank, reporter in enumerate(reporters):  # as a rank does first: the run then waits for its exit
+    reporter.client.send(Started("simulated", os.getpid(), rank, ranks))
 start, sent, total = time.monotonic(), 0, int(seconds * rate)
 while (now := time.monotonic()) - start < seconds:
     due = int((now - start) * rate) + 1

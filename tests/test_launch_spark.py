@@ -791,7 +791,7 @@ def test_interrupt_stops_torch_ranks_on_every_executor(ip, cluster, tmp_path):
     assert HorovodRunner(np=2).run(rank_sum()) == 3.0  # the next run works
 
 
-SPARK_CELL = Guard("cold np=2 cell on Spark (local-cluster) / the same cell locally", goal=1.3, limit=3.9)
+SPARK_CELL = Guard("cold np=2 Gloo cell on Spark (local-cluster) / the same here", goal=1.3, limit=3.9)
 SPARK_LIVE_CELL = Guard("live session's trivial cell / a cold np=2 cell's (Spark)", goal=0.02, limit=0.06)
 
 
@@ -800,7 +800,7 @@ def test_guard_spark_cold_cell(cluster, record_property):
     (issue 77: the barrier stage, the rendezvous and the executors' ranks on its path)."""
     check_slots(cluster, 4, wait=60)  # an executor killed by an earlier test is back
     launch = bench("launch")
-    spark, local = in_turn(launch.cold_cell(2), launch.cold_cell(-2), rounds=3)
+    spark, local = in_turn(launch.cold_cell(2, "gloo"), launch.cold_cell(-2, "gloo"), rounds=3)
     SPARK_CELL.judge(spark / local, record_property, f" ({spark:.2f} s, {local:.2f} s)")
 
 
