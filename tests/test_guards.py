@@ -33,7 +33,7 @@ def test_guard_live_cell(ip, record_property):
 def test_guard_cold_local_cell(record_property):
     """Ranks forked warm start faster than mpirun's fresh Pythons that import torch and Horovod."""
     launch = bench("launch")
-    ours, bare = in_turn(launch.cold_cell(-2), launch.bare_mpirun, rounds=3)
+    ours, bare = in_turn(launch.cold_cell(-2), launch.bare_mpirun, rounds=2)
     COLD_CELL.judge(ours / bare, record_property, f" ({ours:.2f} s, {bare:.2f} s)")
 
 
