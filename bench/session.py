@@ -76,11 +76,11 @@ def live_ms(shell: object, np: int, repeat: int) -> tuple[float, float]:
     return trivial, reads
 
 
-def live_against_cold(shell: object, repeat: int, cold_repeat: int) -> tuple[float, float]:
-    """A live session's trivial cell and a cold ``%%horovod np=-2`` cell of the same ``1``, p50 ms,
-    measured in turn in this shell (the guard in ``tests/test_guards.py``: the two in one run)."""
-    trivial, _ = live_ms(shell, -2, repeat)
-    cold = p50_ms(lambda: shell.run_cell_magic("horovod", "np=-2", "1"), cold_repeat)  # type: ignore[attr-defined]
+def live_against_cold(shell: object, np: int, repeat: int, cold_repeat: int) -> tuple[float, float]:
+    """A live session's trivial cell and a cold ``%%horovod np=...`` cell of the same ``1``, p50 ms,
+    measured in turn in this shell (the suite's guards: the two in one run)."""
+    trivial, _ = live_ms(shell, np, repeat)
+    cold = p50_ms(lambda: shell.run_cell_magic("horovod", f"np={np}", "1"), cold_repeat)  # type: ignore[attr-defined]
     return trivial, cold
 
 

@@ -27,7 +27,7 @@ from hvd_magic.protocol import CONTROL_RECORDS, Hello, Message, Payload, RankSta
 
 __all__ = ["CurveServer", "Hub", "Replies", "RunKeys"]
 
-_POLL_MS = 200
+POLL_MS = 200  # how often the hub's loop looks at its stop flag when nothing comes (close wakes it)
 Responder = Callable[[Message], tuple[Record, bytes]]
 Tap = Callable[[Message], "Message | None"]
 _question_ids = itertools.count(1)
@@ -112,7 +112,7 @@ class CurveServer:
         poller.register(self._socket, zmq.POLLIN)
         poller.register(self._wake_in, zmq.POLLIN)
         while not self._stop.is_set():
-            ready = dict(poller.poll(_POLL_MS))
+            ready = dict(poller.poll(POLL_MS))
             if self._wake_in in ready:
                 while self._wake_in.poll(0):
                     self._wake_in.recv()

@@ -26,7 +26,7 @@ LIVE_VIEW_CPU = Guard("live view, kernel CPU share, 64 ranks x 100 reports/s", g
 def test_guard_live_cell(ip, record_property):
     """A live cell is one message each way (2 ms here); a 0.25 s wait at every run's end made it 28x
     ``%%px`` (issue 77). Against a cold cell of the same ``1`` in the same shell."""
-    trivial, cold = bench("session").live_against_cold(ip, repeat=20, cold_repeat=2)
+    trivial, cold = bench("session").live_against_cold(ip, -2, repeat=20, cold_repeat=2)
     LIVE_CELL.judge(trivial / cold, record_property, f" ({trivial:.1f} ms, {cold:.0f} ms)")
 
 

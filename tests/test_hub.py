@@ -151,7 +151,7 @@ def test_close_ends_the_hubs_loop_at_once_not_at_its_next_poll(monkeypatch):
     """Every run closes its hub: the loop waited out its poll (0.2 s) at every cold cell's end
     (issue 77). With a poll of a minute, a close that did not wake the loop would take the
     5 s it gives the thread."""
-    monkeypatch.setattr(hub_module, "_POLL_MS", 60_000)
+    monkeypatch.setattr(hub_module, "POLL_MS", 60_000)
     hub = Hub("127.0.0.1", b"")
     started = time.monotonic()
     hub.close()

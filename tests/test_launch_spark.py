@@ -808,7 +808,5 @@ def test_guard_spark_live_cell(ip, cluster, record_property):
     """Once started, Spark is not on a live cell's path (a Spark launcher's deaths asked Spark
     twice a cell: issue 77). Against a cold cell of the same ``1`` on the same cluster."""
     check_slots(cluster, 4, wait=60)
-    session = bench("session")
-    trivial, _ = session.live_ms(ip, 2, 20)
-    cold = session.p50_ms(lambda: ip.run_cell_magic("horovod", "np=2", "1"), 2)
+    trivial, cold = bench("session").live_against_cold(ip, 2, repeat=20, cold_repeat=2)
     SPARK_LIVE_CELL.judge(trivial / cold, record_property, f" ({trivial:.1f} ms, {cold:.0f} ms)")
