@@ -100,7 +100,8 @@ def test_a_frameworks_cells_share_one_server_whatever_their_launcher(ip, tmp_pat
     ddp = where(ip, tmp_path, "np=-2 backend=torch")
     assert all(seen["horovod"] for seen in horovod) and not any(seen["horovod"] for seen in ddp)
     (server,) = {seen["grandparent"] for seen in horovod + ddp}
-    assert [server] == [p.pid for p in servers() if "torch" in p.cmdline()]
+    # a torch server of this kernel's (others this worker's earlier tests started may live on)
+    assert server in [p.pid for p in servers() if "torch" in p.cmdline()]
     assert all(seen["optimizer_imports"] == 0 for seen in horovod + ddp)
 
 

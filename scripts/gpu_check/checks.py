@@ -211,7 +211,8 @@ def straggler(mode: Mode) -> str:
 
     size, repeat = (8192, 12) if mode.gpu else (384, 40)
     cell = mode.cell(cells.STRAGGLER, size=size, repeat=repeat, folder=str(switches))
-    options = make_options(np=-2, backend="torch", stragglers="0.5/2")
+    # the timing's own limit is the timing check's: here a busy host's slower hooks must not stop it
+    options = make_options(np=-2, backend="torch", stragglers="0.5/2", env={"HVD_MAGIC_TIMING_LIMIT": "off"})
     (steps, timed, device), _ = execute(capture_cell(cell, {}), options, Switching())
     said = [(s.slow_rank, s.recovered) for s in named]
     expect(said == [(1, False), (1, True)], f"stragglers said: {named}")
