@@ -41,6 +41,7 @@ __all__ = [  # the exception tree; FailureClass (below) is public through hvd_ma
     "RunTimeout",
     "SessionEnded",
     "TimelineError",
+    "TrainerError",
 ]
 
 
@@ -117,6 +118,11 @@ class DataError(HorovodMagicError, ValueError):
 
 class TimelineError(HorovodMagicError, ValueError):
     """The file is not a Horovod Timeline (or is damaged beyond its tail)."""
+
+
+class TrainerError(HorovodMagicError, ValueError):
+    """A trainer's settings do not fit the run (Lightning's ``devices`` and ``num_nodes`` against
+    its ranks); the message names the ones to use."""
 
 
 class InstallError(HorovodMagicError):

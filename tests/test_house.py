@@ -22,7 +22,7 @@ RANK_SIDE = ("hvd_magic.rank", "hvd_magic.protocol", "hvd_magic.errors", "hvd_ma
 NEVER_IN_A_RANK = ("IPython", "ipykernel", "ipywidgets", "pyspark", "plotly", "anywidget")
 # The package's face hands out the rank's API (report, progress, checkpoint, ...); the others ship
 # rank functions by reference (TorchDistributor's; the estimators' training, in hvd_magic.spark).
-MAY_IMPORT_RANK = ("hvd_magic", "hvd_magic.spark", "hvd_magic.notebook.distributor")
+MAY_IMPORT_RANK = ("hvd_magic", "hvd_magic.integrations", "hvd_magic.spark", "hvd_magic.notebook.distributor")
 
 LOADED_CELL = """
 import json, sys

@@ -98,7 +98,8 @@ def _any_rank(flag: bool) -> bool:
     if dist is not None and dist.is_available() and dist.is_initialized():
         import torch
 
-        value = torch.tensor([float(flag)])
+        on_gpu = dist.get_backend() == "nccl"  # NCCL reduces CUDA tensors only
+        value = torch.tensor([float(flag)], device=torch.cuda.current_device() if on_gpu else "cpu")
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         return bool(value.item())
     hvd = sys.modules.get("horovod.torch")

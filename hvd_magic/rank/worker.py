@@ -34,7 +34,15 @@ from hvd_magic.protocol import (
 from hvd_magic.protocol.env import TIMELINE_DYNAMIC, rank_from_env
 from hvd_magic.protocol.lifetime import die_with_parent
 from hvd_magic.protocol.plan import gpu_for_local_rank
-from hvd_magic.rank import collective_ddp, collective_tf, collective_time, debugger, notices, reporting
+from hvd_magic.rank import (
+    collective_ddp,
+    collective_tf,
+    collective_time,
+    debugger,
+    notices,
+    reporting,
+    trainers,
+)
 from hvd_magic.rank import inbox as rank_inbox
 from hvd_magic.rank.client import HubClient
 from hvd_magic.rank.execute import load_payload, report_error, run_payload
@@ -123,6 +131,7 @@ def main() -> int:
     debugger.install()  # input() and pdb ask at the notebook
     notices.watch(client)  # a cloud's preemption notice on this machine (HVD_MAGIC_PREEMPTION)
     watch = _time_waits(client, torch_style)
+    trainers.watch()  # HF's, Lightning's and Accelerate's steps in the view (HVD_MAGIC_TRAINERS=0: not)
     timeline = (
         TimelineStream(client, os.environ["HOROVOD_TIMELINE"]).start()
         if rank == 0 and os.environ.get("HOROVOD_TIMELINE") not in (None, "", TIMELINE_DYNAMIC)

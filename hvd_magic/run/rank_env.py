@@ -16,6 +16,7 @@ from hvd_magic.protocol.env import (
     ENV_TIME_WAITS,
     ENV_TIMING_LIMIT,
     ENV_TOKEN,
+    ENV_TRAINERS,
     TF_LEVEL_VARIABLE,
 )
 
@@ -35,7 +36,8 @@ def rank_env(options: RunOptions, hub: Hub) -> dict[str, str]:
         TF_LEVEL_VARIABLE: "1",  # TF's C++ INFO lines: in a notebook they reach the terminal, not the cell
     }
     env |= {name: value for name, value in defaults.items() if name not in env and name not in os.environ}
-    for name in (ENV_BREAKPOINT_RANKS, ENV_PREEMPTION, ENV_TIMING_LIMIT):  # the notebook's, to executors too
+    # the notebook's, to executors too
+    for name in (ENV_BREAKPOINT_RANKS, ENV_PREEMPTION, ENV_TIMING_LIMIT, ENV_TRAINERS):
         if name in os.environ and name not in env:
             env[name] = os.environ[name]
     if options.timeline:

@@ -1,0 +1,56 @@
+"""An Accelerate loop's steps in the live view, and its graceful stop (rank side).
+
+An Accelerate loop is the user's own, so hvd_magic reads it where it goes through the
+``Accelerator``: each ``backward`` that ends an accumulation (``sync_gradients``) is a step,
+reported with the rank's loss (read at most ten times a second); what the loop logs with
+``Accelerator.log`` is reported from every rank (Accelerate's trackers get it on the main process
+only, as before); and ``Accelerator.check_trigger()``, Accelerate's own way for a loop to stop
+on every process at once, also says True once the run is asked to stop (``hvd_magic.stopping()``,
+at the same place on every rank).
+"""
+
+from __future__ import annotations
+
+import functools
+from types import ModuleType
+from typing import Any
+
+from hvd_magic.rank.checkpoints import stopping
+from hvd_magic.rank.reporting import report
+from hvd_magic.rank.trainers.readings import LossReading, numbers
+
+__all__ = ["MODULE", "patch"]
+
+MODULE = "accelerate.accelerator"
+_reading = LossReading()
+
+
+def patch(module: ModuleType) -> None:
+    accelerator = module.Accelerator
+    if getattr(accelerator, "_hvd_magic_watched", False):
+        return
+    backward, log, check_trigger = accelerator.backward, accelerator.log, accelerator.check_trigger
+
+    @functools.wraps(backward)
+    def backward_counted(self: Any, loss: Any, **kwargs: Any) -> Any:
+        done = backward(self, loss, **kwargs)
+        if self.sync_gradients and not getattr(self, "_hvd_magic_quiet", False):  # HF's: its callback's
+            self._hvd_magic_steps = getattr(self, "_hvd_magic_steps", 0) + 1
+            metrics: dict[str, Any] = {} if (value := _reading.read(loss)) is None else {"loss": value}
+            report(step=self._hvd_magic_steps, **metrics)
+        return done
+
+    @functools.wraps(log)
+    def log_reported(self: Any, values: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        if found := numbers(values):
+            report(**found)
+        return log(self, values, *args, **kwargs)
+
+    @functools.wraps(check_trigger)
+    def check_trigger_or_stop(self: Any) -> bool:
+        return bool(check_trigger(self)) or stopping()
+
+    accelerator.backward = backward_counted
+    accelerator.log = log_reported
+    accelerator.check_trigger = check_trigger_or_stop
+    accelerator._hvd_magic_watched = True

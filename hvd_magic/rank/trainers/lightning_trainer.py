@@ -1,0 +1,131 @@
+"""A Lightning ``Trainer``'s steps in the live view, its graceful stop, and its process layout
+checked against the run's (rank side).
+
+``LightningCallback`` reports each optimizer step (``trainer.global_step`` of
+``estimated_stepping_batches``, the epoch), the rank's loss (what ``training_step`` returned,
+read at most ten times a second), the learning rate and the validation metrics. After each batch
+it asks ``hvd_magic.stopping()`` (a collective: every rank is at the same batch) and, when the
+run is asked to stop, sets ``trainer.should_stop``: the epoch ends, its checkpoint callbacks run
+and ``fit`` returns.
+
+Lightning reads torchrun's variables, which ``backend=torch`` sets; its ``devices`` and
+``num_nodes`` must make the run's ranks. ``devices=`` the ranks a host, ``num_nodes=`` the hosts
+works as it is; ``devices=1, num_nodes=np`` (one process a node, as TorchDistributor's docs
+write it for Spark) is made to work on one host too, each rank its own node; other numbers get a
+``TrainerError`` that names the numbers to use, before Lightning's own error.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from types import ModuleType
+from typing import Any
+
+from hvd_magic.errors import TrainerError
+from hvd_magic.rank.checkpoints import stopping
+from hvd_magic.rank.distributor import RankSetup
+from hvd_magic.rank.reporting import report
+from hvd_magic.rank.trainers.readings import LossReading, numbers
+
+__all__ = ["MODULES", "callback_class", "check_layout", "patch"]
+
+# Lightning's two packages (``lightning.pytorch`` and the standalone ``pytorch_lightning``): a
+# trainer of each accepts only its own package's Callback
+PACKAGES = ("lightning.pytorch", "pytorch_lightning")
+MODULES = tuple(f"{package}.trainer.trainer" for package in PACKAGES)
+
+
+class _LightningCallbackMixin:
+    """Reports a Lightning ``Trainer``'s steps, loss, learning rate and validation metrics;
+    stops it gracefully."""
+
+    def __init__(self, stoppable: bool = True) -> None:
+        super().__init__()
+        self.stoppable = stoppable
+        self._reading = LossReading()
+        self._total: int | None = None
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        estimated = trainer.estimated_stepping_batches  # inf where max_epochs=-1
+        finite = isinstance(estimated, (int, float)) and math.isfinite(estimated)
+        self._total = int(estimated) if finite else None
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, index: int) -> None:
+        metrics: dict[str, Any] = {}
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if (value := self._reading.read(loss)) is not None:
+            metrics["loss"] = value
+        if trainer.optimizers:
+            metrics["learning_rate"] = float(trainer.optimizers[0].param_groups[0]["lr"])
+        report(step=trainer.global_step, total=self._total, epoch=trainer.current_epoch, **metrics)
+        if self.stoppable and stopping():
+            trainer.should_stop = True
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        if not trainer.sanity_checking and (found := numbers(trainer.callback_metrics)):
+            report(**found)
+
+
+@functools.cache
+def callback_class(package: str = "") -> type:
+    """``LightningCallback`` for ``package`` (one of ``PACKAGES``; by default the one imported,
+    else the one installed): a subclass of that package's ``Callback``."""
+    import importlib.util
+    import sys
+
+    chosen = package or next((p for p in PACKAGES if p in sys.modules), None)
+    if not chosen:
+        chosen = next((p for p in PACKAGES if importlib.util.find_spec(p.split(".")[0])), PACKAGES[0])
+    base = importlib.import_module(f"{chosen}.callbacks").Callback
+    mixin = _LightningCallbackMixin
+    return type("LightningCallback", (mixin, base), {"__doc__": mixin.__doc__})
+
+
+def check_layout(devices: Any, num_nodes: Any) -> None:
+    """``Trainer(devices=, num_nodes=)`` against this run's ranks (torchrun's variables):
+    ``devices=1, num_nodes=np`` on a host of several ranks makes each rank its own node; numbers
+    that do not make the run raise a ``TrainerError`` naming the ones to use."""
+    if "WORLD_SIZE" not in os.environ or "LOCAL_WORLD_SIZE" not in os.environ:
+        return  # not a torch.distributed run of ours: Lightning's own reading
+    if isinstance(devices, str) and devices.strip().isdigit():
+        devices = int(devices)
+    counted = isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1
+    if not counted or not isinstance(num_nodes, int):
+        return  # "auto", -1, a list of devices: Lightning's own reading
+    size, local = int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    hosts = int(os.environ.get("GROUP_WORLD_SIZE", max(1, size // local)))
+    if devices == local and num_nodes == hosts:
+        return
+    if devices == 1 and num_nodes == size:
+        RankSetup(task_is_node=True).apply()  # LOCAL_RANK=0, GROUP_RANK=RANK: a node of one process
+        return
+    ways = f"devices={local}, num_nodes={hosts}" + ("" if local == 1 else f", or devices=1, num_nodes={size}")
+    raise TrainerError(
+        f"Lightning's Trainer(devices={devices}, num_nodes={num_nodes}) makes {devices * num_nodes} "
+        f"processes, but this run has {size} ranks ({local} on each of {hosts} host"
+        f"{'s' if hosts != 1 else ''}): write {ways}, or change np"
+    )
+
+
+def patch(module: ModuleType) -> None:
+    """Every ``Trainer`` of this package built from now on has its layout checked and a
+    ``LightningCallback`` (the user's own, if given)."""
+    trainer_class = module.Trainer
+    if getattr(trainer_class, "_hvd_magic_watched", False):
+        return
+    package, init = module.__name__.removesuffix(".trainer.trainer"), trainer_class.__init__
+
+    @functools.wraps(init)
+    def init_watched(self: Any, *args: Any, **kwargs: Any) -> None:
+        check_layout(kwargs.get("devices", "auto"), kwargs.get("num_nodes", 1))
+        mine = callback_class(package)  # built at the first Trainer: the package is imported by then
+        given = kwargs.get("callbacks")
+        callbacks = [] if given is None else list(given) if isinstance(given, list) else [given]
+        if not any(isinstance(c, mine) for c in callbacks):
+            callbacks.append(mine())
+        init(self, *args, **{**kwargs, "callbacks": callbacks})
+
+    trainer_class.__init__ = init_watched
+    trainer_class._hvd_magic_watched = True

@@ -1,0 +1,246 @@
+"""The trainers people use, in the live view with no hvd_magic code in the cell (issue 79): a
+Hugging Face ``Trainer``, a Lightning ``Trainer`` and an Accelerate loop, each on 2 real
+torch.distributed ranks on the CPU, report their steps, total, epoch, loss, learning rate and
+metrics; the first interrupt stops a trainer at one step on every rank, through its own flag,
+and the cell returns rank 0's value; Lightning's ``devices``/``num_nodes`` are checked against
+the run."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from hvd_magic import RankFailedError
+from hvd_magic.errors import TrainerError
+from hvd_magic.options import make_options
+from hvd_magic.rank.trainers.lightning_trainer import check_layout
+from hvd_magic.rank.trainers.readings import LossReading, numbers
+from hvd_magic.run.capture import capture_cell
+from hvd_magic.run.supervisor import execute
+from hvd_magic.widgets.state import RunModel
+
+from .helpers import RecordingView, when_started
+from .test_retry import press_once_polling, recorded_stops
+
+pytestmark = pytest.mark.timeout(300)
+
+ROWS = """
+import os, pathlib, tempfile, torch
+torch.manual_seed(0)
+x = torch.randn(256, 8)
+y = x.sum(1, keepdim=True)
+"""
+
+# A tiny BERT made from its config (nothing downloaded): 256 rows, 16 a device, 2 ranks, 2 epochs
+HF = """
+import tempfile, torch
+from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
+torch.manual_seed(0)
+config = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                    intermediate_size=64, max_position_embeddings=32)
+class Rows(torch.utils.data.Dataset):
+    def __len__(self):
+        return 256
+    def __getitem__(self, i):
+        ids = torch.randint(0, 64, (16,), generator=torch.Generator().manual_seed(i))
+        mask = torch.ones(16, dtype=torch.long)
+        return {{"input_ids": ids, "attention_mask": mask, "labels": int(ids[0] % 2)}}
+args = TrainingArguments(output_dir={output!r}, per_device_train_batch_size=16, report_to=[], use_cpu=True,
+                         disable_tqdm=True, logging_steps=4, {arguments})
+trainer = Trainer(model=BertForSequenceClassification(config), args=args, train_dataset=Rows(), {more})
+{before}
+result = trainer.train()
+(trainer.args.world_size, result.global_step, {value})
+"""
+
+LIGHTNING = """
+import tempfile, torch, lightning
+class Net(lightning.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 1)
+    def training_step(self, batch, index):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+    def validation_step(self, batch, index):
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self.layer(x), y), sync_dist=True)
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+data = torch.utils.data.TensorDataset(x, y)
+trainer = lightning.Trainer(accelerator="cpu", strategy="ddp", {layout}, max_epochs={epochs}, logger=False,
+                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                            default_root_dir=tempfile.mkdtemp())
+{before}
+loader = torch.utils.data.DataLoader
+trainer.fit(Net(), loader(data, batch_size=16), loader(data, batch_size=64))
+(trainer.world_size, trainer.global_step, trainer.should_stop)
+"""
+
+ACCELERATE = """
+from accelerate import Accelerator
+accelerator = Accelerator(cpu=True)
+model = torch.nn.Linear(8, 1)
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
+model, optimizer, loader = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), loader)
+for epoch in range(2):
+    for xb, yb in loader:
+        loss = torch.nn.functional.mse_loss(model(xb), yb)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+    accelerator.log({"epoch_loss": loss.item()})
+(accelerator.num_processes, round(loss.item(), 6))
+"""
+
+
+def watched(cell: str, env: str | None = None) -> tuple[object, RunModel]:
+    """The cell on 2 torch.distributed ranks: rank 0's value, and the live view's model of it."""
+    view = RecordingView()
+    value, _ = execute(capture_cell(cell, {}), make_options(np=-2, backend="torch", env=env), view)
+    model = RunModel(2)
+    for message in view.messages:
+        model.apply(message)
+    return value, model
+
+
+def test_a_hugging_face_trainer_feeds_the_view(tmp_path):
+    cell = HF.format(
+        output=str(tmp_path),
+        arguments='num_train_epochs=2, save_strategy="no", eval_strategy="epoch"',
+        more="eval_dataset=Rows()",
+        before="",
+        value="len(trainer.callback_handler.callbacks)",
+    )
+    (size, steps, callbacks), model = watched(cell)
+    assert (size, steps) == (2, 16)  # 256 rows, 16 a device on 2 ranks, 2 epochs
+    for progress in model.progress:
+        assert (progress.step, progress.total, progress.epoch) == (16, 16, 1)
+    for rank in (0, 1):
+        assert model.series["loss"][rank].steps[0] == 1.0  # each rank's own, from its first step
+        assert len(model.series["learning_rate"][rank].steps) == 16
+        assert model.series["eval_loss"][rank].steps == [8.0, 16.0]  # what the trainer evaluated
+        assert model.series["grad_norm"][rank].steps == [4.0, 8.0, 12.0, 16.0]  # what it logged
+    assert "eval_runtime" not in model.series and "epoch" not in model.series  # not curves
+
+
+def test_a_callback_given_by_hand_is_the_only_one(tmp_path):
+    cell = HF.format(
+        output=str(tmp_path),
+        arguments='max_steps=2, save_strategy="no"',
+        more="callbacks=[HFCallback()]",
+        before="",
+        value="sum(isinstance(c, HFCallback) for c in trainer.callback_handler.callbacks)",
+    )
+    (_, steps, mine), model = watched("from hvd_magic.integrations import HFCallback\n" + cell)
+    assert steps == 2 and mine == 1
+    assert [progress.step for progress in model.progress] == [2, 2]
+
+
+def test_the_first_interrupt_stops_a_hugging_face_trainer_at_one_step_and_keeps_its_checkpoint(
+    ip, tmp_path, monkeypatch
+):
+    stops = recorded_stops(monkeypatch)
+    when_started(tmp_path, 2, lambda: press_once_polling(stops))
+    cell = HF.format(
+        output=str(tmp_path / "out"),
+        arguments='max_steps=100_000, save_strategy="no"',
+        more="",
+        before=f"pathlib.Path({str(tmp_path)!r}, f'started-{{trainer.args.process_index}}').touch()",
+        value=f"sorted(os.listdir({str(tmp_path / 'out')!r}))",
+    )
+    size, step, saved = ip.run_cell_magic("horovod", "np=-2 backend=torch", "import os, pathlib\n" + cell)
+    assert size == 2 and 0 < step < 100_000  # train() returned; it would hang had a rank gone on alone
+    assert saved == [f"checkpoint-{step}"]  # the trainer's own checkpoint, where it stopped
+
+
+@pytest.mark.parametrize("layout", ["devices=2", "devices=1, num_nodes=2"])
+def test_a_lightning_trainer_feeds_the_view_in_either_layout(layout):
+    (size, steps, stopped), model = watched(ROWS + LIGHTNING.format(layout=layout, epochs=2, before=""))
+    assert (size, steps, stopped) == (2, 16, False)
+    for progress in model.progress:
+        assert (progress.step, progress.total, progress.epoch) == (16, 16, 1)
+    for rank in (0, 1):
+        assert model.series["loss"][rank].steps[0] == 1.0
+        assert model.series["val_loss"][rank].steps == [8.0, 16.0]
+        assert set(model.series["learning_rate"][rank].values) == {0.1}
+
+
+def test_the_first_interrupt_stops_a_lightning_trainer(ip, tmp_path, monkeypatch):
+    stops = recorded_stops(monkeypatch)
+    when_started(tmp_path, 2, lambda: press_once_polling(stops))
+    before = f"pathlib.Path({str(tmp_path)!r}, 'started-' + os.environ['RANK']).touch()"
+    cell = ROWS + LIGHTNING.format(layout="devices=2", epochs=100_000, before=before)
+    size, steps, stopped = ip.run_cell_magic("horovod", "np=-2 backend=torch", cell)
+    assert size == 2 and stopped and 0 < steps < 100_000 * 8
+
+
+def test_lightning_numbers_that_do_not_make_the_run_are_refused_naming_the_right_ones(ip):
+    cell = ROWS + LIGHTNING.format(layout="devices=4", epochs=1, before="")
+    with pytest.raises(RankFailedError) as info:
+        ip.run_cell_magic("horovod", "np=-2 backend=torch", cell)
+    assert (
+        "TrainerError: Lightning's Trainer(devices=4, num_nodes=1) makes 4 processes, but this run has 2 "
+        "ranks (2 on each of 1 host): write devices=2, num_nodes=1, or devices=1, num_nodes=2, or change np"
+    ) in str(info.value)
+
+
+def test_an_accelerate_loop_feeds_the_view():
+    (size, loss), model = watched(ROWS + ACCELERATE)
+    assert size == 2 and loss < 0.5
+    assert [progress.step for progress in model.progress] == [16, 16]  # each optimizer step
+    for rank in (0, 1):
+        assert model.series["loss"][rank].steps[0] == 1.0
+        assert model.series["epoch_loss"][rank].steps == [8.0, 16.0]  # what the loop logged, each rank
+
+
+def test_the_trainers_can_be_left_alone():
+    cell = ROWS + LIGHTNING.format(layout="devices=1, num_nodes=2", epochs=1, before="")
+    with pytest.raises(RankFailedError, match="IndexError"):  # Lightning's own reading of it, as before
+        watched(cell, env="HVD_MAGIC_TRAINERS=0")
+
+
+# The pure parts
+
+
+def test_lightning_layouts_against_the_runs_ranks(monkeypatch):
+    def run_of(size: int, local: int) -> None:
+        monkeypatch.setenv("WORLD_SIZE", str(size))
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local))
+        monkeypatch.setenv("GROUP_WORLD_SIZE", str(size // local))
+        monkeypatch.setenv("RANK", "3")
+        monkeypatch.setenv("LOCAL_RANK", "1")
+        monkeypatch.setenv("GROUP_RANK", "1")
+
+    run_of(4, 2)
+    check_layout(2, 2)  # the ranks a host, the hosts: as it is
+    check_layout("auto", 1)  # Lightning's own reading
+    assert os.environ["LOCAL_RANK"] == "1"
+    check_layout(1, 4)  # a node a process: each rank its own node
+    as_a_node = (os.environ["LOCAL_RANK"], os.environ["GROUP_RANK"], os.environ["LOCAL_WORLD_SIZE"])
+    assert as_a_node == ("0", "3", "1")
+    run_of(4, 2)
+    with pytest.raises(TrainerError, match=re.escape("devices=2, num_nodes=2, or devices=1, num_nodes=4")):
+        check_layout(4, 2)
+    run_of(2, 1)  # Spark: a task a host
+    with pytest.raises(
+        TrainerError, match=re.escape("(1 on each of 2 hosts): write devices=1, num_nodes=2, or c")
+    ):
+        check_layout(2, 1)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    check_layout(8, 8)  # not a run of ours: nothing checked
+
+
+def test_a_loss_is_read_at_most_ten_times_a_second():
+    now = [100.0]
+    reading = LossReading(clock=lambda: now[0])
+    assert reading.read(2.5) == 2.5 and reading.read(3.0) is None
+    now[0] += 0.15
+    assert reading.read(None) is None and reading.read(3.0) == 3.0
+
+
+def test_only_numbers_are_curves():
+    given = {"a": 1, "b": "x", "c": True, "d": 2.5, "loss": 3}
+    assert numbers(given, leave=("loss",)) == {"a": 1.0, "d": 2.5}
