@@ -69,6 +69,7 @@ bench: setup
 	$(PY) bench/resize.py
 	$(PY) bench/telemetry.py
 	$(PY) bench/stragglers.py
+	$(PY) bench/trainers.py
 	$(PY) bench/warm_ranks.py
 	$(PY) bench/warm_ranks.py --spark "local-cluster[2,1,1024]"
 	$(PY) bench/warm_ranks.py --framework keras

@@ -11,6 +11,7 @@ __all__ = [
     "ENV_BREAKPOINT_RANKS",
     "ENV_FORK_SERVER",
     "ENV_HUB",
+    "ENV_KEEP_CHECKPOINTS",
     "ENV_PREEMPTION",
     "ENV_RESIZED",
     "ENV_SHARD",
@@ -43,6 +44,7 @@ ENV_PREEMPTION = "HVD_MAGIC_PREEMPTION"  # aws, gcp, azure or file:PATH: a notic
 ENV_RESIZED = "HVD_MAGIC_RESIZED"  # "4,3": this attempt's ranks, resized from 4 to 3 (min_np=)
 ENV_FORK_SERVER = "HVD_MAGIC_FORK_SERVER"  # a warm rank's stand-in: its fork server's socket (mpi on Spark)
 ENV_TIME_WAITS = "HVD_MAGIC_TIME_WAITS"  # "0": the rank times no waits in collectives (stragglers=off)
+ENV_KEEP_CHECKPOINTS = "HVD_MAGIC_KEEP_CHECKPOINTS"  # "1": retries= or checkpoint_dir= (trainers.resuming)
 ENV_TRAINERS = "HVD_MAGIC_TRAINERS"  # "0": no callback added to HF, Lightning or Accelerate (rank.trainers)
 ENV_TIMING_LIMIT = "HVD_MAGIC_TIMING_LIMIT"  # "2%", "0.02" or "off": what that timing may cost a step
 TIMING_LIMIT = 0.01  # its default: 1 % of the rank's step

@@ -12,6 +12,7 @@ from hvd_magic.options import RunOptions
 from hvd_magic.protocol.env import (
     ENV_BREAKPOINT_RANKS,
     ENV_HUB,
+    ENV_KEEP_CHECKPOINTS,
     ENV_PREEMPTION,
     ENV_TIME_WAITS,
     ENV_TIMING_LIMIT,
@@ -47,6 +48,8 @@ def rank_env(options: RunOptions, hub: Hub) -> dict[str, str]:
         )
         if options.mark_cycles:
             env["HOROVOD_TIMELINE_MARK_CYCLES"] = "1"
+    if options.retries or options.checkpoint_dir:  # a trainer's own checkpoints go to the run too
+        env[ENV_KEEP_CHECKPOINTS] = "1"
     if options.stragglers is None:  # nothing judges the waits: nothing is added to the ranks' steps
         env[ENV_TIME_WAITS] = "0"
     return env | {ENV_HUB: hub.address, ENV_TOKEN: hub.keys.client_token()}

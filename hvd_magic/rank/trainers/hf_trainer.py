@@ -5,20 +5,24 @@ epoch), the rank's own loss (read from ``training_step`` at most ten times a sec
 learning rate, and what the trainer logs (evaluation's metrics, ``grad_norm``). At each step's
 end it asks ``hvd_magic.stopping()`` (a collective: every rank is at the same step) and, when the
 run is asked to stop, sets ``control.should_training_stop`` and ``should_save``: the trainer
-writes its checkpoint and ``train()`` returns. Built on first use (importing hvd_magic imports
-no transformers); added to every ``Trainer`` the rank builds (``patch``).
+writes its checkpoint and ``train()`` returns. With ``retries=``, each checkpoint the trainer
+writes is kept by the run too, and a retried attempt's ``train()`` resumes from the latest
+(``resuming``). Built on first use (importing hvd_magic imports no transformers); added to
+every ``Trainer`` the rank builds (``patch``).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import os
 import weakref
 from types import ModuleType
 from typing import Any
 
 from hvd_magic.rank.checkpoints import stopping
 from hvd_magic.rank.reporting import report
+from hvd_magic.rank.trainers import resuming
 from hvd_magic.rank.trainers.readings import LossReading, numbers
 
 __all__ = ["MODULE", "callback_class", "patch"]
@@ -68,6 +72,12 @@ class _HFCallbackMixin:
             control.should_save = True
         return control
 
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """The checkpoint the trainer just wrote, kept by the run too (rank 0; ``resuming``)."""
+        if resuming.keeping() and args.process_index == 0:
+            folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+            resuming.keep("hf", state.global_step, _read_folder(folder))
+
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
         """What the trainer logs, evaluation's metrics too (``evaluate`` logs them)."""
         found = numbers(logs, leave=NOT_CURVES)
@@ -102,5 +112,35 @@ def patch(module: ModuleType) -> None:
         if (accelerator := getattr(self, "accelerator", None)) is not None:
             accelerator._hvd_magic_quiet = True  # the trainer's steps are the callback's to say
 
+    train = trainer_class.train
+
+    @functools.wraps(train)
+    def train_resumed(self: Any, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if resume_from_checkpoint is None and (found := resuming.kept("hf")) is not None:
+            step, files = found
+            resume_from_checkpoint = os.path.join(resuming.private_folder(), f"checkpoint-{step}")
+            _write_folder(resume_from_checkpoint, files)
+        return train(self, resume_from_checkpoint, *args, **kwargs)
+
     trainer_class.__init__ = init_watched
+    trainer_class.train = train_resumed
     trainer_class._hvd_magic_watched = True
+
+
+def _read_folder(folder: str) -> dict[str, bytes]:
+    """Every file under ``folder``, by its path there."""
+    files = {}
+    for parent, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(parent, name)
+            with open(path, "rb") as file:
+                files[os.path.relpath(path, folder)] = file.read()
+    return files
+
+
+def _write_folder(folder: str, files: dict[str, bytes]) -> None:
+    for relative, data in files.items():
+        path = os.path.join(folder, relative)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as file:
+            file.write(data)

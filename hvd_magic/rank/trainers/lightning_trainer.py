@@ -6,7 +6,8 @@ checked against the run's (rank side).
 read at most ten times a second), the learning rate and the validation metrics. After each batch
 it asks ``hvd_magic.stopping()`` (a collective: every rank is at the same batch) and, when the
 run is asked to stop, sets ``trainer.should_stop``: the epoch ends, its checkpoint callbacks run
-and ``fit`` returns.
+and ``fit`` returns. With ``retries=``, each checkpoint Lightning writes is kept by the run too,
+and a retried attempt's ``fit()`` resumes from the latest (``resuming``).
 
 Lightning reads torchrun's variables, which ``backend=torch`` sets; its ``devices`` and
 ``num_nodes`` must make the run's ranks. ``devices=`` the ranks a host, ``num_nodes=`` the hosts
@@ -27,6 +28,7 @@ from hvd_magic.errors import TrainerError
 from hvd_magic.rank.checkpoints import stopping
 from hvd_magic.rank.distributor import RankSetup
 from hvd_magic.rank.reporting import report
+from hvd_magic.rank.trainers import resuming
 from hvd_magic.rank.trainers.readings import LossReading, numbers
 
 __all__ = ["MODULES", "callback_class", "check_layout", "patch"]
@@ -62,6 +64,11 @@ class _LightningCallbackMixin:
         report(step=trainer.global_step, total=self._total, epoch=trainer.current_epoch, **metrics)
         if self.stoppable and stopping():
             trainer.should_stop = True
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        """The checkpoint Lightning is writing, kept by the run too (rank 0; ``resuming``)."""
+        if trainer.global_rank == 0:
+            resuming.keep("lightning", trainer.global_step, checkpoint)
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if not trainer.sanity_checking and (found := numbers(trainer.callback_metrics)):
@@ -127,5 +134,17 @@ def patch(module: ModuleType) -> None:
             callbacks.append(mine())
         init(self, *args, **{**kwargs, "callbacks": callbacks})
 
+    fit = trainer_class.fit
+
+    @functools.wraps(fit)
+    def fit_resumed(self: Any, *args: Any, ckpt_path: Any = None, **kwargs: Any) -> Any:
+        if ckpt_path is None and len(args) < 5 and (found := resuming.kept("lightning")) is not None:
+            import torch
+
+            ckpt_path = os.path.join(resuming.private_folder(), f"step-{found[0]}.ckpt")
+            torch.save(found[1], ckpt_path)
+        return fit(self, *args, ckpt_path=ckpt_path, **kwargs)
+
     trainer_class.__init__ = init_watched
+    trainer_class.fit = fit_resumed
     trainer_class._hvd_magic_watched = True

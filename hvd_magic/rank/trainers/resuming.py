@@ -1,0 +1,49 @@
+"""A trainer's own checkpoints kept by the run, and a retried attempt resumed from them (rank side).
+
+With ``retries=`` (or ``checkpoint_dir=``) the run keeps what ``hvd_magic.checkpoint`` sends,
+and a retried attempt's ranks ask for the latest with ``hvd_magic.resume()``. A trainer writes
+checkpoints its own way, on its rank's disk (an executor's, on Spark, lost with it), so rank 0
+also sends each one the trainer writes to the run (``keep``): a HF ``checkpoint-N`` folder's
+files, a Lightning checkpoint's dictionary. In a retried attempt, a ``train()`` or ``fit()``
+called without a checkpoint of its own to resume from is given the latest the run kept
+(``kept``), written where only this rank reads it. Nothing to write in the cell.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+from hvd_magic.protocol.env import ENV_KEEP_CHECKPOINTS
+from hvd_magic.rank.checkpoints import checkpoint, resume
+
+__all__ = ["keep", "kept", "keeping", "private_folder"]
+
+KIND = "hvd_magic.trainer"  # the key that marks a trainer's checkpoint among the run's
+
+
+def keeping() -> bool:
+    """Whether the run keeps checkpoints for a retry (``retries=`` or ``checkpoint_dir=``)."""
+    return os.environ.get(ENV_KEEP_CHECKPOINTS) == "1"
+
+
+def keep(trainer: str, step: int, state: Any) -> bool:
+    """On rank 0, where the run keeps checkpoints: ``state`` sent as the trainer's checkpoint at
+    ``step`` (pickled now, sent in the background). False elsewhere."""
+    return keeping() and checkpoint({KIND: trainer, "step": int(step), "state": state}, step=int(step))
+
+
+def kept(trainer: str) -> tuple[int, Any] | None:
+    """The latest checkpoint the run kept, if it is ``trainer``'s: its step and state."""
+    if not keeping():
+        return None
+    latest = resume()
+    if not isinstance(latest, dict) or latest.get(KIND) != trainer:
+        return None
+    return int(latest["step"]), latest["state"]
+
+
+def private_folder() -> str:
+    """A folder of this rank's own (ranks on one host must not write each other's files)."""
+    return tempfile.mkdtemp(prefix="hvd_magic-resume-")

@@ -1,0 +1,94 @@
+"""``retries=`` resumes the trainers through their own checkpoints (issue 79): a rank SIGKILLed
+mid-epoch, and the retried attempt's ``train()`` / ``fit()``, called as before, resumes from the
+latest checkpoint the trainer wrote (kept by the run: on Spark the disk it was written to may be
+gone) and ends with the weights of a run never killed. Nothing of hvd_magic's in the cells; the
+Killer callback stands for the lost executor."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pytestmark = pytest.mark.timeout(400)
+
+# A tiny BERT (no dropout: the two runs draw nothing different), 16 steps, a checkpoint every 4;
+# rank 1 dies at step 10 of the first attempt, after checkpoint-8 was written
+HF = """
+import os, pathlib, tempfile, torch
+from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainerCallback, TrainingArguments
+torch.manual_seed(0)
+config = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                    max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+class Rows(torch.utils.data.Dataset):
+    def __len__(self):
+        return 256
+    def __getitem__(self, i):
+        ids = torch.randint(0, 64, (16,), generator=torch.Generator().manual_seed(i))
+        return {{"input_ids": ids, "attention_mask": torch.ones(16, dtype=torch.long), "labels": int(ids[0] % 2)}}
+class Killer(TrainerCallback):
+    def on_train_begin(self, args, state, control, **kwargs):
+        pathlib.Path({marks!r}, f"began-{{args.process_index}}-{{state.global_step}}").touch()
+    def on_step_end(self, args, state, control, **kwargs):
+        if {kill} and args.process_index == 1 and state.global_step == 10 and not os.listdir({marks!r} + "/killed"):
+            pathlib.Path({marks!r}, "killed", "once").touch()
+            os.kill(os.getpid(), 9)
+args = TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=16, num_train_epochs=2,
+                         report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="steps", save_steps=4)
+trainer = Trainer(model=BertForSequenceClassification(config), args=args, train_dataset=Rows(), callbacks=[Killer()])
+trainer.train()
+(trainer.state.global_step, sum(float(p.double().sum()) for p in trainer.model.parameters()))
+"""
+
+# 3 epochs of 8 steps; Lightning's own ModelCheckpoint writes one at each epoch's end; rank 1
+# dies at step 12 of the first attempt, in the second epoch
+LIGHTNING = """
+import os, pathlib, tempfile, torch, lightning
+torch.manual_seed(0)
+x = torch.randn(256, 8)
+y = x.sum(1, keepdim=True)
+class Net(lightning.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 1)
+    def training_step(self, batch, index):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+class Killer(lightning.Callback):
+    def on_train_start(self, trainer, module):
+        pathlib.Path({marks!r}, f"began-{{trainer.global_rank}}-{{trainer.global_step}}").touch()
+    def on_train_batch_end(self, trainer, module, outputs, batch, index):
+        if {kill} and trainer.global_rank == 1 and trainer.global_step == 12 and not os.listdir({marks!r} + "/killed"):
+            pathlib.Path({marks!r}, "killed", "once").touch()
+            os.kill(os.getpid(), 9)
+trainer = lightning.Trainer(accelerator="cpu", strategy="ddp", devices=2, max_epochs=3, logger=False,
+                            enable_progress_bar=False, enable_model_summary=False, callbacks=[Killer()],
+                            default_root_dir=tempfile.mkdtemp())
+net = Net()
+trainer.fit(net, torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16, shuffle=True))
+(trainer.global_step, sum(float(p.double().sum()) for p in net.parameters()))
+"""
+
+
+@pytest.mark.parametrize(
+    ("cell", "steps", "kept"), [(HF, 16, {4, 8}), (LIGHTNING, 24, {8})], ids=["hf", "lightning"]
+)
+def test_a_killed_rank_is_resumed_from_the_trainers_own_checkpoint(ip, tmp_path, cell, steps, kept):
+    killed, never = tmp_path / "killed", tmp_path / "never"
+    for marks in (killed, never):
+        (marks / "killed").mkdir(parents=True)
+    step, weights = ip.run_cell_magic(
+        "horovod", "np=-2 backend=torch retries=1", cell.format(marks=str(killed), kill=True)
+    )
+    assert (killed / "killed" / "once").exists()  # the first attempt lost rank 1
+    began = {
+        int(name.split("-")[2]) for name in (p.name for p in killed.iterdir()) if name.startswith("began-1-")
+    }
+    assert began - {0} and began - {0} <= kept, began  # the second attempt began where a checkpoint was
+    expected_step, expected = ip.run_cell_magic(
+        "horovod", "np=-2 backend=torch", cell.format(marks=str(never), kill=False)
+    )
+    assert step == expected_step == steps
+    assert math.isclose(weights, expected, rel_tol=1e-6, abs_tol=1e-6), (weights, expected)
