@@ -44,7 +44,8 @@ torch.manual_seed(0)
 class Net(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.layers = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+        layer = torch.nn.Linear
+        self.layers = torch.nn.Sequential(layer(256, 512), torch.nn.ReLU(), layer(512, 10))
     def forward(self, x, labels):
         return {"loss": torch.nn.functional.cross_entropy(self.layers(x), labels)}
 class Rows(torch.utils.data.Dataset):
@@ -59,8 +60,9 @@ class Clock(TrainerCallback):
         self.begins.append(time.perf_counter())
 def trainer(mine):
     clock = Clock()
-    args = TrainingArguments(output_dir="/tmp/hvd-bench-trainers", per_device_train_batch_size=64, max_steps=10**6,
-                             report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="no", logging_steps=10**6)
+    args = TrainingArguments(output_dir="/tmp/hvd-bench-trainers", per_device_train_batch_size=64,
+                             max_steps=10**6, report_to=[], use_cpu=True, disable_tqdm=True,
+                             save_strategy="no", logging_steps=10**6)
     built = Trainer(model=Net(), args=args, train_dataset=Rows(), callbacks=[clock])
     if not mine:
         built.remove_callback(HFCallback)
@@ -89,7 +91,8 @@ torch.manual_seed(0)
 class Net(lightning.LightningModule):
     def __init__(self):
         super().__init__()
-        self.layers = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+        layer = torch.nn.Linear
+        self.layers = torch.nn.Sequential(layer(256, 512), torch.nn.ReLU(), layer(512, 10))
     def training_step(self, batch, index):
         x, y = batch
         return torch.nn.functional.cross_entropy(self.layers(x), y)
@@ -104,9 +107,9 @@ x, y = torch.randn(64 * 50, 256), torch.randint(0, 10, (64 * 50,))
 loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=64)
 def train(mine, steps):
     clock = Clock()
-    built = lightning.Trainer(accelerator="cpu", strategy="ddp", devices=2, max_steps=steps + 1, logger=False,
-                              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                              callbacks=[clock])
+    built = lightning.Trainer(accelerator="cpu", strategy="ddp", devices=2, max_steps=steps + 1,
+                              logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                              enable_model_summary=False, callbacks=[clock])
     if not mine:
         built.callbacks = [c for c in built.callbacks if type(c).__name__ != "LightningCallback"]
     built.fit(Net(), loader)

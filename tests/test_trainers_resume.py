@@ -16,26 +16,31 @@ pytestmark = pytest.mark.timeout(400)
 # rank 1 dies at step 10 of the first attempt, after checkpoint-8 was written
 HF = """
 import os, pathlib, tempfile, torch
-from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainerCallback, TrainingArguments
+from transformers import BertConfig, BertForSequenceClassification
+from transformers import Trainer, TrainerCallback, TrainingArguments
 torch.manual_seed(0)
-config = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                    max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+config = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                    intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
+                    attention_probs_dropout_prob=0.0)
 class Rows(torch.utils.data.Dataset):
     def __len__(self):
         return 256
     def __getitem__(self, i):
         ids = torch.randint(0, 64, (16,), generator=torch.Generator().manual_seed(i))
-        return {{"input_ids": ids, "attention_mask": torch.ones(16, dtype=torch.long), "labels": int(ids[0] % 2)}}
+        mask = torch.ones(16, dtype=torch.long)
+        return {{"input_ids": ids, "attention_mask": mask, "labels": int(ids[0] % 2)}}
 class Killer(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         pathlib.Path({marks!r}, f"began-{{args.process_index}}-{{state.global_step}}").touch()
     def on_step_end(self, args, state, control, **kwargs):
-        if {kill} and args.process_index == 1 and state.global_step == 10 and not os.listdir({marks!r} + "/killed"):
+        first = not os.listdir({marks!r} + "/killed")
+        if {kill} and args.process_index == 1 and state.global_step == 10 and first:
             pathlib.Path({marks!r}, "killed", "once").touch()
             os.kill(os.getpid(), 9)
 args = TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=16, num_train_epochs=2,
                          report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="steps", save_steps=4)
-trainer = Trainer(model=BertForSequenceClassification(config), args=args, train_dataset=Rows(), callbacks=[Killer()])
+model = BertForSequenceClassification(config)
+trainer = Trainer(model=model, args=args, train_dataset=Rows(), callbacks=[Killer()])
 trainer.train()
 (trainer.state.global_step, sum(float(p.double().sum()) for p in trainer.model.parameters()))
 """
@@ -60,14 +65,16 @@ class Killer(lightning.Callback):
     def on_train_start(self, trainer, module):
         pathlib.Path({marks!r}, f"began-{{trainer.global_rank}}-{{trainer.global_step}}").touch()
     def on_train_batch_end(self, trainer, module, outputs, batch, index):
-        if {kill} and trainer.global_rank == 1 and trainer.global_step == 12 and not os.listdir({marks!r} + "/killed"):
+        first = not os.listdir({marks!r} + "/killed")
+        if {kill} and trainer.global_rank == 1 and trainer.global_step == 12 and first:
             pathlib.Path({marks!r}, "killed", "once").touch()
             os.kill(os.getpid(), 9)
 trainer = lightning.Trainer(accelerator="cpu", strategy="ddp", devices=2, max_epochs=3, logger=False,
                             enable_progress_bar=False, enable_model_summary=False, callbacks=[Killer()],
                             default_root_dir=tempfile.mkdtemp())
 net = Net()
-trainer.fit(net, torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16, shuffle=True))
+data = torch.utils.data.TensorDataset(x, y)
+trainer.fit(net, torch.utils.data.DataLoader(data, batch_size=16, shuffle=True))
 (trainer.global_step, sum(float(p.double().sum()) for p in net.parameters()))
 """
 
