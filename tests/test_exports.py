@@ -54,6 +54,7 @@ ERRORS = [
     "RunTimeout",
     "SessionEnded",
     "TimelineError",
+    "TrainerError",
 ]
 
 TIMELINE = ["Analysis", "Timeline", "TimelineError", "analyze", "export_slice", "read", "spans"]
@@ -124,9 +125,17 @@ def test_errors_tree_shape() -> None:
     errors = hvd_magic.errors
     for name in ("RankFailedError", "RunInterrupted", "RunTimeout"):
         assert issubclass(getattr(errors, name), errors.RunError), name
-    for name in ("CaptureError", "DataError", "InstallError", "LaunchError", "TimelineError", "RunError"):
+    for name in (
+        "CaptureError",
+        "DataError",
+        "InstallError",
+        "LaunchError",
+        "TimelineError",
+        "TrainerError",
+        "RunError",
+    ):
         assert getattr(errors, name).__bases__[0] is errors.HorovodMagicError, name
-    assert issubclass(errors.TimelineError, ValueError)
+    assert issubclass(errors.TimelineError, ValueError) and issubclass(errors.TrainerError, ValueError)
 
 
 def test_timeline_all_names_resolve() -> None:

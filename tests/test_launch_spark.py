@@ -772,6 +772,17 @@ def test_ddp_ranks_on_spark_executors_get_their_slot_and_agree(ip, cluster, plan
     assert run_processes_anywhere() == []
 
 
+def test_a_lightning_trainer_of_one_process_a_node_runs_on_spark(ip, cluster):
+    """``devices=1, num_nodes=np``, as TorchDistributor's docs write Lightning for Spark, though
+    each executor here holds two ranks: each rank is made its own node (issue 79)."""
+    from .test_trainers import LIGHTNING, ROWS
+
+    cell = ROWS + LIGHTNING.format(layout="devices=1, num_nodes=4", epochs=1, before="")
+    size, steps, stopped = ip.run_cell_magic("horovod", "np=4 backend=torch", cell)
+    assert (size, steps, stopped) == (4, 4, False)  # 256 rows, 16 a batch on each of 4 ranks
+    assert run_processes_anywhere() == []
+
+
 def test_a_failing_torch_rank_on_spark_is_named(cluster):
     from .test_launch_torch import failing_last_rank
 

@@ -16,12 +16,14 @@ from hvd_magic.options import OPTIONS, OptionError, RunOptions, check_given, mak
 from hvd_magic.options.parse import parse_timeout
 from hvd_magic.options.table import CELL, SESSION_CELL, START, usage
 from hvd_magic.run.capture import Captured, capture_cell
+from hvd_magic.run.history import HISTORY
 from hvd_magic.run.supervisor import execute
 from hvd_magic.session import commands as sessions
 
 __all__ = ["HorovodMagics", "normalize_line"]
 
 NAMES = [entry.name for entry in OPTIONS]
+VERBS = f"{sessions.VERBS}|runs|last"
 # A cell's run: captured cell -> (value, rank 0's returned names); fills {rank: host}.
 CellRun = Callable[[Captured, dict[int, str]], tuple[Any, dict[str, Any]]]
 
@@ -90,6 +92,12 @@ class HorovodMagics(Magics):
             %horovod stacks             # where each rank is now: its Python stack
             %horovod debug              # pdb where the last cell failed (rank=N: that rank's)
             %horovod stop               # ends the ranks, frees their slots
+
+        Every run is recorded in the kernel, whether or not a browser watched it::
+
+            %horovod runs               # the last runs: when, on what, how each ended
+            %horovod last               # the last run's final record; returns rank 0's value
+            %horovod runs 3             # run 3's
         """
         if cell is None:
             return self._session_verb(line)
@@ -147,8 +155,10 @@ class HorovodMagics(Magics):
         if verb == "debug":
             print(sessions.debug(rest) or "", end="")
             return None
+        if verb in ("runs", "last"):
+            return self._recorded(verb, rest.strip())
         if verb != "start":
-            raise UsageError(f"usage: %horovod {sessions.VERBS} [options]; a cell: %%horovod np=N\n{usage()}")
+            raise UsageError(f"usage: %horovod {VERBS} [options]; a cell: %%horovod np=N\n{usage()}")
         args = self._parse(rest)
         try:
             check_given(START, given(args))
@@ -160,6 +170,24 @@ class HorovodMagics(Magics):
             raise UsageError(f"{err}\n{usage()}") from None
         print(sessions.start(options, idle, ready), file=sys.stderr)
         return None
+
+    def _recorded(self, verb: str, number: str) -> Any:
+        """``%horovod runs``: the kernel's last runs; ``runs N``/``last``: one's record, and its value."""
+        if verb == "runs" and not number:
+            print(HISTORY.table())
+            return None
+        if verb == "last" and number or number and not number.isdigit():
+            raise UsageError(
+                f"usage: %horovod runs, %horovod runs N (N: a run's number), %horovod last; not {number!r}"
+            )
+        entry = HISTORY.get(int(number) if number else None)
+        if entry is None:
+            kept = ", ".join(str(e.number) for e in HISTORY.entries) or "none yet"
+            raise UsageError(
+                f"no run {number or 'yet'} in this kernel's record (kept: {kept}); %horovod runs lists them"
+            )
+        print(entry.record())
+        return entry.value
 
     def _run_cell(self, cell: str, options: RunOptions, run: CellRun) -> Any:
         """Every cell, a job or on the session: capture it, run it, show its timeline, and

@@ -24,6 +24,7 @@ from hvd_magic.run import diagnosis, stalls, timeouts
 from hvd_magic.run.capture import Captured
 from hvd_magic.run.checkpoint_store import CheckpointStore
 from hvd_magic.run.graceful import GracefulStop, interrupts_deferred
+from hvd_magic.run.history import recorded_sinks
 from hvd_magic.run.prompts import RankPrompts
 from hvd_magic.run.rank_env import rank_env, stall_seconds
 from hvd_magic.run.rank_files import RankFiles
@@ -33,7 +34,7 @@ from hvd_magic.run.retry import Attempts, HeldView
 from hvd_magic.run.stacks import where_each_rank
 from hvd_magic.run.stragglers import StragglerWatch
 from hvd_magic.run.views import RunView, make_view, timeline_notice
-from hvd_magic.sinks import Sinks, make_sinks
+from hvd_magic.sinks import Sinks
 from hvd_magic.timeline.live import live_timeline
 
 __all__ = ["Run", "execute"]
@@ -52,8 +53,8 @@ def execute(
 ) -> Any:
     """Run the payload on ``options.np`` ranks; return rank 0's value (and returned names).
     ``hosts``, if given, gets each rank's host (of the last attempt), whatever the outcome."""
-    with make_sinks(options) as sinks:  # TensorBoard, MLflow: every attempt's messages, the outcome
-        return _attempts(captured, options, view, sinks, {} if hosts is None else hosts)
+    with recorded_sinks(options) as sinks:  # TensorBoard, MLflow, the kernel's record: messages, outcome
+        return sinks.returned(_attempts(captured, options, view, sinks, {} if hosts is None else hosts))
 
 
 def _attempts(

@@ -40,11 +40,11 @@ from hvd_magic.protocol import (
 )
 from hvd_magic.protocol.env import TIMELINE_DYNAMIC
 from hvd_magic.run.capture import Captured
+from hvd_magic.run.history import recorded_sinks
 from hvd_magic.run.views import RunView, make_view
 from hvd_magic.session import ranks
 from hvd_magic.session.cell import CellLauncher, CellRun
 from hvd_magic.session.ranks import RankInfo
-from hvd_magic.sinks import make_sinks
 
 __all__ = ["LiveSession"]
 
@@ -189,8 +189,9 @@ class LiveSession:
                 view.notice(f"timeline of this cell, written to {options.timeline}")
             order = Cell(next(self.cells), targets[0], bool(options.timeline), options.mark_cycles)
             cell = CellLauncher(self, order, targets, captured.blob)
-            with make_sinks(options) as sinks:  # TensorBoard, MLflow: this cell's own
-                return CellRun(self.hub, cell, view, options, sinks=sinks).execute()
+            where = f"live session, {len(targets)} of {self.size} ranks"
+            with recorded_sinks(options, where) as sinks:  # TensorBoard, MLflow, the record: this cell's
+                return sinks.returned(CellRun(self.hub, cell, view, options, sinks=sinks).execute())
 
     @contextmanager
     def claim(self) -> Iterator[None]:

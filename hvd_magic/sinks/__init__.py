@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from types import TracebackType
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hvd_magic.protocol import Message
 
@@ -48,6 +48,14 @@ class Sinks:
             except Exception as err:  # noqa: BLE001 - a sink's failure must not end the training
                 del self.sinks[what]
                 _say(f"{what} stopped during the run ({type(err).__name__}: {err}); the run goes on")
+
+    def returned(self, value: Any) -> Any:
+        """The run's value, handed to the sinks that keep it (a sink's ``returned``), and back."""
+        for sink in self.sinks.values():
+            keep = getattr(sink, "returned", None)
+            if keep is not None:
+                keep(value)
+        return value
 
     def close(self, outcome: BaseException | None) -> None:
         for what, sink in self.sinks.items():

@@ -1,0 +1,122 @@
+"""The kernel's record of its runs, kept whatever watched them (issue 78).
+
+A browser tab closed mid-run gets none of what the kernel sent meanwhile: neither the run's
+final record nor rank 0's value. So every run (a cold cell, a live session's cell, a
+``HorovodRunner`` or ``TorchDistributor`` call, an estimator's fit) is also recorded here, from
+the same messages the view gets (a sink, ``recorded_sinks``): what ran, on how many ranks, when,
+how it ended, its summary line, and rank 0's value. The last ``KEEP`` are kept in the kernel;
+``%horovod runs`` lists them, ``%horovod last`` (or ``runs N``) shows one and returns its value.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from hvd_magic.protocol import Log, Message
+from hvd_magic.sinks import Sinks, make_sinks
+from hvd_magic.widgets.state import RunModel
+
+if TYPE_CHECKING:
+    from hvd_magic.options import RunOptions
+
+__all__ = ["HISTORY", "History", "RunEntry", "recorded_sinks"]
+
+KEEP = 10  # runs kept, with their values (a value may be a model: the oldest go first)
+
+
+@dataclass
+class RunEntry:
+    """One run: its number in this kernel, what it ran on, when, how it ended, its final record."""
+
+    number: int
+    where: str  # "2 local ranks", "4 ranks on Spark", "live session"
+    ranks: int
+    started: float  # time.time()
+    ended: float | None = None
+    outcome: str = "running"  # "finished", or the error it ended with
+    summary: str = ""  # the view's final line: ranks, seconds, the latest metrics
+    value: Any = None
+    has_value: bool = False
+    model: RunModel | None = field(default=None, repr=False)  # while it runs
+
+    @property
+    def seconds(self) -> float:
+        return (self.ended or time.time()) - self.started
+
+    def line(self) -> str:
+        when = time.strftime("%H:%M:%S", time.localtime(self.started))
+        return f"{self.number:>3}  {when}  {self.seconds:7.1f} s  {self.where:<22}  {self.outcome}"
+
+    def record(self) -> str:
+        """What ``%horovod last`` prints: the run's line, its summary, whether it has a value."""
+        value = "rank 0's value: returned" if self.has_value else "no value (it did not finish)"
+        return f"run {self.number}, {self.where}: {self.outcome}\nhvd_magic: {self.summary}\n{value}"
+
+
+class History:
+    """The kernel's last ``KEEP`` runs, oldest first."""
+
+    def __init__(self, keep: int = KEEP) -> None:
+        self.entries: deque[RunEntry] = deque(maxlen=keep)
+        self.count = 0
+
+    def begin(self, options: RunOptions, where: str | None = None) -> RunEntry:
+        self.count += 1
+        spread = "local" if options.np < 0 else "on Spark"
+        entry = RunEntry(self.count, where or f"{options.ranks} ranks {spread}", options.ranks, time.time())
+        entry.model = RunModel(options.ranks)
+        self.entries.append(entry)
+        return entry
+
+    def get(self, number: int | None = None) -> RunEntry | None:
+        """Run ``number`` (None: the last one) if it is still kept."""
+        if number is None:
+            return self.entries[-1] if self.entries else None
+        return next((entry for entry in self.entries if entry.number == number), None)
+
+    def table(self) -> str:
+        if not self.entries:
+            return "no runs yet in this kernel"
+        head = "  #  started   seconds  ran on                  outcome"
+        return "\n".join([head, *(entry.line() for entry in self.entries)])
+
+
+HISTORY = History()
+
+
+class RecordingSink:
+    """Folds a run's messages (not its output: the summary needs none) into its entry's model;
+    at the end keeps the outcome, the summary, and rank 0's value (``returned``)."""
+
+    def __init__(self, entry: RunEntry) -> None:
+        self.entry = entry
+
+    def message(self, message: Message) -> None:
+        if self.entry.model is not None and not isinstance(message.record, Log):
+            self.entry.model.apply(message)
+
+    def returned(self, value: Any) -> None:
+        self.entry.value = value[0] if isinstance(value, tuple) and len(value) == 2 else value
+        self.entry.has_value = True
+
+    def close(self, outcome: BaseException | None) -> None:
+        entry, model = self.entry, self.entry.model
+        entry.ended = time.time()
+        if outcome is None:
+            entry.outcome = "finished"
+        else:
+            first = str(outcome).strip().splitlines()[:1]
+            entry.outcome = f"{type(outcome).__name__}: {first[0] if first else ''}".rstrip(": ")
+        if model is not None:
+            entry.summary = model.summary()
+        entry.model = None  # its series and logs go; the summary stays
+
+
+def recorded_sinks(options: RunOptions, where: str | None = None) -> Sinks:
+    """The sinks ``options`` ask for (``make_sinks``) and the kernel's record of the run."""
+    sinks = make_sinks(options)
+    sinks.sinks["the kernel's record of its runs"] = RecordingSink(HISTORY.begin(options, where))
+    return sinks

@@ -1,0 +1,88 @@
+"""The kernel's record of its runs (issue 78): every run is kept with its final record and rank
+0's value, whatever watched it; ``%horovod runs`` lists them, ``%horovod last`` / ``runs N``
+shows one and returns its value, in any IPython, and in a real kernel whose output no one read."""
+
+from __future__ import annotations
+
+import pytest
+from IPython.core.error import UsageError
+from jupyter_client.manager import start_new_kernel
+
+from hvd_magic import HorovodRunner, RankFailedError
+from hvd_magic.options import make_options
+from hvd_magic.run.history import HISTORY, History
+
+from .kernels import Kernel, reply_to
+
+FAILING = "from hvd_magic.protocol.env import rank_from_env\nif rank_from_env()[0] == 1:\n    1 / 0\n"
+REPORTING = "import hvd_magic\nhvd_magic.report(step=3, total=3, loss=0.25)\n40 + 2\n"
+
+
+def test_a_cold_cell_is_recorded_with_its_summary_and_value(ip, capsys):
+    assert ip.run_cell_magic("horovod", "np=-2", REPORTING) == 42
+    number = HISTORY.count
+    capsys.readouterr()
+    ip.run_line_magic("horovod", "runs")
+    table = capsys.readouterr().out
+    assert f"{number:>3}  " in table and "2 ranks local" in table and "finished" in table.splitlines()[-1]
+    assert ip.run_line_magic("horovod", "last") == 42
+    shown = capsys.readouterr().out
+    assert f"run {number}, 2 ranks local: finished" in shown
+    assert "hvd_magic: 2 ranks" in shown and "loss 0.25" in shown and "rank 0's value: returned" in shown
+    assert ip.run_line_magic("horovod", f"runs {number}") == 42
+
+
+def test_a_failed_run_is_recorded_with_its_error_and_no_value(ip, capsys):
+    with pytest.raises(RankFailedError):
+        ip.run_cell_magic("horovod", "np=-2", FAILING)
+    assert ip.run_line_magic("horovod", "last") is None
+    shown = capsys.readouterr().out
+    assert ": RankFailedError: rank 1 on " in shown and "ZeroDivisionError" in shown
+    assert "no value (it did not finish)" in shown
+
+
+def test_a_live_sessions_cells_and_a_runners_call_are_recorded(ip, capsys):
+    ip.run_line_magic("horovod", "start np=-2")
+    try:
+        assert ip.run_cell_magic("horovod", "", "7") == 7
+        assert ip.run_line_magic("horovod", "last") == 7
+        assert "live session, 2 of 2 ranks: finished" in capsys.readouterr().out
+    finally:
+        ip.run_line_magic("horovod", "stop")
+    assert HorovodRunner(np=-2).run(lambda: 5) == 5
+    entry = HISTORY.get()
+    assert entry is not None and (entry.where, entry.outcome, entry.value) == ("2 ranks local", "finished", 5)
+
+
+def test_what_is_asked_for_wrongly_is_said(ip):
+    with pytest.raises(UsageError, match=r"usage: %horovod runs, %horovod runs N .*not 'x'"):
+        ip.run_line_magic("horovod", "runs x")
+    with pytest.raises(UsageError, match=r"no run 99999 in this kernel's record \(kept: .*\); %horovod runs"):
+        ip.run_line_magic("horovod", "runs 99999")
+    with pytest.raises(UsageError, match=r"usage: %horovod start\|status\|stacks\|debug\|stop\|runs\|last"):
+        ip.run_line_magic("horovod", "rnus")
+
+
+def test_the_oldest_runs_make_room():
+    history = History(keep=2)
+    for _ in range(3):
+        history.begin(make_options(np=-2))
+    assert [entry.number for entry in history.entries] == [2, 3] and history.get(1) is None
+    assert history.get().number == 3 and "running" in history.table()
+
+
+def test_a_run_no_one_watched_keeps_its_value_for_the_next_cell(tmp_path):
+    """A real kernel runs a cell whose output no one reads (as with its notebook's tab closed);
+    a later cell gets the run's record and rank 0's value."""
+    manager, client = start_new_kernel(kernel_name="python3", cwd=str(tmp_path))
+    kernel = Kernel(manager, client)
+    try:
+        assert kernel.run("%load_ext hvd_magic").status == "ok"
+        sent = client.execute("%%horovod np=-2\n" + REPORTING)  # nothing reads what it shows
+        assert reply_to(client, sent, timeout=300)["content"]["status"] == "ok"
+        last = kernel.run("%horovod last")
+        assert last.value == "42"
+        assert "loss 0.25" in "".join(last.shown) and "finished" in "".join(last.shown)
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
