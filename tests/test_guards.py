@@ -20,6 +20,7 @@ TIMELINE_SPEED = Guard(
     "timeline read, x json.load's throughput", goal=5.0, limit=5 / 3, higher_is_better=True
 )
 TIMELINE_MEMORY = Guard("timeline read, x json.load's peak memory", goal=0.3, limit=0.9)
+TRAINER_HOOKS = Guard("HF Trainer's step hooks of hvd_magic, % of a 2-rank step (CPU)", goal=1.0, limit=3.0)
 LIVE_VIEW_CPU = Guard("live view, kernel CPU share, 64 ranks x 100 reports/s", goal=0.3, limit=0.9)
 
 
@@ -44,6 +45,14 @@ def test_guard_straggler_timing_cost(record_property):
     _, base = stragglers.seconds("ddp", 200, np=-2)
     share = 100 * (timed - off) / base
     STRAGGLER_TIMING.judge(share, record_property, f" ({1e6 * (timed - off):+.0f} us of {1e3 * base:.2f} ms)")
+
+
+def test_guard_trainer_callback_cost(record_property):
+    """What the callback a rank adds to a HF Trainer costs its steps on the training thread."""
+    hooks, step = bench("trainers").cost("hf", 150)
+    TRAINER_HOOKS.judge(
+        100 * hooks / step, record_property, f" ({1e6 * hooks:.0f} us of {1e3 * step:.2f} ms)"
+    )
 
 
 def test_guard_timeline_parse_rate(tmp_path: Path, record_property):

@@ -156,6 +156,16 @@ def test_the_first_interrupt_stops_a_hugging_face_trainer_at_one_step_and_keeps_
     assert saved == [f"checkpoint-{step}"]  # the trainer's own checkpoint, where it stopped
 
 
+def test_the_lightning_callback_given_by_hand_is_the_one_a_rank_adds():
+    cell = (
+        "import lightning\nfrom hvd_magic.integrations import LightningCallback as mine\n"
+        "from hvd_magic.rank.trainers.lightning_trainer import callback_class\n"
+        "(mine is callback_class('lightning.pytorch'), issubclass(mine, lightning.Callback))"
+    )
+    value, _ = execute(capture_cell(cell, {}), make_options(np=-1, backend="torch"), RecordingView())
+    assert value == (True, True)
+
+
 @pytest.mark.parametrize("layout", ["devices=2", "devices=1, num_nodes=2"])
 def test_a_lightning_trainer_feeds_the_view_in_either_layout(layout):
     (size, steps, stopped), model = watched(ROWS + LIGHTNING.format(layout=layout, epochs=2, before=""))

@@ -16,7 +16,10 @@ False.
 
 from __future__ import annotations
 
+import math
 import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
@@ -26,7 +29,7 @@ from hvd_magic.protocol.files import checkpoint_name
 from hvd_magic.rank import inbox as rank_inbox
 from hvd_magic.rank import reporting
 
-__all__ = ["checkpoint", "resume", "stopping"]
+__all__ = ["StoppingLate", "checkpoint", "resume", "stopping"]
 
 RESUME_TIMEOUT = 300.0
 KEPT_TIMEOUT = 300.0  # a checkpoint's last chunk sent, to kept (written, and copied to a URL)
@@ -77,19 +80,93 @@ def stopping() -> bool:
     rank calls it at the same place in its loop, and all get the same answer, so that no rank
     leaves a collective the others are in. Then write a final checkpoint and leave the loop;
     the cell returns rank 0's value."""
-    global _polling_told, _agreed
+    asked = _asked()
+    if asked is None or _agreed:
+        return _agreed
+    return _agree(_any_rank(asked))
+
+
+class StoppingLate:
+    """``stopping()`` for a trainer's callback, asked at every step and adding no wait to it.
+    The ranks' OR of whether the run was asked to stop is an allreduce started in the
+    background and read a few calls later, when the next starts: every rank starts and reads
+    them at the same calls, so all agree on the step they stop at. With it each rank proposes
+    how many calls apart the next should be (about ``EVERY_SECONDS`` of its steps, at most
+    ``MOST_CALLS``) and the ranks take the fewest: a stop lands within about two such spans,
+    and fast steps pay one small collective for many. Where torch.distributed is not
+    initialized it is ``stopping()``."""
+
+    EVERY_SECONDS = 0.05
+    MOST_CALLS = 64
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._calls = 0
+        self._next = 1  # the call that reads the allreduce in flight and starts the next
+        self._pending: tuple[Any, Any] | None = None  # that allreduce, and its tensor
+        self._started: tuple[int, float] = (0, 0.0)  # the call and the time it was started at
+
+    def __call__(self) -> bool:
+        dist = sys.modules.get("torch.distributed")
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return stopping()
+        asked = _asked()
+        if asked is None or _agreed:
+            return _agreed
+        self._calls += 1
+        if self._calls < self._next:
+            return False
+        now, interval = self._clock(), 1
+        if self._pending is not None:
+            work, flag = self._pending
+            work.wait()
+            stop, fewest = flag.tolist()
+            if stop > 0:
+                return _agree(True)
+            interval = max(1, int(-fewest))
+        flag = _flag(dist, [float(asked), -float(self._proposed(now))])  # MAX: [any, -the fewest]
+        self._pending = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True), flag)
+        self._started, self._next = (self._calls, now), self._calls + interval
+        return False
+
+    def _proposed(self, now: float) -> int:
+        """How many calls apart this rank would have the next allreduces: about EVERY_SECONDS
+        of its calls since the last (1 before it knows)."""
+        call, then = self._started
+        per_call = (now - then) / (self._calls - call) if call else 0.0
+        calls = 1 if per_call <= 0 else math.ceil(self.EVERY_SECONDS / per_call)
+        return min(max(calls, 1), self.MOST_CALLS)
+
+
+def _asked() -> bool | None:
+    """Whether this rank was asked to stop (None: not in a run); the notebook hears, once, that
+    the ranks look (its first interrupt then asks them, rather than stopping them at once)."""
+    global _polling_told
     inbox, reporter = rank_inbox.current(), reporting.current()
     if inbox is None or reporter is None:
-        return False
-    if _agreed:
-        return True
+        return None
     if not _polling_told:
         _polling_told = True
         reporter.client.send(Polling())
-    _agreed = _any_rank(inbox.stop_asked.is_set())
-    if _agreed and inbox.stop_reason:
+    return inbox.stop_asked.is_set()
+
+
+def _agree(agreed: bool) -> bool:
+    global _agreed
+    _agreed = agreed
+    inbox = rank_inbox.current()
+    if agreed and inbox is not None and inbox.stop_reason:
         print(f"hvd_magic: stopping: {inbox.stop_reason}", file=sys.stderr, flush=True)
-    return _agreed
+    return agreed
+
+
+def _flag(dist: Any, values: bool | list[float]) -> Any:
+    """``values`` as a tensor torch.distributed's backend reduces (NCCL: on the GPU)."""
+    import torch
+
+    on_gpu = dist.get_backend() == "nccl"
+    numbers = [float(values)] if isinstance(values, bool) else values
+    return torch.tensor(numbers, device=torch.cuda.current_device() if on_gpu else "cpu")
 
 
 def _any_rank(flag: bool) -> bool:
@@ -98,8 +175,7 @@ def _any_rank(flag: bool) -> bool:
     if dist is not None and dist.is_available() and dist.is_initialized():
         import torch
 
-        on_gpu = dist.get_backend() == "nccl"  # NCCL reduces CUDA tensors only
-        value = torch.tensor([float(flag)], device=torch.cuda.current_device() if on_gpu else "cpu")
+        value = _flag(dist, flag)
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         return bool(value.item())
     hvd = sys.modules.get("horovod.torch")

@@ -20,7 +20,7 @@ import weakref
 from types import ModuleType
 from typing import Any
 
-from hvd_magic.rank.checkpoints import stopping
+from hvd_magic.rank.checkpoints import StoppingLate
 from hvd_magic.rank.reporting import report
 from hvd_magic.rank.trainers import resuming
 from hvd_magic.rank.trainers.readings import LossReading, numbers
@@ -43,6 +43,7 @@ class _HFCallbackMixin:
         self.stoppable = stoppable
         self.loss: Any = None  # the last step's loss, kept by the trainer's training_step
         self._reading = LossReading()
+        self._stopping = StoppingLate()  # asked each step, answered a step late: no wait added
 
     def watch(self, trainer: Any) -> None:
         """Keep each of ``trainer``'s step losses (its ``training_step``'s value)."""
@@ -67,7 +68,7 @@ class _HFCallbackMixin:
         total = state.max_steps if state.max_steps and state.max_steps > 0 else None
         epoch = max(0, math.ceil(state.epoch or 0) - 1)  # the one the step is in (HF's counts ends)
         report(step=state.global_step, total=total, epoch=epoch, **metrics)
-        if self.stoppable and stopping():
+        if self.stoppable and self._stopping():
             control.should_training_stop = True
             control.should_save = True
         return control

@@ -25,7 +25,7 @@ from types import ModuleType
 from typing import Any
 
 from hvd_magic.errors import TrainerError
-from hvd_magic.rank.checkpoints import stopping
+from hvd_magic.rank.checkpoints import StoppingLate
 from hvd_magic.rank.distributor import RankSetup
 from hvd_magic.rank.reporting import report
 from hvd_magic.rank.trainers import resuming
@@ -47,6 +47,7 @@ class _LightningCallbackMixin:
         super().__init__()
         self.stoppable = stoppable
         self._reading = LossReading()
+        self._stopping = StoppingLate()  # asked each step, answered a step late: no wait added
         self._total: int | None = None
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
@@ -62,7 +63,7 @@ class _LightningCallbackMixin:
         if trainer.optimizers:
             metrics["learning_rate"] = float(trainer.optimizers[0].param_groups[0]["lr"])
         report(step=trainer.global_step, total=self._total, epoch=trainer.current_epoch, **metrics)
-        if self.stoppable and stopping():
+        if self.stoppable and self._stopping():
             trainer.should_stop = True
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
@@ -75,17 +76,23 @@ class _LightningCallbackMixin:
             report(**found)
 
 
-@functools.cache
 def callback_class(package: str = "") -> type:
     """``LightningCallback`` for ``package`` (one of ``PACKAGES``; by default the one imported,
-    else the one installed): a subclass of that package's ``Callback``."""
+    else the one installed): a subclass of that package's ``Callback``, one class a package."""
     import importlib.util
     import sys
 
     chosen = package or next((p for p in PACKAGES if p in sys.modules), None)
     if not chosen:
         chosen = next((p for p in PACKAGES if importlib.util.find_spec(p.split(".")[0])), PACKAGES[0])
-    base = importlib.import_module(f"{chosen}.callbacks").Callback
+    return _built(chosen)
+
+
+@functools.cache
+def _built(package: str) -> type:
+    import importlib
+
+    base = importlib.import_module(f"{package}.callbacks").Callback
     mixin = _LightningCallbackMixin
     return type("LightningCallback", (mixin, base), {"__doc__": mixin.__doc__})
 
