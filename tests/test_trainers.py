@@ -33,13 +33,16 @@ x = torch.randn(256, 8)
 y = x.sum(1, keepdim=True)
 """
 
-# A tiny BERT made from its config (nothing downloaded): 256 rows, 16 a device, 2 ranks, 2 epochs
-HF = """
-import tempfile, torch
-from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
+# A tiny BERT made from its config (nothing downloaded; no dropout: two runs draw nothing
+# different) and 256 rows of it (a template: braces doubled)
+TINY_BERT = """
+import os, pathlib, tempfile, torch
+from transformers import BertConfig, BertForSequenceClassification
+from transformers import Trainer, TrainerCallback, TrainingArguments
 torch.manual_seed(0)
 config = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                    intermediate_size=64, max_position_embeddings=32)
+                    intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
+                    attention_probs_dropout_prob=0.0)
 class Rows(torch.utils.data.Dataset):
     def __len__(self):
         return 256
@@ -47,6 +50,12 @@ class Rows(torch.utils.data.Dataset):
         ids = torch.randint(0, 64, (16,), generator=torch.Generator().manual_seed(i))
         mask = torch.ones(16, dtype=torch.long)
         return {{"input_ids": ids, "attention_mask": mask, "labels": int(ids[0] % 2)}}
+"""
+
+# 16 a device, 2 ranks: 2 epochs are 16 steps
+HF = (
+    TINY_BERT
+    + """
 args = TrainingArguments(output_dir={output!r}, per_device_train_batch_size=16, report_to=[], use_cpu=True,
                          disable_tqdm=True, logging_steps=4, {arguments})
 trainer = Trainer(model=BertForSequenceClassification(config), args=args, train_dataset=Rows(), {more})
@@ -54,6 +63,7 @@ trainer = Trainer(model=BertForSequenceClassification(config), args=args, train_
 result = trainer.train()
 (trainer.args.world_size, result.global_step, {value})
 """
+)
 
 LIGHTNING = """
 import tempfile, torch, lightning

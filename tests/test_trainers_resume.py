@@ -10,25 +10,15 @@ import math
 
 import pytest
 
+from .test_trainers import TINY_BERT
+
 pytestmark = pytest.mark.timeout(400)
 
-# A tiny BERT (no dropout: the two runs draw nothing different), 16 steps, a checkpoint every 4;
-# rank 1 dies at step 10 of the first attempt, after checkpoint-8 was written
-HF = """
-import os, pathlib, tempfile, torch
-from transformers import BertConfig, BertForSequenceClassification
-from transformers import Trainer, TrainerCallback, TrainingArguments
-torch.manual_seed(0)
-config = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                    intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
-                    attention_probs_dropout_prob=0.0)
-class Rows(torch.utils.data.Dataset):
-    def __len__(self):
-        return 256
-    def __getitem__(self, i):
-        ids = torch.randint(0, 64, (16,), generator=torch.Generator().manual_seed(i))
-        mask = torch.ones(16, dtype=torch.long)
-        return {{"input_ids": ids, "attention_mask": mask, "labels": int(ids[0] % 2)}}
+# 16 steps, a checkpoint every 4; rank 1 dies at step 10 of the first attempt, after
+# checkpoint-8 was written
+HF = (
+    TINY_BERT
+    + """
 class Killer(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         pathlib.Path({marks!r}, f"began-{{args.process_index}}-{{state.global_step}}").touch()
@@ -44,6 +34,7 @@ trainer = Trainer(model=model, args=args, train_dataset=Rows(), callbacks=[Kille
 trainer.train()
 (trainer.state.global_step, sum(float(p.double().sum()) for p in trainer.model.parameters()))
 """
+)
 
 # 3 epochs of 8 steps; Lightning's own ModelCheckpoint writes one at each epoch's end; rank 1
 # dies at step 12 of the first attempt, in the second epoch
