@@ -28,6 +28,7 @@ from hvd_magic.errors import RunError
 from hvd_magic.hub import Hub
 from hvd_magic.launch import Launcher
 from hvd_magic.options import make_options
+from hvd_magic.run.history import recorded_sinks
 from hvd_magic.run.supervisor import Run
 from hvd_magic.widgets.live_view import LiveView
 
@@ -76,8 +77,9 @@ class Simulated(Launcher):
 
 
 def kernel_side(ranks: int, seconds: float, rate: int) -> dict[str, float]:
-    """The run's real supervision (``Run``: hub, pump, record, straggler watch, live view) fed
-    by the simulator until it ends; the run then fails (no rank sent a result), as expected.
+    """The run's real supervision (``Run``: hub, pump, record, straggler watch, live view, the
+    kernel's record of the run) fed by the simulator until it ends; the run then fails (no rank
+    sent a result), as expected.
     Returns the reports sent, dropped at the ranks and lost, the UI updates a second and the
     kernel's CPU as a share of one core."""
     hub = Hub("127.0.0.1", b"")
@@ -87,9 +89,11 @@ def kernel_side(ranks: int, seconds: float, rate: int) -> dict[str, float]:
     simulator = subprocess.Popen(
         [*command, str(ranks), str(seconds), str(rate)], stdout=subprocess.PIPE, text=True
     )
-    run = Run(hub, Simulated(simulator), view, make_options(np=ranks))
+    options = make_options(np=ranks)
+    sinks = recorded_sinks(options)  # as a run has them: the kernel's record of it folds them too
+    run = Run(hub, Simulated(simulator), sinks.shown_in(view), options, sinks=sinks)
     cpu_before, started = me.cpu_times(), time.monotonic()
-    with contextlib.suppress(RunError):
+    with sinks, contextlib.suppress(RunError):
         run.execute()
     wall = time.monotonic() - started
     cpu_after = me.cpu_times()

@@ -4,13 +4,18 @@ shows one and returns its value, in any IPython, and in a real kernel whose outp
 
 from __future__ import annotations
 
+import json
+from types import SimpleNamespace
+
 import pytest
 from IPython.core.error import UsageError
 from jupyter_client.manager import start_new_kernel
 
 from hvd_magic import HorovodRunner, RankFailedError
 from hvd_magic.options import make_options
-from hvd_magic.run.history import HISTORY, History
+from hvd_magic.protocol import Message, Reports
+from hvd_magic.run.history import HISTORY, History, RecordingSink
+from hvd_magic.widgets.state import RunModel
 
 from .kernels import Kernel, reply_to
 
@@ -69,6 +74,19 @@ def test_the_oldest_runs_make_room():
         history.begin(make_options(np=-2))
     assert [entry.number for entry in history.entries] == [2, 3] and history.get(1) is None
     assert history.get().number == 3 and "running" in history.table()
+
+
+def test_the_record_reads_the_live_views_model_rather_than_fold_every_report_twice():
+    entry = History().begin(make_options(np=-2))
+    sink, view = RecordingSink(entry), SimpleNamespace(model=RunModel(2))
+    sink.shown_in(view)
+    assert entry.model is view.model
+    report = Message(Reports(0), rank=0, blob=json.dumps([{"step": 1, "metrics": {"loss": 0.5}}]).encode())
+    sink.message(report)
+    assert view.model.reports == 0  # what the view folds, the record does not fold again
+    view.model.apply(report)
+    sink.close(None)
+    assert "loss 0.5" in entry.summary and entry.outcome == "finished"
 
 
 def test_a_run_no_one_watched_keeps_its_value_for_the_next_cell(tmp_path):

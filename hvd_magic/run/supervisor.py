@@ -60,7 +60,7 @@ def execute(
 def _attempts(
     captured: Captured, options: RunOptions, view: RunView | None, sinks: Sinks, hosts: dict[int, str]
 ) -> Any:
-    view = view or make_view(options.ranks)
+    view = sinks.shown_in(view or make_view(options.ranks))
     for text in [*options.notices, *captured.notices, *timeline_notice(options.timeline)]:
         view.notice(text)
     store = CheckpointStore(options.checkpoint_dir)

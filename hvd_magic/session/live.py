@@ -191,6 +191,7 @@ class LiveSession:
             cell = CellLauncher(self, order, targets, captured.blob)
             where = f"live session, {len(targets)} of {self.size} ranks"
             with recorded_sinks(options, where) as sinks:  # TensorBoard, MLflow, the record: this cell's
+                sinks.shown_in(view)
                 return sinks.returned(CellRun(self.hub, cell, view, options, sinks=sinks).execute())
 
     @contextmanager

@@ -49,6 +49,15 @@ class Sinks:
                 del self.sinks[what]
                 _say(f"{what} stopped during the run ({type(err).__name__}: {err}); the run goes on")
 
+    def shown_in(self, view: Any) -> Any:
+        """The run's view, handed to the sinks that read what it already folds (a sink's
+        ``shown_in``: the kernel's record takes the live view's model), and back."""
+        for sink in self.sinks.values():
+            lend = getattr(sink, "shown_in", None)
+            if lend is not None:
+                lend(view)
+        return view
+
     def returned(self, value: Any) -> Any:
         """The run's value, handed to the sinks that keep it (a sink's ``returned``), and back."""
         for sink in self.sinks.values():
