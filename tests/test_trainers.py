@@ -216,6 +216,27 @@ def test_an_accelerate_loop_feeds_the_view():
         assert model.series["epoch_loss"][rank].steps == [8.0, 16.0]  # what the loop logged, each rank
 
 
+def test_the_first_interrupt_stops_an_accelerate_loop_where_it_checks_its_trigger(ip, tmp_path, monkeypatch):
+    stops = recorded_stops(monkeypatch)
+    when_started(tmp_path, 2, lambda: press_once_polling(stops))
+    cell = f"""
+import os, pathlib, torch
+from accelerate import Accelerator
+accelerator = Accelerator(cpu=True)
+model = torch.nn.Linear(8, 1)
+model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01))
+pathlib.Path({str(tmp_path)!r}, "started-" + os.environ["RANK"]).touch()
+for step in range(1, 10**6):
+    accelerator.backward(model(torch.randn(16, 8)).pow(2).mean())
+    optimizer.step()
+    optimizer.zero_grad()
+    if accelerator.check_trigger():  # Accelerate's way to stop every process at once
+        break
+step
+"""
+    assert 0 < ip.run_cell_magic("horovod", "np=-2 backend=torch", cell) < 10**6 - 1
+
+
 def test_the_trainers_can_be_left_alone():
     cell = ROWS + LIGHTNING.format(layout="devices=1, num_nodes=2", epochs=1, before="")
     with pytest.raises(RankFailedError, match="IndexError"):  # Lightning's own reading of it, as before
