@@ -5,7 +5,8 @@ When a rank builds a Hugging Face ``Trainer`` (``hf_trainer``) or a Lightning ``
 rank adds its own callback: each rank reports its step, the total, the epoch, its loss and
 learning rate, and the trainer's evaluation metrics, as ``hvd_magic.report`` does; the run's
 first interrupt (or a preemption notice) stops every rank at the same step through the
-trainer's own flag. ``HVD_MAGIC_TRAINERS=0`` turns it off; the explicit form is
+trainer's own flag; with ``retries=`` a retried attempt resumes from the trainer's own
+checkpoints (``resuming``). ``HVD_MAGIC_TRAINERS=0`` turns it off; the explicit form is
 ``hvd_magic.integrations.HFCallback()`` / ``LightningCallback()``.
 
 Nothing here imports a trainer: each is patched when the user's code imports it.

@@ -3,8 +3,8 @@
 ``HFCallback`` reports each optimizer step (``state.global_step`` of ``state.max_steps``, the
 epoch), the rank's own loss (read from ``training_step`` at most ten times a second), the
 learning rate, and what the trainer logs (evaluation's metrics, ``grad_norm``). At each step's
-end it asks ``hvd_magic.stopping()`` (a collective: every rank is at the same step) and, when the
-run is asked to stop, sets ``control.should_training_stop`` and ``should_save``: the trainer
+end it asks whether the run is to stop (``StoppingLate``: the ranks agree on the step, no rank
+waits for the others) and, when it is, sets ``control.should_training_stop`` and ``should_save``: the trainer
 writes its checkpoint and ``train()`` returns. With ``retries=``, each checkpoint the trainer
 writes is kept by the run too, and a retried attempt's ``train()`` resumes from the latest
 (``resuming``). Built on first use (importing hvd_magic imports no transformers); added to
@@ -43,7 +43,7 @@ class _HFCallbackMixin:
         self.stoppable = stoppable
         self.loss: Any = None  # the last step's loss, kept by the trainer's training_step
         self._reading = LossReading()
-        self._stopping = StoppingLate()  # asked each step, answered a step late: no wait added
+        self._stopping = StoppingLate()  # asked each step, answered a few steps late: no wait added
 
     def watch(self, trainer: Any) -> None:
         """Keep each of ``trainer``'s step losses (its ``training_step``'s value)."""

@@ -4,9 +4,9 @@ checked against the run's (rank side).
 ``LightningCallback`` reports each optimizer step (``trainer.global_step`` of
 ``estimated_stepping_batches``, the epoch), the rank's loss (what ``training_step`` returned,
 read at most ten times a second), the learning rate and the validation metrics. After each batch
-it asks ``hvd_magic.stopping()`` (a collective: every rank is at the same batch) and, when the
-run is asked to stop, sets ``trainer.should_stop``: the epoch ends, its checkpoint callbacks run
-and ``fit`` returns. With ``retries=``, each checkpoint Lightning writes is kept by the run too,
+it asks whether the run is to stop (``StoppingLate``: the ranks agree on the batch, no rank waits
+for the others) and, when it is, sets ``trainer.should_stop``: ``fit`` ends as an early stop
+does. With ``retries=``, each checkpoint Lightning writes is kept by the run too,
 and a retried attempt's ``fit()`` resumes from the latest (``resuming``).
 
 Lightning reads torchrun's variables, which ``backend=torch`` sets; its ``devices`` and
@@ -47,7 +47,7 @@ class _LightningCallbackMixin:
         super().__init__()
         self.stoppable = stoppable
         self._reading = LossReading()
-        self._stopping = StoppingLate()  # asked each step, answered a step late: no wait added
+        self._stopping = StoppingLate()  # asked each step, answered a few steps late: no wait added
         self._total: int | None = None
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
