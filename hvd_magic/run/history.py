@@ -106,9 +106,9 @@ class RecordingSink:
         if self.folds and self.entry.model is not None and not isinstance(message.record, Log):
             self.entry.model.apply(message)
 
-    def returned(self, value: Any) -> None:
-        self.entry.value = value[0] if isinstance(value, tuple) and len(value) == 2 else value
-        self.entry.has_value = True
+    def returned(self, value: tuple[Any, dict[str, Any]]) -> None:
+        """A run's result: rank 0's value and the names it returns (``return=``)."""
+        self.entry.value, self.entry.has_value = value[0], True
 
     def close(self, outcome: BaseException | None) -> None:
         entry, model = self.entry, self.entry.model
