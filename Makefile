@@ -50,6 +50,7 @@ pytest-args:
 
 js-test: setup
 	cd js && npx vitest run
+	cd labextension && npx tsc --noEmit && npx vitest run
 
 bench: setup
 	$(PY) bench/launch.py

@@ -1,6 +1,9 @@
-"""The package build's two compiled parts; everything else is in pyproject.toml.
+"""The package build's compiled parts; everything else is in pyproject.toml.
 
 - the timeline viewer's ES module: js/ -> hvd_magic/static/viewer.js (esbuild, via npm);
+- the JupyterLab extension (the Horovod panel): labextension/ -> hvd_magic/labextension/ (via npm),
+  installed as share/jupyter/labextensions/hvd-magic-labextension, with the server extension's
+  switch (jupyter-config/): a user installs the wheel and needs no node;
 - the timeline scanner and span matcher: hvd_magic/timeline/_scan.c and _match.c, two small C
   extensions (the fast reader).
 """
@@ -16,29 +19,53 @@ from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).parent
-BUNDLE = ROOT / "hvd_magic" / "static" / "viewer.js"
-SOURCES = ROOT / "js" / "src"
+# (front end's folder, what it builds) built by `npm run build`
+BUNDLES = [
+    (ROOT / "js", ROOT / "hvd_magic" / "static" / "viewer.js"),
+    (ROOT / "labextension", ROOT / "hvd_magic" / "labextension" / "package.json"),
+]
+LAB_EXTENSION = ROOT / "hvd_magic" / "labextension"
+LAB_NAME = "hvd-magic-labextension"  # labextension/package.json's name
+SERVER_SWITCH = (
+    "etc/jupyter/jupyter_server_config.d",
+    ["jupyter-config/jupyter_server_config.d/hvd_magic.json"],
+)
 
 
-def bundle_is_stale() -> bool:
-    if not BUNDLE.exists():
+def is_stale(folder: Path, built: Path) -> bool:
+    if not built.exists():
         return True
-    built = BUNDLE.stat().st_mtime
-    return any(source.stat().st_mtime > built for source in SOURCES.glob("*.ts"))
+    sources = [*(folder / "src").glob("*.ts"), *(folder / "style").glob("*.css"), folder / "package.json"]
+    return any(source.exists() and source.stat().st_mtime > built.stat().st_mtime for source in sources)
+
+
+def lab_extension_files() -> list[tuple[str, list[str]]]:
+    """The built extension's files, by folder, under Jupyter's share/jupyter/labextensions."""
+    folders: dict[str, list[str]] = {}
+    for path in sorted(LAB_EXTENSION.rglob("*")):
+        if path.is_file():
+            where = path.parent.relative_to(LAB_EXTENSION).as_posix()
+            target = f"share/jupyter/labextensions/{LAB_NAME}" + ("" if where == "." else f"/{where}")
+            folders.setdefault(target, []).append(path.relative_to(ROOT).as_posix())
+    return list(folders.items())
 
 
 class BuildWithViewer(build_py):
     def run(self) -> None:
-        if SOURCES.is_dir() and bundle_is_stale():
-            npm = shutil.which("npm")
-            if npm is None:
-                raise SystemExit(
-                    "building hvd_magic needs npm to bundle the timeline viewer (js/): install Node.js"
+        for folder, built in BUNDLES:
+            if folder.is_dir() and is_stale(folder, built):
+                npm = shutil.which("npm")
+                if npm is None:
+                    raise SystemExit(
+                        f"building hvd_magic needs npm for its front end ({folder.name}/): install Node.js"
+                    )
+                subprocess.run(
+                    [npm, "install", "--no-audit", "--no-fund", "--silent"], cwd=folder, check=True
                 )
-            subprocess.run(
-                [npm, "install", "--no-audit", "--no-fund", "--silent"], cwd=ROOT / "js", check=True
-            )
-            subprocess.run([npm, "run", "--silent", "build"], cwd=ROOT / "js", check=True)
+                subprocess.run([npm, "run", "--silent", "build"], cwd=folder, check=True)
+        data_files = self.distribution.data_files  # the list install_data reads: the extension's files too
+        if data_files is not None and len(data_files) == 1:
+            data_files.extend(lab_extension_files())
         super().run()
 
 
@@ -63,6 +90,7 @@ SCANNER_SKIPPED = (
 
 setup(
     cmdclass={"build_py": BuildWithViewer, "build_ext": BuildScannerIfPossible},
+    data_files=[SERVER_SWITCH],
     ext_modules=[
         Extension(f"hvd_magic.timeline.{name}", [f"hvd_magic/timeline/{name}.c"], extra_compile_args=["-O3"])
         for name in ("_scan", "_match")

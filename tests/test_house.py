@@ -3,6 +3,8 @@
 - ``hvd_magic.rank``: all that runs inside a rank; it imports only ``rank``, ``protocol``,
   ``errors`` and ``data``.
 - ``hvd_magic.protocol``: what every hop speaks; it imports none of ours.
+- ``hvd_magic.server``: the Jupyter server's extension; it imports only ``protocol``, and
+  nothing imports it.
 - ``hvd_magic.launch.task``: what runs inside Spark tasks; never the notebook's side.
 - The notebook's side (everything else) never imports ``rank`` (a rank's code) nor
   ``notebook`` (the user's entry points, which sit on top of it all).
@@ -96,6 +98,18 @@ def test_the_notebook_side_imports_no_rank_code_and_nothing_imports_the_entry_po
     assert into_entry_points == []
 
 
+def test_the_server_extension_imports_only_the_protocol_and_nothing_imports_it():
+    assert crossings(("hvd_magic.server",), ("hvd_magic.server", "hvd_magic.protocol")) == []
+    into_server = [
+        f"{name} -> {target}"
+        for name, targets in graph().items()
+        if not within(name, "hvd_magic.server")
+        for target in targets
+        if within(target, "hvd_magic.server")
+    ]
+    assert into_server == []
+
+
 def test_at_most_eight_modules_at_the_top():
     top = [name for name, path in modules().items() if name.count(".") == 1 and path.name != "__init__.py"]
     assert len(top) <= 8, top
@@ -129,7 +143,7 @@ def test_the_architecture_map_names_every_module_and_only_real_ones():
     modules_here = {
         str(path.relative_to(PACKAGE.parent))
         for path in PACKAGE.rglob("*.py")
-        if path.name != "__init__.py" or path.parent.name in ("launch", "data")
+        if path.name != "__init__.py" or path.parent.name in ("launch", "data", "server")
     }
     named = mapped_paths()
     assert sorted(modules_here - named) == []  # unmapped: say in the map what it is for

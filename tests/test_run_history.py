@@ -14,7 +14,8 @@ from jupyter_client.manager import start_new_kernel
 from hvd_magic import HorovodRunner, RankFailedError
 from hvd_magic.options import make_options
 from hvd_magic.protocol import Message, Reports
-from hvd_magic.run.history import HISTORY, History, RecordingSink
+from hvd_magic.run.history import HISTORY, History
+from hvd_magic.run.recording import RecordingSink
 from hvd_magic.widgets.state import RunModel
 
 from .kernels import Kernel, reply_to

@@ -53,6 +53,7 @@ class GracefulStop:
         self.polls = False  # a rank called stopping(): this run can stop at a step boundary
         self.asked_at: float | None = None
         self.interrupts = self.raised = 0  # SIGINTs received, and raised as KeyboardInterrupt
+        self.at_once = False  # asked to stop at once (the panel's "stop now"), not at a step boundary
         hub.taps[Polling] = self._polling
         hub.taps[Noticed] = self._noticed
 
@@ -77,12 +78,18 @@ class GracefulStop:
     def _count(self, signum: int, frame: object) -> None:
         self.interrupts += 1
 
+    def interrupt(self, at_once: bool = False) -> None:
+        """As the notebook's interrupt, from any thread (the Horovod panel's stop): counted, and
+        raised by the supervising loop at its next ``check``; ``at_once``: as a second interrupt."""
+        self.at_once = self.at_once or at_once
+        self.interrupts += 1
+
     def _supervise(self, supervise: Callable[[], Any]) -> Any:
         while True:
             try:
                 value = supervise()
             except KeyboardInterrupt:
-                if self.asked_at is not None or not self.polls:
+                if self.asked_at is not None or not self.polls or self.at_once:
                     raise
                 self.asked_at = self.clock()
                 self.hub.tell_all(StopAsked())

@@ -3,26 +3,27 @@
 A browser tab closed mid-run gets none of what the kernel sent meanwhile: neither the run's
 final record nor rank 0's value. So every run (a cold cell, a live session's cell, a
 ``HorovodRunner`` or ``TorchDistributor`` call, an estimator's fit) is also recorded here, from
-the same messages the view gets (a sink, ``recorded_sinks``): what ran, on how many ranks, when,
+the same messages the view gets (a sink: ``run.recording``): what ran, on how many ranks, when,
 how it ended, its summary line, and rank 0's value. The last ``KEEP`` are kept in the kernel;
 ``%horovod runs`` lists them, ``%horovod last`` (or ``runs N``) shows one and returns its value.
+In a Jupyter kernel the record is also served to the server's Horovod panel (``run.endpoint``),
+which can stop a running run and ask for its ranks' stacks through the entry (``supervising``).
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from hvd_magic.protocol import Log, Message
-from hvd_magic.sinks import Sinks, make_sinks
 from hvd_magic.widgets.state import RunModel
 
 if TYPE_CHECKING:
     from hvd_magic.options import RunOptions
 
-__all__ = ["HISTORY", "History", "RunEntry", "recorded_sinks"]
+__all__ = ["HISTORY", "History", "RunEntry"]
 
 KEEP = 10  # runs kept, with their values (a value may be a model: the oldest go first)
 
@@ -40,7 +41,11 @@ class RunEntry:
     summary: str = ""  # the view's final line: ranks, seconds, the latest metrics
     value: Any = None
     has_value: bool = False
+    value_text: str = ""  # the value's repr, shortened (for the panel: made here, on the kernel's thread)
+    final: str = field(default="", repr=False)  # the final record's HTML, as the view kept it
     model: RunModel | None = field(default=None, repr=False)  # while it runs
+    stop: Callable[[bool], None] | None = field(default=None, repr=False)  # while supervised: (at_once)
+    stacks: Callable[[], str] | None = field(default=None, repr=False)  # ... every rank's stacks, told
 
     @property
     def seconds(self) -> float:
@@ -85,46 +90,3 @@ class History:
 
 
 HISTORY = History()
-
-
-class RecordingSink:
-    """Folds a run's messages (not its output: the summary needs none) into its entry's model,
-    or reads the live view's model, which folds them already (``shown_in``: folding them twice
-    took the kernel's share of a core under 64 ranks' reports from 0.22 to 0.40); at the end
-    keeps the outcome, the summary, and rank 0's value (``returned``)."""
-
-    def __init__(self, entry: RunEntry) -> None:
-        self.entry = entry
-        self.folds = True
-
-    def shown_in(self, view: object) -> None:
-        model = getattr(view, "model", None)
-        if isinstance(model, RunModel):
-            self.entry.model, self.folds = model, False
-
-    def message(self, message: Message) -> None:
-        if self.folds and self.entry.model is not None and not isinstance(message.record, Log):
-            self.entry.model.apply(message)
-
-    def returned(self, value: tuple[Any, dict[str, Any]]) -> None:
-        """A run's result: rank 0's value and the names it returns (``return=``)."""
-        self.entry.value, self.entry.has_value = value[0], True
-
-    def close(self, outcome: BaseException | None) -> None:
-        entry, model = self.entry, self.entry.model
-        entry.ended = time.time()
-        if outcome is None:
-            entry.outcome = "finished"
-        else:
-            first = str(outcome).strip().splitlines()[:1]
-            entry.outcome = f"{type(outcome).__name__}: {first[0] if first else ''}".rstrip(": ")
-        if model is not None:
-            entry.summary = model.summary()
-        entry.model = None  # its series and logs go; the summary stays
-
-
-def recorded_sinks(options: RunOptions, where: str | None = None) -> Sinks:
-    """The sinks ``options`` ask for (``make_sinks``) and the kernel's record of the run."""
-    sinks = make_sinks(options)
-    sinks.sinks["the kernel's record of its runs"] = RecordingSink(HISTORY.begin(options, where))
-    return sinks

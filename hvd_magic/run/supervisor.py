@@ -24,11 +24,11 @@ from hvd_magic.run import diagnosis, stalls, timeouts
 from hvd_magic.run.capture import Captured
 from hvd_magic.run.checkpoint_store import CheckpointStore
 from hvd_magic.run.graceful import GracefulStop, interrupts_deferred
-from hvd_magic.run.history import recorded_sinks
 from hvd_magic.run.prompts import RankPrompts
 from hvd_magic.run.rank_env import rank_env, stall_seconds
 from hvd_magic.run.rank_files import RankFiles
 from hvd_magic.run.record import RunRecord
+from hvd_magic.run.recording import recorded_sinks
 from hvd_magic.run.resize import SlotsBack
 from hvd_magic.run.retry import Attempts, HeldView
 from hvd_magic.run.stacks import where_each_rank
@@ -113,8 +113,7 @@ class Run:
     ) -> None:
         self.hub, self.launcher, self.view, self.options, self.clock = hub, launcher, view, options, clock
         self.sinks = sinks or Sinks()
-        now = clock()
-        self.record = RunRecord(options.ranks, began=now, last_message=now)
+        self.record = RunRecord(options.ranks, began=(now := clock()), last_message=now)
         self.files = RankFiles(options.timeline, options.files_dir, store, hub.send_to)
         self.stopper = GracefulStop(hub, view, store, clock)
         self.prompts = RankPrompts(hub, view, self.record.started)
@@ -125,6 +124,7 @@ class Run:
         self.stall_shown: float | None = None
         self.stragglers = StragglerWatch(options.stragglers)
         self.live_timeline = live_timeline(options.timeline, view, self.files.writing_timeline, options.env)
+        self.sinks.supervising(self)  # the kernel's record: the Horovod panel's stop and stacks
 
     def execute(self) -> Any:
         """Start and supervise; then stop whatever is left and return (or raise) only once the

@@ -40,7 +40,7 @@ from hvd_magic.protocol import (
 )
 from hvd_magic.protocol.env import TIMELINE_DYNAMIC
 from hvd_magic.run.capture import Captured
-from hvd_magic.run.history import recorded_sinks
+from hvd_magic.run.recording import recorded_sinks
 from hvd_magic.run.views import RunView, make_view
 from hvd_magic.session import ranks
 from hvd_magic.session.cell import CellLauncher, CellRun

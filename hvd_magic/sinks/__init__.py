@@ -58,6 +58,14 @@ class Sinks:
                 lend(view)
         return view
 
+    def supervising(self, run: Any) -> None:
+        """The run's supervisor (each attempt's), handed to the sinks that act on it (a sink's
+        ``supervising``: the kernel's record, asked from the Horovod panel to stop or for stacks)."""
+        for sink in self.sinks.values():
+            act = getattr(sink, "supervising", None)
+            if act is not None:
+                act(run)
+
     def returned(self, value: Any) -> Any:
         """The run's value, handed to the sinks that keep it (a sink's ``returned``), and back."""
         for sink in self.sinks.values():

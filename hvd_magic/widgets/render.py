@@ -224,17 +224,17 @@ def svg_chart(series: dict[str, Series], width: int = 480, height: int = 160) ->
     return f"{svg}{axes}{''.join(lines)}</svg>"
 
 
-def final_html(model: RunModel) -> str:
-    """The run's record, kept in the notebook: summary, grid, curves (with their data), logs."""
+def final_html(model: RunModel, per_rank: bool = True) -> str:
+    """The run's record, kept in the notebook: summary, grid, curves (with their data), logs.
+    ``per_rank=False``: the curves' mean only (the panel's first view of a large run)."""
     parts = [
         f'<div class="hvd-summary" style="font-weight:bold">hvd_magic: {html.escape(model.summary())}</div>'
     ]
     parts.append(grid_html(model))
     data = {}
     for metric in model.series:
-        chart = {f"rank {r}": s for r, s in sorted(model.series[metric].items())} | {
-            "mean": model.mean_series(metric)
-        }
+        ranks = sorted(model.series[metric].items()) if per_rank else []
+        chart = {f"rank {r}": s for r, s in ranks} | {"mean": model.mean_series(metric)}
         parts.append(f"<div><b>{html.escape(metric)}</b><br>{svg_chart(chart)}</div>")
         data[metric] = {name: {"step": s.steps, "value": s.values} for name, s in chart.items()}
     if data:

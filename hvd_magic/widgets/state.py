@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -158,8 +159,13 @@ class RunModel:
         self._count = [0] * ranks  # x for metrics reported without a step
         self._forwarded = [0] * ranks  # lines of each rank already in the "all" log
         self._decoder = LogDecoder()
+        self.lock = threading.Lock()  # held while a message is folded: read from another thread under it
 
     def apply(self, message: Message) -> None:
+        with self.lock:
+            self._apply(message)
+
+    def _apply(self, message: Message) -> None:
         self.events += 1
         rank, record = message.rank, message.record
         if isinstance(record, Stall):

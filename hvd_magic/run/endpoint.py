@@ -1,0 +1,183 @@
+"""The kernel's run endpoint: its record of runs (``run.history``), served to the Jupyter
+server's Horovod panel from a thread, so that a run outlives the browser tab that started it.
+
+Only inside a Jupyter kernel (the server knows its kernels by id; a terminal IPython has
+``%horovod runs``). The socket is a ZeroMQ ``ipc://`` one in a folder of its own that only this
+user may enter (a temporary one, mode 0700: a Unix socket's path must stay short) and every
+request must carry the token of the endpoint file (mode 0600, in ``<runtime>/hvd-magic/``);
+``protocol.panel`` says what is asked. What the panel shows is read here under
+each model's lock (the kernel's thread folds messages into it meanwhile); the stop and the
+stacks go through the entry to the run's own ``GracefulStop`` and ``stacks.where_now``.
+``HVD_MAGIC_PANEL=0`` turns the endpoint off.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hmac
+import json
+import os
+import secrets
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from hvd_magic.protocol.panel import ASKS, Endpoint, endpoint_folder, refusal
+from hvd_magic.run.history import History, RunEntry
+from hvd_magic.widgets.render import final_html
+from hvd_magic.widgets.state import RunModel
+
+__all__ = ["RunEndpoint", "row", "serve_in_kernel"]
+
+POLL_MS = 200  # how often the serving thread looks at its stop flag
+_serving: list[RunEndpoint] = []  # the kernel's one endpoint, once a run began
+
+
+class RunEndpoint:
+    """Serves ``history`` at an ``ipc://`` socket in ``folder`` to whoever holds the token."""
+
+    def __init__(self, history: History, folder: Path, kernel: str) -> None:
+        self.history = history
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(folder, 0o700)
+        self._context = zmq.Context()
+        self._socket = self._context.socket(zmq.REP)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        socket_path = Path(tempfile.mkdtemp(prefix="hvd-magic-")) / "runs.sock"  # mode 0700
+        self._socket.bind(f"ipc://{socket_path}")
+        os.chmod(socket_path, 0o600)
+        self.endpoint = Endpoint(f"ipc://{socket_path}", secrets.token_hex(24), os.getpid(), kernel)
+        self.file = self.endpoint.write(folder)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="hvd_magic-panel", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            if not self._socket.poll(POLL_MS):
+                continue
+            try:
+                request = json.loads(self._socket.recv())
+                reply = self.answer(request) if isinstance(request, dict) else refusal("not a request")
+            except ValueError:
+                reply = refusal("not JSON")
+            self._socket.send(json.dumps(reply, default=str).encode())
+
+    def answer(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The reply to one request (``protocol.panel``); refused without this kernel's token."""
+        token = request.get("token")
+        if not isinstance(token, str) or not hmac.compare_digest(token, self.endpoint.token):
+            return refusal("refused: this kernel's run endpoint answers only with its token")
+        ask = request.get("ask")
+        if ask == "runs":
+            return {"kernel": self.endpoint.kernel, "runs": [row(e) for e in list(self.history.entries)]}
+        if ask not in ASKS:
+            return refusal(f"unknown ask {ask!r}: one of {', '.join(ASKS)}")
+        entry = self.history.get(request.get("number")) if isinstance(request.get("number"), int) else None
+        if entry is None:
+            return refusal(f"no run {request.get('number')!r} is kept in this kernel")
+        if ask == "run":
+            return {"run": row(entry) | {"html": _html(entry, bool(request.get("per_rank", True)))}}
+        stop, stacks = entry.stop, entry.stacks
+        if ask == "stop" and stop is not None:
+            stop(bool(request.get("at_once")))
+            return {"asked": "stop at once" if request.get("at_once") else "stop at the next step boundary"}
+        if ask == "stacks" and stacks is not None:
+            return {"stacks": stacks()}
+        if entry.ended is None:
+            return refusal(f"run {entry.number} is starting its ranks: ask again in a moment")
+        return refusal(f"run {entry.number} is not running: it ended ({entry.outcome})")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self._socket.close(linger=0)
+        self._context.term()
+        self.file.unlink(missing_ok=True)
+        self.endpoint.remove_socket()
+
+
+def _html(entry: RunEntry, per_rank: bool) -> str:
+    model = entry.model
+    if model is None:
+        return entry.final
+    with model.lock:
+        return final_html(model, per_rank)
+
+
+def row(entry: RunEntry) -> dict[str, Any]:
+    """What the panel lists of a run: its record, and while it runs, how it goes."""
+    shown: dict[str, Any] = {
+        "number": entry.number,
+        "where": entry.where,
+        "ranks": entry.ranks,
+        "state": "running" if entry.ended is None else "ended",
+        "outcome": entry.outcome,
+        "started": entry.started,
+        "seconds": round(entry.seconds, 1),
+        "summary": entry.summary,
+        "has_value": entry.has_value,
+        "value": entry.value_text,
+    }
+    model = entry.model
+    if model is not None:
+        with model.lock:
+            shown |= _going(model, time.monotonic())
+    return shown
+
+
+def _going(model: RunModel, now: float) -> dict[str, Any]:
+    ranks = model.progress
+    steps = [p.step for p in ranks if p.step is not None]
+    rates = [rate for p in ranks if (rate := p.rate_at(now)) is not None]
+    etas = [eta for p in ranks if (eta := p.eta_at(now)) is not None]
+    seen = [p.resources for p in ranks if p.resources is not None]
+    straggler = next((p.straggling.text() for p in ranks if p.straggling is not None), "")
+    attempt = next((text for text in reversed(model.notices) if "attempt" in text), "")
+    return {
+        "summary": model.summary(),
+        "counts": {state: n for state, n in model.counts().items() if n},
+        "hosts": sorted({p.host for p in ranks if p.host}),
+        "step": min(steps) if steps else None,
+        "total": max((p.total for p in ranks if p.total), default=None),
+        "epoch": max((p.epoch for p in ranks if p.epoch is not None), default=None),
+        "steps_per_s": round(statistics.median(rates), 3) if rates else None,
+        "eta": round(max(etas), 1) if etas else None,
+        "cpu": round(statistics.fmean(s.cpu for s in seen), 1) if seen else None,
+        "memory": max((s.rss for s in seen), default=None),
+        "gpu": max((s.gpu_text() for s in seen if s.gpu >= 0), default=""),
+        "straggler": straggler,
+        "attempt": attempt,
+    }
+
+
+def kernel_id() -> str | None:
+    """This Jupyter kernel's id (from its connection file's name), or None outside one."""
+    kernelapp = sys.modules.get("ipykernel.kernelapp")
+    if kernelapp is None or not kernelapp.IPKernelApp.initialized():
+        return None
+    name = Path(kernelapp.IPKernelApp.instance().connection_file).stem
+    return name.removeprefix("kernel-")
+
+
+def serve_in_kernel(history: History) -> None:
+    """Start the kernel's endpoint at its first run, once; nothing outside a Jupyter kernel."""
+    if _serving or os.environ.get("HVD_MAGIC_PANEL") == "0":
+        return
+    kernel = kernel_id()
+    if kernel is None:
+        return
+    try:
+        endpoint = RunEndpoint(history, endpoint_folder(), kernel)
+    except (OSError, zmq.ZMQError) as err:
+        print(f"hvd_magic: the Horovod panel cannot show this kernel's runs: {err}", file=sys.stderr)
+        _serving.append(None)  # type: ignore[arg-type]  # said once
+        return
+    _serving.append(endpoint)
+    atexit.register(endpoint.close)

@@ -1,0 +1,127 @@
+"""The server extension's REST API and websocket, each behind Jupyter's authentication (the
+server's token or login cookie; a request without it gets 403 and nothing of any kernel)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from jupyter_server.auth.decorator import ws_authenticated
+from jupyter_server.base.handlers import APIHandler, JupyterHandler
+from jupyter_server.base.websocket import WebSocketMixin
+from jupyter_server.utils import url_path_join
+from tornado import web
+from tornado.websocket import WebSocketHandler
+
+from hvd_magic.protocol.panel import endpoint_folder
+from hvd_magic.server.kernels import STACKS_SECONDS, KernelRuns
+
+__all__ = ["add_handlers"]
+
+UPDATE_SECONDS = 1.0  # the websocket's pace: the panel shows steps/s and ETAs that move
+RUN = r"/hvd-magic/runs/(?P<kernel>[\w-]+)/(?P<number>\d+)"
+
+
+async def notebooks(session_manager: Any) -> dict[str, str]:
+    """Each kernel's notebook (its session's path), by kernel id."""
+    sessions = await session_manager.list_sessions()
+    return {s["kernel"]["id"]: s.get("path", "") for s in sessions if s.get("kernel")}
+
+
+class RunsHandler(APIHandler):
+    """Base: the kernels this server runs, their notebooks, and the endpoints to ask."""
+
+    @property
+    def kernel_runs(self) -> KernelRuns:
+        return self.settings["hvd_magic_runs"]  # type: ignore[no-any-return]
+
+    async def notebooks(self) -> dict[str, str]:
+        return await notebooks(self.session_manager)
+
+    def known(self) -> set[str]:
+        return set(self.kernel_manager.list_kernel_ids())
+
+    async def ask(self, kernel: str, request: dict[str, Any], seconds: float | None = None) -> Any:
+        endpoint = self.kernel_runs.endpoints(self.known()).get(kernel)
+        if endpoint is None:
+            raise web.HTTPError(404, f"kernel {kernel} of this server has no hvd_magic runs")
+        answer = await self.kernel_runs.ask(endpoint, request, *([seconds] if seconds else []))
+        if "error" in answer:
+            raise web.HTTPError(404 if "no run" in answer["error"] else 409, answer["error"])
+        return answer
+
+
+class ListHandler(RunsHandler):
+    @web.authenticated
+    async def get(self) -> None:
+        runs = await self.kernel_runs.runs(self.known(), await self.notebooks())
+        self.finish(json.dumps({"runs": runs}))
+
+
+class RunHandler(RunsHandler):
+    @web.authenticated
+    async def get(self, kernel: str, number: str) -> None:
+        per_rank = self.get_argument("per_rank", "1") != "0"
+        answer = await self.ask(kernel, {"ask": "run", "number": int(number), "per_rank": per_rank})
+        notebook = (await self.notebooks()).get(kernel, "")
+        self.finish(
+            json.dumps(answer["run"] | {"id": f"{kernel}/{number}", "kernel": kernel, "notebook": notebook})
+        )
+
+
+class StopHandler(RunsHandler):
+    @web.authenticated
+    async def post(self, kernel: str, number: str) -> None:
+        at_once = bool((self.get_json_body() or {}).get("at_once", False))
+        self.finish(
+            json.dumps(await self.ask(kernel, {"ask": "stop", "number": int(number), "at_once": at_once}))
+        )
+
+
+class StacksHandler(RunsHandler):
+    @web.authenticated
+    async def post(self, kernel: str, number: str) -> None:
+        self.finish(
+            json.dumps(await self.ask(kernel, {"ask": "stacks", "number": int(number)}, STACKS_SECONDS))
+        )
+
+
+class UpdatesHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
+    """The run list, sent on opening and every ``UPDATE_SECONDS`` while the socket is open."""
+
+    task: asyncio.Task[None] | None = None
+
+    @ws_authenticated
+    async def get(self, *args: Any, **kwargs: Any) -> None:
+        await super().get(*args, **kwargs)
+
+    def open(self, *args: Any, **kwargs: Any) -> None:
+        super().open()
+        self.task = asyncio.ensure_future(self._send())
+
+    async def _send(self) -> None:
+        runs: KernelRuns = self.settings["hvd_magic_runs"]
+        while True:
+            known = set(self.kernel_manager.list_kernel_ids())
+            listed = await runs.runs(known, await notebooks(self.session_manager))
+            self.write_message(json.dumps({"runs": listed}))
+            await asyncio.sleep(UPDATE_SECONDS)
+
+    def on_close(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+
+def add_handlers(serverapp: Any) -> None:
+    web_app = serverapp.web_app
+    web_app.settings["hvd_magic_runs"] = KernelRuns(endpoint_folder(serverapp.runtime_dir))
+    base = web_app.settings["base_url"]
+    routes: list[tuple[str, type[Any]]] = [
+        (r"/hvd-magic/runs", ListHandler),
+        (RUN, RunHandler),
+        (RUN + r"/stop", StopHandler),
+        (RUN + r"/stacks", StacksHandler),
+        (r"/hvd-magic/updates", UpdatesHandler),
+    ]
+    web_app.add_handlers(".*$", [(url_path_join(base, route), handler) for route, handler in routes])

@@ -1,0 +1,60 @@
+"""The run endpoints of this server's kernels, asked (``protocol.panel``): ZeroMQ from the
+server's event loop, one short-lived socket a request, each with its kernel's token."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from hvd_magic.protocol.panel import Endpoint, read_endpoints
+
+__all__ = ["ASK_SECONDS", "KernelRuns"]
+
+ASK_SECONDS = 5.0  # a kernel busy in a C call may answer late; the panel goes on without it
+STACKS_SECONDS = 10.0  # the ranks' stacks: the kernel asks each rank (up to 3 s) first
+
+
+class KernelRuns:
+    """Asks the endpoints in ``folder`` whose kernel ``known`` (this server's kernel ids)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.context = zmq.asyncio.Context()
+
+    def endpoints(self, known: set[str]) -> dict[str, Endpoint]:
+        return {e.kernel: e for e in read_endpoints(self.folder) if e.kernel in known}
+
+    async def ask(self, endpoint: Endpoint, request: dict[str, Any], seconds: float = ASK_SECONDS) -> Any:
+        """The kernel's answer, or ``{"error": ...}`` if it gave none within ``seconds``."""
+        socket = self.context.socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        try:
+            socket.connect(endpoint.address)
+            await socket.send_multipart([b"", json.dumps(request | {"token": endpoint.token}).encode()])
+            if not await socket.poll(seconds * 1000):
+                return {"error": f"kernel {endpoint.kernel} did not answer within {seconds:.0f} s (busy?)"}
+            return json.loads((await socket.recv_multipart())[-1])
+        finally:
+            socket.close(linger=0)
+
+    async def runs(self, known: set[str], notebooks: dict[str, str]) -> list[dict[str, Any]]:
+        """Every kept run of the kernels in ``known``, with its kernel, notebook and id."""
+        listed = []
+        for kernel, endpoint in self.endpoints(known).items():
+            answer = await self.ask(endpoint, {"ask": "runs"})
+            for run in answer.get("runs", []):
+                run |= {
+                    "id": f"{kernel}/{run['number']}",
+                    "kernel": kernel,
+                    "notebook": notebooks.get(kernel, ""),
+                }
+                listed.append(run)
+        listed.sort(key=lambda run: (run["state"] != "running", -run["started"]))
+        return listed
+
+    def close(self) -> None:
+        self.context.term()

@@ -1,0 +1,158 @@
+// The Horovod side panel (every run of this server's kernels) and a run's own tab.
+
+import { Widget } from '@lumino/widgets';
+
+import { getRun, stacks, stop } from './api';
+import { details, going, heading, perRankByDefault, RunRow } from './runs';
+
+/** The side panel: a card per run, live ones first; a click opens the run's tab. */
+export class RunsPanel extends Widget {
+  private runs: RunRow[] = [];
+  private selected: string | null = null;
+  private readonly list: HTMLElement;
+  private readonly empty: HTMLElement;
+
+  constructor(private readonly openRun: (run: RunRow) => void) {
+    super();
+    this.id = 'hvd-magic-panel';
+    this.addClass('hvd-panel');
+    this.title.caption = 'Horovod runs';
+    const title = document.createElement('h2');
+    title.textContent = 'Horovod runs';
+    this.empty = document.createElement('p');
+    this.empty.className = 'hvd-empty';
+    this.empty.textContent = "No runs in this server's kernels yet: run a %%horovod cell.";
+    this.list = document.createElement('div');
+    this.list.className = 'hvd-runs';
+    this.node.append(title, this.empty, this.list);
+  }
+
+  show_runs(runs: RunRow[]): void {
+    this.runs = runs;
+    this.empty.hidden = runs.length > 0;
+    this.list.replaceChildren(...runs.map(run => this.card(run)));
+  }
+
+  private card(run: RunRow): HTMLElement {
+    const card = document.createElement('div');
+    card.className = `hvd-run hvd-${run.state}` + (run.id === this.selected ? ' hvd-selected' : '');
+    card.dataset.id = run.id;
+    card.dataset.state = run.state;
+    card.title = 'Open its view';
+    const lines: [string, string][] = [
+      ['hvd-heading', heading(run)],
+      ['hvd-going', going(run)],
+      ...details(run).map((line): [string, string] => ['hvd-detail', line]),
+      ['hvd-summary', run.summary]
+    ];
+    for (const [name, text] of lines) {
+      if (text) {
+        const line = document.createElement('div');
+        line.className = name;
+        line.textContent = text;
+        card.append(line);
+      }
+    }
+    card.onclick = () => {
+      this.selected = run.id;
+      this.show_runs(this.runs);
+      this.openRun(run);
+    };
+    return card;
+  }
+}
+
+/** A run's tab: its view (the kernel's own rendering of grid, curves and logs) and its buttons. */
+export class RunView extends Widget {
+  private readonly body: HTMLElement;
+  private readonly said: HTMLElement;
+  private readonly output: HTMLPreElement;
+  private perRank: boolean;
+  private timer: ReturnType<typeof setInterval> | null = null;
+  private ended = false;
+
+  constructor(
+    readonly run: RunRow,
+    openNotebook: (path: string) => void
+  ) {
+    super();
+    this.addClass('hvd-view');
+    this.id = `hvd-magic-run-${run.id.replace('/', '-')}`;
+    this.title.label = `Horovod run ${run.number}`;
+    this.title.closable = true;
+    this.perRank = perRankByDefault(run.ranks);
+    const bar = document.createElement('div');
+    bar.className = 'hvd-buttons';
+    const button = (label: string, action: () => void): HTMLButtonElement => {
+      const element = document.createElement('button');
+      element.className = 'jp-Button hvd-button';
+      element.textContent = label;
+      element.onclick = action;
+      bar.append(element);
+      return element;
+    };
+    button('Stop gracefully', () => this.act(stop(run.id, false).then(a => a.asked)));
+    button('Stop now', () => this.act(stop(run.id, true).then(a => a.asked)));
+    button('Stacks', () => this.act(stacks(run.id).then(a => a.stacks), true));
+    if (run.notebook) {
+      button('Open notebook', () => openNotebook(run.notebook));
+    }
+    button(this.perRank ? 'Mean curve only' : 'Per-rank curves', () => {
+      this.perRank = !this.perRank;
+      this.refresh();
+    });
+    this.said = document.createElement('div');
+    this.said.className = 'hvd-said';
+    this.output = document.createElement('pre');
+    this.output.className = 'hvd-stacks';
+    this.body = document.createElement('div');
+    this.body.className = 'hvd-view-body';
+    this.node.append(bar, this.said, this.output, this.body);
+    this.refresh();
+    this.timer = setInterval(() => this.refresh(), 1000);
+  }
+
+  private act(asked: Promise<string>, long = false): void {
+    this.said.textContent = long ? 'asking every rank…' : '';
+    asked
+      .then(text => {
+        if (long) {
+          this.output.textContent = text;
+          this.said.textContent = '';
+        } else {
+          this.said.textContent = text;
+        }
+      })
+      .catch(error => {
+        this.said.textContent = String(error.message || error);
+      });
+  }
+
+  refresh(): void {
+    getRun(this.run.id, this.perRank)
+      .then(run => {
+        this.body.innerHTML = run.html || '';
+        this.node.dataset.state = run.state;
+        if (run.state === 'ended') {
+          this.said.textContent =
+            `${run.outcome}` + (run.has_value ? ` · rank 0's value: ${run.value}` : '');
+          if (!this.ended) {
+            this.ended = true; // one more draw of the final record, then no more asking
+          } else if (this.timer !== null) {
+            clearInterval(this.timer);
+            this.timer = null;
+          }
+        }
+      })
+      .catch(error => {
+        this.said.textContent = String(error.message || error);
+      });
+  }
+
+  dispose(): void {
+    if (this.timer !== null) {
+      clearInterval(this.timer);
+    }
+    super.dispose();
+  }
+}

@@ -1,0 +1,155 @@
+"""The Horovod panel (issue 78), end to end: a real JupyterLab with hvd_magic's server and lab
+extensions, headless Chromium, real kernels running real ranks. A run outlives its tab: closed
+at 20 % and the lab opened again elsewhere, the panel shows it live; two browsers see it; the
+panel stops it gracefully; its final record and rank 0's value are kept. Nothing answers
+without a token: not the server's API, not its websocket, not a kernel's endpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+import zmq
+
+from hvd_magic.protocol.panel import endpoint_folder, read_endpoints
+
+from .lab import ARTIFACTS, CHROMIUM, chromium, jupyterlab_server, notebook_page
+
+LONG_CELL = """%%horovod np=-2
+import os, time, hvd_magic, horovod.torch as hvd
+hvd.init()
+for step in range(1, 101):
+    if hvd_magic.stopping():
+        break
+    hvd_magic.report(step=step, total=100, loss=1.0 / step)
+    while step in (20, 40) and not os.path.exists(f"go{step}"):  # the test's gates
+        time.sleep(0.05)
+    time.sleep(0.02)
+f"stopped at step {step}"
+"""
+SHORT_CELL = "%%horovod np=-2\n6 * 7\n"
+
+pytestmark = pytest.mark.skipif(
+    not os.path.exists(CHROMIUM), reason="needs Debian's chromium (scripts/setup.sh installs it)"
+)
+
+
+def get(lab, path: str, token: str | None = None) -> dict:
+    url = f"{lab.base}{path}" + (f"?token={token}" if token else "")
+    with urllib.request.urlopen(url, timeout=30) as answer:
+        return json.loads(answer.read())
+
+
+def wait_for_run(lab, notebook: str, until, seconds: float = 180.0) -> dict:
+    """The run of ``notebook`` (a path) the server lists, once ``until(run)`` holds."""
+    deadline = time.monotonic() + seconds
+    while True:
+        runs = [run for run in get(lab, "/hvd-magic/runs", lab.token)["runs"] if run["notebook"] == notebook]
+        if runs and until(runs[0]):
+            return runs[0]
+        assert time.monotonic() < deadline, f"no such run of {notebook} in {seconds:.0f} s: {runs}"
+        time.sleep(0.2)
+
+
+def lab_page(browser, lab):
+    """JupyterLab in a fresh workspace (no notebook open) of a new browser context."""
+    context = browser.new_context(viewport={"width": 1500, "height": 900})
+    page = context.new_page()
+    page.goto(f"{lab.base}/lab/workspaces/{secrets.token_hex(6)}?token={lab.token}")
+    return context, page
+
+
+def test_a_run_outlives_its_tab_and_is_stopped_from_the_panel(tmp_path_factory):
+    root = tmp_path_factory.mktemp("panel")
+    with jupyterlab_server(root) as lab:
+        in_chromium(lab, root)
+        refusals(lab, root)
+
+
+def in_chromium(lab, root) -> None:
+    with chromium() as browser:
+        long_run, short_run = root / "training", root / "quick"
+        long_run.mkdir(), short_run.mkdir()
+        long_nb, short_nb = "training/live.ipynb", "quick/live.ipynb"
+        with notebook_page(lab.notebook(long_run, ["%load_ext hvd_magic", LONG_CELL]), 900, browser):
+            wait_for_run(lab, long_nb, lambda run: run["state"] == "running" and run.get("step") == 20)
+        # the tab is closed at 20 %: the run goes on
+        (long_run / "go20").touch()
+        with notebook_page(lab.notebook(short_run, ["%load_ext hvd_magic", SHORT_CELL]), 900, browser):
+            wait_for_run(lab, short_nb, lambda run: run["state"] == "ended")
+
+        # The lab opened again, in two browsers: each panel lists both notebooks' runs, the long one live
+        pages = [lab_page(browser, lab) for _ in range(2)]
+        for _, page in pages:
+            page.wait_for_selector("#jp-main-dock-panel", timeout=90_000)
+            shown = time.monotonic()
+            page.wait_for_selector('.hvd-run[data-state="running"]', state="attached", timeout=60_000)
+            print(f"the panel listed the live run {time.monotonic() - shown:.2f} s after the lab's shell")
+            page.click('.jp-SideBar [title="Horovod runs"]')
+            page.wait_for_selector(f'.hvd-run:has-text("{short_nb}")', timeout=30_000)
+            assert "Horovod: 1 live" in page.text_content(".hvd-status")
+        _, page = pages[0]
+        assert long_nb in page.text_content('.hvd-run[data-state="running"]')
+        assert "rank 0's value: 42" in page.text_content(".hvd-runs")
+        page.screenshot(path=str(ARTIFACTS / "horovod_panel.png"))
+
+        # its tab: the kernel's view of it; stopped gracefully from there at the step-40 gate
+        page.click('.hvd-run[data-state="running"]')
+        page.wait_for_selector(".hvd-view-body .hvd-grid", timeout=30_000)
+        wait_for_run(lab, long_nb, lambda run: run.get("step") == 40)
+        page.wait_for_selector(".hvd-grid .hvd-bar[data-progress='40']", timeout=30_000)
+        page.screenshot(path=str(ARTIFACTS / "horovod_panel_live.png"))  # docs/_static/horovod_panel.png
+        page.click("button:has-text('Stop gracefully')")
+        page.wait_for_selector(".hvd-said:has-text('stop at the next step boundary')", timeout=30_000)
+        wait_for_run(lab, long_nb, lambda run: "stopping at the next step boundary" in run["summary"])
+        (long_run / "go40").touch()  # the ranks were asked to stop: they do at their next stopping()
+        ended = wait_for_run(lab, long_nb, lambda run: run["state"] == "ended")
+        assert ended["outcome"] == "finished" and re.fullmatch(r"'stopped at step (\d+)'", ended["value"])
+        assert 41 <= int(ended["value"].split()[-1].strip("'")) < 100  # at a step boundary, before the end
+        page.wait_for_selector(f'.hvd-said:has-text("rank 0\'s value: {ended["value"]}")', timeout=30_000)
+        page.screenshot(path=str(ARTIFACTS / "horovod_run_tab.png"))
+        other = pages[1][1]
+        other.wait_for_selector(f'.hvd-run[data-state="ended"]:has-text("{long_nb}")', timeout=30_000)
+        assert "Horovod: 0 live" in other.text_content(".hvd-status")
+
+        record = get(lab, f"/hvd-magic/runs/{ended['id']}", lab.token)
+        assert "hvd-final" in record["html"] and "loss" in record["html"]
+        for context, _ in pages:
+            context.close()
+
+
+def refusals(lab, root) -> None:
+    """Without the server's token: 403 from its API and its websocket. Without a kernel's own
+    token: its endpoint's refusal, and nothing of its runs."""
+    for token in (None, "not-the-token"):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            get(lab, "/hvd-magic/runs", token)
+        assert refused.value.code == 403
+    from tornado.httpclient import HTTPClientError
+    from tornado.ioloop import IOLoop
+    from tornado.websocket import websocket_connect
+
+    ws = lab.base.replace("http", "ws", 1) + "/hvd-magic/updates"
+    with pytest.raises(HTTPClientError) as refused_ws:
+        IOLoop.current().run_sync(lambda: websocket_connect(ws), timeout=30)
+    assert refused_ws.value.code == 403
+
+    endpoints = read_endpoints(endpoint_folder(root / "runtime"))
+    assert len(endpoints) == 2 and all(e.address.startswith("ipc://") for e in endpoints)
+    context = zmq.Context()
+    try:
+        socket = context.socket(zmq.REQ)
+        socket.connect(endpoints[0].address)
+        socket.send_json({"ask": "runs", "token": "not-the-token"})
+        assert socket.poll(30_000)
+        answer = socket.recv_json()
+        assert answer == {"error": "refused: this kernel's run endpoint answers only with its token"}
+        socket.close(linger=0)
+    finally:
+        context.term()

@@ -1,0 +1,132 @@
+"""A kernel's run endpoint (issue 78), what the Jupyter server's Horovod panel asks: served from a
+thread over a real ZeroMQ ``ipc://`` socket, answered only with its token, and acting on a real
+run of real ranks (stacks, stop at once). The panel itself, in JupyterLab: test_lab_panel.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import stat
+import threading
+import time
+
+import pytest
+import zmq
+
+from hvd_magic.errors import RunInterrupted
+from hvd_magic.options import make_options
+from hvd_magic.protocol import Message, Reports, Started
+from hvd_magic.protocol.panel import Endpoint, endpoint_folder, read_endpoints
+from hvd_magic.run.endpoint import RunEndpoint
+from hvd_magic.run.history import HISTORY, History
+from hvd_magic.run.recording import RecordingSink
+from hvd_magic.server.kernels import KernelRuns
+
+GATED = """import os, time, hvd_magic
+for step in range(1, 1001):
+    hvd_magic.report(step=step, total=1000)
+    while step == 3 and not os.path.exists({gate!r}):
+        time.sleep(0.05)
+"""
+
+
+def ask(folder, request, kernel="k"):
+    runs = KernelRuns(folder)
+    try:
+        endpoint = runs.endpoints({kernel})[kernel]
+        return asyncio.run(runs.ask(endpoint, request, seconds=30))
+    finally:
+        runs.close()
+
+
+def test_only_the_token_opens_the_record_and_a_row_says_how_the_run_goes(tmp_path):
+    folder = endpoint_folder(tmp_path)
+    history = History()
+    endpoint = RunEndpoint(history, folder, "k")
+    try:
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+        assert stat.S_IMODE(endpoint.file.stat().st_mode) == 0o600
+        socket_path = endpoint.endpoint.address.removeprefix("ipc://")
+        assert stat.S_IMODE(os.stat(os.path.dirname(socket_path)).st_mode) == 0o700
+        entry = history.begin(make_options(np=-2))
+        sink = RecordingSink(entry)
+        for rank in (0, 1):
+            sink.message(Message(Started("host-a", 100 + rank, rank, 2), rank=rank))
+            report = [{"step": 10 + rank, "total": 40, "metrics": {"loss": 0.5}}]
+            sink.message(Message(Reports(0), rank=rank, blob=json.dumps(report).encode()))
+
+        context = zmq.Context()  # a peer that reached the socket, without the file's token
+        bare = context.socket(zmq.REQ)
+        bare.connect(endpoint.endpoint.address)
+        bare.send_json({"ask": "runs", "token": "guess"})
+        assert bare.poll(30_000) and "refused" in bare.recv_json()["error"]
+        bare.close(linger=0)
+        context.term()
+
+        row = ask(folder, {"ask": "runs"})["runs"][0]
+        assert [row[k] for k in ("number", "state", "ranks", "step", "total")] == [1, "running", 2, 10, 40]
+        assert row["hosts"] == ["host-a"] and "loss 0.5" in row["summary"]
+        shown = ask(folder, {"ask": "run", "number": 1})["run"]
+        assert "hvd-grid" in shown["html"] and "polyline" in shown["html"]
+        mean_only = ask(folder, {"ask": "run", "number": 1, "per_rank": False})["run"]["html"]
+        assert mean_only.count("<polyline") == 1
+        assert "starting its ranks" in ask(folder, {"ask": "stop", "number": 1})["error"]
+        assert "no run 7" in ask(folder, {"ask": "run", "number": 7})["error"]
+        assert "unknown ask" in ask(folder, {"ask": "delete"})["error"]
+
+        sink.returned(({"w": [1.0] * 500}, {}))
+        sink.close(None)
+        ended = ask(folder, {"ask": "runs"})["runs"][0]
+        assert (ended["state"], ended["outcome"], ended["has_value"]) == ("ended", "finished", True)
+        assert ended["value"].startswith("{'w': [1.0, 1.0") and len(ended["value"]) < 100
+        assert "hvd-final" in ask(folder, {"ask": "run", "number": 1})["run"]["html"]
+        assert "it ended (finished)" in ask(folder, {"ask": "stop", "number": 1})["error"]
+    finally:
+        endpoint.close()
+    assert read_endpoints(folder) == [] and not os.path.exists(socket_path)
+
+
+def test_a_dead_kernels_endpoint_file_is_dropped(tmp_path):
+    folder = endpoint_folder(tmp_path)
+    folder.mkdir(parents=True)
+    dead = Endpoint(f"ipc://{tmp_path}/gone/runs.sock", "t", 2**22 + 12345, "gone")  # no such pid
+    path = dead.write(folder)
+    (folder / "half.json").write_text("{")
+    assert read_endpoints(folder) == [] and not path.exists()
+
+
+def test_stacks_and_stop_at_once_reach_a_running_cell(ip, tmp_path):
+    """From the endpoint's thread, as the panel asks them: every rank's stacks while the cell
+    waits at its gate, then "stop now", which ends the cell at once (RunInterrupted)."""
+    folder = endpoint_folder(tmp_path / "runtime")
+    endpoint = RunEndpoint(HISTORY, folder, "k")
+    gate = tmp_path / "never"
+    seen: dict[str, object] = {}
+
+    def panel() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            runs = ask(folder, {"ask": "runs"})["runs"]
+            if runs and runs[-1]["state"] == "running" and runs[-1].get("step") == 3:
+                number = runs[-1]["number"]
+                seen["stacks"] = ask(folder, {"ask": "stacks", "number": number})
+                seen["stop"] = ask(folder, {"ask": "stop", "number": number, "at_once": True})
+                return
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=panel, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(RunInterrupted):
+            ip.run_cell_magic("horovod", "np=-2 launcher=gloo", GATED.format(gate=str(gate)))
+    finally:
+        thread.join(timeout=60)
+        endpoint.close()
+    assert seen["stop"] == {"asked": "stop at once"}
+    stacks = seen["stacks"]["stacks"]
+    told = re.findall(r"^ranks? ([\d, ]+) on .*: in line [45] of the cell$", stacks, re.MULTILINE)
+    assert sorted(int(rank) for ranks in told for rank in ranks.split(", ")) == [0, 1], stacks
+    entry = HISTORY.get()
+    assert entry is not None and entry.outcome.startswith("RunInterrupted") and not entry.has_value
