@@ -22,7 +22,7 @@ ROOT = Path(__file__).parent
 # (front end's folder, what it builds) built by `npm run build`
 BUNDLES = [
     (ROOT / "js", ROOT / "hvd_magic" / "static" / "viewer.js"),
-    (ROOT / "labextension", ROOT / "hvd_magic" / "labextension" / "package.json"),
+    (ROOT / "labextension", ROOT / "hvd_magic" / "labextension" / "static" / "style.js"),
 ]
 LAB_EXTENSION = ROOT / "hvd_magic" / "labextension"
 LAB_NAME = "hvd-magic-labextension"  # labextension/package.json's name

@@ -106,7 +106,7 @@ front_end() {
 
 front_ends() {
     front_end js hvd_magic/static/viewer.js
-    front_end labextension hvd_magic/labextension/package.json
+    front_end labextension hvd_magic/labextension/static/style.js
 }
 
 # The venv's JupyterLab finds the extension and the server its switch where a wheel puts them

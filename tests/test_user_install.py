@@ -44,6 +44,14 @@ def build_wheel(tmp_path: Path) -> Path:
     (wheel,) = (tmp_path / "dist").glob("hvd_magic-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "hvd_magic/static/viewer.js" in names
+    # the JupyterLab extension, prebuilt, and the server extension's switch
+    data = "-".join(wheel.name.split("-")[:2]) + ".data/data"
+    assert f"{data}/share/jupyter/labextensions/hvd-magic-labextension/package.json" in names
+    assert any(
+        name.startswith(f"{data}/share/jupyter/labextensions/hvd-magic-labextension/static/remoteEntry.")
+        for name in names
+    )
+    assert f"{data}/etc/jupyter/jupyter_server_config.d/hvd_magic.json" in names
     assert any(re.fullmatch(r"hvd_magic/timeline/_scan\..*\.so", name) for name in names)
     return wheel
 
@@ -61,10 +69,19 @@ def test_a_user_installs_the_wheel_beside_their_torch_and_runs_the_quickstart(tm
     # the user's environment as they had it (their torch, a kernel), put together by uv from its
     # cache, where pip would unpack and compile torch's wheel anew (the test: 156 s -> 102 s, unloaded)
     # (venv's own pip, unpacked and compiled by ensurepip, took 6 CPU-s of the test)
-    run([*uv_install(python), "pip", "torch==2.13.0", "ipykernel", "nbclient", "scikit-learn"], env=env)
+    users = ["torch==2.13.0", "jupyterlab==4.6.6", "nbclient", "scikit-learn"]
+    run([*uv_install(python), "pip", *users], env=env)
     # then hvd_magic's wheel, as the README installs it: with pip
     # (without compiling every module of what it installs: Python compiles those imported, once)
     run([python, "-m", "pip", "install", "-q", "--no-compile", f"{wheel}[widgets,timeline]"], env=env)
+    # JupyterLab finds the panel's extensions with nothing more to install or build (no node)
+    labextensions = run([venv / "bin" / "jupyter", "labextension", "list"], env=env)
+    assert re.search(
+        r"hvd-magic-labextension v0.1.0 .*enabled.*OK", labextensions.stdout + labextensions.stderr
+    )
+    server_extensions = run([venv / "bin" / "jupyter", "server", "extension", "list"], env=env)
+    listed = server_extensions.stdout + server_extensions.stderr
+    assert re.search(r"hvd_magic.server .*enabled", listed) and re.search(r"hvd_magic.server .*OK", listed)
     installed = run([python, "-m", "hvd_magic", "install-horovod"], env=env)
     assert "using the cached wheel" in installed.stdout and "installed horovod-0.28.1" in installed.stdout
     assert "TensorFlow      not installed: left out" in installed.stdout
