@@ -111,7 +111,11 @@ def test_stacks_and_stop_at_once_reach_a_running_cell(ip, tmp_path):
             runs = ask(folder, {"ask": "runs"})["runs"]
             if runs and runs[-1]["state"] == "running" and runs[-1].get("step") == 3:
                 number = runs[-1]["number"]
-                seen["stacks"] = ask(folder, {"ask": "stacks", "number": number})
+                while time.monotonic() < deadline:  # a rank is asked once its first beat's answer came
+                    seen["stacks"] = ask(folder, {"ask": "stacks", "number": number})
+                    if "no answer" not in seen["stacks"]["stacks"]:
+                        break
+                    time.sleep(0.2)
                 seen["stop"] = ask(folder, {"ask": "stop", "number": number, "at_once": True})
                 return
             time.sleep(0.1)
@@ -130,3 +134,24 @@ def test_stacks_and_stop_at_once_reach_a_running_cell(ip, tmp_path):
     assert sorted(int(rank) for ranks in told for rank in ranks.split(", ")) == [0, 1], stacks
     entry = HISTORY.get()
     assert entry is not None and entry.outcome.startswith("RunInterrupted") and not entry.has_value
+
+
+def test_a_live_session_is_listed_while_it_lives(ip, tmp_path):
+    folder = endpoint_folder(tmp_path / "runtime")
+    endpoint = RunEndpoint(HISTORY, folder, "k")
+    try:
+        ip.run_line_magic("horovod", "start np=-2")
+        try:
+            ip.run_cell_magic("horovod", "", "1 + 1")
+            (session,) = ask(folder, {"ask": "runs"})["sessions"]
+            assert (session["where"], session["ranks"], session["state"]) == (
+                "live session, 2 ranks local",
+                2,
+                "idle",
+            )
+            assert session["launcher"] == "Horovod" and session["hosts"]
+        finally:
+            ip.run_line_magic("horovod", "stop")
+        assert ask(folder, {"ask": "runs"})["sessions"] == []
+    finally:
+        endpoint.close()

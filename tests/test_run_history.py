@@ -4,7 +4,9 @@ shows one and returns its value, in any IPython, and in a real kernel whose outp
 
 from __future__ import annotations
 
+import asyncio
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -14,8 +16,10 @@ from jupyter_client.manager import start_new_kernel
 from hvd_magic import HorovodRunner, RankFailedError
 from hvd_magic.options import make_options
 from hvd_magic.protocol import Message, Reports
+from hvd_magic.protocol.panel import endpoint_folder
 from hvd_magic.run.history import HISTORY, History
 from hvd_magic.run.recording import RecordingSink
+from hvd_magic.server.kernels import KernelRuns
 from hvd_magic.widgets.state import RunModel
 
 from .kernels import Kernel, reply_to
@@ -90,9 +94,11 @@ def test_the_record_reads_the_live_views_model_rather_than_fold_every_report_twi
     assert "loss 0.5" in entry.summary and entry.outcome == "finished"
 
 
-def test_a_run_no_one_watched_keeps_its_value_for_the_next_cell(tmp_path):
+def test_a_run_no_one_watched_keeps_its_value_for_the_next_cell(tmp_path, monkeypatch):
     """A real kernel runs a cell whose output no one reads (as with its notebook's tab closed);
-    a later cell gets the run's record and rank 0's value."""
+    a later cell gets the run's record and rank 0's value; and the kernel serves that record at
+    its endpoint (the Horovod panel's), named by its kernel id in Jupyter's runtime folder."""
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
     manager, client = start_new_kernel(kernel_name="python3", cwd=str(tmp_path))
     kernel = Kernel(manager, client)
     try:
@@ -102,6 +108,17 @@ def test_a_run_no_one_watched_keeps_its_value_for_the_next_cell(tmp_path):
         last = kernel.run("%horovod last")
         assert last.value == "42"
         assert "loss 0.25" in "".join(last.shown) and "finished" in "".join(last.shown)
+        # a Jupyter server names a kernel's connection file kernel-<its id>.json; this one is a temp name
+        kernel_id = Path(manager.connection_file).stem.removeprefix("kernel-")
+        runs = KernelRuns(endpoint_folder(tmp_path / "runtime"))
+        try:
+            assert set(runs.endpoints({kernel_id, "another"})) == {kernel_id}
+            listed = asyncio.run(runs.overview({kernel_id}, {}))["runs"]
+        finally:
+            runs.close()
+        assert [(run["id"], run["state"], run["value"]) for run in listed] == [
+            (f"{kernel_id}/1", "ended", "42")
+        ]
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)

@@ -76,7 +76,9 @@ class RunEndpoint:
             return refusal("refused: this kernel's run endpoint answers only with its token")
         ask = request.get("ask")
         if ask == "runs":
-            return {"kernel": self.endpoint.kernel, "runs": [row(e) for e in list(self.history.entries)]}
+            runs = [row(entry) for entry in list(self.history.entries)]
+            sessions = [session() for session in list(self.history.sessions.values())]
+            return {"kernel": self.endpoint.kernel, "runs": runs, "sessions": sessions}
         if ask not in ASKS:
             return refusal(f"unknown ask {ask!r}: one of {', '.join(ASKS)}")
         entry = self.history.get(request.get("number")) if isinstance(request.get("number"), int) else None

@@ -67,6 +67,7 @@ class History:
     def __init__(self, keep: int = KEEP) -> None:
         self.entries: deque[RunEntry] = deque(maxlen=keep)
         self.count = 0
+        self.sessions: dict[int, Callable[[], dict[str, Any]]] = {}  # live sessions: their panel rows
 
     def begin(self, options: RunOptions, where: str | None = None) -> RunEntry:
         self.count += 1

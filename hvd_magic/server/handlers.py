@@ -55,8 +55,7 @@ class RunsHandler(APIHandler):
 class ListHandler(RunsHandler):
     @web.authenticated
     async def get(self) -> None:
-        runs = await self.kernel_runs.runs(self.known(), await self.notebooks())
-        self.finish(json.dumps({"runs": runs}))
+        self.finish(json.dumps(await self.kernel_runs.overview(self.known(), await self.notebooks())))
 
 
 class RunHandler(RunsHandler):
@@ -88,7 +87,7 @@ class StacksHandler(RunsHandler):
 
 
 class UpdatesHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
-    """The run list, sent on opening and every ``UPDATE_SECONDS`` while the socket is open."""
+    """The runs and sessions, sent on opening and every ``UPDATE_SECONDS`` while the socket is open."""
 
     task: asyncio.Task[None] | None = None
 
@@ -104,8 +103,8 @@ class UpdatesHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
         runs: KernelRuns = self.settings["hvd_magic_runs"]
         while True:
             known = set(self.kernel_manager.list_kernel_ids())
-            listed = await runs.runs(known, await notebooks(self.session_manager))
-            self.write_message(json.dumps({"runs": listed}))
+            overview = await runs.overview(known, await notebooks(self.session_manager))
+            self.write_message(json.dumps(overview))
             await asyncio.sleep(UPDATE_SECONDS)
 
     def on_close(self) -> None:

@@ -41,20 +41,17 @@ class KernelRuns:
         finally:
             socket.close(linger=0)
 
-    async def runs(self, known: set[str], notebooks: dict[str, str]) -> list[dict[str, Any]]:
-        """Every kept run of the kernels in ``known``, with its kernel, notebook and id."""
-        listed = []
+    async def overview(self, known: set[str], notebooks: dict[str, str]) -> dict[str, list[dict[str, Any]]]:
+        """Every kept run and every live session of the kernels in ``known``, each with its
+        kernel and notebook (a run with its id, ``KERNEL/N``); live runs first, then the newest."""
+        runs, sessions = [], []
         for kernel, endpoint in self.endpoints(known).items():
             answer = await self.ask(endpoint, {"ask": "runs"})
-            for run in answer.get("runs", []):
-                run |= {
-                    "id": f"{kernel}/{run['number']}",
-                    "kernel": kernel,
-                    "notebook": notebooks.get(kernel, ""),
-                }
-                listed.append(run)
-        listed.sort(key=lambda run: (run["state"] != "running", -run["started"]))
-        return listed
+            where = {"kernel": kernel, "notebook": notebooks.get(kernel, "")}
+            runs += [run | where | {"id": f"{kernel}/{run['number']}"} for run in answer.get("runs", [])]
+            sessions += [session | where for session in answer.get("sessions", [])]
+        runs.sort(key=lambda run: (run["state"] != "running", -run["started"]))
+        return {"runs": runs, "sessions": sessions}
 
     def close(self) -> None:
         self.context.term()

@@ -12,6 +12,7 @@ stops every process and frees the Spark slots.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import threading
 import time
@@ -40,6 +41,8 @@ from hvd_magic.protocol import (
 )
 from hvd_magic.protocol.env import TIMELINE_DYNAMIC
 from hvd_magic.run.capture import Captured
+from hvd_magic.run.endpoint import serve_in_kernel
+from hvd_magic.run.history import HISTORY
 from hvd_magic.run.recording import recorded_sinks
 from hvd_magic.run.views import RunView, make_view
 from hvd_magic.session import ranks
@@ -105,6 +108,8 @@ class LiveSession:
             except BaseException:
                 self.end()
                 raise
+        HISTORY.sessions[id(self)] = functools.partial(ranks.panel_row, self)  # the Horovod panel's
+        serve_in_kernel(HISTORY)
         hosts = sorted({info.started.host for info in self.ranks.values() if info.started})
         where = "this machine" if self.options.np < 0 else f"{len(hosts)} host{'s' if len(hosts) > 1 else ''}"
         return (
@@ -160,6 +165,7 @@ class LiveSession:
             if self._ended.is_set():
                 return []
             self._ended.set()
+            HISTORY.sessions.pop(id(self), None)
             leftovers = self.launcher.stop()
             if self.hub is not None:
                 self.hub.close()

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import statistics
+import time
 from dataclasses import dataclass
+from typing import Any
 
 from hvd_magic.options import RunOptions
 from hvd_magic.protocol import RankStatus, Started
@@ -17,6 +20,7 @@ __all__ = [
     "RankInfo",
     "beat_interval",
     "hosts_and_pids",
+    "panel_row",
     "setup_imports",
     "setup_source",
 ]
@@ -72,3 +76,24 @@ def hosts_and_pids(ranks: dict[int, RankInfo]) -> tuple[dict[int, str], dict[int
     """Each started rank's host and process id (what ``run.stacks`` names them by)."""
     started = {rank: info.started for rank, info in ranks.items() if info.started is not None}
     return {rank: s.host for rank, s in started.items()}, {rank: s.pid for rank, s in started.items()}
+
+
+def panel_row(session: Any) -> dict[str, Any]:
+    """What the Horovod panel lists of a live session (read from the endpoint's thread: copies)."""
+    infos = list(session.ranks.values())
+    hosts = sorted({info.started.host for info in infos if info.started is not None})
+    seen = [info.status for info in infos if info.status is not None]
+    spread = "local" if session.options.np < 0 else "on Spark"
+    return {
+        "where": f"live session, {session.size} ranks {spread}",
+        "ranks": session.size,
+        "hosts": hosts,
+        "state": "running a cell" if session.running else "idle",
+        "cells": max((status.cells for status in seen), default=0),
+        "seconds": round(session.clock() - session.began, 1),
+        "started": time.time() - (session.clock() - session.began),
+        "cpu": round(statistics.fmean(status.cpu for status in seen), 1) if seen else None,
+        "memory": max((status.rss for status in seen), default=None),
+        "gpu": max((status.gpu_text() for status in seen if status.gpu >= 0), default=""),
+        "launcher": "torch.distributed" if session.options.launcher == "torch" else "Horovod",
+    }

@@ -4,7 +4,7 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-import { RunRow } from './runs';
+import { Overview, RunRow } from './runs';
 
 export async function request(path: string, init: RequestInit = {}): Promise<any> {
   const settings = ServerConnection.makeSettings();
@@ -36,7 +36,7 @@ export function stacks(id: string): Promise<{ stacks: string }> {
 }
 
 /**
- * The run list as the server streams it (the websocket /hvd-magic/updates, once a second); while
+ * The runs and sessions as the server streams them (the websocket /hvd-magic/updates, once a second); while
  * the socket is down, GET /hvd-magic/runs once a second, and the socket tried again.
  */
 export class RunList {
@@ -44,7 +44,7 @@ export class RunList {
   private timer: ReturnType<typeof setTimeout> | null = null;
   private disposed = false;
 
-  constructor(private readonly onRuns: (runs: RunRow[]) => void) {
+  constructor(private readonly onRuns: (overview: Overview) => void) {
     this.connect();
   }
 
@@ -58,7 +58,7 @@ export class RunList {
       url += `?token=${encodeURIComponent(settings.token)}`;
     }
     const socket = new settings.WebSocket(url);
-    socket.onmessage = event => this.onRuns(JSON.parse(event.data).runs);
+    socket.onmessage = event => this.onRuns(JSON.parse(event.data));
     socket.onclose = () => {
       this.socket = null;
       this.poll();
@@ -71,7 +71,7 @@ export class RunList {
       return;
     }
     request('runs')
-      .then(data => this.onRuns(data.runs))
+      .then(data => this.onRuns(data))
       .catch(() => undefined)
       .finally(() => {
         this.timer = setTimeout(() => this.connect(), 1000);

@@ -8,7 +8,7 @@ import { Widget } from '@lumino/widgets';
 
 import { RunList } from './api';
 import { RunsPanel, RunView } from './panel';
-import { liveCount, RunRow } from './runs';
+import { RunRow, statusText } from './runs';
 
 const icon = new LabIcon({
   name: 'hvd-magic:horovod',
@@ -50,9 +50,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
     if (statusBar) {
       statusBar.registerStatusItem('hvd-magic:live-runs', { item: status, align: 'left', rank: 50 });
     }
-    new RunList(runs => {
-      panel.show_runs(runs);
-      status.node.textContent = `Horovod: ${liveCount(runs)} live`;
+    new RunList(overview => {
+      panel.showOverview(overview);
+      status.node.textContent = statusText(overview);
     });
     app.commands.addCommand('hvd-magic:open-panel', {
       label: 'Show the Horovod runs',

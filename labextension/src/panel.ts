@@ -3,13 +3,14 @@
 import { Widget } from '@lumino/widgets';
 
 import { getRun, stacks, stop } from './api';
-import { details, going, heading, perRankByDefault, RunRow } from './runs';
+import { details, going, heading, Overview, perRankByDefault, RunRow, sessionLines } from './runs';
 
 /** The side panel: a card per run, live ones first; a click opens the run's tab. */
 export class RunsPanel extends Widget {
   private runs: RunRow[] = [];
   private selected: string | null = null;
   private readonly list: HTMLElement;
+  private readonly sessions: HTMLElement;
   private readonly empty: HTMLElement;
 
   constructor(private readonly openRun: (run: RunRow) => void) {
@@ -22,14 +23,33 @@ export class RunsPanel extends Widget {
     this.empty = document.createElement('p');
     this.empty.className = 'hvd-empty';
     this.empty.textContent = "No runs in this server's kernels yet: run a %%horovod cell.";
+    this.sessions = document.createElement('div');
+    this.sessions.className = 'hvd-sessions';
     this.list = document.createElement('div');
     this.list.className = 'hvd-runs';
-    this.node.append(title, this.empty, this.list);
+    this.node.append(title, this.empty, this.sessions, this.list);
   }
 
-  show_runs(runs: RunRow[]): void {
+  showOverview(overview: Overview): void {
+    this.sessions.replaceChildren(
+      ...overview.sessions.map(session => {
+        const card = document.createElement('div');
+        card.className = 'hvd-session';
+        for (const [index, text] of sessionLines(session).entries()) {
+          const line = document.createElement('div');
+          line.className = index ? 'hvd-going' : 'hvd-heading';
+          line.textContent = text;
+          card.append(line);
+        }
+        return card;
+      })
+    );
+    this.showRuns(overview.runs);
+    this.empty.hidden = overview.runs.length + overview.sessions.length > 0;
+  }
+
+  private showRuns(runs: RunRow[]): void {
     this.runs = runs;
-    this.empty.hidden = runs.length > 0;
     this.list.replaceChildren(...runs.map(run => this.card(run)));
   }
 
@@ -55,7 +75,7 @@ export class RunsPanel extends Widget {
     }
     card.onclick = () => {
       this.selected = run.id;
-      this.show_runs(this.runs);
+      this.showRuns(this.runs);
       this.openRun(run);
     };
     return card;

@@ -30,6 +30,28 @@ export interface RunRow {
   html?: string;
 }
 
+/** A live session as the server lists it (hvd_magic.session.ranks.panel_row, with its kernel). */
+export interface SessionRow {
+  kernel: string;
+  notebook: string;
+  where: string;
+  ranks: number;
+  hosts: string[];
+  state: string; // "idle", "running a cell"
+  cells: number;
+  seconds: number;
+  cpu?: number | null;
+  memory?: number | null;
+  gpu?: string;
+  launcher: string;
+}
+
+/** What the server sends: its kernels' runs and live sessions. */
+export interface Overview {
+  runs: RunRow[];
+  sessions: SessionRow[];
+}
+
 /** "0:42", "1:02:03". */
 export function duration(seconds: number | null | undefined): string {
   if (seconds === null || seconds === undefined) {
@@ -58,12 +80,12 @@ export function progress(run: RunRow): string {
 }
 
 /** The notebook's path, or the kernel's id where no notebook is open on it. */
-export function notebookName(run: RunRow): string {
+export function notebookName(run: { notebook: string; kernel: string }): string {
   return run.notebook || `kernel ${run.kernel.slice(0, 8)}`;
 }
 
 /** The one line of health: CPU, memory, GPU; empty where the ranks said nothing yet. */
-export function health(run: RunRow): string {
+export function health(run: { cpu?: number | null; memory?: number | null; gpu?: string }): string {
   const parts = [];
   if (run.cpu !== null && run.cpu !== undefined) {
     parts.push(`CPU ${Math.round(run.cpu)} %`);
@@ -113,6 +135,24 @@ export function going(run: RunRow): string {
 /** How many of the runs are live: what the status bar says. */
 export function liveCount(runs: RunRow[]): number {
   return runs.filter(run => run.state === 'running').length;
+}
+
+/** The status bar's text. */
+export function statusText(overview: Overview): string {
+  const sessions = overview.sessions.length;
+  const more = sessions ? ` · ${sessions} session${sessions > 1 ? 's' : ''}` : '';
+  return `Horovod: ${liveCount(overview.runs)} live${more}`;
+}
+
+/** A live session's card: its heading, then its ranks' state. */
+export function sessionLines(session: SessionRow): string[] {
+  const hosts = session.hosts.length ? ` (${session.hosts.join(', ')})` : '';
+  const shown = [`${session.state}`, `${session.cells} cells`, `up ${duration(session.seconds)}`];
+  const figures = health(session);
+  return [
+    `${notebookName(session)} · ${session.where}${hosts} · ${session.launcher}`,
+    [...shown, ...(figures ? [figures] : [])].join(' · ')
+  ];
 }
 
 /** The lines under a selected run's row: the straggler, the attempt, the value. */

@@ -1,6 +1,20 @@
 import { describe, expect, it } from 'vitest';
 
-import { bytes, details, duration, going, heading, health, liveCount, perRankByDefault, progress, RunRow } from '../src/runs';
+import {
+  bytes,
+  details,
+  duration,
+  going,
+  heading,
+  health,
+  liveCount,
+  perRankByDefault,
+  progress,
+  RunRow,
+  SessionRow,
+  sessionLines,
+  statusText
+} from '../src/runs';
 
 const running: RunRow = {
   id: 'abc/3',
@@ -66,5 +80,34 @@ describe('a run as the panel shows it', () => {
     expect(health({ ...running, cpu: null, memory: null, gpu: '' })).toBe('');
     expect(perRankByDefault(16)).toBe(true);
     expect(perRankByDefault(64)).toBe(false);
+  });
+});
+
+describe('a live session as the panel shows it', () => {
+  const session: SessionRow = {
+    kernel: 'abcdef0123456789',
+    notebook: 'team/explore.ipynb',
+    where: 'live session, 2 ranks local',
+    ranks: 2,
+    hosts: ['vm'],
+    state: 'idle',
+    cells: 4,
+    seconds: 125,
+    cpu: 1.5,
+    memory: 400 * 2 ** 20,
+    gpu: '',
+    launcher: 'Horovod'
+  };
+
+  it('shows its notebook, ranks, hosts, cells, time up and health', () => {
+    expect(sessionLines(session)).toEqual([
+      'team/explore.ipynb · live session, 2 ranks local (vm) · Horovod',
+      'idle · 4 cells · up 2:05 · CPU 2 % · mem 400 MB'
+    ]);
+  });
+
+  it('counts live runs and sessions in the status bar', () => {
+    expect(statusText({ runs: [running, ended], sessions: [session] })).toBe('Horovod: 1 live · 1 session');
+    expect(statusText({ runs: [ended], sessions: [] })).toBe('Horovod: 0 live');
   });
 });
