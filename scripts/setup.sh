@@ -155,6 +155,9 @@ main() {
     local zips=$!
     # the bytecode an earlier venv of the same pins compiled (where a module's own is not written yet)
     "$PY" "$ROOT/scripts/bytecode.py" --take
+    # the front ends built first: the editable install's build (setup.py) builds what is stale,
+    # and two npm installs in one folder at once leave it broken (a fresh clone's did)
+    wait "$viewer"
     bash "$ROOT/scripts/uv_install.sh" "$PY" --no-deps --no-build-isolation -e "$ROOT"
     # The same installer users run: builds Horovod for this venv (patched for today's
     # frameworks) or takes the wheel cached for it, and installs it.
@@ -171,7 +174,6 @@ main() {
     # import (scripts/bytecode.py); then all of it kept
     wait "$zips"  # the zips rewritten (and the archive made): the last step reads them
     "$PY" "$ROOT/scripts/bytecode.py"
-    wait "$viewer"
     lab_extension_link
     stamp_value > "$stamp"
     log "ready: $VENV"
