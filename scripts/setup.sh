@@ -97,7 +97,7 @@ front_end() {
         # `npm install` (not `npm ci`): with this machine's omit-lockfile-registry-resolved
         # setting, `npm ci` rejects the lock file's optional platform packages.
         log "installing the build tools of $1/ (npm install, from its package-lock.json)"
-        (cd "$dir" && npm install --no-audit --no-fund --silent)
+        (cd "$dir" && npm install --no-audit --no-fund --loglevel=error)  # its errors shown
     fi
     if [ ! -f "$built" ] || [ -n "$(find "$dir/src" "$dir/package.json" -newer "$built" 2>/dev/null)" ]; then
         (cd "$dir" && npm run --silent build >/dev/null)
