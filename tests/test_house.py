@@ -5,6 +5,7 @@
 - ``hvd_magic.protocol``: what every hop speaks; it imports none of ours.
 - ``hvd_magic.server``: the Jupyter server's extension; it imports only ``protocol``, and
   nothing imports it.
+- Every folder has its floor (``FLOORS``): imports go down, never up or sideways.
 - ``hvd_magic.launch.task``: what runs inside Spark tasks; never the notebook's side.
 - The notebook's side (everything else) never imports ``rank`` (a rank's code) nor
   ``notebook`` (the user's entry points, which sit on top of it all).
@@ -108,6 +109,36 @@ def test_the_server_extension_imports_only_the_protocol_and_nothing_imports_it()
         if within(target, "hvd_magic.server")
     ]
     assert into_server == []
+
+
+# Each folder (or top-level module) on its floor: an import goes to a lower floor or within its own
+# folder, never up or sideways, TYPE_CHECKING imports included (docs/architecture.md draws it)
+FLOORS = {
+    "protocol": 0, "errors": 0,
+    "data": 1, "hub": 1, "install": 1, "rank": 1, "server": 1, "widgets": 1,
+    "options": 2, "timeline": 2, "integrations": 2,
+    "sinks": 3, "launch": 3,
+    "run": 4, "doctor": 4,
+    "session": 5, "spark": 5, "__main__": 5,
+    "notebook": 6,
+    "hvd_magic": 7,
+}  # fmt: skip
+
+
+def floor_of(name: str) -> str:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def test_every_import_goes_down_a_floor_or_stays_in_its_folder():
+    uphill = sorted(
+        f"{name} -> {target}"
+        for name, targets in graph().items()
+        for target in targets
+        if floor_of(name) != floor_of(target) and FLOORS[floor_of(target)] >= FLOORS[floor_of(name)]
+    )
+    assert uphill == []
+    assert {floor_of(name) for name in modules()} == set(FLOORS)  # a new folder gets its floor here
 
 
 def test_at_most_eight_modules_at_the_top():

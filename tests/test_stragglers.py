@@ -13,15 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hvd_magic.options import OptionError, make_options
+from hvd_magic.options.straggler_rule import StragglerRule, parse_rule
 from hvd_magic.protocol import Exit, Message, RankStatus, Reports, Started, Straggler, TimingOff
-from hvd_magic.run.stragglers import (
-    RECOVERY_SHARE,
-    StragglerDetector,
-    StragglerRule,
-    StragglerWatch,
-    likely_reason,
-    parse_rule,
-)
+from hvd_magic.run.stragglers import RECOVERY_SHARE, StragglerDetector, StragglerWatch, likely_reason
 from hvd_magic.run.views import ConsoleView
 from hvd_magic.widgets.render import grid_html
 from hvd_magic.widgets.state import RunModel

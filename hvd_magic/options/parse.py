@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from hvd_magic.run.stragglers import StragglerRule, parse_rule
-from hvd_magic.sinks.extras import mlflow_module, tensorboard_record_writer
+from hvd_magic.options.extras import mlflow_module, tensorboard_record_writer
+from hvd_magic.options.straggler_rule import StragglerRule, parse_rule
 
 __all__ = [
     "OptionError",

@@ -29,8 +29,8 @@ from hvd_magic.options.parse import (
     parse_timeline,
     parse_timeout,
 )
+from hvd_magic.options.straggler_rule import StragglerRule
 from hvd_magic.protocol.env import ENV_PREEMPTION, ENV_TIMING_LIMIT, parse_timing_limit, preemption_error
-from hvd_magic.run.stragglers import StragglerRule
 
 __all__ = [
     "LOCAL_RANKS_PER_CORE",

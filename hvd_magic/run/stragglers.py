@@ -27,48 +27,17 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from hvd_magic.options.straggler_rule import StragglerRule
 from hvd_magic.protocol import Exit, Message, RankError, RankStatus, Reports, Started, Straggler
-from hvd_magic.run.step_rate import StepRate
+from hvd_magic.widgets.step_rate import StepRate
 
-__all__ = ["Change", "StragglerDetector", "StragglerRule", "StragglerWatch", "likely_reason", "parse_rule"]
+__all__ = ["Change", "StragglerDetector", "StragglerWatch", "likely_reason"]
 
 REPORT_SLACK = 1.0  # seconds: rates are judged this far back (see StragglerWatch.check)
 RECOVERY_SHARE = 0.5  # of rule.seconds a named rank must stay back at or above the fraction
 CPU_SATURATED = 90.0  # percent of the host's CPUs, or of the rank's own cores
 GPU_BUSY = 90.0  # percent utilisation
 SWAPPING = 1 << 20  # bytes a second swapped in and out on its host
-_OFF = ("off", "no", "false", "0")
-_ON = ("on", "yes", "true")
-
-
-@dataclass(frozen=True)
-class StragglerRule:
-    """A rank below ``fraction`` of the median steps/s for ``seconds`` is a straggler."""
-
-    fraction: float = 0.7
-    seconds: float = 10.0
-
-
-def parse_rule(value: object) -> StragglerRule | None:
-    """``stragglers=``: ``FRACTION/SECONDS`` (``0.7/10``, also ``70%/10s``; ``0.5`` keeps the
-    default 10 s), ``on`` (the default rule), ``off`` (None: not watched). A ValueError says
-    the spelling."""
-    if value is None or value is True or (isinstance(value, str) and value.strip().lower() in _ON):
-        return StragglerRule()
-    if value is False or str(value).strip().lower() in _OFF:
-        return None
-    share, sep, window = str(value).strip().lower().partition("/")
-    try:
-        fraction = float(share[:-1]) / 100 if share.endswith("%") else float(share)
-        seconds = float(window.removesuffix("s")) if sep else StragglerRule.seconds
-    except ValueError:
-        fraction = seconds = -1.0
-    if not (0 < fraction < 1 and seconds > 0):
-        raise ValueError(
-            f"stragglers takes FRACTION/SECONDS, a share of the ranks' median steps/s between 0 and "
-            f"1 and a time, e.g. 0.7/10 (or 70%/10s), or off; got {value!r}"
-        )
-    return StragglerRule(fraction, seconds)
 
 
 @dataclass(frozen=True)

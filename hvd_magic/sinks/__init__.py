@@ -133,7 +133,7 @@ def make_sinks(options: RunOptions) -> Sinks:
 def model_dir_logdir(folder: str | None) -> str | None:
     """Where an estimator's run writes its event files by default: ``model_dir/logs`` (as
     horovod.spark's estimators wrote theirs into their run folder), when tensorboard is installed."""
-    from hvd_magic.sinks.extras import tensorboard_record_writer
+    from hvd_magic.options.extras import tensorboard_record_writer
 
     try:
         tensorboard_record_writer()

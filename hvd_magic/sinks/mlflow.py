@@ -22,8 +22,8 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from hvd_magic.errors import LaunchError, RunInterrupted
+from hvd_magic.options.extras import mlflow_module
 from hvd_magic.protocol import Message, Straggler
-from hvd_magic.sinks.extras import mlflow_module
 from hvd_magic.sinks.scalars import Point, Scalars
 
 if TYPE_CHECKING:

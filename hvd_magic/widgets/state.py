@@ -26,7 +26,7 @@ from hvd_magic.protocol import (
     Straggler,
     TimingOff,
 )
-from hvd_magic.run.step_rate import StepRate
+from hvd_magic.widgets.step_rate import StepRate
 
 __all__ = ["RankProgress", "RunModel", "TerminalLog"]
 
