@@ -174,7 +174,7 @@ def test_the_architecture_map_names_every_module_and_only_real_ones():
     modules_here = {
         str(path.relative_to(PACKAGE.parent))
         for path in PACKAGE.rglob("*.py")
-        if path.name != "__init__.py" or path.parent.name in ("launch", "data", "server")
+        if path.name != "__init__.py" or len(path.read_text().splitlines()) > 10  # an __init__ with code
     }
     named = mapped_paths()
     assert sorted(modules_here - named) == []  # unmapped: say in the map what it is for

@@ -106,17 +106,29 @@ for epoch in range(2):
 """
 
 
-def watched(cell: str, env: str | None = None) -> tuple[object, RunModel]:
+def watched(cell: str, env: str | None = None, **options: object) -> tuple[object, RunModel]:
     """The cell on 2 torch.distributed ranks: rank 0's value, and the live view's model of it."""
     view = RecordingView()
-    value, _ = execute(capture_cell(cell, {}), make_options(np=-2, backend="torch", env=env), view)
+    value, _ = execute(capture_cell(cell, {}), make_options(np=-2, backend="torch", env=env, **options), view)
     model = RunModel(2)
     for message in view.messages:
         model.apply(message)
     return value, model
 
 
-def test_a_hugging_face_trainer_feeds_the_view(tmp_path):
+def test_a_hugging_face_trainer_feeds_the_view_and_one_mlflow_run(tmp_path, monkeypatch):
+    import mlflow
+
+    monkeypatch.chdir(tmp_path)  # a SQLite store's artifacts go to ./mlruns
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    try:
+        hugging_face_trainer_fed_the_view(tmp_path, mlflow.MlflowClient())
+    finally:
+        mlflow.set_tracking_uri(previous)
+
+
+def hugging_face_trainer_fed_the_view(tmp_path, client) -> None:
     cell = HF.format(
         output=str(tmp_path),
         arguments='num_train_epochs=2, save_strategy="no", eval_strategy="epoch"',
@@ -124,7 +136,7 @@ def test_a_hugging_face_trainer_feeds_the_view(tmp_path):
         before="",
         value="len(trainer.callback_handler.callbacks)",
     )
-    (size, steps, callbacks), model = watched(cell)
+    (size, steps, callbacks), model = watched(cell, mlflow="yes")
     assert (size, steps) == (2, 16)  # 256 rows, 16 a device on 2 ranks, 2 epochs
     for progress in model.progress:
         assert (progress.step, progress.total, progress.epoch) == (16, 16, 1)
@@ -134,6 +146,10 @@ def test_a_hugging_face_trainer_feeds_the_view(tmp_path):
         assert model.series["eval_loss"][rank].steps == [8.0, 16.0]  # what the trainer evaluated
         assert model.series["grad_norm"][rank].steps == [4.0, 8.0, 12.0, 16.0]  # what it logged
     assert "eval_runtime" not in model.series and "epoch" not in model.series  # not curves
+    (run,) = client.search_runs(["0"])  # one run for the two ranks, not one each
+    logged = client.get_metric_history(run.info.run_id, "loss")
+    assert sorted(m.step for m in logged) == list(range(1, 17))  # the ranks' mean, each step
+    assert {"learning_rate", "eval_loss", "grad_norm"} <= set(run.data.metrics)
 
 
 def test_a_callback_given_by_hand_is_the_only_one(tmp_path):

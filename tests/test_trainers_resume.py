@@ -69,9 +69,56 @@ trainer.fit(net, torch.utils.data.DataLoader(data, batch_size=16, shuffle=True))
 (trainer.global_step, sum(float(p.double().sum()) for p in net.parameters()))
 """
 
+# An Accelerate loop as its docs write one, resuming from its own save_state folder when there
+# is one: 3 epochs of 8 steps, a save every 4. Rank 1 dies at step 10 of the first attempt, and
+# takes the folder with it (as a lost executor's disk would): the run's copy is restored.
+ACCELERATE = """
+import os, pathlib, shutil, tempfile, torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+accelerator = Accelerator(cpu=True)
+set_seed(0)
+x = torch.randn(256, 8)
+y = x.sum(1, keepdim=True)
+class Progress:
+    step = 0
+    def state_dict(self):
+        return {{"step": self.step}}
+    def load_state_dict(self, state):
+        self.step = state["step"]
+progress = Progress()
+accelerator.register_for_checkpointing(progress)
+data = torch.utils.data.TensorDataset(x, y)
+model = torch.nn.Linear(8, 1)
+loader = torch.utils.data.DataLoader(data, batch_size=16, shuffle=True)
+model, optimizer, loader = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.05), loader)
+saved = os.path.join({marks!r}, "saved")
+if os.path.isdir(saved):
+    accelerator.load_state(saved)
+rank = accelerator.process_index
+pathlib.Path({marks!r}, f"began-{{rank}}-{{progress.step}}").touch()
+while progress.step < 24:
+    done_here = progress.step % len(loader)
+    for xb, yb in accelerator.skip_first_batches(loader, done_here) if done_here else loader:
+        loss = torch.nn.functional.mse_loss(model(xb), yb)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        progress.step += 1
+        if progress.step % 4 == 0:
+            accelerator.save_state(saved)
+        if {kill} and rank == 1 and progress.step == 10 and not os.listdir({marks!r} + "/killed"):
+            pathlib.Path({marks!r}, "killed", "once").touch()
+            shutil.rmtree(saved)
+            os.kill(os.getpid(), 9)
+(progress.step, sum(float(p.double().sum()) for p in model.parameters()))
+"""
+
 
 @pytest.mark.parametrize(
-    ("cell", "steps", "kept"), [(HF, 16, {4, 8}), (LIGHTNING, 24, {8})], ids=["hf", "lightning"]
+    ("cell", "steps", "kept"),
+    [(HF, 16, {4, 8}), (LIGHTNING, 24, {8}), (ACCELERATE, 24, {4, 8})],
+    ids=["hf", "lightning", "accelerate"],
 )
 def test_a_killed_rank_is_resumed_from_the_trainers_own_checkpoint(ip, tmp_path, cell, steps, kept):
     killed, never = tmp_path / "killed", tmp_path / "never"

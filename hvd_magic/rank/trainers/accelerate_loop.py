@@ -6,17 +6,21 @@ reported with the rank's loss (read at most ten times a second); what the loop l
 ``Accelerator.log`` is reported from every rank (Accelerate's trackers get it on the main process
 only, as before); and ``Accelerator.check_trigger()``, Accelerate's own way for a loop to stop
 on every process at once, also says True once the run is asked to stop (``hvd_magic.stopping()``,
-at the same place on every rank).
+at the same place on every rank). Where the run keeps checkpoints (``retries=``), each
+``save_state`` folder is kept too, and a retried attempt's ``Accelerator`` restores the latest
+where this rank's disk lacks it (``resuming``): the loop's own ``load_state`` resumes from it.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from types import ModuleType
 from typing import Any
 
 from hvd_magic.rank.checkpoints import stopping
 from hvd_magic.rank.reporting import report
+from hvd_magic.rank.trainers import resuming
 from hvd_magic.rank.trainers.readings import LossReading, numbers
 
 __all__ = ["MODULE", "patch"]
@@ -30,6 +34,24 @@ def patch(module: ModuleType) -> None:
     if getattr(accelerator, "_hvd_magic_watched", False):
         return
     backward, log, check_trigger = accelerator.backward, accelerator.log, accelerator.check_trigger
+    init, save_state = accelerator.__init__, accelerator.save_state
+
+    @functools.wraps(init)
+    def init_restoring(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        if (found := resuming.kept("accelerate")) is not None:
+            resuming.restore_folder(found[1]["folder"], found[1]["files"])
+
+    @functools.wraps(save_state)
+    def save_state_kept(self: Any, *args: Any, **kwargs: Any) -> Any:
+        location = save_state(self, *args, **kwargs)
+        if resuming.keeping() and location is not None:
+            self.wait_for_everyone()  # every rank's files written (those on this host: its RNG's)
+            if self.is_main_process:
+                folder = os.path.abspath(location)
+                kept = {"folder": folder, "files": resuming.read_folder(folder)}
+                resuming.keep("accelerate", getattr(self, "_hvd_magic_steps", 0), kept)
+        return location
 
     @functools.wraps(backward)
     def backward_counted(self: Any, loss: Any, **kwargs: Any) -> Any:
@@ -53,4 +75,6 @@ def patch(module: ModuleType) -> None:
     accelerator.backward = backward_counted
     accelerator.log = log_reported
     accelerator.check_trigger = check_trigger_or_stop
+    accelerator.__init__ = init_restoring
+    accelerator.save_state = save_state_kept
     accelerator._hvd_magic_watched = True

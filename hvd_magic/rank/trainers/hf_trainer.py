@@ -77,7 +77,7 @@ class _HFCallbackMixin:
         """The checkpoint the trainer just wrote, kept by the run too (rank 0; ``resuming``)."""
         if resuming.keeping() and args.process_index == 0:
             folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-            resuming.keep("hf", state.global_step, _read_folder(folder))
+            resuming.keep("hf", state.global_step, resuming.read_folder(folder))
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
         """What the trainer logs, evaluation's metrics too (``evaluate`` logs them)."""
@@ -120,28 +120,9 @@ def patch(module: ModuleType) -> None:
         if resume_from_checkpoint is None and (found := resuming.kept("hf")) is not None:
             step, files = found
             resume_from_checkpoint = os.path.join(resuming.private_folder(), f"checkpoint-{step}")
-            _write_folder(resume_from_checkpoint, files)
+            resuming.write_folder(resume_from_checkpoint, files)
         return train(self, resume_from_checkpoint, *args, **kwargs)
 
     trainer_class.__init__ = init_watched
     trainer_class.train = train_resumed
     trainer_class._hvd_magic_watched = True
-
-
-def _read_folder(folder: str) -> dict[str, bytes]:
-    """Every file under ``folder``, by its path there."""
-    files = {}
-    for parent, _, names in os.walk(folder):
-        for name in names:
-            path = os.path.join(parent, name)
-            with open(path, "rb") as file:
-                files[os.path.relpath(path, folder)] = file.read()
-    return files
-
-
-def _write_folder(folder: str, files: dict[str, bytes]) -> None:
-    for relative, data in files.items():
-        path = os.path.join(folder, relative)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as file:
-            file.write(data)

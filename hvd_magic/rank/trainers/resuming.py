@@ -4,21 +4,24 @@ With ``retries=`` (or ``checkpoint_dir=``) the run keeps what ``hvd_magic.checkp
 and a retried attempt's ranks ask for the latest with ``hvd_magic.resume()``. A trainer writes
 checkpoints its own way, on its rank's disk (an executor's, on Spark, lost with it), so rank 0
 also sends each one the trainer writes to the run (``keep``): a HF ``checkpoint-N`` folder's
-files, a Lightning checkpoint's dictionary. In a retried attempt, a ``train()`` or ``fit()``
-called without a checkpoint of its own to resume from is given the latest the run kept
-(``kept``), written where only this rank reads it. Nothing to write in the cell.
+files, a Lightning checkpoint's dictionary, an Accelerate ``save_state`` folder's files. In a
+retried attempt, a ``train()`` or ``fit()`` called without a checkpoint of its own to resume from
+is given the latest the run kept (``kept``), written where only this rank reads it; an
+``Accelerator`` finds the folder it saved to again (``restore_folder``) where this rank's disk has
+none, so that the loop's own ``load_state`` finds it. Nothing to write in the cell.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from typing import Any
 
 from hvd_magic.protocol.env import ENV_KEEP_CHECKPOINTS
 from hvd_magic.rank.checkpoints import checkpoint, resume
 
-__all__ = ["keep", "kept", "keeping", "private_folder"]
+__all__ = ["keep", "keeping", "kept", "private_folder", "read_folder", "restore_folder", "write_folder"]
 
 KIND = "hvd_magic.trainer"  # the key that marks a trainer's checkpoint among the run's
 
@@ -47,3 +50,39 @@ def kept(trainer: str) -> tuple[int, Any] | None:
 def private_folder() -> str:
     """A folder of this rank's own (ranks on one host must not write each other's files)."""
     return tempfile.mkdtemp(prefix="hvd_magic-resume-")
+
+
+def read_folder(folder: str) -> dict[str, bytes]:
+    """Every file under ``folder``, by its path there."""
+    files = {}
+    for parent, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(parent, name)
+            with open(path, "rb") as file:
+                files[os.path.relpath(path, folder)] = file.read()
+    return files
+
+
+def write_folder(folder: str, files: dict[str, bytes]) -> None:
+    for relative, data in files.items():
+        path = os.path.join(folder, relative)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as file:
+            file.write(data)
+
+
+def restore_folder(folder: str, files: dict[str, bytes]) -> bool:
+    """``files`` written as ``folder`` where it does not exist: whole or not at all (written
+    beside it, then renamed into place; a rank on the same host that did it first wins)."""
+    if os.path.exists(folder):
+        return False
+    parent = os.path.dirname(os.path.abspath(folder))
+    os.makedirs(parent, exist_ok=True)
+    beside = tempfile.mkdtemp(prefix=".hvd_magic-restoring-", dir=parent)
+    write_folder(beside, files)
+    try:
+        os.rename(beside, folder)
+    except OSError:  # another rank restored it first
+        shutil.rmtree(beside, ignore_errors=True)
+        return False
+    return True
