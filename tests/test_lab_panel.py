@@ -149,7 +149,7 @@ def refusals(lab, root) -> None:
         socket.send_json({"ask": "runs", "token": "not-the-token"})
         assert socket.poll(30_000)
         answer = socket.recv_json()
-        assert answer == {"error": "refused: this kernel's run endpoint answers only with its token"}
+        assert answer == {"refused": "this kernel's run endpoint answers only with its token"}
         socket.close(linger=0)
     finally:
         context.term()

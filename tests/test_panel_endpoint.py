@@ -61,7 +61,7 @@ def test_only_the_token_opens_the_record_and_a_row_says_how_the_run_goes(tmp_pat
         bare = context.socket(zmq.REQ)
         bare.connect(endpoint.endpoint.address)
         bare.send_json({"ask": "runs", "token": "guess"})
-        assert bare.poll(30_000) and "refused" in bare.recv_json()["error"]
+        assert bare.poll(30_000) and "only with its token" in bare.recv_json()["refused"]
         bare.close(linger=0)
         context.term()
 
@@ -72,9 +72,9 @@ def test_only_the_token_opens_the_record_and_a_row_says_how_the_run_goes(tmp_pat
         assert "hvd-grid" in shown["html"] and "polyline" in shown["html"]
         mean_only = ask(folder, {"ask": "run", "number": 1, "per_rank": False})["run"]["html"]
         assert mean_only.count("<polyline") == 1
-        assert "starting its ranks" in ask(folder, {"ask": "stop", "number": 1})["error"]
-        assert "no run 7" in ask(folder, {"ask": "run", "number": 7})["error"]
-        assert "unknown ask" in ask(folder, {"ask": "delete"})["error"]
+        assert "starting its ranks" in ask(folder, {"ask": "stop", "number": 1})["refused"]
+        assert "no run 7" in ask(folder, {"ask": "run", "number": 7})["refused"]
+        assert "unknown ask" in ask(folder, {"ask": "delete"})["refused"]
 
         sink.returned(({"w": [1.0] * 500}, {}))
         sink.close(None)
@@ -82,7 +82,7 @@ def test_only_the_token_opens_the_record_and_a_row_says_how_the_run_goes(tmp_pat
         assert (ended["state"], ended["outcome"], ended["has_value"]) == ("ended", "finished", True)
         assert ended["value"].startswith("{'w': [1.0, 1.0") and len(ended["value"]) < 100
         assert "hvd-final" in ask(folder, {"ask": "run", "number": 1})["run"]["html"]
-        assert "it ended (finished)" in ask(folder, {"ask": "stop", "number": 1})["error"]
+        assert "it ended (finished)" in ask(folder, {"ask": "stop", "number": 1})["refused"]
     finally:
         endpoint.close()
     assert read_endpoints(folder) == [] and not os.path.exists(socket_path)

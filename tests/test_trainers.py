@@ -147,9 +147,9 @@ def hugging_face_trainer_fed_the_view(tmp_path, client) -> None:
         assert model.series["grad_norm"][rank].steps == [4.0, 8.0, 12.0, 16.0]  # what it logged
     assert "eval_runtime" not in model.series and "epoch" not in model.series  # not curves
     (run,) = client.search_runs(["0"])  # one run for the two ranks, not one each
-    logged = client.get_metric_history(run.info.run_id, "loss")
+    logged = client.get_metric_history(run.info.run_id, "learning_rate")
     assert sorted(m.step for m in logged) == list(range(1, 17))  # the ranks' mean, each step
-    assert {"learning_rate", "eval_loss", "grad_norm"} <= set(run.data.metrics)
+    assert {"loss", "eval_loss", "grad_norm"} <= set(run.data.metrics)
 
 
 def test_a_callback_given_by_hand_is_the_only_one(tmp_path):

@@ -74,9 +74,10 @@ trainer.fit(net, torch.utils.data.DataLoader(data, batch_size=16, shuffle=True))
 # takes the folder with it (as a lost executor's disk would): the run's copy is restored.
 ACCELERATE = """
 import os, pathlib, shutil, tempfile, torch
-from accelerate import Accelerator
+from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.utils import set_seed
-accelerator = Accelerator(cpu=True)
+# a seedable sampler: each epoch's order from the seed and the epoch, as Accelerate advises for resuming
+accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
 set_seed(0)
 x = torch.randn(256, 8)
 y = x.sum(1, keepdim=True)
@@ -98,7 +99,8 @@ if os.path.isdir(saved):
 rank = accelerator.process_index
 pathlib.Path({marks!r}, f"began-{{rank}}-{{progress.step}}").touch()
 while progress.step < 24:
-    done_here = progress.step % len(loader)
+    epoch, done_here = divmod(progress.step, len(loader))
+    loader.set_epoch(epoch)
     for xb, yb in accelerator.skip_first_batches(loader, done_here) if done_here else loader:
         loss = torch.nn.functional.mse_loss(model(xb), yb)
         accelerator.backward(loss)

@@ -7,7 +7,7 @@ this kernel, its process id and its kernel id. The server extension (``hvd_magic
 and asks with the token; a request without it is answered with a refusal and nothing else.
 
 A request is one JSON object: ``{"token": ..., "ask": "runs" | "run" | "stop" | "stacks",
-"number": N, "at_once": bool}``; the answer is one JSON object, with ``"error"`` when refused.
+"number": N, "at_once": bool}``; the answer is one JSON object, with ``"refused"`` (why) when refused.
 """
 
 from __future__ import annotations
@@ -84,4 +84,4 @@ def read_endpoints(folder: Path) -> list[Endpoint]:
 
 
 def refusal(text: str) -> dict[str, Any]:
-    return {"error": text}
+    return {"refused": text}

@@ -73,7 +73,7 @@ class RunEndpoint:
         """The reply to one request (``protocol.panel``); refused without this kernel's token."""
         token = request.get("token")
         if not isinstance(token, str) or not hmac.compare_digest(token, self.endpoint.token):
-            return refusal("refused: this kernel's run endpoint answers only with its token")
+            return refusal("this kernel's run endpoint answers only with its token")
         ask = request.get("ask")
         if ask == "runs":
             runs = [row(entry) for entry in list(self.history.entries)]
@@ -121,7 +121,7 @@ def row(entry: RunEntry) -> dict[str, Any]:
         "ranks": entry.ranks,
         "state": "running" if entry.ended is None else "ended",
         "outcome": entry.outcome,
-        "started": entry.started,
+        "began": entry.started,
         "seconds": round(entry.seconds, 1),
         "summary": entry.summary,
         "has_value": entry.has_value,
@@ -154,7 +154,7 @@ def _going(model: RunModel, now: float) -> dict[str, Any]:
         "cpu": round(statistics.fmean(s.cpu for s in seen), 1) if seen else None,
         "memory": max((s.rss for s in seen), default=None),
         "gpu": max((s.gpu_text() for s in seen if s.gpu >= 0), default=""),
-        "straggler": straggler,
+        "slow": straggler,
         "attempt": attempt,
     }
 

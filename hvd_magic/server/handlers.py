@@ -47,8 +47,8 @@ class RunsHandler(APIHandler):
         if endpoint is None:
             raise web.HTTPError(404, f"kernel {kernel} of this server has no hvd_magic runs")
         answer = await self.kernel_runs.ask(endpoint, request, *([seconds] if seconds else []))
-        if "error" in answer:
-            raise web.HTTPError(404 if "no run" in answer["error"] else 409, answer["error"])
+        if "refused" in answer:
+            raise web.HTTPError(404 if "no run" in answer["refused"] else 409, answer["refused"])
         return answer
 
 

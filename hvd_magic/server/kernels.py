@@ -29,14 +29,14 @@ class KernelRuns:
         return {e.kernel: e for e in read_endpoints(self.folder) if e.kernel in known}
 
     async def ask(self, endpoint: Endpoint, request: dict[str, Any], seconds: float = ASK_SECONDS) -> Any:
-        """The kernel's answer, or ``{"error": ...}`` if it gave none within ``seconds``."""
+        """The kernel's answer, or ``{"refused": ...}`` if it gave none within ``seconds``."""
         socket = self.context.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
         try:
             socket.connect(endpoint.address)
             await socket.send_multipart([b"", json.dumps(request | {"token": endpoint.token}).encode()])
             if not await socket.poll(seconds * 1000):
-                return {"error": f"kernel {endpoint.kernel} did not answer within {seconds:.0f} s (busy?)"}
+                return {"refused": f"kernel {endpoint.kernel} did not answer within {seconds:.0f} s (busy?)"}
             return json.loads((await socket.recv_multipart())[-1])
         finally:
             socket.close(linger=0)
@@ -50,7 +50,7 @@ class KernelRuns:
             where = {"kernel": kernel, "notebook": notebooks.get(kernel, "")}
             runs += [run | where | {"id": f"{kernel}/{run['number']}"} for run in answer.get("runs", [])]
             sessions += [session | where for session in answer.get("sessions", [])]
-        runs.sort(key=lambda run: (run["state"] != "running", -run["started"]))
+        runs.sort(key=lambda run: (run["state"] != "running", -run["began"]))
         return {"runs": runs, "sessions": sessions}
 
     def close(self) -> None:

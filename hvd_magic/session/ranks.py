@@ -91,7 +91,7 @@ def panel_row(session: Any) -> dict[str, Any]:
         "state": "running a cell" if session.running else "idle",
         "cells": max((status.cells for status in seen), default=0),
         "seconds": round(session.clock() - session.began, 1),
-        "started": time.time() - (session.clock() - session.began),
+        "began": time.time() - (session.clock() - session.began),
         "cpu": round(statistics.fmean(status.cpu for status in seen), 1) if seen else None,
         "memory": max((status.rss for status in seen), default=None),
         "gpu": max((status.gpu_text() for status in seen if status.gpu >= 0), default=""),

@@ -10,7 +10,7 @@ export interface RunRow {
   ranks: number;
   state: 'running' | 'ended';
   outcome: string;
-  started: number; // seconds since the epoch
+  began: number; // seconds since the epoch
   seconds: number;
   summary: string;
   has_value: boolean;
@@ -24,7 +24,7 @@ export interface RunRow {
   cpu?: number | null;
   memory?: number | null;
   gpu?: string;
-  straggler?: string;
+  slow?: string;
   attempt?: string;
   counts?: Record<string, number>;
   html?: string;
@@ -158,8 +158,8 @@ export function sessionLines(session: SessionRow): string[] {
 /** The lines under a selected run's row: the straggler, the attempt, the value. */
 export function details(run: RunRow): string[] {
   const lines = [];
-  if (run.straggler) {
-    lines.push(run.straggler);
+  if (run.slow) {
+    lines.push(run.slow);
   }
   if (run.attempt) {
     lines.push(run.attempt);

@@ -25,7 +25,7 @@ const running: RunRow = {
   ranks: 4,
   state: 'running',
   outcome: 'running',
-  started: 1_800_000_000,
+  began: 1_800_000_000,
   seconds: 75.2,
   summary: '4 ranks · 75.2 s',
   has_value: false,
@@ -38,7 +38,7 @@ const running: RunRow = {
   cpu: 97.6,
   memory: 3 * 2 ** 30,
   gpu: '37 %, 1.2/141 GB',
-  straggler: 'rank 2 on node-2 is a straggler',
+  slow: 'rank 2 on node-2 is a straggler',
   attempt: 'executor lost: attempt 2 of 3'
 };
 
