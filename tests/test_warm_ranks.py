@@ -135,6 +135,10 @@ def test_which_runs_are_warm_is_read_from_the_code():
     assert warm_modules({"tensorflow", "keras.layers"}, local) == ("tensorflow", "keras", worker)
     assert warm_modules({"torch", "tensorflow"}, local) == (*torch, "tensorflow", worker)  # what it imports
     assert warm_modules({"jax", "torch"}, local) == ()  # JAX: not safe to fork once imported
+    # the trainers, with the PyTorch they are built on (HF's Trainer is loaded lazily: with it)
+    assert warm_modules({"transformers"}, local) == (*torch, "transformers", "transformers.trainer", worker)
+    assert warm_modules({"torch", "lightning.pytorch"}, local) == (*torch, "lightning", worker)
+    assert warm_modules({"accelerate.utils"}, local) == (*torch, "accelerate", worker)
     assert warm_modules({"numpy"}, local) == ()
     assert warm_modules({"torch"}, spark) == (*torch, worker)  # by the executors' servers
     assert warm_modules({"horovod.torch"}, spark) == (*torch, worker)  # there or not: the server finds out

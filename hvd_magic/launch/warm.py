@@ -3,7 +3,8 @@
 3 CPU-seconds a rank for PyTorch, 4 to 6 for TensorFlow and Keras: the most of a small cell's
 start).
 
-Ranks whose code imports PyTorch, TensorFlow or Keras (and Horovod's bindings of them), and no
+Ranks whose code imports PyTorch, TensorFlow or Keras (and Horovod's bindings of them, and the
+trainers built on PyTorch: Hugging Face's Trainer, Lightning, Accelerate), and no
 framework that cannot be forked once imported (JAX, MXNet): on this machine (np < 0), from a
 server the kernel keeps; on Spark, from a server each executor keeps. A run's ``env=`` keeps them
 warm: a rank takes its environment after the fork, and a variable the frameworks or the
@@ -29,18 +30,23 @@ WORKER = "hvd_magic.rank.worker"  # its own imports, preloaded too
 # What a server may preload, each where the code imports it or a module of it: importing them
 # neither starts a GPU's driver nor leaves a thread holding a lock that a fork would copy.
 FRAMEWORKS = ("torch", "tensorflow", "keras", "tf_keras")
+TRAINERS = ("transformers", "lightning", "pytorch_lightning", "accelerate")
 BINDINGS = {  # Horovod's binding -> the framework preloaded for it (the rank imports the binding)
     "horovod.torch": "torch",
     "horovod.tensorflow": "tensorflow",
     "horovod.keras": "keras",
     "horovod.tensorflow.keras": "tensorflow",
 }
+# The trainers are built on PyTorch: preloaded with it (and with what they import on first use,
+# below): 2.4 to 2.6 CPU-s a rank for a HF Trainer or Lightning, 0.4 for Accelerate. Importing them
+# starts no thread and asks no GPU (checked: no torch.cuda call, no thread, at their import).
+BUILT_ON = dict.fromkeys(TRAINERS, "torch")
 # What a framework imports on its first use, which every rank would otherwise import anew:
 # PyTorch's optimizers import torch._dynamo (with SymPy, about 830 modules, 1.0 to 1.8 CPU-s) the
 # first time one is made or stepped. Preloaded with the framework, though a rank that makes no
 # optimizer finds them in sys.modules too; they start no thread and no GPU driver. A server
 # whose framework lacks them (an older PyTorch) preloads the rest, and its ranks import as they would.
-FIRST_USE = {"torch": ("torch._dynamo",)}
+FIRST_USE = {"torch": ("torch._dynamo",), "transformers": ("transformers.trainer",)}  # Trainer: lazily loaded
 _COLD = ("jax", "mxnet", "horovod.mxnet")  # JAX warns that a fork of it may deadlock
 
 
@@ -53,11 +59,12 @@ def _preload(names: set[str]) -> tuple[str, ...]:
     order, each followed by what it imports on first use. Not the bindings: with its framework
     imported, a binding takes a rank 0.02 to 0.04 CPU-s, and one server then serves the cells of
     a framework whatever their launcher (Horovod's, or torch.distributed's ``backend=torch``)."""
-    wanted = {module for module in FRAMEWORKS if any(_within(name, module) for name in names)}
+    wanted = {module for module in (*FRAMEWORKS, *TRAINERS) if any(_within(name, module) for name in names)}
     wanted |= {
         framework for binding, framework in BINDINGS.items() if any(_within(name, binding) for name in names)
     }
-    chosen = (module for module in FRAMEWORKS if module in wanted)
+    wanted |= {BUILT_ON[module] for module in wanted if module in BUILT_ON}
+    chosen = (module for module in (*FRAMEWORKS, *TRAINERS) if module in wanted)
     return tuple(loaded for module in chosen for loaded in (module, *FIRST_USE.get(module, ())))
 
 
