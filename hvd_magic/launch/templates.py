@@ -45,9 +45,11 @@ __all__ = [
     "shared_base",
 ]
 
-IMPORT_VARIABLES = ("TORCH", "PYTORCH", "TF_", "KERAS_", "PYTHON", "LD_", "OMP_", "KMP_", "GOMP_", "MKL_")
-IMPORT_VARIABLES += ("HF_", "TRANSFORMERS_", "TOKENIZERS_", "USE_TORCH", "USE_TF", "PL_", "LIGHTNING_")
-IMPORT_VARIABLES += ("ACCELERATE_",)  # ... and the trainers' (Hugging Face's, Lightning's, Accelerate's)
+IMPORT_VARIABLES = (
+    *("TORCH", "PYTORCH", "TF_", "KERAS_", "PYTHON", "LD_", "OMP_", "KMP_", "GOMP_", "MKL_"),
+    # ... and the trainers' (Hugging Face's, Lightning's, Accelerate's)
+    *("HF_", "TRANSFORMERS_", "TOKENIZERS_", "USE_TORCH", "USE_TF", "PL_", "LIGHTNING_", "ACCELERATE_"),
+)
 # ... of which a framework's imports do not read the other's (Keras, which may run on either, reads both)
 NOT_READ_BY = {
     "torch": ("TF_", "KERAS_"),
