@@ -57,11 +57,12 @@ def wait_for_run(lab, notebook: str, until, seconds: float = 180.0) -> dict:
         time.sleep(0.2)
 
 
-def lab_page(browser, lab):
-    """JupyterLab in a fresh workspace (no notebook open) of a new browser context."""
+def lab_page(browser, lab, notebook: str = ""):
+    """JupyterLab in a fresh workspace of a new browser context: ``notebook`` open, if given."""
     context = browser.new_context(viewport={"width": 1500, "height": 900})
     page = context.new_page()
-    page.goto(f"{lab.base}/lab/workspaces/{secrets.token_hex(6)}?token={lab.token}")
+    opened = f"/tree/{notebook}" if notebook else ""
+    page.goto(f"{lab.base}/lab/workspaces/{secrets.token_hex(6)}{opened}?token={lab.token}")
     return context, page
 
 
@@ -84,8 +85,9 @@ def in_chromium(lab, root) -> None:
         with notebook_page(lab.notebook(short_run, ["%load_ext hvd_magic", SHORT_CELL]), 900, browser):
             wait_for_run(lab, short_nb, lambda run: run["state"] == "ended")
 
-        # The lab opened again, in two browsers: each panel lists both notebooks' runs, the long one live
-        pages = [lab_page(browser, lab) for _ in range(2)]
+        # The lab opened again, in two browsers (in one, the notebook reopened): each panel lists
+        # both notebooks' runs, the long one live
+        pages = [lab_page(browser, lab), lab_page(browser, lab, long_nb)]
         for _, page in pages:
             page.wait_for_selector("#jp-main-dock-panel", timeout=90_000)
             shown = time.monotonic()
@@ -94,6 +96,10 @@ def in_chromium(lab, root) -> None:
             page.click('.jp-SideBar [title="Horovod runs"]')
             page.wait_for_selector(f'.hvd-run:has-text("{short_nb}")', timeout=30_000)
             assert "Horovod: 1 live" in page.text_content(".hvd-status")
+        # the reopened notebook's cell says its run goes on (its output of the time is gone)
+        reopened = pages[1][1]
+        banner = reopened.wait_for_selector('.jp-Cell .hvd-cell-banner[data-state="running"]', timeout=30_000)
+        assert re.search(r"run 1 of this cell goes on at step \d+/100", banner.text_content())
         _, page = pages[0]
         assert long_nb in page.text_content('.hvd-run[data-state="running"]')
         assert "rank 0's value: 42" in page.text_content(".hvd-runs")

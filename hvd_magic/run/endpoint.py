@@ -126,6 +126,7 @@ def row(entry: RunEntry) -> dict[str, Any]:
         "summary": entry.summary,
         "has_value": entry.has_value,
         "value": entry.value_text,
+        "cell": entry.cell,
     }
     model = entry.model
     if model is not None:

@@ -12,6 +12,7 @@ which can stop a running run and ask for its ranks' stacks through the entry (``
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -41,6 +42,7 @@ class RunEntry:
     summary: str = ""  # the view's final line: ranks, seconds, the latest metrics
     value: Any = None
     has_value: bool = False
+    cell: str = ""  # the notebook cell's id, where JupyterLab sent it (the panel marks that cell)
     value_text: str = ""  # the value's repr, shortened (for the panel: made here, on the kernel's thread)
     final: str = field(default="", repr=False)  # the final record's HTML, as the view kept it
     model: RunModel | None = field(default=None, repr=False)  # while it runs
@@ -73,6 +75,7 @@ class History:
         self.count += 1
         spread = "local" if options.np < 0 else "on Spark"
         entry = RunEntry(self.count, where or f"{options.ranks} ranks {spread}", options.ranks, time.time())
+        entry.cell = running_cell()
         entry.model = RunModel(options.ranks)
         self.entries.append(entry)
         return entry
@@ -91,3 +94,15 @@ class History:
 
 
 HISTORY = History()
+
+
+def running_cell() -> str:
+    """The id of the notebook cell the kernel runs now, as JupyterLab sends it with the request
+    (``cellId``); "" outside a Jupyter kernel or from a front end that does not say."""
+    ipython = sys.modules.get("IPython")
+    kernel = getattr(ipython.get_ipython(), "kernel", None) if ipython is not None else None
+    try:
+        request = kernel.get_parent("shell") if kernel is not None else {}
+    except (AttributeError, TypeError):  # an older ipykernel
+        return ""
+    return str(((request or {}).get("metadata") or {}).get("cellId") or "")

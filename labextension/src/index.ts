@@ -2,11 +2,13 @@
 
 import { ILabShell, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { MainAreaWidget } from '@jupyterlab/apputils';
+import { INotebookTracker } from '@jupyterlab/notebook';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
 import { RunList } from './api';
+import { CellBanners } from './cells';
 import { RunsPanel, RunView } from './panel';
 import { RunRow, statusText } from './runs';
 
@@ -23,8 +25,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
   description: 'The Horovod panel: every live and finished run of this server\'s kernels.',
   autoStart: true,
   requires: [ILabShell],
-  optional: [IStatusBar],
-  activate: (app: JupyterFrontEnd, shell: ILabShell, statusBar: IStatusBar | null) => {
+  optional: [IStatusBar, INotebookTracker],
+  activate: (
+    app: JupyterFrontEnd,
+    shell: ILabShell,
+    statusBar: IStatusBar | null,
+    notebooks: INotebookTracker | null
+  ) => {
     const views = new Map<string, MainAreaWidget<RunView>>();
     const openNotebook = (path: string) => app.commands.execute('docmanager:open', { path });
     const openRun = (run: RunRow) => {
@@ -50,9 +57,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
     if (statusBar) {
       statusBar.registerStatusItem('hvd-magic:live-runs', { item: status, align: 'left', rank: 50 });
     }
+    const banners = notebooks ? new CellBanners(notebooks, openRun) : null;
     new RunList(overview => {
       panel.showOverview(overview);
       status.node.textContent = statusText(overview);
+      banners?.show(overview.runs);
     });
     app.commands.addCommand('hvd-magic:open-panel', {
       label: 'Show the Horovod runs',

@@ -15,6 +15,7 @@ export interface RunRow {
   summary: string;
   has_value: boolean;
   value: string;
+  cell?: string; // the notebook cell's id, where JupyterLab sent it
   hosts?: string[];
   step?: number | null;
   total?: number | null;
