@@ -57,6 +57,7 @@ bench: setup
 	$(PY) bench/spark_phases.py
 	$(PY) bench/spark_phases.py --launcher mpi
 	$(PY) bench/live_view.py
+	$(PY) bench/panel_cost.py
 	$(PY) bench/timeline_parse.py
 	$(PY) bench/stop.py
 	$(PY) bench/data_plane.py
