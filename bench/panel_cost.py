@@ -1,11 +1,14 @@
 """What being served to the Horovod panel costs a run's kernel (issue 78), printing figures
-measured in this run: the kernel side of ``bench/live_view.py`` (64 simulated ranks, 100 reports/s
-each, the real hub, supervision, live view and run record), its CPU share of one core
-  - without the kernel's run endpoint,
-  - with it serving, no one asking (a run no one watches): target 1.02x at most, nothing measurable,
-  - with it asked as an open panel and the run's tab ask (the run list and the run's view, each
-    second; the asking thread is this process's too, so its share counts against the kernel).
-Rounds in turn, so that drift in the machine's load falls on each alike; medians.
+measured in this run. The kernel side of ``bench/live_view.py`` (64 simulated ranks, 100 reports/s
+each, the real hub, supervision, live view and run record) runs with the kernel's run endpoint
+serving, and the CPU its serving thread used is set against the kernel's over the same run:
+  - no one asking (a run no one watches): target <= 1 % of the kernel's CPU, nothing measurable;
+  - asked as an open panel and the run's tab ask (the run list and the run's view each second):
+    target <= 10 %.
+Both sides are measured in the same run (a thread's own CPU time), so a loaded machine moves
+neither; the other cost, the model's lock at each message, is about 0.2 us a message. Medians of rounds.
+(A first version compared the kernel's CPU share across runs with and without the endpoint: one
+short sample each way varied by a fifth under the suite's load, and its guard failed on noise.)
 
 Usage: python bench/panel_cost.py [--seconds 10] [--rounds 3]
 """
@@ -17,6 +20,7 @@ import json
 import statistics
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -28,11 +32,11 @@ from hvd_magic.protocol.panel import endpoint_folder
 from hvd_magic.run.endpoint import RunEndpoint
 from hvd_magic.run.history import HISTORY
 
-WAYS = ("not served", "served, unwatched", "served, watched")
+WAYS = ("unwatched", "watched")
 
 
 @contextmanager
-def served(watched: bool) -> Iterator[None]:
+def served(watched: bool) -> Iterator[RunEndpoint]:
     """The kernel's endpoint for the block; ``watched``: asked as the panel asks, each second."""
     endpoint = RunEndpoint(HISTORY, endpoint_folder(tempfile.mkdtemp()), "bench")
     done = threading.Event()
@@ -53,7 +57,7 @@ def served(watched: bool) -> Iterator[None]:
     if watched:
         asking.start()
     try:
-        yield
+        yield endpoint
     finally:
         done.set()
         if watched:
@@ -62,13 +66,15 @@ def served(watched: bool) -> Iterator[None]:
 
 
 def shares(seconds: float, rounds: int, ranks: int = 64, rate: int = 100) -> dict[str, float]:
-    """The kernel's median CPU share of one core, each way (``WAYS``)."""
+    """The serving thread's median share of the kernel's CPU over a run, each way (``WAYS``)."""
     found: dict[str, list[float]] = {way: [] for way in WAYS}
     for _ in range(rounds):
-        found[WAYS[0]].append(kernel_side(ranks, seconds, rate)["cpu"])
-        for way, watched in zip(WAYS[1:], (False, True), strict=True):
-            with served(watched):
-                found[way].append(kernel_side(ranks, seconds, rate)["cpu"])
+        for way in WAYS:
+            with served(way == "watched") as endpoint:
+                began, cpu = time.monotonic(), endpoint.cpu
+                side = kernel_side(ranks, seconds, rate)
+                kernel = side["cpu"] * (time.monotonic() - began)  # its CPU seconds, near enough
+                found[way].append((endpoint.cpu - cpu) / kernel)
     return {way: statistics.median(values) for way, values in found.items()}
 
 
@@ -78,15 +84,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     found = shares(args.seconds, args.rounds)
-    base = found[WAYS[0]]
     print(f"the panel's cost to the kernel, 64 simulated ranks x 100 reports/s, medians of {args.rounds}:")
     for way, share in found.items():
-        print(f"  {way:18s} kernel CPU {share:6.1%} of one core = {share / base:5.2f}x")
-    print("  target: unwatched <= 1.02x (nothing measurable), watched <= 1.10x")
-    keep(
-        "panel_cost",
-        {"unwatched": f"{found[WAYS[1]] / base:.2f}x", "watched": f"{found[WAYS[2]] / base:.2f}x"},
-    )
+        print(f"  {way:10s} the serving thread: {share:6.2%} of the kernel's CPU")
+    print("  target: unwatched <= 1 % (nothing measurable), watched <= 10 %")
+    keep("panel_cost", {way: f"{share:.2%}" for way, share in found.items()})
 
 
 if __name__ == "__main__":

@@ -22,10 +22,8 @@ TIMELINE_SPEED = Guard(
 TIMELINE_MEMORY = Guard("timeline read, x json.load's peak memory", goal=0.3, limit=0.9)
 TRAINER_HOOKS = Guard("HF Trainer's step hooks of hvd_magic, % of a 2-rank step (CPU)", goal=1.0, limit=3.0)
 LIVE_VIEW_CPU = Guard("live view, kernel CPU share, 64 ranks x 100 reports/s", goal=0.3, limit=0.9)
-# one short sample each way on a loaded machine varies by a fifth: the limits catch a panel that
-# costs a run what it watches (a redraw per message, say), not a few per cent
-PANEL_UNWATCHED = Guard("run served to the panel, unwatched: kernel CPU x not served", goal=1.02, limit=1.5)
-PANEL_WATCHED = Guard("run served to the panel, watched: kernel CPU x not served", goal=1.1, limit=1.6)
+PANEL_UNWATCHED = Guard("served to the panel, unwatched: serving, % of the kernel's CPU", goal=1.0, limit=3.0)
+PANEL_WATCHED = Guard("served to the panel, watched: serving, % of the kernel's CPU", goal=10.0, limit=30.0)
 
 
 def test_guard_live_cell(ip, record_property):
@@ -79,8 +77,8 @@ def test_guard_live_view_update_cost(record_property):
 
 
 def test_guard_panel_cost(record_property):
-    """A run no one watches pays nothing measurable for being served to the Horovod panel."""
-    found = bench("panel_cost").shares(seconds=4, rounds=1)
-    base = found["not served"]
-    PANEL_UNWATCHED.judge(found["served, unwatched"] / base, record_property, f" ({base:.0%} of a core)")
-    PANEL_WATCHED.judge(found["served, watched"] / base, record_property)
+    """A run no one watches pays nothing measurable for being served to the Horovod panel; one
+    watched pays little. The serving thread's CPU against the kernel's, in the same run."""
+    found = bench("panel_cost").shares(seconds=3, rounds=1)
+    PANEL_UNWATCHED.judge(100 * found["unwatched"], record_property)
+    PANEL_WATCHED.judge(100 * found["watched"], record_property)

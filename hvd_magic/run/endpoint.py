@@ -55,11 +55,14 @@ class RunEndpoint:
         self.endpoint = Endpoint(f"ipc://{socket_path}", secrets.token_hex(24), os.getpid(), kernel)
         self.file = self.endpoint.write(folder)
         self._stop = threading.Event()
+        self.cpu = 0.0  # CPU seconds the serving thread has used (what being served costs the kernel)
         self._thread = threading.Thread(target=self._serve, name="hvd_magic-panel", daemon=True)
         self._thread.start()
 
     def _serve(self) -> None:
+        began = time.thread_time()
         while not self._stop.is_set():
+            self.cpu = time.thread_time() - began
             if not self._socket.poll(POLL_MS):
                 continue
             try:

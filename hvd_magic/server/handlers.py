@@ -12,7 +12,7 @@ from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from jupyter_server.base.websocket import WebSocketMixin
 from jupyter_server.utils import url_path_join
 from tornado import web
-from tornado.websocket import WebSocketHandler
+from tornado.websocket import WebSocketClosedError, WebSocketHandler
 
 from hvd_magic.protocol.panel import endpoint_folder
 from hvd_magic.server.kernels import STACKS_SECONDS, KernelRuns
@@ -104,7 +104,10 @@ class UpdatesHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
         while True:
             known = set(self.kernel_manager.list_kernel_ids())
             overview = await runs.overview(known, await notebooks(self.session_manager))
-            self.write_message(json.dumps(overview))
+            try:
+                await self.write_message(json.dumps(overview))
+            except WebSocketClosedError:  # closed between two sends: on_close ends the task too
+                return
             await asyncio.sleep(UPDATE_SECONDS)
 
     def on_close(self) -> None:
