@@ -36,7 +36,7 @@ from hvd_magic.widgets.state import RunModel
 __all__ = ["RunEndpoint", "row", "serve_in_kernel"]
 
 POLL_MS = 200  # how often the serving thread looks at its stop flag
-_serving: list[RunEndpoint] = []  # the kernel's one endpoint, once a run began
+_serving: list[RunEndpoint | None] = []  # the kernel's endpoint once a run began (None: it failed)
 
 
 class RunEndpoint:
@@ -183,7 +183,7 @@ def serve_in_kernel(history: History) -> None:
         endpoint = RunEndpoint(history, endpoint_folder(), kernel)
     except (OSError, zmq.ZMQError) as err:
         print(f"hvd_magic: the Horovod panel cannot show this kernel's runs: {err}", file=sys.stderr)
-        _serving.append(None)  # type: ignore[arg-type]  # said once
+        _serving.append(None)  # said once, not tried again
         return
     _serving.append(endpoint)
     atexit.register(endpoint.close)
