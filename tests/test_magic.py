@@ -226,7 +226,7 @@ def test_gloo_ranks_can_shut_down_and_init_again(ip):
 
 
 def test_a_local_np_far_above_the_cores_is_refused_before_anything_starts(ip, capsys, monkeypatch):
-    monkeypatch.setattr("hvd_magic.options.run_options.machine_cores", lambda: 2)
+    monkeypatch.setattr("hvd_magic.options.local_ranks.machine_cores", lambda: 2)
     before = leftover_processes(settle=0)
     with pytest.raises(UsageError, match=r"1,000 ranks on this machine, which has 2 CPU cores") as info:
         ip.run_cell_magic("horovod", "np=-1000", "1")
@@ -235,7 +235,7 @@ def test_a_local_np_far_above_the_cores_is_refused_before_anything_starts(ip, ca
 
 
 def test_a_local_np_above_the_cores_runs_and_says_so_once(ip, capsys, monkeypatch):
-    monkeypatch.setattr("hvd_magic.options.run_options.machine_cores", lambda: 1)
+    monkeypatch.setattr("hvd_magic.options.local_ranks.machine_cores", lambda: 1)
     assert ip.run_cell_magic("horovod", "np=-2", "import os\n7") == 7
     shown = capsys.readouterr()
     assert (shown.out + shown.err).count("np=-2 runs 2 ranks on this machine's 1 CPU core") == 1

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from hvd_magic.options import OptionError, RunOptions, make_options
+from hvd_magic.options import OptionError, RunOptions, cell_options, make_options
 from hvd_magic.options import parse as options
+from hvd_magic.options.local_ranks import check_local_ranks
 from hvd_magic.options.parse import (
     parse_env,
     parse_launcher,
@@ -17,7 +18,6 @@ from hvd_magic.options.parse import (
     parse_timeline,
     parse_timeout,
 )
-from hvd_magic.options.run_options import check_local_ranks
 
 
 @pytest.fixture
@@ -64,6 +64,20 @@ def test_make_options_defaults(no_mpirun: None) -> None:
 def test_make_options_refuses_a_bad_option() -> None:
     with pytest.raises(OptionError, match="timeout"):
         make_options(np=2, launcher="gloo", timeout="-1")
+
+
+def test_make_options_refuses_a_keyword_no_option_has() -> None:
+    with pytest.raises(TypeError, match="unexpected keyword argument 'nproc'"):
+        make_options(np=2, nproc=2)
+
+
+def test_a_session_cell_keeps_the_sessions_straggler_rule_and_takes_its_own_options(no_mpirun: None) -> None:
+    session = make_options(np=-2, stragglers="0.5/20", timeout=30, env="A=1")
+    cell = cell_options(session, {"return_names": "a,b", "ranks": [0]})
+    assert cell.stragglers == session.stragglers and cell.env == {"A": "1"}
+    assert cell.return_names == ["a", "b"] and cell.timeout is None  # timeout= works per cell
+    assert cell_options(session, {"stragglers": "off", "timeout": "5"}).stragglers is None
+    assert cell_options(session, {"timeout": "5"}).timeout == 5.0
 
 
 def test_option_error_is_a_value_error() -> None:
@@ -275,7 +289,7 @@ def test_local_ranks_against_the_cores(np: int, cores: int, oversubscribe: bool,
 def test_horovod_runner_refuses_a_typo_np_as_a_value_error(monkeypatch: pytest.MonkeyPatch) -> None:
     from hvd_magic import HorovodRunner
 
-    monkeypatch.setattr("hvd_magic.options.run_options.machine_cores", lambda: 2)
+    monkeypatch.setattr("hvd_magic.options.local_ranks.machine_cores", lambda: 2)
     with pytest.raises(ValueError, match="oversubscribe=True"):
         HorovodRunner(np=-1000)
     assert HorovodRunner(np=-1000, oversubscribe=True).num_processor == 1000

@@ -1,11 +1,15 @@
 """Each option is declared once, in ``hvd_magic.options.OPTIONS``: the magic's parser, its help,
-its usage line, the refusals of an option given where it does not apply, and the keyword APIs'
-signatures all agree with the table (a new option or keyword that skips it fails here)."""
+its usage line, the refusals of an option given where it does not apply, ``RunOptions``' fields,
+the keyword APIs' signatures and the estimators' Params all agree with the table, name by name,
+with their types and defaults (a new option, field or keyword that skips it fails here)."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import re
+import types
+from typing import Any, get_args, get_type_hints
 
 import pytest
 from IPython.core.error import UsageError
@@ -13,19 +17,25 @@ from IPython.core.magic_arguments import parse_argstring
 
 from hvd_magic import HorovodRunner, Session
 from hvd_magic.notebook.magics import HorovodMagics, given, normalize_line
-from hvd_magic.options import OPTIONS, OptionError, check_given
-from hvd_magic.options.table import CELL, PLACES, RUNNER, SESSION, SESSION_CELL, SESSION_RUN, START, usage
+from hvd_magic.options import OPTIONS, OptionError, RunOptions, check_given, make_options
+from hvd_magic.options.option import (
+    CELL,
+    ESTIMATORS,
+    PLACES,
+    REQUIRED,
+    RUNNER,
+    SESSION,
+    SESSION_CELL,
+    SESSION_RUN,
+    START,
+)
+from hvd_magic.options.table import usage
 
 MAGIC_PLACES = (CELL, START, SESSION_CELL)
-
-
-def keywords(function: object, *not_options: str) -> set[str]:
-    names = set(inspect.signature(function).parameters)  # type: ignore[arg-type]
-    return names - {"self", "kwargs", *not_options}
-
-
-def table_keys(place: str) -> set[str]:
-    return {entry.key for entry in OPTIONS if place in entry.where}
+# RunOptions' fields that no option sets: what the run's own code fills in.
+RUNS_OWN = {"data_name", "files_dir", "checkpoint_unit", "params"}
+# The estimators' options that are not Params of theirs, and how they are given instead.
+NOT_PARAMS = {"env": "a SparkBackend's env, KerasEstimator's backend_env", "data": "fit's DataFrame"}
 
 
 @pytest.mark.parametrize(
@@ -36,8 +46,68 @@ def table_keys(place: str) -> set[str]:
         (Session.run, SESSION_RUN, ("main",)),
     ],
 )
-def test_the_keyword_apis_take_the_tables_options_for_them(api, place, not_options):
-    assert keywords(api, *not_options) == table_keys(place)
+def test_the_keyword_apis_take_the_tables_options_with_its_types_and_defaults(api, place, not_options):
+    parameters = inspect.signature(api).parameters
+    taken = set(parameters) - {"self", "kwargs", *not_options}
+    assert taken == {entry.key for entry in OPTIONS if place in entry.where}
+    hints = get_type_hints(api)
+    for entry in OPTIONS:
+        if place in entry.where:
+            keyword = entry.keyword_at(place)
+            assert (hints[entry.key], parameters[entry.key].default) == (keyword.kind, keyword.default), (
+                entry.key
+            )
+
+
+def test_run_options_fields_are_the_tables_with_its_parsers_types_and_defaults(monkeypatch):
+    monkeypatch.setattr("shutil.which", lambda name: "/usr/bin/mpirun")  # launcher's default: mpi
+    hints = get_type_hints(RunOptions)
+    set_by = {name: entry for entry in OPTIONS for name in entry.fields}
+    assert set(hints) == set(set_by) | RUNS_OWN and not set(set_by) & RUNS_OWN
+    not_given, default = make_options(np=4), RunOptions(np=4)
+    for name, entry in set_by.items():
+        made = get_type_hints(entry.parse)["return"]
+        kinds = get_args(made) if len(entry.fields) > 1 else (made,)
+        assert hints[name] == kinds[entry.fields.index(name)], name
+        assert getattr(default, name) == getattr(not_given, name), name  # the default is "not given"
+    assert [f.name for f in dataclasses.fields(RunOptions) if f.default is dataclasses.MISSING
+            and f.default_factory is dataclasses.MISSING] == ["np"]  # fmt: skip
+
+
+def test_a_parser_takes_the_values_of_options_before_it():
+    earlier = {"data_name"}  # make_options' own keyword
+    for entry in OPTIONS:
+        assert set(entry.uses) <= earlier, f"{entry.name}= uses an option after it"
+        assert entry.parse is not None or not entry.uses, entry.name
+        earlier.add(entry.key)
+
+
+def _scalar(kind: Any) -> Any:
+    """``int`` of ``int | None``."""
+    if isinstance(kind, types.UnionType):
+        (kind,) = (part for part in get_args(kind) if part is not type(None))
+    return kind
+
+
+def test_the_estimators_params_are_the_tables_where_they_share_an_option():
+    from pyspark.ml.param import TypeConverters
+
+    from hvd_magic.spark.params import EstimatorParams
+
+    converters = {int: TypeConverters.toInt, float: TypeConverters.toFloat, str: TypeConverters.toString}
+    params = EstimatorParams()
+    for entry in OPTIONS:
+        if ESTIMATORS not in entry.where:
+            continue
+        keyword = entry.keyword_at(ESTIMATORS)
+        name = keyword.name or entry.key
+        if entry.key in NOT_PARAMS:
+            assert not params.hasParam(name), name
+            continue
+        param = params.getParam(name)
+        assert param.typeConverter is converters[_scalar(keyword.kind)], name
+        default = params.getOrDefault(name) if params.hasDefault(name) else None
+        assert default == (None if keyword.default is REQUIRED else keyword.default), name
 
 
 def test_the_magics_parser_and_help_are_the_table():

@@ -34,7 +34,7 @@ def row(*cells: nodes.entry) -> nodes.row:
 
 def options_table() -> nodes.table:
     from hvd_magic.options import OPTIONS
-    from hvd_magic.options.table import CELL, ESTIMATORS, RUNNER, SESSION, SESSION_CELL, SESSION_RUN, START
+    from hvd_magic.options.option import CELL, ESTIMATORS, RUNNER, SESSION, SESSION_CELL, SESSION_RUN, START
 
     short = {  # the places in the order of the page's legend
         CELL: "cell",

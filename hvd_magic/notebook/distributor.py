@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hvd_magic.errors import CaptureError, LaunchError
-from hvd_magic.options.run_options import LOCAL_RANKS_PER_CORE, local_load
+from hvd_magic.options.local_ranks import LOCAL_RANKS_PER_CORE, local_load
 from hvd_magic.rank.distributor import RankSetup, run_script, run_train_function
 
 if TYPE_CHECKING:
@@ -157,7 +157,7 @@ class TorchDistributor:
 
     def _execute(self, captured: Captured, notes: list[str]) -> Any:
         from hvd_magic.options import OptionError, make_options
-        from hvd_magic.options.run_options import machine_cores
+        from hvd_magic.options.local_ranks import machine_cores
         from hvd_magic.run.supervisor import execute
 
         np = -self.num_processes if self.local_mode else self.num_processes

@@ -13,8 +13,10 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from hvd_magic.options import OPTIONS, OptionError, RunOptions, check_given, make_options
+from hvd_magic.options.option import CELL, SESSION_CELL, START
 from hvd_magic.options.parse import parse_timeout
-from hvd_magic.options.table import CELL, SESSION_CELL, START, usage
+from hvd_magic.options.run_options import keywords
+from hvd_magic.options.table import usage
 from hvd_magic.run.capture import Captured, capture_cell
 from hvd_magic.run.history import HISTORY
 from hvd_magic.run.supervisor import execute
@@ -134,12 +136,12 @@ class HorovodMagics(Magics):
                 "start a live session once with %horovod start np=N and run cells on it without np="
             )
         check_given(SESSION_CELL, given(args))
-        return sessions.cell_run(given(args))
+        return sessions.cell_run(vars(args))  # by keyword, as argparse's dests are
 
     def _options(self, args: Any) -> RunOptions:
         """A job's options (a cell's, or those the session starts with): the ``CELL`` ones."""
-        values = {entry.key: getattr(args, entry.key) for entry in OPTIONS if CELL in entry.where}
-        return make_options(**values | {"data": self._data(args.data), "data_name": args.data or "data"})
+        values = keywords(CELL, vars(args)) | {"data": self._data(args.data)}
+        return make_options(**values, data_name=args.data or "data")
 
     def _session_verb(self, line: str) -> Any:
         verb, _, rest = line.strip().partition(" ")

@@ -6,6 +6,8 @@ from collections.abc import Callable
 from typing import Any
 
 from hvd_magic.options import OptionError, make_options
+from hvd_magic.options.option import RUNNER
+from hvd_magic.options.run_options import keywords
 from hvd_magic.run.capture import capture_function
 from hvd_magic.run.supervisor import execute
 
@@ -55,25 +57,8 @@ class HorovodRunner:
         mlflow: bool | None = None,
         stragglers: str | None = None,
     ) -> None:
-        try:
-            self.options = make_options(
-                np=np,
-                launcher=launcher,
-                env=env,
-                timeout=timeout,
-                timeline=timeline,
-                data=data,
-                remainder=remainder,
-                backend=backend,
-                oversubscribe=oversubscribe,
-                retries=retries,
-                min_np=min_np,
-                resize_wait=resize_wait,
-                checkpoint_dir=checkpoint_dir,
-                logdir=logdir,
-                mlflow=mlflow,
-                stragglers=stragglers,
-            )
+        try:  # the keywords are the table's for HorovodRunner (tests/test_options_table.py holds them)
+            self.options = make_options(**keywords(RUNNER, locals()))
         except OptionError as err:
             raise ValueError(str(err)) from None
         self.num_processor = abs(self.options.np)

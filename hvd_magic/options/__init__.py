@@ -1,8 +1,9 @@
 """A run's options: declared once (``table``), each value checked (``parse``), and made into the
-``RunOptions`` a run is told (``run_options``)."""
+``RunOptions`` a run is told (``run_options``), a loop over the table."""
 
+from hvd_magic.options.option import Option
 from hvd_magic.options.parse import OptionError
 from hvd_magic.options.run_options import RunOptions, cell_options, make_options
-from hvd_magic.options.table import OPTIONS, Option, check_given
+from hvd_magic.options.table import OPTIONS, check_given
 
 __all__ = ["OPTIONS", "Option", "OptionError", "RunOptions", "cell_options", "check_given", "make_options"]

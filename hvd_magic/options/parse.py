@@ -7,23 +7,27 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
+from hvd_magic.data.source import check_source
+from hvd_magic.errors import DataError
 from hvd_magic.options.extras import mlflow_module, tensorboard_record_writer
 from hvd_magic.options.straggler_rule import StragglerRule, parse_rule
+from hvd_magic.protocol.env import ENV_PREEMPTION, ENV_TIMING_LIMIT, parse_timing_limit, preemption_error
 
 __all__ = [
     "OptionError",
     "parse_backend",
     "parse_checkpoint_dir",
+    "parse_data",
     "parse_env",
     "parse_launcher",
+    "parse_launcher_given",
     "parse_logdir",
     "parse_min_np",
     "parse_mlflow",
     "parse_names",
     "parse_np",
-    "parse_oversubscribe",
     "parse_remainder",
     "parse_resize_wait",
     "parse_retries",
@@ -32,7 +36,6 @@ __all__ = [
     "parse_timeout",
     "parse_yes_no",
 ]
-
 
 Number = TypeVar("Number", int, float)
 RESIZE_WAIT_SECONDS = 30.0  # after a loss, for all np slots, before going on with min_np=
@@ -154,11 +157,21 @@ def parse_stragglers(value: object) -> StragglerRule | None:
         raise OptionError(str(err)) from None
 
 
-def parse_oversubscribe(value: object) -> bool:
-    return bool(parse_yes_no("oversubscribe", value))
-
-
 def parse_env(text: str | dict[str, str] | None) -> dict[str, str]:
+    """``env=``: KEY=VALUE pairs (or a dict), with the preemption notice's source and the wait
+    timing's limit checked (the notebook's own variables too)."""
+    env = _pairs(text)
+    preemption = env.get(ENV_PREEMPTION, os.environ.get(ENV_PREEMPTION, ""))
+    if preemption and (problem := preemption_error(preemption)):
+        raise OptionError(problem)
+    try:
+        parse_timing_limit(env.get(ENV_TIMING_LIMIT, os.environ.get(ENV_TIMING_LIMIT)))
+    except ValueError as err:
+        raise OptionError(str(err)) from None
+    return env
+
+
+def _pairs(text: str | dict[str, str] | None) -> dict[str, str]:
     if not text:
         return {}
     if isinstance(text, dict):
@@ -170,6 +183,16 @@ def parse_env(text: str | dict[str, str] | None) -> dict[str, str]:
             raise OptionError(f"env takes KEY=VALUE pairs separated by commas, got {item!r}")
         env[key.strip()] = value
     return env
+
+
+def parse_data(value: Any, data_name: str) -> Any:
+    """``data=``: a DataFrame the ranks can read their shards of (``data_name``: as the user named it)."""
+    if value is not None:
+        try:
+            check_source(value, data_name)
+        except DataError as err:
+            raise OptionError(str(err)) from None
+    return value
 
 
 def parse_names(text: str | list[str] | None) -> list[str]:
@@ -188,6 +211,11 @@ def parse_launcher(value: str | None) -> str:
     if value not in ("mpi", "gloo"):
         raise OptionError(f"launcher must be mpi or gloo, got {value!r}")
     return value
+
+
+def parse_launcher_given(value: str | None) -> str | None:
+    """``launcher=`` as given (None: chosen with ``backend=``, by ``parse_backend``)."""
+    return None if value is None else parse_launcher(value)
 
 
 def parse_timeout(value: object) -> float | None:
@@ -212,17 +240,22 @@ def parse_timeline(value: str | None) -> tuple[str | None, bool]:
     return os.path.abspath(value), False
 
 
-def parse_remainder(value: str | None) -> bool:
-    """``drop`` (the default: equal shards) or ``keep``; True to keep."""
+def parse_remainder(value: str | None, data: object) -> bool:
+    """``drop`` (the default: equal shards) or ``keep``, of ``data``'s rows; True to keep."""
+    if value is not None and data is None:
+        raise OptionError(
+            "remainder= says what to do with rows of data= that do not split evenly; give data="
+        )
     if value not in (None, "drop", "keep"):
         raise OptionError(f"remainder must be drop or keep, got {value!r}")
     return value == "keep"
 
 
-def parse_backend(value: str | None, launcher: str | None) -> str | None:
-    """``backend=torch`` runs torch.distributed ranks: the launcher becomes ``torch``."""
+def parse_backend(value: str | None, launcher: str | None) -> str:
+    """The launcher a run uses: ``torch`` for ``backend=torch`` (torch.distributed ranks), else
+    ``launcher=``'s (``launcher``: as given) or the default one."""
     if value in (None, "horovod"):
-        return launcher
+        return parse_launcher(launcher)
     if value != "torch":
         raise OptionError(f"backend must be horovod or torch, got {value!r}")
     if launcher is not None:
@@ -233,10 +266,11 @@ def parse_backend(value: str | None, launcher: str | None) -> str | None:
     return "torch"
 
 
-def parse_min_np(value: object, ranks: int, retries: int) -> int | None:
-    """``min_np=M``: 1 <= M <= np, and only with retries (a resize is a restart)."""
+def parse_min_np(value: object, np: int, retries: int) -> int | None:
+    """``min_np=M``: 1 <= M <= np's ranks, and only with retries (a resize is a restart)."""
     if value is None:
         return None
+    ranks = abs(np)
     min_np = _as(int, value, "min_np must be a whole number of ranks")
     if not 1 <= min_np <= ranks:
         raise OptionError(

@@ -1,88 +1,59 @@
-"""Every option of a run, declared once: its spelling, its help, where it applies and, where it
-does not, why (pure).
+"""Every option of a run, declared once: its spelling, check, type and default as a keyword, the
+fields of a run it sets, its help, where it applies and, where it does not, why.
 
-The ``%%horovod`` parser and its ``%%horovod?`` help, the usage line, the refusals of an option
-given where it does not belong (a cell, ``%horovod start``, a live session's cell, the keyword
-APIs) and the docs' options page are all made from ``OPTIONS``; a test holds the keyword APIs'
-signatures to it.
-"""
+The magic's parser, ``%%horovod?``, the usage line, ``make_options``/``cell_options``, the
+refusals and the docs' options page are made from ``OPTIONS``; tests hold ``RunOptions``' fields,
+the keyword APIs' signatures and the estimators' Params to it, with their types and defaults."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import Any
 
-from hvd_magic.options.parse import OptionError
-
-__all__ = [
-    "CELL",
-    "ESTIMATORS",
-    "OPTIONS",
-    "PLACES",
-    "RUNNER",
-    "SESSION",
-    "SESSION_CELL",
-    "SESSION_RUN",
-    "START",
-    "Option",
-    "check_given",
-    "option",
-    "usage",
-]
-
-CELL = "%%horovod np=N"  # a cell that is a job of its own
-START = "%horovod start"  # a live session's start
-SESSION_CELL = "%%horovod on a session"  # a cell on the live session (no np=)
-RUNNER = "HorovodRunner"
-SESSION = "Session"
-SESSION_RUN = "Session.run"
-ESTIMATORS = "estimators"  # TorchEstimator / KerasEstimator: under their horovod.spark names
-PLACES = (CELL, START, SESSION_CELL, RUNNER, SESSION, SESSION_RUN, ESTIMATORS)
-
-_JOBS = frozenset({CELL, RUNNER})
-_SESSION_WIDE = frozenset({CELL, START, RUNNER, SESSION})  # a job's, or a session's for all its cells
-_PER_RUN = frozenset({CELL, SESSION_CELL, RUNNER, SESSION_RUN})  # a run's own: a job or one cell
-
-# Why an option is refused where it does not apply ({name}: the option's name).
-FIXED_AT_START = "{name}= is set when the session starts (%horovod start ... {name}=...), not per cell"
-NO_RESTARTS = (
-    "{name}= restarts a run's ranks from its latest checkpoint; a live session's ranks keep state that "
-    "a restart would lose. Give {name}= to a job of its own (%%horovod np=N {name}=...), or checkpoint "
-    "from the cell with hvd_magic.checkpoint() and resume by hand"
+from hvd_magic.options.local_ranks import local_notices
+from hvd_magic.options.option import (
+    CELL,
+    ESTIMATORS,
+    FIXED,
+    JOBS,
+    LOGGED_PER_RUN,
+    NO_RESTART_HERE,
+    PER_CELL,
+    PER_RUN,
+    REQUIRED,
+    SESSION,
+    SESSION_CELL,
+    SESSION_ONLY,
+    SESSION_RUN,
+    SESSION_WIDE,
+    START,
+    START_ONLY,
+    Keyword,
+    Option,
 )
-SESSION_ONLY = "{name}= is for a live session (%horovod start np=N, then cells without np=)"
-PER_CELL = "{name}= is per cell, not for %horovod start"
-LOGGED_PER_RUN = (
-    "{name}= is for a job of its own or a session's cell (a run of its own each), not for "
-    "%horovod start: give it on the %%horovod cells to log"
+from hvd_magic.options.parse import (
+    OptionError,
+    parse_backend,
+    parse_checkpoint_dir,
+    parse_data,
+    parse_env,
+    parse_launcher_given,
+    parse_logdir,
+    parse_min_np,
+    parse_mlflow,
+    parse_names,
+    parse_np,
+    parse_remainder,
+    parse_resize_wait,
+    parse_retries,
+    parse_stragglers,
+    parse_timeline,
+    parse_timeout,
 )
-_FIXED = {SESSION_CELL: FIXED_AT_START}
-START_ONLY = "{name}= is for %horovod start: it ends the session after that many seconds without a cell"
 
+__all__ = ["ESTIMATOR_RETRIES", "OPTIONS", "check_given", "option", "usage"]
 
-@dataclass(frozen=True)
-class Option:
-    """One option: ``name`` as on the magic's line, ``keyword`` as in Python (when it differs)."""
-
-    name: str
-    help: str
-    where: frozenset[str]
-    value: str = "VALUE"  # what the usage line shows after ``name=``
-    choices: tuple[str, ...] = ()
-    keyword: str = ""
-    default: str = ""  # in words, for the docs
-    refusals: Mapping[str, str] | None = None  # place -> why not there (a template)
-
-    @property
-    def key(self) -> str:
-        return self.keyword or self.name
-
-    def refusal(self, place: str) -> str | None:
-        """Why this option cannot be given at ``place``, or None where it applies."""
-        if place in self.where:
-            return None
-        template = (self.refusals or {}).get(place, "{name}= does not apply to " + place)
-        return template.format(name=self.name)
+ESTIMATOR_RETRIES = 2  # a fit outlives two lost ranks or executors (rank 0 checkpoints every epoch)
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -90,39 +61,53 @@ OPTIONS: tuple[Option, ...] = (
         "np",
         "number of ranks: -N runs N ranks on this machine, N on Spark; without it, the cell runs on "
         "the live session (%horovod start np=N)",
-        _SESSION_WIDE | {ESTIMATORS},
+        SESSION_WIDE | {ESTIMATORS},
+        Keyword(int, REQUIRED),
+        parse_np,
         value="N",
         default="required (estimators: num_proc)",
+        python_at={ESTIMATORS: Keyword(int, REQUIRED, name="num_proc")},
     ),
     Option(
         "launcher",
         "mpi (default when mpirun exists) or gloo",
-        _SESSION_WIDE | {ESTIMATORS},
+        SESSION_WIDE | {ESTIMATORS},
+        Keyword(str | None),
+        parse_launcher_given,
+        sets=(),  # backend= decides the launcher, with this one
         value="mpi|gloo",
         choices=("mpi", "gloo"),
         default="mpi when mpirun exists, else gloo",
-        refusals=_FIXED,
+        refusals=FIXED,
     ),
     Option(
         "backend",
         "horovod (default) or torch: torch.distributed ranks",
-        _SESSION_WIDE,
+        SESSION_WIDE,
+        Keyword(str | None),
+        parse_backend,
+        uses=("launcher",),
+        sets=("launcher",),  # torch, or launcher='s (or the default one)
         value="horovod|torch",
         choices=("horovod", "torch"),
         default="horovod",
-        refusals=_FIXED,
+        refusals=FIXED,
     ),
     Option(
         "env",
         "extra environment for the ranks: KEY=VALUE,KEY2=VALUE2",
-        _SESSION_WIDE | {ESTIMATORS},
+        SESSION_WIDE | {ESTIMATORS},
+        Keyword(dict[str, str] | None),
+        parse_env,
         value="K=V,...",
-        refusals=_FIXED,
+        refusals=FIXED,
     ),
     Option(
         "return",
         "rank 0 variables to copy back: a,b",
         frozenset({CELL, SESSION_CELL}),
+        Keyword(list[str] | None),
+        parse_names,
         value="a,b",
         keyword="return_names",
         refusals={START: PER_CELL},
@@ -130,7 +115,9 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "timeout",
         "end the run when no rank reports anything for this many seconds",
-        _SESSION_WIDE | {SESSION_CELL},
+        SESSION_WIDE | {SESSION_CELL},
+        Keyword(float | None),
+        parse_timeout,
         value="SECONDS",
         default="none",
     ),
@@ -138,79 +125,109 @@ OPTIONS: tuple[Option, ...] = (
         "timeline",
         "record a Horovod Timeline: on, cycles (mark cycles) or a file path; %horovod start "
         "timeline=yes: the live session's cells may record theirs",
-        _SESSION_WIDE | _PER_RUN,
+        SESSION_WIDE | PER_RUN,
+        Keyword(str | None),
+        parse_timeline,
+        sets=("timeline", "mark_cycles"),
         value="on|cycles|PATH",
         default="off",
+        python_at={SESSION: Keyword(bool, False)},  # whether its calls may record one
     ),
     Option(
         "data",
         "a DataFrame of the notebook: each rank reads its shard with hvd_magic.shard()",
-        _SESSION_WIDE | {ESTIMATORS},
+        SESSION_WIDE | {ESTIMATORS},
+        Keyword(Any),
+        parse_data,
+        uses=("data_name",),
         value="DATAFRAME",
-        refusals=_FIXED,
+        refusals=FIXED,
     ),
     Option(
         "remainder",
         "rows of data= that do not split evenly: drop (default: equal shards) or keep",
-        _SESSION_WIDE,
+        SESSION_WIDE,
+        Keyword(str | None),
+        parse_remainder,
+        uses=("data",),
+        sets=("keep_remainder",),
         value="drop|keep",
         choices=("drop", "keep"),
         default="drop",
-        refusals=_FIXED,
+        refusals=FIXED,
     ),
     Option(
         "oversubscribe",
         "np=-N: allow more than 4 local ranks a CPU core (refused otherwise, as a likely typo)",
-        _SESSION_WIDE,
+        SESSION_WIDE,
+        Keyword(bool, False),
+        local_notices,
+        uses=("np",),
+        sets=("notices",),
         value="yes",
         choices=("yes", "no"),
         default="no",
-        refusals=_FIXED,
+        refusals=FIXED,
     ),
     Option(
         "retries",
         "start again, from the last checkpoint, up to N times after a rank is lost outside your code",
-        _JOBS | {ESTIMATORS},
+        JOBS | {ESTIMATORS},
+        Keyword(int, 0),
+        parse_retries,
         value="N",
         default="0",
-        refusals={place: NO_RESTARTS for place in (START, SESSION_CELL, SESSION, SESSION_RUN)},
+        refusals=NO_RESTART_HERE,
+        python_at={ESTIMATORS: Keyword(int, ESTIMATOR_RETRIES)},
     ),
     Option(
         "min_np",
         "with retries=: after a loss, go on with at least M ranks (the slots there are) from the last "
         "checkpoint instead of waiting for all np; back to np at a checkpoint once the slots return",
-        _JOBS | {ESTIMATORS},
+        JOBS | {ESTIMATORS},
+        Keyword(int | None),
+        parse_min_np,
+        uses=("np", "retries"),
         value="M",
         default="np (never fewer)",
-        refusals={place: NO_RESTARTS for place in (START, SESSION_CELL, SESSION, SESSION_RUN)},
+        refusals=NO_RESTART_HERE,
     ),
     Option(
         "resize_wait",
         "with min_np=: how long to wait for all np slots after a loss before going on with fewer",
-        _JOBS | {ESTIMATORS},
+        JOBS | {ESTIMATORS},
+        Keyword(float | None),
+        parse_resize_wait,
+        uses=("min_np",),
         value="SECONDS",
         default="30",
-        refusals={place: NO_RESTARTS for place in (START, SESSION_CELL, SESSION, SESSION_RUN)},
+        refusals=NO_RESTART_HERE,
     ),
     Option(
         "checkpoint_dir",
         "where hvd_magic.checkpoint() keeps the checkpoints: a folder of this machine or an fsspec URL",
-        _JOBS,
+        JOBS,
+        Keyword(str | None),
+        parse_checkpoint_dir,
         value="DIR",
         default="a temporary folder",
-        refusals={place: NO_RESTARTS for place in (START, SESSION_CELL, SESSION, SESSION_RUN)},
+        refusals=NO_RESTART_HERE,
     ),
     Option(
         "logdir",
         "write the reported metrics as TensorBoard event files: a run's folder in DIR",
-        _PER_RUN,
+        PER_RUN,
+        Keyword(str | None),
+        parse_logdir,
         value="DIR",
         refusals={START: LOGGED_PER_RUN, SESSION: LOGGED_PER_RUN},
     ),
     Option(
         "mlflow",
         "log to MLflow: yes starts an MLflow run if none is active; default: log when one is active",
-        _PER_RUN,
+        PER_RUN,
+        Keyword(bool | None),
+        parse_mlflow,
         value="yes|no",
         choices=("yes", "no"),
         default="log when an MLflow run is active",
@@ -220,14 +237,18 @@ OPTIONS: tuple[Option, ...] = (
         "stragglers",
         "name a rank whose steps/s stays below FRACTION of the median for SECONDS: FRACTION/SECONDS "
         "(default 0.7/10, also 70%/10s), or off",
-        _SESSION_WIDE | _PER_RUN,
+        SESSION_WIDE | PER_RUN,
+        Keyword(str | None),
+        parse_stragglers,
         value="0.7/10|off",
         default="0.7/10",
+        session_holds=True,
     ),
     Option(
         "rank",
         "live session: run the cell on this rank only (it must not call collectives)",
         frozenset({SESSION_CELL}),
+        Keyword(int | None),
         value="R",
         refusals={CELL: SESSION_ONLY, START: PER_CELL},
     ),
@@ -235,6 +256,7 @@ OPTIONS: tuple[Option, ...] = (
         "ranks",
         "live session: run the cell on these ranks only: 0,2",
         frozenset({SESSION_CELL, SESSION_RUN}),
+        Keyword(list[int] | None),
         value="0,2",
         refusals={CELL: SESSION_ONLY, START: PER_CELL},
     ),
@@ -242,6 +264,7 @@ OPTIONS: tuple[Option, ...] = (
         "idle",
         "%horovod start: end the session after this many seconds without a cell",
         frozenset({START, SESSION}),
+        Keyword(float | None),
         value="SECONDS",
         default="never",
         refusals={CELL: SESSION_ONLY, SESSION_CELL: START_ONLY},

@@ -10,7 +10,9 @@ from IPython.core.error import UsageError
 
 from hvd_magic.errors import SessionEnded
 from hvd_magic.options import OptionError, make_options
+from hvd_magic.options.option import SESSION, SESSION_RUN
 from hvd_magic.options.parse import parse_timeout
+from hvd_magic.options.run_options import keywords
 from hvd_magic.run.capture import capture_function
 from hvd_magic.session.commands import session_cell_options, stacks_text, status_text, timeline_ready
 from hvd_magic.session.live import LiveSession
@@ -48,18 +50,10 @@ class Session:
         timeline: bool = False,
         stragglers: str | None = None,
     ) -> None:
+        given = keywords(SESSION, locals())  # the table's for Session (tests/test_options_table.py)
+        del given["idle"], given["timeline"]  # the session's own: read here
         try:
-            options = make_options(
-                np=np,
-                launcher=launcher,
-                backend=backend,
-                env=env,
-                timeout=timeout,
-                data=data,
-                remainder=remainder,
-                oversubscribe=oversubscribe,
-                stragglers=stragglers,
-            )
+            options = make_options(**given)
             idle_seconds = parse_timeout(idle)
             timeline = timeline_ready("yes" if timeline else None, options)
         except (OptionError, UsageError) as err:
@@ -84,7 +78,7 @@ class Session:
         call), ``mlflow`` (an MLflow run for it), ``stragglers``."""
         if not self._live.live:
             raise self._ended()
-        asked = {"timeline": timeline, "logdir": logdir, "mlflow": mlflow, "stragglers": stragglers}
+        asked = keywords(SESSION_RUN, locals())
         try:
             options = session_cell_options(self._live, asked, ranks)
         except UsageError as err:

@@ -13,8 +13,7 @@ import cloudpickle
 from IPython.core.error import UsageError
 
 from hvd_magic.errors import RankFailedError, RunError, SessionEnded
-from hvd_magic.options import OPTIONS, OptionError, RunOptions, cell_options
-from hvd_magic.options.table import SESSION_CELL
+from hvd_magic.options import OptionError, RunOptions, cell_options
 from hvd_magic.protocol import PostMortem
 from hvd_magic.run import stacks
 from hvd_magic.run.capture import Captured
@@ -109,7 +108,7 @@ CellRun = Callable[[Captured, dict[int, str]], tuple[Any, dict[str, Any]]]
 
 
 def cell_run(given: dict[str, Any]) -> tuple[RunOptions, CellRun]:
-    """A cell on the live session (its options, by name, checked for a session's cell): its
+    """A cell on the live session (its options, by keyword, checked for a session's cell): its
     options, and how it runs (on the ranks chosen, in their namespaces; filling {rank: host})."""
     assert _session is not None
     session = _alive(_session)
@@ -172,13 +171,10 @@ def _alive(session: LiveSession) -> LiveSession:
 def session_cell_options(
     session: LiveSession, given: dict[str, Any], targets: list[int] | None
 ) -> RunOptions:
-    """The session's options with this cell's own (by name: return, timeout, timeline, logdir,
-    mlflow, stragglers)."""
+    """The session's options with this cell's own (``given`` by keyword: ``return_names``,
+    ``timeout``, ``timeline`` ...)."""
     try:
-        options = cell_options(
-            session.options,
-            **{key: given.get(name) for name, key in CELL_OWN.items()},
-        )
+        options = cell_options(session.options, given)
     except OptionError as err:
         raise UsageError(str(err)) from None
     if options.timeline:
@@ -186,15 +182,6 @@ def session_cell_options(
         if refusal:
             raise UsageError(refusal)
     return options
-
-
-# A session cell's own options, by name: its keyword in ``cell_options`` (rank= and ranks= choose
-# the ranks it runs on).
-CELL_OWN = {
-    entry.name: entry.key
-    for entry in OPTIONS
-    if SESSION_CELL in entry.where and entry.name not in ("rank", "ranks")
-}
 
 
 def timeline_refusal(session: LiveSession, targets: list[int] | None) -> str | None:

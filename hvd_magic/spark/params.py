@@ -8,9 +8,14 @@ from typing import Any, TypeVar
 
 from pyspark.ml.param import Param, Params, TypeConverters
 
+from hvd_magic.options.table import ESTIMATOR_RETRIES
+
 __all__ = ["DEFAULT_RETRIES", "EstimatorParams", "ModelParams", "accessors"]
 
-DEFAULT_RETRIES = 2  # a fit outlives two lost ranks or executors (rank 0 checkpoints every epoch)
+# The Params a run's options share (num_proc, launcher, retries, min_np, resize_wait) keep to
+# their entries in hvd_magic.options.OPTIONS: tests/test_options_table.py holds their types and
+# defaults to them.
+DEFAULT_RETRIES = ESTIMATOR_RETRIES
 
 P = TypeVar("P", bound=type[Params])
 
