@@ -16,8 +16,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import parse_argstring
 
 from hvd_magic import HorovodRunner, Session
-from hvd_magic.notebook.magics import HorovodMagics, given, normalize_line
-from hvd_magic.options import OPTIONS, OptionError, RunOptions, check_given, make_options
+from hvd_magic.notebook.magics import HorovodMagics, check_given, given, normalize_line, usage
+from hvd_magic.options import OPTIONS, OptionError, RunOptions, make_options
 from hvd_magic.options.option import (
     CELL,
     ESTIMATORS,
@@ -29,7 +29,6 @@ from hvd_magic.options.option import (
     SESSION_RUN,
     START,
 )
-from hvd_magic.options.table import usage
 
 MAGIC_PLACES = (CELL, START, SESSION_CELL)
 # RunOptions' fields that no option sets: what the run's own code fills in.

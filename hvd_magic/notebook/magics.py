@@ -5,24 +5,23 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from hvd_magic.options import OPTIONS, OptionError, RunOptions, check_given, make_options
+from hvd_magic.options import OPTIONS, OptionError, RunOptions, make_options
 from hvd_magic.options.option import CELL, SESSION_CELL, START
 from hvd_magic.options.parse import parse_timeout
 from hvd_magic.options.run_options import keywords
-from hvd_magic.options.table import usage
 from hvd_magic.run.capture import Captured, capture_cell
 from hvd_magic.run.history import HISTORY
 from hvd_magic.run.supervisor import execute
 from hvd_magic.session import commands as sessions
 
-__all__ = ["HorovodMagics", "normalize_line"]
+__all__ = ["HorovodMagics", "check_given", "normalize_line", "usage"]
 
 NAMES = [entry.name for entry in OPTIONS]
 VERBS = f"{sessions.VERBS}|runs|last"
@@ -52,6 +51,25 @@ def normalize_line(line: str) -> str:
             seen.add(key)
         tokens.append(shlex.quote(token))
     return " ".join(tokens)
+
+
+def usage() -> str:
+    """The magic's one-line usage, from the table (a cell's options; the rest in ``%%horovod?``)."""
+    shown = " ".join(
+        f"[{entry.name}={entry.value}]" for entry in OPTIONS if CELL in entry.where and entry.name != "np"
+    )
+    return (
+        f"usage: %%horovod np=N {shown}\n"
+        "np=-N runs N ranks on this machine, np=N on Spark; %%horovod? shows the full help."
+    )
+
+
+def check_given(place: str, given: Mapping[str, object]) -> None:
+    """Refuse (``OptionError``, saying why) the first option in ``given`` (by name, None for
+    not given) that does not apply at ``place``."""
+    for entry in OPTIONS:
+        if given.get(entry.name) is not None and (why := entry.refusal(place)):
+            raise OptionError(why)
 
 
 def with_options(method: Callable[..., Any]) -> Callable[..., Any]:

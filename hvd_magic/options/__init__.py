@@ -4,6 +4,6 @@
 from hvd_magic.options.option import Option
 from hvd_magic.options.parse import OptionError
 from hvd_magic.options.run_options import RunOptions, cell_options, make_options
-from hvd_magic.options.table import OPTIONS, check_given
+from hvd_magic.options.table import OPTIONS
 
-__all__ = ["OPTIONS", "Option", "OptionError", "RunOptions", "cell_options", "check_given", "make_options"]
+__all__ = ["OPTIONS", "Option", "OptionError", "RunOptions", "cell_options", "make_options"]

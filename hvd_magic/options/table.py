@@ -1,13 +1,12 @@
 """Every option of a run, declared once: its spelling, check, type and default as a keyword, the
 fields of a run it sets, its help, where it applies and, where it does not, why.
 
-The magic's parser, ``%%horovod?``, the usage line, ``make_options``/``cell_options``, the
-refusals and the docs' options page are made from ``OPTIONS``; tests hold ``RunOptions``' fields,
+The magic's parser, ``%%horovod?``, its usage line and refusals, ``make_options``/``cell_options``
+and the docs' options page are made from ``OPTIONS``; tests hold ``RunOptions``' fields,
 the keyword APIs' signatures and the estimators' Params to it, with their types and defaults."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from hvd_magic.options.local_ranks import local_notices
@@ -32,7 +31,6 @@ from hvd_magic.options.option import (
     Option,
 )
 from hvd_magic.options.parse import (
-    OptionError,
     parse_backend,
     parse_checkpoint_dir,
     parse_data,
@@ -51,7 +49,7 @@ from hvd_magic.options.parse import (
     parse_timeout,
 )
 
-__all__ = ["ESTIMATOR_RETRIES", "OPTIONS", "check_given", "option", "usage"]
+__all__ = ["ESTIMATOR_RETRIES", "OPTIONS"]
 
 ESTIMATOR_RETRIES = 2  # a fit outlives two lost ranks or executors (rank 0 checkpoints every epoch)
 
@@ -270,28 +268,3 @@ OPTIONS: tuple[Option, ...] = (
         refusals={CELL: SESSION_ONLY, SESSION_CELL: START_ONLY},
     ),
 )
-
-_BY_NAME = {entry.name: entry for entry in OPTIONS}
-
-
-def option(name: str) -> Option:
-    return _BY_NAME[name]
-
-
-def check_given(place: str, given: Mapping[str, object]) -> None:
-    """Refuse (``OptionError``, saying why) the first option in ``given`` (by name, None for
-    not given) that does not apply at ``place``."""
-    for entry in OPTIONS:
-        if given.get(entry.name) is not None and (why := entry.refusal(place)):
-            raise OptionError(why)
-
-
-def usage() -> str:
-    """The magic's one-line usage, from the table (a cell's options; the rest in ``%%horovod?``)."""
-    shown = " ".join(
-        f"[{entry.name}={entry.value}]" for entry in OPTIONS if CELL in entry.where and entry.name != "np"
-    )
-    return (
-        f"usage: %%horovod np=N {shown}\n"
-        "np=-N runs N ranks on this machine, np=N on Spark; %%horovod? shows the full help."
-    )
