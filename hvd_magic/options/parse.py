@@ -11,19 +11,17 @@ from typing import Any, TypeVar
 
 from hvd_magic.data.source import check_source
 from hvd_magic.errors import DataError
-from hvd_magic.options.extras import mlflow_module, tensorboard_record_writer
+from hvd_magic.options.extras import mlflow_module
 from hvd_magic.options.straggler_rule import StragglerRule, parse_rule
 from hvd_magic.protocol.env import ENV_PREEMPTION, ENV_TIMING_LIMIT, parse_timing_limit, preemption_error
 
 __all__ = [
     "OptionError",
     "parse_backend",
-    "parse_checkpoint_dir",
     "parse_data",
     "parse_env",
     "parse_launcher",
     "parse_launcher_given",
-    "parse_logdir",
     "parse_min_np",
     "parse_mlflow",
     "parse_names",
@@ -69,63 +67,6 @@ def parse_retries(value: object) -> int:
     if retries < 0:
         raise OptionError(f"retries must be 0 or more, got {retries}")
     return retries
-
-
-def parse_checkpoint_dir(value: str | None) -> str | None:
-    if not value:
-        return None
-    if "://" in value:
-        return _file_system_url("checkpoint_dir", value)
-    folder = os.path.abspath(os.path.expanduser(value))
-    parent = os.path.dirname(folder)
-    if not os.path.isdir(folder) and not os.path.isdir(parent):
-        raise OptionError(f"checkpoint_dir={value}: neither it nor its folder {parent} exists; make it first")
-    return folder
-
-
-# The schemes named in the error for an unknown one, and the package that adds each.
-COMMON_SCHEMES = {"s3": "s3fs", "gs": "gcsfs", "abfs": "adlfs", "hdfs": "pyarrow", "file": "", "memory": ""}
-
-
-def _file_system_url(option: str, value: str) -> str:
-    """An fsspec URL whose file system is known and installed here (the notebook opens it)."""
-    scheme = value.split("://", 1)[0]
-    common = ", ".join(f"{s}:// ({p})" if p else f"{s}://" for s, p in COMMON_SCHEMES.items())
-    try:
-        import fsspec
-    except ImportError:
-        raise OptionError(
-            f"{option}={value} is a URL, which needs fsspec: pip install fsspec (and the package of "
-            f"its file system: {common}), or give a folder of this machine"
-        ) from None
-    if scheme not in fsspec.available_protocols():
-        raise OptionError(
-            f"{option}={value}: no file system is known for '{scheme}://'. Known here: {common} and "
-            "the other schemes fsspec lists (fsspec.available_protocols()); a package adds its own "
-            "(the one in brackets), or give a folder of this machine"
-        )
-    try:
-        fsspec.get_filesystem_class(scheme)
-    except ImportError as err:
-        package = COMMON_SCHEMES.get(scheme)
-        hint = f"pip install {package}" if package else str(err)
-        raise OptionError(f"{option}={value}: its {scheme}:// file system is not installed: {hint}") from None
-    return value
-
-
-def parse_logdir(value: str | None) -> str | None:
-    """A folder for TensorBoard event files (made if missing); refused without tensorboard."""
-    if not value:
-        return None
-    if "://" in value:
-        raise OptionError(f"logdir={value}: give a folder of this machine (or a mount: /dbfs/...), not a URL")
-    folder = os.path.abspath(os.path.expanduser(value))
-    try:
-        tensorboard_record_writer()
-        os.makedirs(folder, exist_ok=True)
-    except (ImportError, OSError) as err:
-        raise OptionError(f"logdir={value}: {err}") from None
-    return folder
 
 
 def parse_yes_no(name: str, value: object) -> bool | None:

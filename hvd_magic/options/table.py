@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hvd_magic.options.folders import parse_checkpoint_dir, parse_logdir
 from hvd_magic.options.local_ranks import local_notices
 from hvd_magic.options.option import (
     CELL,
@@ -32,11 +33,9 @@ from hvd_magic.options.option import (
 )
 from hvd_magic.options.parse import (
     parse_backend,
-    parse_checkpoint_dir,
     parse_data,
     parse_env,
     parse_launcher_given,
-    parse_logdir,
     parse_min_np,
     parse_mlflow,
     parse_names,
