@@ -117,6 +117,7 @@ OPTIONS: tuple[Option, ...] = (
         parse_timeout,
         value="SECONDS",
         default="none",
+        session_holds=True,  # given at %horovod start: every cell's, unless the cell gives its own
     ),
     Option(
         "timeline",
