@@ -13,8 +13,10 @@ import pytest
 from hvd_magic import CaptureError, LaunchError, RankFailedError, TorchDistributor
 from hvd_magic.launch.spark_session import check_slots
 from hvd_magic.notebook.distributor import check_task_gpus, local_gpu_processes, ssl_notes
+from hvd_magic.run.history import HISTORY
 
 from .helpers import leftover_processes
+from .panel_helpers import served
 from .spark_fixtures import TWO_EXECUTORS_FOUR_GPUS, gpu_conf, shared_spark_session
 
 ENV_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -104,7 +106,16 @@ def script_records(folder, ranks):
     return [json.loads((folder / f"rank-{rank}.json").read_text()) for rank in range(ranks)]
 
 
-def test_a_function_on_local_processes_returns_rank_0s_value():
+def listed(tmp_path, launcher):
+    """The kernel's newest run as the Horovod panel lists it: ended, finished, its launcher."""
+    with served(tmp_path) as panel:
+        row = panel.row(HISTORY.count)
+    assert (row["launcher"], row["state"], row["outcome"]) == (launcher, "ended", "finished")
+    assert row["has_value"]
+    return row
+
+
+def test_a_function_on_local_processes_returns_rank_0s_value(tmp_path):
     result = TorchDistributor(num_processes=2, local_mode=True, use_gpu=False).run(train, 0.5, steps=2)
     assert result["returned_by"] == 0
     ranks = result["ranks"]
@@ -115,6 +126,7 @@ def test_a_function_on_local_processes_returns_rank_0s_value():
         env = rank["env"]
         assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == (str(rank["rank"]),) * 2 + ("2",)
         assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == ranks[0]["env"]["MASTER_PORT"]
+    assert listed(tmp_path, "local · torch.distributed")["value"].endswith("'returned_by': 0}")
     assert leftover_processes() == []
 
 
@@ -199,7 +211,7 @@ def spark(tmp_path_factory):
         yield session
 
 
-def test_on_spark_each_process_is_a_task_with_its_gpu(spark):
+def test_on_spark_each_process_is_a_task_with_its_gpu(spark, tmp_path):
     result = TorchDistributor(num_processes=4, local_mode=False, use_gpu=True).run(train, 0.5)
     ranks = result["ranks"]
     assert result["returned_by"] == 0 and [r["rank"] for r in ranks] == [0, 1, 2, 3]
@@ -211,6 +223,8 @@ def test_on_spark_each_process_is_a_task_with_its_gpu(spark):
     for rank in ranks:  # two on each executor, yet each is its own node, as under Spark's
         assert (rank["env"]["LOCAL_RANK"], rank["env"]["LOCAL_WORLD_SIZE"]) == ("0", "1")
         assert rank["env"]["RANK"] == str(rank["rank"]) and rank["env"]["WORLD_SIZE"] == "4"
+    row = listed(tmp_path, "Spark local-cluster[2,2,1024] · torch.distributed")
+    assert row["where"] == "4 ranks on Spark" and row["value"].endswith("'returned_by': 0}")
     assert leftover_processes() == []
 
 

@@ -10,7 +10,9 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -50,6 +52,7 @@ from .helpers import (
     when_started,
 )
 from .multihost_net import free_subnet, make_bridge
+from .panel_helpers import served
 from .spark_fixtures import TWO_EXECUTORS_FOUR_GPUS, gpu_conf, shared_spark_session
 from .test_house import LOADED_CELL, NEVER_IN_A_RANK, RANK_SIDE, within
 
@@ -559,6 +562,60 @@ def test_interrupt_on_spark_stops_every_rank_on_every_executor(ip, cluster, tmp_
     elapsed = time.monotonic() - interrupted[0]
     assert elapsed < 20, f"the interrupt took {elapsed:.1f} s"  # the 5 s target: bench/stop.py
     assert HorovodRunner(np=2).run(rank_sum()) == 3.0  # the next run works
+
+
+def stoppable(gate: str):
+    def main() -> str:  # nested: pickled by value
+        import os
+        import time
+
+        import horovod.torch as hvd
+
+        import hvd_magic
+
+        hvd.init()
+        for step in range(1, 3000):
+            if hvd_magic.stopping():
+                return f"stopped at step {step}"
+            hvd_magic.report(step=step)
+            while step == 2 and not os.path.exists(gate):  # held here until the panel has seen it
+                time.sleep(0.05)
+            time.sleep(0.02)
+        return "not stopped"
+
+    return main
+
+
+def test_a_runners_call_on_spark_is_listed_on_the_panel_and_stopped_there_with_its_value(cluster, tmp_path):
+    """The Horovod panel, as the server asks the kernel's record: a HorovodRunner call on the
+    cluster is listed as running, with the Spark master and launcher and the executors' host;
+    the panel's stop (at the next step boundary) ends it with rank 0's value, and it is listed
+    as ended with that value."""
+    gate, seen = tmp_path / "go", {}
+    with served(tmp_path) as panel:
+
+        def watch() -> None:
+            seen["running"] = panel.wait_for(lambda run: run["state"] == "running" and run.get("step") == 2)
+            seen["asked"] = panel.ask({"ask": "stop", "number": seen["running"]["number"]})
+            gate.touch()
+
+        watching = threading.Thread(target=watch, daemon=True)
+        watching.start()
+        try:
+            value = HorovodRunner(np=2).run(stoppable(str(gate)))
+        finally:
+            gate.touch()  # the ranks are let go whatever the panel saw
+            watching.join(timeout=60)
+        running = seen["running"]
+        assert (running["where"], running["ranks"]) == ("2 ranks on Spark", 2)
+        assert running["launcher"] == "Spark local-cluster[2,2,1024] · Horovod (mpirun)"
+        assert running["hosts"] == [socket.gethostname()]  # the executors' (both on this machine)
+        assert seen["asked"] == {"asked": "stop at the next step boundary"}
+        assert re.fullmatch(r"stopped at step \d+", value) and int(value.split()[-1]) >= 3, value
+        ended = panel.row(running["number"])
+    assert (ended["state"], ended["outcome"], ended["value"]) == ("ended", "finished", repr(value))
+    assert ended["launcher"] == running["launcher"] and ended["has_value"]
+    assert run_processes_anywhere() == []
 
 
 def test_a_spark_rank_whose_python_cannot_run_is_dumped_by_py_spy_on_its_own_host(ip, cluster, tmp_path):

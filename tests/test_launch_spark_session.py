@@ -126,6 +126,7 @@ def test_a_session_stopped_under_a_run_tells_no_executor_lost_or_leaving():
     stopped = SimpleNamespace(sparkContext=SimpleNamespace(_jsc=None))
     assert sessions.decommissioned(stopped, ["0", "1"]) == []
     assert sessions.lost_executors(stopped, ["0", "1"]) == {}
+    assert sessions.described(stopped) == "Spark"  # what a run's record says launched it
 
 
 def test_a_cancel_by_tag_is_bounded_whatever_spark_does():

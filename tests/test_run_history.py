@@ -23,21 +23,25 @@ from hvd_magic.server.kernels import KernelRuns
 from hvd_magic.widgets.state import RunModel
 
 from .kernels import Kernel, reply_to
+from .panel_helpers import served
 
 FAILING = "from hvd_magic.protocol.env import rank_from_env\nif rank_from_env()[0] == 1:\n    1 / 0\n"
 REPORTING = "import hvd_magic\nhvd_magic.report(step=3, total=3, loss=0.25)\n40 + 2\n"
 
 
-def test_a_cold_cell_is_recorded_with_its_summary_and_value(ip, capsys):
+def test_a_cold_cell_is_recorded_with_its_summary_and_value(ip, capsys, tmp_path):
     assert ip.run_cell_magic("horovod", "np=-2", REPORTING) == 42
     number = HISTORY.count
+    with served(tmp_path) as panel:  # as the Horovod panel lists it
+        row = panel.row(number)
+    assert (row["launcher"], row["state"], row["value"]) == ("local · Horovod (mpirun)", "ended", "42")
     capsys.readouterr()
     ip.run_line_magic("horovod", "runs")
     table = capsys.readouterr().out
     assert f"{number:>3}  " in table and "2 ranks local" in table and "finished" in table.splitlines()[-1]
     assert ip.run_line_magic("horovod", "last") == 42
     shown = capsys.readouterr().out
-    assert f"run {number}, 2 ranks local: finished" in shown
+    assert f"run {number}, 2 ranks local: finished\nlaunched by local · Horovod (mpirun)\n" in shown
     assert "hvd_magic: 2 ranks" in shown and "loss 0.25" in shown and "rank 0's value: returned" in shown
     assert ip.run_line_magic("horovod", f"runs {number}") == 42
 
@@ -56,12 +60,14 @@ def test_a_live_sessions_cells_and_a_runners_call_are_recorded(ip, capsys):
     try:
         assert ip.run_cell_magic("horovod", "", "7") == 7
         assert ip.run_line_magic("horovod", "last") == 7
-        assert "live session, 2 of 2 ranks: finished" in capsys.readouterr().out
+        shown = capsys.readouterr().out
+        assert "live session, 2 of 2 ranks: finished\nlaunched by local · Horovod (mpirun)" in shown
     finally:
         ip.run_line_magic("horovod", "stop")
-    assert HorovodRunner(np=-2).run(lambda: 5) == 5
+    assert HorovodRunner(np=-2, launcher="gloo").run(lambda: 5) == 5
     entry = HISTORY.get()
     assert entry is not None and (entry.where, entry.outcome, entry.value) == ("2 ranks local", "finished", 5)
+    assert entry.launcher == "local · Horovod (Gloo)"
 
 
 def test_what_is_asked_for_wrongly_is_said(ip):

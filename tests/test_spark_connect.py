@@ -7,6 +7,7 @@ it, which cannot also hold this test process's classic sessions. Two servers: on
 from __future__ import annotations
 
 import ast
+import re
 import time
 
 import pytest
@@ -15,6 +16,7 @@ from jupyter_client.manager import start_new_kernel
 from .data_cells import answers_cell, rank_answers
 from .helpers import run_processes_anywhere, wait_for_ranks, waiting_cell
 from .kernels import NO_ABORT, Kernel, reply_to
+from .panel_helpers import kernels_panel
 
 MASTERS = ["local[2]", "local-cluster[2,1,1024]"]
 
@@ -61,16 +63,24 @@ TORCH_ALLREDUCE = (
 
 
 @pytest.mark.parametrize(
-    ("options", "cell"),
-    [("launcher=mpi", ALLREDUCE), ("launcher=gloo", ALLREDUCE), ("backend=torch", TORCH_ALLREDUCE)],
+    ("options", "cell", "how"),
+    [
+        ("launcher=mpi", ALLREDUCE, "Horovod (mpirun)"),
+        ("launcher=gloo", ALLREDUCE, "Horovod (Gloo)"),
+        ("backend=torch", TORCH_ALLREDUCE, "torch.distributed"),
+    ],
     ids=["mpi", "gloo", "torch"],
 )
-def test_allreduce_on_a_connect_session(connect, options, cell, request):
+def test_allreduce_on_a_connect_session(connect, options, cell, how, request):
     if options != "launcher=mpi":
         on_executors_only(request)
     outcome = connect.run(f"%%horovod np=2 {options}\n{cell}")
     assert outcome.status == "ok", outcome
     assert outcome.value == "(0, 2, 3.0)"  # rank 0's value is the cell's Out
+    # the run as the Horovod panel lists it, from the kernel's own endpoint: the Connect server's address
+    row = kernels_panel(connect.manager).ask({"ask": "runs"})["runs"][-1]
+    assert re.fullmatch(rf"Spark Connect sc://localhost:\d+ · {re.escape(how)}", row["launcher"]), row
+    assert (row["state"], row["outcome"], row["value"]) == ("ended", "finished", "(0, 2, 3.0)")
     assert run_processes_anywhere() == []
 
 

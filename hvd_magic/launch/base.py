@@ -11,7 +11,10 @@ from hvd_magic.launch.processes import RankDeath
 if TYPE_CHECKING:
     from hvd_magic.hub import Hub
 
-__all__ = ["Launcher"]
+__all__ = ["HOW", "Launcher"]
+
+# how the ranks start, by the options' launcher= (backend=torch: torch), in the words the record shows
+HOW = {"mpi": "Horovod (mpirun)", "gloo": "Horovod (Gloo)", "torch": "torch.distributed"}
 
 
 class Launcher:
@@ -22,6 +25,7 @@ class Launcher:
     # what stopped the whole run from outside, where the launcher can tell ("Spark cancelled the
     # run's tasks (...)"): the run's failure, not a rank's
     ended_by: str | None = None
+    kind = ""  # how its ranks start: mpi, gloo or torch (a key of HOW), where it starts ranks itself
 
     def start(self, hub: Hub, env: dict[str, str]) -> None:
         """Start the ranks; ``env`` (the hub's address and keys among it) goes to every rank."""
@@ -36,6 +40,12 @@ class Launcher:
         once they are gone, or a bound passed: then the list says what is still being
         stopped, and where. Safe to call again."""
         raise NotImplementedError
+
+    def describe(self) -> str:
+        """What launched the run, in a few words, for the kernel's record of its runs and the
+        Horovod panel: where the ranks run, then how they start (``local · Horovod (Gloo)``).
+        Asked once an attempt, on the kernel's thread."""
+        return " · ".join(part for part in ("local", HOW.get(self.kind, self.kind)) if part)
 
     def diagnostics(self) -> str:
         """The launcher's own output (e.g. mpirun's error block), bounded."""

@@ -111,6 +111,8 @@ class _ProcessGroupLauncher(Launcher):
 class LocalMpiLauncher(_ProcessGroupLauncher):
     """``mpirun -np N`` on this host."""
 
+    kind = "mpi"
+
     def start(self, hub: Hub, env: dict[str, str]) -> None:
         if shutil.which("mpirun") is None:
             raise LaunchError(
@@ -143,6 +145,8 @@ class _ProcessPerRankLauncher(_ProcessGroupLauncher):
 class LocalGlooLauncher(_ProcessPerRankLauncher):
     """N processes with Horovod's Gloo rendezvous, the store served to them on loopback."""
 
+    kind = "gloo"
+
     _server: LoopbackStoreServer | None = None
 
     def start(self, hub: Hub, env: dict[str, str]) -> None:
@@ -163,6 +167,8 @@ class LocalGlooLauncher(_ProcessPerRankLauncher):
 
 class LocalTorchLauncher(_ProcessPerRankLauncher):
     """N torch.distributed processes (``backend=torch``), rank 0's store reached on loopback."""
+
+    kind = "torch"
 
     _held: socket.socket | None = None  # rank 0's store's port, held until the ranks are gone
 

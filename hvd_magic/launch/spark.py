@@ -22,7 +22,7 @@ from hvd_magic.data.parquet import Piece
 from hvd_magic.data.source import spark_dataframe, spark_stage
 from hvd_magic.hub import Hub, RunKeys
 from hvd_magic.launch import native, spark_plan
-from hvd_magic.launch.base import Launcher
+from hvd_magic.launch.base import HOW, Launcher
 from hvd_magic.launch.gloo import GlooStore
 from hvd_magic.launch.mpirun import lost_node, mpirun_deaths
 from hvd_magic.launch.processes import RankDeath
@@ -32,6 +32,7 @@ from hvd_magic.launch.spark_session import (
     check_dynamic_allocation,
     check_slots,
     decommissioned,
+    described,
     driver_address,
     embedded_notice,
     lost_executors,
@@ -173,16 +174,13 @@ class SparkLauncher(Launcher):
         if isinstance(record, Join):
             self._joined(message.identity, record)
         elif isinstance(record, LauncherLog):
-            self._launcher_said(message.blob.decode("utf-8", errors="replace").rstrip("\n"))
+            self.log.append(line := message.blob.decode("utf-8", errors="replace").rstrip("\n"))
+            if (node := lost_node(line)) is not None and node not in self._lost:
+                self._lost.append(node)
         elif isinstance(record, LauncherExit):
             self._launcher_ended(message.identity, record)
         elif isinstance(record, Stopped):
             self._stopped[message.identity] = record
-
-    def _launcher_said(self, line: str) -> None:
-        self.log.append(line)
-        if (node := lost_node(line)) is not None and node not in self._lost:
-            self._lost.append(node)
 
     def _joined(self, identity: bytes, join: Join) -> None:
         self._joins[identity] = join
@@ -222,9 +220,7 @@ class SparkLauncher(Launcher):
             return self.exit_code
         # A failed launcher ends the run now, though Spark may retry the stage: stop() cancels the job.
         failed = [code for code in self._launcher_exits if code]
-        if not failed and self._lost:  # mpirun may wait long for a daemon it cannot reach
-            return 1
-        return failed[0] if failed else None
+        return failed[0] if failed else 1 if self._lost else None  # mpirun may wait long for a lost daemon
 
     def stop(self) -> list[str]:
         """Abort the tasks and wait until each confirmed that what it started is gone."""
@@ -292,6 +288,9 @@ class SparkLauncher(Launcher):
         places = {join.executor: join.ip for join in self._joins.values()}
         gone = ", ".join(f"{name} ({places[name]})" for name in decommissioned(self.session, sorted(places)))
         return f"Spark is decommissioning executor {gone}" if gone else None
+
+    def describe(self) -> str:
+        return f"{described(self.session)} · {HOW[self.launcher]}"
 
     def diagnostics(self) -> str:
         return "\n".join([*self.log, *([f"Spark job: {self.job_error}"] if self.job_error else [])])

@@ -27,6 +27,7 @@ __all__ = [
     "active_or_embedded_session",
     "check_dynamic_allocation",
     "check_slots",
+    "described",
     "driver_address",
     "dynamic_allocation_on",
     "is_connect",
@@ -123,6 +124,18 @@ def cancel_tag(session: Any, tag: str, timeout: float) -> bool:
 def is_connect(session: Any) -> bool:
     """A Spark Connect session (no SparkContext, no JVM in this process for it)."""
     return type(session).__module__.startswith("pyspark.sql.connect")
+
+
+def described(session: Any) -> str:
+    """Where a run's ranks went: ``Spark MASTER``, or ``Spark Connect sc://HOST:PORT`` (the server
+    the client talks to; the parameters of its URL, a token among them, left out)."""
+    try:
+        if not is_connect(session):
+            return f"Spark {conf(session, 'spark.master')}"
+        client = session.client  # pyspark 4's DefaultChannelBuilder says HOST:PORT; else the host
+        return f"Spark Connect sc://{getattr(client._builder, 'endpoint', None) or client.host}"
+    except Exception:  # noqa: BLE001 - a stopped session, a client without them: what is sure
+        return "Spark Connect" if is_connect(session) else "Spark"
 
 
 def conf(session: Any, key: str, default: str | None = None) -> str | None:

@@ -122,6 +122,7 @@ def row(entry: RunEntry) -> dict[str, Any]:
         "number": entry.number,
         "where": entry.where,
         "ranks": entry.ranks,
+        "launcher": entry.launcher,  # "local · Horovod (Gloo)", "Spark Connect sc://host:15002 · ..."
         "state": "running" if entry.ended is None else "ended",
         "outcome": entry.outcome,
         "began": entry.started,

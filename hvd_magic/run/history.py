@@ -40,6 +40,7 @@ class RunEntry:
     ended: float | None = None
     outcome: str = "running"  # "finished", or the error it ended with
     summary: str = ""  # the view's final line: ranks, seconds, the latest metrics
+    launcher: str = ""  # what launched it (``Launcher.describe``): "Spark yarn · Horovod (mpirun)"
     value: Any = None
     has_value: bool = False
     cell: str = ""  # the notebook cell's id, where JupyterLab sent it (the panel marks that cell)
@@ -58,9 +59,12 @@ class RunEntry:
         return f"{self.number:>3}  {when}  {self.seconds:7.1f} s  {self.where:<22}  {self.outcome}"
 
     def record(self) -> str:
-        """What ``%horovod last`` prints: the run's line, its summary, whether it has a value."""
+        """What ``%horovod last`` prints: the run's line, what launched it, its summary, whether it
+        has a value."""
         value = "rank 0's value: returned" if self.has_value else "no value (it did not finish)"
-        return f"run {self.number}, {self.where}: {self.outcome}\nhvd_magic: {self.summary}\n{value}"
+        launched = [f"launched by {self.launcher}"] if self.launcher else []
+        head = f"run {self.number}, {self.where}: {self.outcome}"
+        return "\n".join([head, *launched, f"hvd_magic: {self.summary}", value])
 
 
 class History:

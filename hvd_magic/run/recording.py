@@ -40,10 +40,12 @@ class RecordingSink:
             self.entry.model.apply(message)
 
     def supervising(self, run: Any) -> None:
-        """The attempt's ``run.supervisor.Run``: what the panel's stop and stacks act on."""
+        """The attempt's ``run.supervisor.Run``: what launched it (the entry's ``launcher``), and what
+        the panel's stop and stacks act on."""
         from hvd_magic.run.stacks import where_now
 
         record, launcher = run.record, run.launcher
+        self.entry.launcher = launcher.describe()  # each attempt's launcher: a retry's is a new one
         self.entry.stop = run.stopper.interrupt
         self.entry.stacks = lambda: where_now(
             run.hub, run.options.ranks, record.started, record.pids, launcher.native_stacks

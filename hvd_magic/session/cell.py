@@ -97,6 +97,9 @@ class CellLauncher(Launcher):
         when = "when the session ended"
         return where_each_rank(self.hub, len(self.session.ranks), hosts, pids, self.native_stacks, when)
 
+    def describe(self) -> str:  # the session's launcher: where its ranks run, and how they started
+        return self.session.launcher.describe()
+
     def diagnostics(self) -> str:
         # only when the session's processes ended: a live launcher's output is still being read
         return self.session.launcher.diagnostics() if self.session.launcher.poll() is not None else ""

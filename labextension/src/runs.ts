@@ -8,6 +8,7 @@ export interface RunRow {
   number: number;
   where: string;
   ranks: number;
+  launcher?: string; // what launched it: "local · Horovod (Gloo)", "Spark yarn · Horovod (mpirun)"
   state: 'running' | 'ended';
   outcome: string;
   began: number; // seconds since the epoch
@@ -156,9 +157,12 @@ export function sessionLines(session: SessionRow): string[] {
   ];
 }
 
-/** The lines under a selected run's row: the straggler, the attempt, the value. */
+/** The lines under a run's heading: what launched it, the straggler, the attempt, the value. */
 export function details(run: RunRow): string[] {
   const lines = [];
+  if (run.launcher) {
+    lines.push(run.launcher);
+  }
   if (run.slow) {
     lines.push(run.slow);
   }

@@ -71,6 +71,17 @@ describe('a run as the panel shows it', () => {
     expect(details({ ...ended, has_value: false })).toContain('no value (it did not finish)');
   });
 
+  it('says what launched a run: its launcher, or the Spark master and the launcher there', () => {
+    const launcher = 'Spark Connect sc://spark.example.com:15002 · Horovod (Gloo)';
+    expect(details({ ...running, launcher })[0]).toBe(launcher);
+    expect(details({ ...ended, launcher: 'local · torch.distributed' })).toEqual([
+      'local · torch.distributed',
+      'rank 2 on node-2 is a straggler',
+      'executor lost: attempt 2 of 3',
+      "rank 0's value: 'done'"
+    ]);
+  });
+
   it('names the kernel where no notebook is open on it', () => {
     expect(heading({ ...running, notebook: '' })).toMatch(/^#3 kernel abcdef01 · /);
   });
