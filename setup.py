@@ -19,10 +19,11 @@ from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).parent
-# (front end's folder, what it builds) built by `npm run build`
+# (front end's folder, what it builds, other sources it builds from) built by `npm run build`; the
+# lab extension's run tabs draw timelines with the viewer's own code (js/src)
 BUNDLES = [
-    (ROOT / "js", ROOT / "hvd_magic" / "static" / "viewer.js"),
-    (ROOT / "labextension", ROOT / "hvd_magic" / "labextension" / "static" / "style.js"),
+    (ROOT / "js", ROOT / "hvd_magic" / "static" / "viewer.js", []),
+    (ROOT / "labextension", ROOT / "hvd_magic" / "labextension" / "static" / "style.js", [ROOT / "js/src"]),
 ]
 LAB_EXTENSION = ROOT / "hvd_magic" / "labextension"
 LAB_NAME = "hvd-magic-labextension"  # labextension/package.json's name
@@ -32,10 +33,11 @@ SERVER_SWITCH = (
 )
 
 
-def is_stale(folder: Path, built: Path) -> bool:
+def is_stale(folder: Path, built: Path, more: list[Path]) -> bool:
     if not built.exists():
         return True
     sources = [*(folder / "src").glob("*.ts"), *(folder / "style").glob("*.css"), folder / "package.json"]
+    sources += [source for where in more for source in where.glob("*.ts")]
     return any(source.exists() and source.stat().st_mtime > built.stat().st_mtime for source in sources)
 
 
@@ -52,8 +54,8 @@ def lab_extension_files() -> list[tuple[str, list[str]]]:
 
 class BuildWithViewer(build_py):
     def run(self) -> None:
-        for folder, built in BUNDLES:
-            if folder.is_dir() and is_stale(folder, built):
+        for folder, built, more in BUNDLES:
+            if folder.is_dir() and is_stale(folder, built, more):
                 npm = shutil.which("npm")
                 if npm is None:
                     raise SystemExit(

@@ -91,22 +91,22 @@ example_data() {
 
 # The front ends, TypeScript built by npm: the timeline viewer (js/ -> hvd_magic/static/viewer.js)
 # and the JupyterLab extension (labextension/ -> hvd_magic/labextension/), one after the other.
-front_end() {
-    local dir="$ROOT/$1" built="$ROOT/$2"
+front_end() {  # FOLDER BUILT [OTHER SOURCES...]
+    local dir="$ROOT/$1" built="$ROOT/$2" more=("${@:3}")
     if [ ! -d "$dir/node_modules" ] || [ "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ]; then
         # `npm install` (not `npm ci`): with this machine's omit-lockfile-registry-resolved
         # setting, `npm ci` rejects the lock file's optional platform packages.
         log "installing the build tools of $1/ (npm install, from its package-lock.json)"
         (cd "$dir" && npm install --no-audit --no-fund --loglevel=error)  # its errors shown
     fi
-    if [ ! -f "$built" ] || [ -n "$(find "$dir/src" "$dir/package.json" -newer "$built" 2>/dev/null)" ]; then
+    if [ ! -f "$built" ] || [ -n "$(find "$dir/src" "$dir/package.json" "${more[@]/#/$ROOT/}" -newer "$built" 2>/dev/null)" ]; then
         (cd "$dir" && npm run --silent build >/dev/null)
     fi
 }
 
 front_ends() {
     front_end js hvd_magic/static/viewer.js
-    front_end labextension hvd_magic/labextension/static/style.js
+    front_end labextension hvd_magic/labextension/static/style.js js/src  # its run tabs draw timelines with js/src
 }
 
 # The venv's JupyterLab finds the extension and the server its switch where a wheel puts them

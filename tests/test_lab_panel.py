@@ -21,19 +21,26 @@ from hvd_magic.protocol.panel import endpoint_folder, read_endpoints
 
 from .lab import ARTIFACTS, CHROMIUM, chromium, jupyterlab_server, notebook_page
 
-LONG_CELL = """%%horovod np=-2
-import os, time, hvd_magic, horovod.torch as hvd
+LONG_CELL = """%%horovod np=-2 timeline=timeline.json
+import os, time, torch, hvd_magic, horovod.torch as hvd
 hvd.init()
 for step in range(1, 101):
     if hvd_magic.stopping():
         break
-    hvd_magic.report(step=step, total=100, loss=1.0 / step)
+    loss = hvd.allreduce(torch.tensor([1.0 / step]), name="loss").item()
+    hvd_magic.report(step=step, total=100, loss=loss)
     while step in (20, 40) and not os.path.exists(f"go{step}"):  # the test's gates
         time.sleep(0.05)
     time.sleep(0.02)
 f"stopped at step {step}"
 """
 SHORT_CELL = "%%horovod np=-2\n6 * 7\n"
+WIDE_CELL = """%%horovod np=-64 launcher=gloo oversubscribe=yes
+import time, hvd_magic
+for step in range(1, 10_001):  # until stopped from the panel
+    hvd_magic.report(step=step, total=10_000, loss=1.0 / step)
+    time.sleep(0.2)
+"""
 
 pytestmark = pytest.mark.skipif(
     not os.path.exists(CHROMIUM), reason="needs Debian's chromium (scripts/setup.sh installs it)"
@@ -108,6 +115,7 @@ def in_chromium(lab, root) -> None:
         # its tab: the kernel's view of it; stopped gracefully from there at the step-40 gate
         page.click('.hvd-run[data-state="running"]')
         page.wait_for_selector(".hvd-view-body .hvd-grid", timeout=30_000)
+        timeline_drawn(page, lab, wait_for_run(lab, long_nb, lambda run: True)["id"])
         wait_for_run(lab, long_nb, lambda run: run.get("step") == 40)
         page.wait_for_selector(".hvd-grid .hvd-bar[data-progress='40']", timeout=30_000)
         page.screenshot(path=str(ARTIFACTS / "horovod_panel_live.png"))  # docs/_static/horovod_panel.png
@@ -126,8 +134,66 @@ def in_chromium(lab, root) -> None:
 
         record = get(lab, f"/hvd-magic/runs/{ended['id']}", lab.token)
         assert "hvd-final" in record["html"] and "loss" in record["html"]
+        many_ranks(lab, root, browser, page)
         for context, _ in pages:
             context.close()
+
+
+def many_ranks(lab, root, browser, page) -> None:
+    """64 real ranks (forked warm, on this 2-core machine) in the same panel: their tab shows the
+    mean curve and the compact grid first, every rank's curve and row (in a box that scrolls) on
+    demand, while the lab stays responsive; "Stop now" ends them."""
+    wide = root / "wide"
+    wide.mkdir()
+    with notebook_page(lab.notebook(wide, ["%load_ext hvd_magic", WIDE_CELL]), 900, browser):
+        run = wait_for_run(
+            lab,
+            "wide/live.ipynb",
+            lambda run: run.get("counts") == {"running": 64} and (run["step"] or 0) >= 3,
+        )
+    assert run["ranks"] == 64 and run["launcher"] == "local · Horovod (Gloo)"
+    page.click('.hvd-run[data-state="running"]:has-text("wide/live.ipynb")')
+    tab = f"#hvd-magic-run-{run['id'].replace('/', '-')}"  # its tab (the first run's is open too)
+    page.wait_for_selector(f"{tab} .hvd-view-body .hvd-compact", timeout=30_000)
+    assert page.locator(f"{tab} .hvd-view-body polyline").count() == 1  # the mean curve only
+    clicked = time.monotonic()
+    page.click(f"{tab} button:has-text('Every rank')")
+    page.wait_for_function(
+        f"document.querySelectorAll('{tab} .hvd-view-body polyline').length == 65", timeout=60_000
+    )
+    print(f"64 ranks' curves and rows drawn {time.monotonic() - clicked:.2f} s after the click")
+    box = page.locator(f"{tab} .hvd-grid-scroll")
+    assert box.locator("tr").count() == 65  # a row per rank, under its heading
+    assert box.evaluate("b => b.scrollHeight > b.clientHeight")  # in a box that scrolls
+    began = time.monotonic()
+    get(lab, f"/hvd-magic/runs/{run['id']}", lab.token)  # the tab's ask, while the run goes on
+    print(f"the server answered the 64-rank run's view in {time.monotonic() - began:.2f} s")
+    page.screenshot(path=str(ARTIFACTS / "horovod_panel_64_ranks.png"))
+    page.click(f"{tab} button:has-text('Mean curve only')")
+    page.wait_for_function(
+        f"document.querySelectorAll('{tab} .hvd-view-body polyline').length == 1", timeout=60_000
+    )
+    page.click(f"{tab} button:has-text('Stop now')")
+    wait_for_run(lab, "wide/live.ipynb", lambda run: run["state"] == "ended")
+
+
+def timeline_drawn(page, lab, run: str) -> None:
+    """The run's tab draws the timeline the run writes with the notebook's own viewer."""
+    page.wait_for_selector(".hvd-timeline-section .hvd-timeline-viewer[data-first-paint-ms]", timeout=60_000)
+    said = page.text_content(".hvd-timeline-said")
+    assert re.search(r"timeline\.json: [\d,]+ spans so far", said), said
+    coloured = page.evaluate(
+        """() => {
+            const c = document.querySelector('.hvd-timeline-section canvas');
+            const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+            let n = 0;
+            for (let i = 0; i < d.length; i += 4) if (Math.abs(d[i] - d[i + 2]) > 40) n++;
+            return n;
+        }"""
+    )
+    assert coloured > 50, "the timeline viewer drew no spans"
+    sent = get(lab, f"/hvd-magic/runs/{run}/timeline", lab.token)  # what the viewer was sent
+    assert any("loss" in name for name in sent["traits"]["row_names"]), sent["traits"]["row_names"]
 
 
 def refusals(lab, root) -> None:
@@ -147,7 +213,7 @@ def refusals(lab, root) -> None:
     assert refused_ws.value.code == 403
 
     endpoints = read_endpoints(endpoint_folder(root / "runtime"))
-    assert len(endpoints) == 2 and all(e.address.startswith("ipc://") for e in endpoints)
+    assert len(endpoints) == 3 and all(e.address.startswith("ipc://") for e in endpoints)
     context = zmq.Context()
     try:
         socket = context.socket(zmq.REQ)

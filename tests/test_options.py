@@ -71,7 +71,7 @@ def test_make_options_refuses_a_keyword_no_option_has() -> None:
         make_options(np=2, nproc=2)
 
 
-def test_a_session_cell_keeps_the_sessions_straggler_rule_and_timeout_and_takes_its_own_options(no_mpirun: None) -> None:
+def test_a_session_cell_keeps_the_sessions_stragglers_and_timeout_and_takes_its_own(no_mpirun: None) -> None:
     session = make_options(np=-2, stragglers="0.5/20", timeout=30, env="A=1")
     cell = cell_options(session, {"return_names": "a,b", "ranks": [0]})
     assert cell.stragglers == session.stragglers and cell.env == {"A": "1"}

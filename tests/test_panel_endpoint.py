@@ -5,13 +5,16 @@ run of real ranks (stacks, stop at once). The panel itself, in JupyterLab: test_
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
+import random
 import re
 import stat
 import threading
 import time
 
+import numpy as np
 import pytest
 import zmq
 
@@ -153,5 +156,51 @@ def test_a_live_session_is_listed_while_it_lives(ip, tmp_path):
         finally:
             ip.run_line_magic("horovod", "stop")
         assert ask(folder, {"ask": "runs"})["sessions"] == []
+    finally:
+        endpoint.close()
+
+
+def test_a_runs_timeline_is_served_to_the_viewer_as_the_run_writes_it(tmp_path, monkeypatch):
+    """What the tab's timeline viewer (the notebook's own JavaScript) is sent, through the real
+    socket: nothing before the run writes, an overview of what is written so far (and the detail
+    of a window asked for), the rest once it ended, nothing again for a version the tab has."""
+    from hvd_magic.run import served_timeline
+    from hvd_magic.timeline import viewer_data
+
+    from .test_timeline_store import spans_timeline
+
+    monkeypatch.setattr(viewer_data, "DIRECT_SPANS", 1_000)  # an overview and windows, as for a large one
+    monkeypatch.setattr(served_timeline, "REFRESH_SECONDS", 0)  # read at every ask, not every 3 s
+    folder, history, path = endpoint_folder(tmp_path), History(), tmp_path / "timeline.json"
+    whole = spans_timeline(tmp_path / "whole.json", random.Random(5), rows=3, per_row=600).read_bytes()
+    path.write_bytes(whole)
+    os.utime(path, (time.time() - 60, time.time() - 60))  # an earlier run's file: not this run's
+    endpoint = RunEndpoint(history, folder, "k")
+    try:
+        history.begin(make_options(np=-2))
+        assert "writes no timeline" in ask(folder, {"ask": "timeline", "number": 1})["refused"]
+        entry = history.begin(make_options(np=-2, timeline=str(path)))
+        assert ask(folder, {"ask": "run", "number": 2})["run"]["timeline"] is True
+        before = ask(folder, {"ask": "timeline", "number": 2})
+        assert "no timeline yet" in before["said"] and "traits" not in before
+
+        path.write_bytes(whole[: whole.index(b"}, {", len(whole) // 2) + 3])  # half, as rank 0 streams it
+        half = ask(folder, {"ask": "timeline", "number": 2})
+        traits = half["traits"]
+        assert traits["lod"] and "so far" in half["said"] and set(half["binary"]) >= {"starts", "counts"}
+        spans_so_far = int(np.frombuffer(base64.b64decode(traits["counts"]), np.uint32).sum())
+        assert traits["row_names"] == ["t1", "t2"] and spans_so_far == int(
+            half["said"].split()[1].replace(",", "")
+        )
+        window = {"type": "window", "id": 7, "t0": 0, "t1": traits["end_us"] / 4, "width": 300, "rows": [0]}
+        detail = ask(folder, {"ask": "timeline", "number": 2, "window": window})
+        assert detail["reply"]["id"] == 7 and detail["reply"]["rows"] == [0] and len(detail["buffers"]) == 6
+
+        path.write_bytes(whole)
+        entry.ended = time.time()
+        done = ask(folder, {"ask": "timeline", "number": 2, "version": half["version"]})
+        assert done["version"] > half["version"] and done["traits"]["row_names"] == ["t1", "t2", "t3"]
+        assert "so far" not in done["said"]
+        assert "traits" not in ask(folder, {"ask": "timeline", "number": 2, "version": done["version"]})
     finally:
         endpoint.close()

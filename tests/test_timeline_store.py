@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from hvd_magic.timeline import levels as levels_module
-from hvd_magic.timeline import merging, read
+from hvd_magic.timeline import merging, read, viewer_data
 from hvd_magic.timeline import viewer as viewer_module
 from hvd_magic.timeline.detail import Marks, window
 from hvd_magic.timeline.levels import MERGE, build_levels
@@ -355,7 +355,7 @@ class Sent(list):
 
 def test_a_large_timeline_is_sent_as_an_overview_and_windows_on_request(tmp_path, monkeypatch):
     timeline = read(spans_timeline(tmp_path / "t.json", random.Random(7), rows=6, per_row=2_000))
-    monkeypatch.setattr(viewer_module, "DIRECT_SPANS", 1_000)
+    monkeypatch.setattr(viewer_data, "DIRECT_SPANS", 1_000)
     viewer = viewer_module.TimelineViewer.from_timeline(timeline, width=400)
     assert viewer.lod and len(viewer.counts) == 4 * (len(viewer.starts) // 8)
     overview = int(np.frombuffer(viewer.counts, np.uint32).sum())

@@ -6,8 +6,10 @@ a folder that only its user may enter (mode 0700), and writes an *endpoint file*
 this kernel, its process id and its kernel id. The server extension (``hvd_magic.server``) finds the files,
 and asks with the token; a request without it is answered with a refusal and nothing else.
 
-A request is one JSON object: ``{"token": ..., "ask": "runs" | "run" | "stop" | "stacks",
-"number": N, "at_once": bool}``; the answer is one JSON object, with ``"refused"`` (why) when refused.
+A request is one JSON object: ``{"token": ..., "ask": "runs" | "run" | "stop" | "stacks" |
+"timeline", "number": N, "at_once": bool}`` (a timeline's: ``"version"``, the one the tab shows, or
+``"window"``, the viewer's request for a window's detail); the answer is one JSON object, with
+``"refused"`` (why) when refused.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 __all__ = ["ASKS", "Endpoint", "endpoint_folder", "read_endpoints"]
 
-ASKS = ("runs", "run", "stop", "stacks")
+ASKS = ("runs", "run", "stop", "stacks", "timeline")
 FOLDER = "hvd-magic"  # in Jupyter's runtime directory
 
 

@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -32,6 +32,9 @@ from hvd_magic.protocol.panel import ASKS, Endpoint, endpoint_folder, refusal
 from hvd_magic.run.history import History, RunEntry
 from hvd_magic.widgets.render import final_html
 from hvd_magic.widgets.state import RunModel
+
+if TYPE_CHECKING:
+    from hvd_magic.run.served_timeline import ServedTimeline
 
 __all__ = ["RunEndpoint", "row", "serve_in_kernel"]
 
@@ -55,6 +58,7 @@ class RunEndpoint:
         self.endpoint = Endpoint(f"ipc://{socket_path}", secrets.token_hex(24), os.getpid(), kernel)
         self.file = self.endpoint.write(folder)
         self._stop = threading.Event()
+        self._timelines: dict[int, ServedTimeline] = {}  # by run number: read as its file grows
         self.cpu = 0.0  # CPU seconds the serving thread has used (what being served costs the kernel)
         self._thread = threading.Thread(target=self._serve, name="hvd_magic-panel", daemon=True)
         self._thread.start()
@@ -88,7 +92,10 @@ class RunEndpoint:
         if entry is None:
             return refusal(f"no run {request.get('number')!r} is kept in this kernel")
         if ask == "run":
-            return {"run": row(entry) | {"html": _html(entry, bool(request.get("per_rank", True)))}}
+            html = _html(entry, bool(request.get("per_rank", True)))
+            return {"run": row(entry) | {"html": html, "timeline": bool(entry.timeline)}}
+        if ask == "timeline":
+            return self._timeline(entry, request)
         stop, stacks = entry.stop, entry.stacks
         if ask == "stop" and stop is not None:
             stop(bool(request.get("at_once")))
@@ -98,6 +105,17 @@ class RunEndpoint:
         if entry.ended is None:
             return refusal(f"run {entry.number} is starting its ranks: ask again in a moment")
         return refusal(f"run {entry.number} is not running: it ended ({entry.outcome})")
+
+    def _timeline(self, entry: RunEntry, request: dict[str, Any]) -> dict[str, Any]:
+        if not entry.timeline:
+            return refusal(f"run {entry.number} writes no timeline (give timeline= to the cell)")
+        from hvd_magic.run.served_timeline import ServedTimeline  # the reader: only once a tab asks
+
+        kept = {e.number for e in self.history.entries}
+        self._timelines = {n: served for n, served in self._timelines.items() if n in kept}
+        if entry.number not in self._timelines:
+            self._timelines[entry.number] = ServedTimeline(entry.timeline, entry.started)
+        return self._timelines[entry.number].answer(request, ended=entry.ended is not None)
 
     def close(self) -> None:
         self._stop.set()
@@ -113,7 +131,7 @@ def _html(entry: RunEntry, per_rank: bool) -> str:
     if model is None:
         return entry.final
     with model.lock:
-        return final_html(model, per_rank)
+        return final_html(model, per_rank, every_rank=per_rank)
 
 
 def row(entry: RunEntry) -> dict[str, Any]:

@@ -44,6 +44,7 @@ class RunEntry:
     value: Any = None
     has_value: bool = False
     cell: str = ""  # the notebook cell's id, where JupyterLab sent it (the panel marks that cell)
+    timeline: str = ""  # where the run writes its Horovod Timeline (timeline=), for the panel's tab
     value_text: str = ""  # the value's repr, shortened (for the panel: made here, on the kernel's thread)
     final: str = field(default="", repr=False)  # the final record's HTML, as the view kept it
     model: RunModel | None = field(default=None, repr=False)  # while it runs
@@ -79,7 +80,7 @@ class History:
         self.count += 1
         spread = "local" if options.np < 0 else "on Spark"
         entry = RunEntry(self.count, where or f"{options.ranks} ranks {spread}", options.ranks, time.time())
-        entry.cell = running_cell()
+        entry.cell, entry.timeline = running_cell(), options.timeline or ""
         entry.model = RunModel(options.ranks)
         self.entries.append(entry)
         return entry

@@ -15,7 +15,7 @@ from tornado import web
 from tornado.websocket import WebSocketClosedError, WebSocketHandler
 
 from hvd_magic.protocol.panel import endpoint_folder
-from hvd_magic.server.kernels import STACKS_SECONDS, KernelRuns
+from hvd_magic.server.kernels import STACKS_SECONDS, TIMELINE_SECONDS, KernelRuns
 
 __all__ = ["add_handlers"]
 
@@ -86,6 +86,23 @@ class StacksHandler(RunsHandler):
         )
 
 
+class TimelineHandler(RunsHandler):
+    """The run's Horovod Timeline for the viewer in its tab: GET its data when newer than
+    ``?version=``, POST the viewer's request for a window's detail."""
+
+    @web.authenticated
+    async def get(self, kernel: str, number: str) -> None:
+        version = int(self.get_argument("version", "-1"))
+        request = {"ask": "timeline", "number": int(number), "version": version}
+        self.finish(json.dumps(await self.ask(kernel, request, TIMELINE_SECONDS)))
+
+    @web.authenticated
+    async def post(self, kernel: str, number: str) -> None:
+        window = (self.get_json_body() or {}).get("window")
+        request = {"ask": "timeline", "number": int(number), "window": window}
+        self.finish(json.dumps(await self.ask(kernel, request, TIMELINE_SECONDS)))
+
+
 class UpdatesHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
     """The runs and sessions, sent on opening and every ``UPDATE_SECONDS`` while the socket is open."""
 
@@ -124,6 +141,7 @@ def add_handlers(serverapp: Any) -> None:
         (RUN, RunHandler),
         (RUN + r"/stop", StopHandler),
         (RUN + r"/stacks", StacksHandler),
+        (RUN + r"/timeline", TimelineHandler),
         (r"/hvd-magic/updates", UpdatesHandler),
     ]
     web_app.add_handlers(".*$", [(url_path_join(base, route), handler) for route, handler in routes])

@@ -12,10 +12,11 @@ import zmq.asyncio
 
 from hvd_magic.protocol.panel import Endpoint, read_endpoints
 
-__all__ = ["ASK_SECONDS", "KernelRuns"]
+__all__ = ["ASK_SECONDS", "STACKS_SECONDS", "TIMELINE_SECONDS", "KernelRuns"]
 
 ASK_SECONDS = 5.0  # a kernel busy in a C call may answer late; the panel goes on without it
 STACKS_SECONDS = 10.0  # the ranks' stacks: the kernel asks each rank (up to 3 s) first
+TIMELINE_SECONDS = 60.0  # a timeline: the kernel reads what the file gained (a large one, once, whole)
 
 
 class KernelRuns:

@@ -108,14 +108,18 @@ def _state(progress: RankProgress) -> str:
     return f'<span class="hvd-state" style="color:{STATE_COLOURS[progress.state]}">{html.escape(text)}</span>'
 
 
-def grid_html(model: RunModel) -> str:
-    """A row per rank; from ``COMPACT_RANKS`` ranks on, a strip plus the slowest and failed ranks."""
-    if model.ranks >= COMPACT_RANKS:
+def grid_html(model: RunModel, every_rank: bool = False) -> str:
+    """A row per rank; from ``COMPACT_RANKS`` ranks on, a strip plus the slowest and failed ranks,
+    or with ``every_rank`` (the panel's tab, on demand) every rank's row in a box that scrolls."""
+    if model.ranks >= COMPACT_RANKS and not every_rank:
         return _compact_html(model)
     now = time.monotonic()
     rows = "".join(_row(p, now) for p in model.progress)
     style = "font-size:12px;border-collapse:collapse"
-    return f'<table class="hvd-grid" style="{style}"><tr>{_HEAD}</tr>{rows}</table>'
+    table = f'<table class="hvd-grid" style="{style}"><tr>{_HEAD}</tr>{rows}</table>'
+    if model.ranks < COMPACT_RANKS:
+        return table
+    return f'<div class="hvd-grid-scroll" style="max-height:360px;overflow:auto">{table}</div>'
 
 
 def _compact_html(model: RunModel) -> str:
@@ -224,13 +228,14 @@ def svg_chart(series: dict[str, Series], width: int = 480, height: int = 160) ->
     return f"{svg}{axes}{''.join(lines)}</svg>"
 
 
-def final_html(model: RunModel, per_rank: bool = True) -> str:
+def final_html(model: RunModel, per_rank: bool = True, every_rank: bool = False) -> str:
     """The run's record, kept in the notebook: summary, grid, curves (with their data), logs.
-    ``per_rank=False``: the curves' mean only (the panel's first view of a large run)."""
+    ``per_rank=False``: the curves' mean only (the panel's first view of a large run);
+    ``every_rank``: a large run's grid with every rank's row (``grid_html``)."""
     parts = [
         f'<div class="hvd-summary" style="font-weight:bold">hvd_magic: {html.escape(model.summary())}</div>'
     ]
-    parts.append(grid_html(model))
+    parts.append(grid_html(model, every_rank))
     data = {}
     for metric in model.series:
         ranks = sorted(model.series[metric].items()) if per_rank else []

@@ -5,6 +5,7 @@ import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
 import { Overview, RunRow } from './runs';
+import type { TimelineAnswer, WindowAnswer } from './timeline';
 
 export async function request(path: string, init: RequestInit = {}): Promise<any> {
   const settings = ServerConnection.makeSettings();
@@ -85,4 +86,12 @@ export class RunList {
     }
     this.socket?.close();
   }
+}
+
+export function getTimeline(id: string, version: number): Promise<TimelineAnswer> {
+  return request(`runs/${id}/timeline?version=${version}`);
+}
+
+export function askWindow(id: string, content: object): Promise<WindowAnswer> {
+  return request(`runs/${id}/timeline`, { method: 'POST', body: JSON.stringify({ window: content }) });
 }

@@ -2,8 +2,9 @@
 
 import { Widget } from '@lumino/widgets';
 
-import { getRun, stacks, stop } from './api';
+import { askWindow, getRun, getTimeline, stacks, stop } from './api';
 import { details, going, heading, Overview, perRankByDefault, RunRow, sessionLines } from './runs';
+import { TimelineSection } from './timeline';
 
 /** The side panel: a card per run, live ones first; a click opens the run's tab. */
 export class RunsPanel extends Widget {
@@ -82,7 +83,10 @@ export class RunsPanel extends Widget {
   }
 }
 
-/** A run's tab: its view (the kernel's own rendering of grid, curves and logs) and its buttons. */
+/**
+ * A run's tab: its view (the kernel's own rendering of grid, curves and logs), its timeline (the
+ * notebook's viewer) when it writes one, and its buttons.
+ */
 export class RunView extends Widget {
   private readonly body: HTMLElement;
   private readonly said: HTMLElement;
@@ -90,6 +94,7 @@ export class RunView extends Widget {
   private perRank: boolean;
   private timer: ReturnType<typeof setInterval> | null = null;
   private ended = false;
+  private timeline: TimelineSection | null = null;
 
   constructor(
     readonly run: RunRow,
@@ -98,7 +103,9 @@ export class RunView extends Widget {
     super();
     this.addClass('hvd-view');
     this.id = `hvd-magic-run-${run.id.replace('/', '-')}`;
-    this.title.label = `Horovod run ${run.number}`;
+    const notebook = run.notebook.split('/').pop()?.replace(/\.ipynb$/, '');
+    this.title.label = notebook ? `${notebook}: run ${run.number}` : `Horovod run ${run.number}`;
+    this.title.caption = `Horovod run ${run.number} of ${run.notebook || `kernel ${run.kernel}`}`;
     this.title.closable = true;
     this.perRank = perRankByDefault(run.ranks);
     const bar = document.createElement('div');
@@ -117,8 +124,10 @@ export class RunView extends Widget {
     if (run.notebook) {
       button('Open notebook', () => openNotebook(run.notebook));
     }
-    button(this.perRank ? 'Mean curve only' : 'Per-rank curves', () => {
+    const label = () => (this.perRank ? 'Mean curve only' : 'Every rank');
+    const toggle = button(label(), () => {
       this.perRank = !this.perRank;
+      toggle.textContent = label();
       this.refresh();
     });
     this.said = document.createElement('div');
@@ -153,6 +162,7 @@ export class RunView extends Widget {
       .then(run => {
         this.body.innerHTML = run.html || '';
         this.node.dataset.state = run.state;
+        this.showTimeline(run);
         if (run.state === 'ended') {
           this.said.textContent =
             `${run.outcome}` + (run.has_value ? ` · rank 0's value: ${run.value}` : '');
@@ -169,10 +179,22 @@ export class RunView extends Widget {
       });
   }
 
+  private showTimeline(run: RunRow): void {
+    if (run.timeline && this.timeline === null) {
+      this.timeline = new TimelineSection(
+        version => getTimeline(this.run.id, version),
+        content => askWindow(this.run.id, content)
+      );
+      this.node.append(this.timeline.node);
+    }
+    this.timeline?.refresh();
+  }
+
   dispose(): void {
     if (this.timer !== null) {
       clearInterval(this.timer);
     }
+    this.timeline?.dispose();
     super.dispose();
   }
 }

@@ -30,6 +30,7 @@ export interface RunRow {
   attempt?: string;
   counts?: Record<string, number>;
   html?: string;
+  timeline?: boolean; // the run writes a Horovod Timeline (its tab shows it)
 }
 
 /** A live session as the server lists it (hvd_magic.session.ranks.panel_row, with its kernel). */
