@@ -1,48 +1,78 @@
 """``retries=`` resumes the trainers through their own checkpoints (issue 79): a rank SIGKILLed
 mid-epoch, and the retried attempt's ``train()`` / ``fit()``, called as before, resumes from the
 latest checkpoint the trainer wrote (kept by the run: on Spark the disk it was written to may be
-gone) and ends with the weights of a run never killed. Nothing of hvd_magic's in the cells; the
-Killer callback stands for the lost executor."""
+gone) and ends with the weights of a run never killed. A preemption notice stops a trainer
+through its own flag at one step on every rank, where it writes its checkpoint, and the retry
+resumes from there. Nothing of hvd_magic's in the cells; a kill in the cell's own callback and
+a file that appears stand for the lost executor and the cloud's notice."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
+from .helpers import when_started
+from .test_retry import recorded_stops, wait_until
 from .test_trainers import TINY_BERT
 
 pytestmark = pytest.mark.timeout(400)
 
-# 16 steps, a checkpoint every 4; rank 1 dies at step 10 of the first attempt, after
-# checkpoint-8 was written
+# How a cell's first attempt ends, at a step its trainer just ended (``at``): rank 1 killed, once
+# (the ``killed`` folder says whether it was); or the ranks wait there, marked started, until the
+# test says ``go`` (once the notebook took a preemption notice)
+KILL = """
+def step_ended(rank, step):
+    if rank == 1 and step == {at} and not os.listdir({marks!r} + "/killed"):
+        pathlib.Path({marks!r}, "killed", "once").touch()
+        os.kill(os.getpid(), 9)
+"""
+NOTICE = """
+def step_ended(rank, step):
+    import time
+    go = pathlib.Path({marks!r}, "go")
+    if step == {at} and not go.exists():
+        pathlib.Path({marks!r}, f"started-{{rank}}").touch()
+        for _ in range(1200):
+            if go.exists():
+                break
+            time.sleep(0.1)
+"""
+NEVER = "\ndef step_ended(rank, step):\n    pass\n"
+
+# 16 steps, a checkpoint every 4. Each rank marks where its training began and ended, and each
+# checkpoint-N it wrote
 HF = (
     TINY_BERT
     + """
-class Killer(TrainerCallback):
+{end}
+class Marks(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         pathlib.Path({marks!r}, f"began-{{args.process_index}}-{{state.global_step}}").touch()
     def on_step_end(self, args, state, control, **kwargs):
-        first = not os.listdir({marks!r} + "/killed")
-        if {kill} and args.process_index == 1 and state.global_step == 10 and first:
-            pathlib.Path({marks!r}, "killed", "once").touch()
-            os.kill(os.getpid(), 9)
+        step_ended(args.process_index, state.global_step)
+    def on_save(self, args, state, control, **kwargs):
+        if os.path.isdir(os.path.join(args.output_dir, f"checkpoint-{{state.global_step}}")):
+            pathlib.Path({marks!r}, f"saved-{{args.process_index}}-{{state.global_step}}").touch()
+    def on_train_end(self, args, state, control, **kwargs):
+        pathlib.Path({marks!r}, f"ended-{{args.process_index}}-{{state.global_step}}").touch()
 args = TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=16, num_train_epochs=2,
                          report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="steps", save_steps=4)
 model = BertForSequenceClassification(config)
-trainer = Trainer(model=model, args=args, train_dataset=Rows(), callbacks=[Killer()])
+trainer = Trainer(model=model, args=args, train_dataset=Rows(), callbacks=[Marks()])
 trainer.train()
 (trainer.state.global_step, sum(float(p.double().sum()) for p in trainer.model.parameters()))
 """
 )
 
-# 3 epochs of 8 steps; Lightning's own ModelCheckpoint writes one at each epoch's end; rank 1
-# dies at step 12 of the first attempt, in the second epoch
+# 3 epochs of 8 steps; Lightning's own ModelCheckpoint writes one at each epoch's end
 LIGHTNING = """
 import os, pathlib, tempfile, torch, lightning
 torch.manual_seed(0)
 x = torch.randn(256, 8)
 y = x.sum(1, keepdim=True)
+{end}
 class Net(lightning.LightningModule):
     def __init__(self):
         super().__init__()
@@ -52,16 +82,13 @@ class Net(lightning.LightningModule):
         return torch.nn.functional.mse_loss(self.layer(x), y)
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.05)
-class Killer(lightning.Callback):
+class Marks(lightning.Callback):
     def on_train_start(self, trainer, module):
         pathlib.Path({marks!r}, f"began-{{trainer.global_rank}}-{{trainer.global_step}}").touch()
     def on_train_batch_end(self, trainer, module, outputs, batch, index):
-        first = not os.listdir({marks!r} + "/killed")
-        if {kill} and trainer.global_rank == 1 and trainer.global_step == 12 and first:
-            pathlib.Path({marks!r}, "killed", "once").touch()
-            os.kill(os.getpid(), 9)
+        step_ended(trainer.global_rank, trainer.global_step)
 trainer = lightning.Trainer(accelerator="cpu", strategy="ddp", devices=2, max_epochs=3, logger=False,
-                            enable_progress_bar=False, enable_model_summary=False, callbacks=[Killer()],
+                            enable_progress_bar=False, enable_model_summary=False, callbacks=[Marks()],
                             default_root_dir=tempfile.mkdtemp())
 net = Net()
 data = torch.utils.data.TensorDataset(x, y)
@@ -117,25 +144,81 @@ while progress.step < 24:
 """
 
 
-@pytest.mark.parametrize(
-    ("cell", "steps", "kept"),
-    [(HF, 16, {4, 8}), (LIGHTNING, 24, {8}), (ACCELERATE, 24, {4, 8})],
-    ids=["hf", "lightning", "accelerate"],
-)
-def test_a_killed_rank_is_resumed_from_the_trainers_own_checkpoint(ip, tmp_path, cell, steps, kept):
-    killed, never = tmp_path / "killed", tmp_path / "never"
-    for marks in (killed, never):
-        (marks / "killed").mkdir(parents=True)
+# Each trainer: its cell, the steps of a whole run, the step rank 1 is killed at and the
+# checkpoints before it
+TRAINERS = {
+    "hf": (HF, 16, 10, {4, 8}),
+    "lightning": (LIGHTNING, 24, 12, {8}),
+    "accelerate": (ACCELERATE, 24, 10, {4, 8}),
+}
+NOTICED_AT = 6  # the Hugging Face run's ranks wait at step 6 until the notebook took the notice
+_never_stopped: dict[str, tuple[int, float]] = {}
+
+
+def cell(trainer: str, marks: Path, end: str = NEVER, at: int = 0) -> str:
+    (marks / "killed").mkdir(parents=True, exist_ok=True)
+    hook = end.format(marks=str(marks), at=at)
+    return TRAINERS[trainer][0].format(marks=str(marks), end=hook, kill=end is KILL)
+
+
+def never_stopped(ip, tmp_path: Path, trainer: str) -> tuple[int, float]:
+    """The step count and weights of a run of ``trainer``'s cell never stopped (one run a session)."""
+    if trainer not in _never_stopped:
+        _never_stopped[trainer] = ip.run_cell_magic(
+            "horovod", "np=-2 backend=torch", cell(trainer, tmp_path / "never")
+        )
+    return _never_stopped[trainer]
+
+
+def marked(marks: Path, what: str) -> set[tuple[int, int]]:
+    """(rank, step) of each ``what-RANK-STEP`` mark."""
+    return {(int(p.name.split("-")[1]), int(p.name.split("-")[2])) for p in marks.glob(f"{what}-*")}
+
+
+@pytest.mark.parametrize("trainer", ["hf", "lightning", "accelerate"])
+def test_a_killed_rank_is_resumed_from_the_trainers_own_checkpoint(ip, tmp_path, trainer):
+    _, steps, at, kept = TRAINERS[trainer]
+    killed = tmp_path / "killed"
     step, weights = ip.run_cell_magic(
-        "horovod", "np=-2 backend=torch retries=1", cell.format(marks=str(killed), kill=True)
+        "horovod", "np=-2 backend=torch retries=1", cell(trainer, killed, KILL, at)
     )
     assert (killed / "killed" / "once").exists()  # the first attempt lost rank 1
-    began = {
-        int(name.split("-")[2]) for name in (p.name for p in killed.iterdir()) if name.startswith("began-1-")
-    }
+    began = {at for rank, at in marked(killed, "began") if rank == 1}
     assert began - {0} and began - {0} <= kept, began  # the second attempt began where a checkpoint was
-    expected_step, expected = ip.run_cell_magic(
-        "horovod", "np=-2 backend=torch", cell.format(marks=str(never), kill=False)
-    )
+    expected_step, expected = never_stopped(ip, tmp_path, trainer)
+    assert step == expected_step == steps
+    assert math.isclose(weights, expected, rel_tol=1e-6, abs_tol=1e-6), (weights, expected)
+
+
+def test_a_preemption_notice_stops_a_hugging_face_trainer_where_its_retry_resumes(
+    ip, tmp_path, capsys, monkeypatch
+):
+    """HVD_MAGIC_PREEMPTION=file:PATH: the ranks, waiting at a step, see the notice appear; the
+    trainer's own flag stops them at one step, where the trainer writes its checkpoint-N; the
+    retry resumes from it and ends as a run never stopped."""
+    steps = TRAINERS["hf"][1]
+    marks, notice = tmp_path / "noticed", tmp_path / "spot-notice"
+    stops = recorded_stops(monkeypatch)
+
+    def notice_then_go() -> None:
+        notice.write_text("reclaimed in 2 minutes\n")
+        wait_until(lambda: stops[-1].preempted is not None, 120)
+        notice.unlink()  # in this test, the machine stays: the retry sees no notice
+        (marks / "go").touch()
+
+    when_started(marks, 2, notice_then_go)
+    line = f"np=-2 backend=torch retries=1 env=HVD_MAGIC_PREEMPTION=file:{notice}"
+    step, weights = ip.run_cell_magic("horovod", line, cell("hf", marks, NOTICE, NOTICED_AT))
+    first = {(rank, at) for rank, at in marked(marks, "ended") if at < steps}
+    stopped = {at for _, at in first}
+    assert len(first) == 2 and len(stopped) == 1, first  # both ranks, at one step
+    (at_step,) = stopped
+    assert NOTICED_AT < at_step < steps, first
+    assert {(0, at_step), (1, at_step)} <= marked(marks, "saved")  # the trainer wrote checkpoint-N there
+    assert marked(marks, "began") == {(0, 0), (1, 0), (0, at_step), (1, at_step)}  # the retry began there
+    said = capsys.readouterr().err
+    assert "preemption notice: rank " in said and ": reclaimed in 2 minutes: the ranks write" in said
+    assert f"attempt 2 of 2 from step {at_step}" in said
+    expected_step, expected = never_stopped(ip, tmp_path, "hf")
     assert step == expected_step == steps
     assert math.isclose(weights, expected, rel_tol=1e-6, abs_tol=1e-6), (weights, expected)
