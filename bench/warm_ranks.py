@@ -1,5 +1,5 @@
 """Warm ranks benchmark: what a PyTorch (or Keras) cell costs with its ranks forked from a fork server
-(``launch.warm``) against the same cell with every rank started anew (``HVD_MAGIC_WARM_RANKS=0``),
+(``warm.choice``) against the same cell with every rank started anew (``HVD_MAGIC_WARM_RANKS=0``),
 measured in turn in the same run: local ranks, or with ``--spark MASTER`` ranks on Spark's
 executors (whose tasks' Python workers keep the servers).
 
@@ -26,10 +26,10 @@ import time
 from figures import keep
 from timing import QuietView
 
-from hvd_magic.launch.warm import ENV_WARM_RANKS
 from hvd_magic.options import make_options
 from hvd_magic.run.capture import capture_cell
 from hvd_magic.run.supervisor import execute
+from hvd_magic.warm.choice import ENV_WARM_RANKS
 
 CELLS = {
     "torch": (

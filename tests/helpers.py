@@ -20,8 +20,8 @@ from hvd_magic.protocol import Message
 # A run's processes: Open MPI's launcher and daemons by their program, ours by their module.
 RUN_PROGRAMS = ("mpirun", "orted")
 RUN_MODULES = ("hvd_magic.rank.worker", "hvd_magic.launch.task.agent")
-STAND_IN = os.path.join("hvd_magic", "rank", "forked.py")  # a warm rank's stand-in, run by path
-FORK_SERVER = "hvd_magic.rank.forkserver"  # a warm rank's server, and the waiters it forks
+STAND_IN = os.path.join("hvd_magic", "warm", "stand_in.py")  # a warm rank's stand-in, run by path
+FORK_SERVER = "hvd_magic.warm.fork_server"  # a warm rank's server, and the waiters it forks
 SUITE_VARIABLE = "HVD_MAGIC_TEST_SUITE"  # every process a suite starts inherits its mark (conftest)
 SLEEP_FOREVER = "while True:\n    time.sleep(0.1)\n"
 WAIT_FOR_GO = (  # a cell's ranks wait (up to 120 s) for the test to make ``go`` in the folder ``d``
@@ -159,7 +159,7 @@ def is_run_process(argv: list[str]) -> bool:
         return False
     if os.path.basename(argv[0]) in RUN_PROGRAMS:
         return True
-    if any(part.endswith(STAND_IN) for part in argv[1:3]):  # python [-I] .../forked.py: a stand-in
+    if any(part.endswith(STAND_IN) for part in argv[1:3]):  # python [-I] .../stand_in.py: a stand-in
         return True
     return any(argv[i] == "-m" and argv[i + 1] in RUN_MODULES for i in range(len(argv) - 1))
 

@@ -21,7 +21,8 @@ import re
 
 from .test_layout import PACKAGE, imports_of, modules
 
-RANK_SIDE = ("hvd_magic.rank", "hvd_magic.protocol", "hvd_magic.errors", "hvd_magic.data")
+# warm: a warm rank is forked from a server that loaded it (and Spark tasks keep those servers)
+RANK_SIDE = ("hvd_magic.rank", "hvd_magic.warm", "hvd_magic.protocol", "hvd_magic.errors", "hvd_magic.data")
 NEVER_IN_A_RANK = ("IPython", "ipykernel", "ipywidgets", "pyspark", "plotly", "anywidget")
 # The package's face hands out the rank's API (report, progress, checkpoint, ...); the others ship
 # rank functions by reference (TorchDistributor's; the estimators' training, in hvd_magic.spark).
@@ -65,6 +66,7 @@ def test_protocol_imports_none_of_ours():
 
 def test_a_ranks_code_imports_only_the_rank_side():
     assert crossings(("hvd_magic.rank",), RANK_SIDE) == []
+    assert crossings(("hvd_magic.warm",), ("hvd_magic.warm", "hvd_magic.protocol")) == []
     assert crossings(("hvd_magic.data",), ("hvd_magic.data", "hvd_magic.protocol", "hvd_magic.errors")) == []
 
 
@@ -115,7 +117,7 @@ def test_the_server_extension_imports_only_the_protocol_and_nothing_imports_it()
 # folder, never up or sideways, TYPE_CHECKING imports included (docs/architecture.md draws it)
 FLOORS = {
     "protocol": 0, "errors": 0,
-    "data": 1, "hub": 1, "install": 1, "rank": 1, "server": 1, "widgets": 1,
+    "data": 1, "hub": 1, "install": 1, "rank": 1, "server": 1, "warm": 1, "widgets": 1,
     "options": 2, "timeline": 2, "integrations": 2,
     "sinks": 3, "launch": 3,
     "run": 4, "doctor": 4,

@@ -14,8 +14,8 @@ from hvd_magic.launch.processes import (
     spawn,
     stop_tree,
     thread_budget_env,
-    worker_command,
 )
+from hvd_magic.protocol.env import worker_command
 
 
 def test_thread_budget_divides_cores_among_local_ranks(monkeypatch):

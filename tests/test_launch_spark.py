@@ -197,7 +197,7 @@ def test_torch_ranks_on_executors_are_forked_from_a_server_each_executors_python
         assert len(ranks) == 4
         for rank in ranks:
             assert rank["command"].endswith("-m hvd_magic.rank.worker")  # as ps shows a started rank
-            assert "hvd_magic.rank.forkserver" in rank["waiter"]
+            assert "hvd_magic.warm.fork_server" in rank["waiter"]
             assert python_daemon(keeper_of(rank["serves"]))  # kept by the executor's Python daemon
             assert rank["threads"] == int(rank["budget"]) == 1  # spark.task.cpus, not the server's
             assert rank["socket"] is None  # the stand-in's word to find its server is not the rank's
@@ -263,8 +263,8 @@ def kept_servers() -> set[int]:
     found = set()
     for process in psutil.process_iter():
         with contextlib.suppress(psutil.Error):
-            if "--keeper" in (argv := " ".join(process.cmdline())) and "hvd_magic.rank.forkserver" in argv:
-                waiter = "hvd_magic.rank.forkserver" in " ".join(process.parent().cmdline())  # forked by one
+            if "--keeper" in (argv := " ".join(process.cmdline())) and "hvd_magic.warm.fork_server" in argv:
+                waiter = "hvd_magic.warm.fork_server" in " ".join(process.parent().cmdline())  # forked by one
                 if not waiter and keeper_of(argv) in below and python_daemon(keeper_of(argv)):
                     found.add(process.pid)
     return found
@@ -775,7 +775,7 @@ def test_a_task_that_raised_is_named_by_its_python_exception_not_by_the_stage_it
         "org.apache.spark.api.python.PythonException: [PYTHON_EXCEPTION] An exception was thrown from "
         "the Python worker: Traceback (most recent call last):\n"
         '  File "/x/hvd_magic/launch/task/barrier.py", line 131, in _run_task\n'
-        "    server = forkservers.serving(spec.warm, spec.env, keeper=os.getppid())\n"
+        "    server = servers.serving(spec.warm, spec.env, keeper=os.getppid())\n"
         "FileNotFoundError: [Errno 2] No such file or directory: '/tmp/a.lock'\n"
         " SQLSTATE: 38000\n"
         "\tat org.apache.spark.api.python.BasePythonRunner$ReaderIterator.handlePythonException(...)\n"

@@ -15,7 +15,7 @@ def test_run_processes_are_named_by_program_or_module_not_by_a_substring():
     assert is_run_process(["orted", "-mca", "ess", "env"])
     assert is_run_process(["/venv/bin/python", "-m", "hvd_magic.rank.worker"])
     assert is_run_process(
-        ["/venv/bin/python", "-I", "/src/hvd_magic/rank/forked.py", "/tmp/hvd_magic-fork-x/socket"]
+        ["/venv/bin/python", "-I", "/src/hvd_magic/warm/stand_in.py", "/tmp/hvd_magic-fork-x/socket"]
     )
     assert is_run_process(["python3", "-u", "-m", "hvd_magic.launch.task.agent", "hvd-host-1", "orted"])
     assert not is_run_process(["timeout", "900", "python", "-m", "pytest", "tests/test_launch_mpirun.py"])

@@ -1,5 +1,5 @@
 """Warm ranks: local ranks of PyTorch, TensorFlow or Keras code are forked from a server that
-imported the framework once (``launch.warm``, ``rank.forkserver``, ``rank.forked``). What a
+imported the framework once (``warm.choice``, ``warm.fork_server``, ``warm.stand_in``). What a
 started rank would be, each is: its own random draws, its thread budget, its directory first on
 sys.path, its command line, a namespace and ``sys.modules`` of its own code only (and of what
 PyTorch imports on first use); and it ends
@@ -23,18 +23,18 @@ import psutil
 import pytest
 
 from hvd_magic import RunError
-from hvd_magic.launch.forkservers import serving
 from hvd_magic.launch.local import LocalGlooLauncher, LocalMpiLauncher, LocalTorchLauncher
-from hvd_magic.launch.warm import ENV_WARM_RANKS, warm_modules
 from hvd_magic.options import make_options
 from hvd_magic.protocol.env import ENV_FORK_SERVER
-from hvd_magic.rank import forked
 from hvd_magic.run.capture import capture_cell, capture_function
 from hvd_magic.session.ranks import setup_imports
+from hvd_magic.warm import stand_in
+from hvd_magic.warm.choice import ENV_WARM_RANKS, warm_modules
+from hvd_magic.warm.servers import serving
 
 from .helpers import STAND_IN, fork_servers_of, gone_within, leftover_processes, waiting_cell, when_started
 
-SERVER = "hvd_magic.rank.forkserver"
+SERVER = "hvd_magic.warm.fork_server"
 
 # Each rank writes where it runs and what it sees into DIRECTORY/RANK.json.
 WHERE = """
@@ -230,7 +230,7 @@ def test_a_launcher_still_starting_has_not_ended(launcher):
 
 def test_the_stand_in_reads_the_variable_an_exec_agent_sets():
     """The stand-in, which imports nothing of ours, spells the protocol's name itself."""
-    assert forked.FORK_SERVER == ENV_FORK_SERVER
+    assert stand_in.FORK_SERVER == ENV_FORK_SERVER
 
 
 def test_what_a_cell_or_a_function_imports_is_captured():
@@ -303,7 +303,7 @@ def test_only_the_interpreters_own_python_variables_get_a_server_of_their_own():
 
 # A Spark task's Python worker asking for the server its keeper (argv[1]) shares; prints its socket.
 ASK_THE_KEEPERS_SERVER = (
-    "import sys\nfrom hvd_magic.launch.forkservers import serving\n"
+    "import sys\nfrom hvd_magic.warm.servers import serving\n"
     "print(serving(('hvd_magic.rank.worker',), {}, keeper=int(sys.argv[1])))\n"
 )
 
@@ -348,8 +348,8 @@ def test_a_server_shared_under_a_keeper_serves_each_of_its_processes_and_ends_wi
 # A kernel that starts a fork server of its own, says its socket, and waits to be killed.
 KEEPS_A_SERVER = """
 import time
-from hvd_magic.launch import forkservers
-print(forkservers.serving(("json",), {}), flush=True)
+from hvd_magic.warm import servers
+print(servers.serving(("json",), {}), flush=True)
 time.sleep(600)
 """
 
@@ -376,7 +376,7 @@ COUNTS_ITS_IMPORTS = "import os\nopen(os.environ['MARK'], 'a').write('imported\\
 
 
 def template_of(server: psutil.Process) -> psutil.Process:
-    (parent,) = [p for p in [server.parent()] if "hvd_magic.rank.template" in " ".join(p.cmdline())]
+    (parent,) = [p for p in [server.parent()] if "hvd_magic.warm.template" in " ".join(p.cmdline())]
     return parent
 
 
@@ -496,7 +496,7 @@ def test_a_template_ends_when_idle_or_when_its_folder_is_gone(short_tmp, end):
     folder = short_tmp / "template"
     folder.mkdir(mode=0o700)
     idle = "1" if end == "idle" else "600"
-    argv = [sys.executable, "-m", "hvd_magic.rank.template", idle, str(folder / "socket"), "json"]
+    argv = [sys.executable, "-m", "hvd_magic.warm.template", idle, str(folder / "socket"), "json"]
     starter = subprocess.run(argv, stdout=subprocess.PIPE, text=True, timeout=120, cwd=folder)
     assert starter.stdout == "ready\n"  # said by the template, which forked away from the starter
     template = psutil.Process(int((folder / "pid").read_text()))
@@ -510,7 +510,7 @@ def test_a_template_ends_when_idle_or_when_its_folder_is_gone(short_tmp, end):
 def test_a_template_refuses_a_request_that_names_no_server_and_goes_on(short_tmp):
     folder = short_tmp / "template"
     folder.mkdir(mode=0o700)
-    argv = [sys.executable, "-m", "hvd_magic.rank.template", "600", str(folder / "socket"), "json"]
+    argv = [sys.executable, "-m", "hvd_magic.warm.template", "600", str(folder / "socket"), "json"]
     log = folder / "log"
     with log.open("w") as stderr:
         subprocess.run(argv, stdout=subprocess.PIPE, stderr=stderr, timeout=120, cwd=folder, check=True)

@@ -9,14 +9,14 @@ or on a Spark cluster (np > 0). ``Launcher`` is the small interface a run's supe
     gloo        Horovod's Gloo layout, the ranks' environment, the loopback rendezvous store
     torch_dist  torch.distributed ranks (backend=torch): their env:// environment
     local       LocalMpiLauncher, LocalGlooLauncher, LocalTorchLauncher
-    warm        which runs are warm: their ranks forked from a server that imported PyTorch
-    forkservers  those servers, kept by the kernel (local ranks) or a Spark task's Python worker
     spark       SparkLauncher (the driver side of one barrier stage)
     spark_session  finding or starting the SparkSession, its slots
     spark_plan  the plan the tasks get; which ranks a lost host took with it
     scratch     a task's directory for Open MPI's files, removed even if the task is SIGKILLed
     task/       what runs inside each Spark task: barrier (the task's body), agent (the exec
                 agent, and the rsh client mpirun calls instead of ssh), network (its address)
+
+Warm ranks (forked from a server that imported the framework once) are ``hvd_magic.warm``'s.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def create(options: RunOptions, imports: frozenset[str] = frozenset()) -> Launch
     """The launcher for these options; on Spark this finds (or starts) the session. With
     ``data=`` the shards are planned here, so bad data fails before anything launches.
     ``imports``: the modules the ranks' code imports (ranks of PyTorch code are warm)."""
-    from hvd_magic.launch.warm import warm_modules
+    from hvd_magic.warm.choice import warm_modules
 
     warm = warm_modules(imports, options)
     if options.np < 0:

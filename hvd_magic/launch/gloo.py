@@ -24,8 +24,8 @@ from typing import Any
 
 import psutil
 
-from hvd_magic.launch.forkservers import own_processes
 from hvd_magic.protocol import GlooSlot, Message, Record, StoreAnswer, StoreRequest
+from hvd_magic.warm.servers import own_processes
 
 __all__ = ["GlooStore", "LoopbackStoreServer", "gloo_env", "gloo_slots"]
 
@@ -221,7 +221,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 class LoopbackStoreServer(http.server.ThreadingHTTPServer):
     """The store on 127.0.0.1 for the ranks this process starts (its descendants, or forked for
-    its stand-ins: ``forkservers.own_processes``).
+    its stand-ins: ``warm.servers.own_processes``).
 
     >>> server = LoopbackStoreServer(GlooStore(slots).request)       # doctest: +SKIP
     >>> env = {"HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_GLOO_RENDEZVOUS_PORT": str(server.port)}

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 from hvd_magic.data.source import local_shards
 from hvd_magic.errors import LaunchError
 from hvd_magic.launch.base import Launcher
-from hvd_magic.launch.forkservers import forked_ranks, rank_command, serving
 from hvd_magic.launch.gloo import GlooStore, LoopbackStoreServer, gloo_env, gloo_slots
 from hvd_magic.launch.memory_cgroup import MemoryWatch
 from hvd_magic.launch.mpirun import idle_wait_env, mpirun_argv, mpirun_deaths
@@ -29,6 +28,7 @@ from hvd_magic.launch.processes import (
 )
 from hvd_magic.launch.torch_dist import reserve_port, torch_env
 from hvd_magic.protocol import ENV_SHARDS
+from hvd_magic.warm.servers import forked_ranks, rank_command, serving
 
 if TYPE_CHECKING:
     from hvd_magic.hub import Hub
@@ -46,7 +46,7 @@ class _ProcessGroupLauncher(Launcher):
         self.np = np
         self.cwd = cwd or os.getcwd()
         self.shards = shards or []  # data=: rank -> its shard file, written by the notebook
-        self.warm = warm  # what the fork server the ranks are forked from preloads (launch.forkservers)
+        self.warm = warm  # what the fork server the ranks are forked from preloads (warm.servers)
         self.processes: list[subprocess.Popen[bytes]] = []
         self.tails: list[OutputTail] = []
         self.memory: list[MemoryWatch | None] = []  # each process's memory cgroup, from its start

@@ -49,7 +49,7 @@ def dumps(pids: dict[int, int]) -> dict[int, str]:
 def answer(send: Callable[[NativeDumps], object], asked: NativeAsked) -> None:
     """A Spark task's answer: the dumps of the ranks asked that run under it (the rank it started,
     or those its exec agent's daemon started; forked from a server, if warm)."""
-    from hvd_magic.launch.forkservers import own_processes
+    from hvd_magic.warm.servers import own_processes
 
     mine = {process.pid for process in own_processes()}
     found = dumps({rank: pid for rank, pid in zip(asked.ranks, asked.pids, strict=True) if pid in mine})

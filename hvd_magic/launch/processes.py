@@ -8,7 +8,6 @@ import collections
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ import psutil
 
 from hvd_magic.errors import FailureClass, class_of_signal
 from hvd_magic.launch.memory_cgroup import MemoryWatch
+from hvd_magic.protocol.env import THREAD_VARS
 from hvd_magic.protocol.lifetime import die_with_parent
 
 __all__ = [
@@ -31,18 +31,11 @@ __all__ = [
     "stop_processes",
     "stop_tree",
     "thread_budget_env",
-    "worker_command",
 ]
 
 STOP_GRACE_SECONDS = 1.5
 GONE_SECONDS = 15.0  # after SIGKILL, how long to wait for the kernel to tear a process down
-THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_NUM_INTRAOP_THREADS")
 _TAIL_LINES = 200
-
-
-def worker_command() -> list[str]:
-    """The command line of every rank, whichever launcher starts it."""
-    return [sys.executable, "-m", "hvd_magic.rank.worker"]
 
 
 def thread_budget_env(local_ranks: int, cores: int, user_env: dict[str, str]) -> dict[str, str]:

@@ -102,7 +102,7 @@ class SparkLauncher(Launcher):
     def for_options(cls, options: RunOptions, warm: tuple[str, ...] = ()) -> SparkLauncher:
         """On the data's session (``data=`` a Spark DataFrame), else the active or an embedded
         one; the data's shards are planned (and bad data refused) before anything launches.
-        ``warm``: what the executors' fork servers preload (``launch.warm``)."""
+        ``warm``: what the executors' fork servers preload (``warm.choice``)."""
         data = options.data
         session = getattr(data, "sparkSession", None) or active_or_embedded_session()
         check_dynamic_allocation(session)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 
 __all__ = [
@@ -24,11 +25,14 @@ __all__ = [
     "ENV_VIA_AGENT",
     "RANK_VARIABLES",
     "TF_LEVEL_VARIABLE",
+    "THREAD_VARS",
     "TIMELINE_DYNAMIC",
     "TIMING_LIMIT",
+    "WORKER",
     "parse_timing_limit",
     "preemption_error",
     "rank_from_env",
+    "worker_command",
 ]
 
 ENV_HUB = "HVD_MAGIC_HUB"  # the hub's address, for the worker
@@ -49,6 +53,9 @@ ENV_TRAINERS = "HVD_MAGIC_TRAINERS"  # "0": no callback added to HF, Lightning o
 ENV_TIMING_LIMIT = "HVD_MAGIC_TIMING_LIMIT"  # "2%", "0.02" or "off": what that timing may cost a step
 TIMING_LIMIT = 0.01  # its default: 1 % of the rank's step
 TF_LEVEL_VARIABLE = "TF_CPP_MIN_LOG_LEVEL"  # TensorFlow C++ log level: set by the notebook
+# a rank's thread budget (launch.processes sets them; a warm rank reads them after its fork)
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_NUM_INTRAOP_THREADS")
+WORKER = "hvd_magic.rank.worker"  # the module every rank runs (python -m, or a warm rank forked)
 # HOROVOD_TIMELINE's value for a timeline started and stopped by hvd.start_timeline/stop_timeline
 # (a live session's cells): no file of its own until then.
 TIMELINE_DYNAMIC = "DYNAMIC"
@@ -100,3 +107,8 @@ def rank_from_env(env: Mapping[str, str] = os.environ) -> tuple[int, int, int]:
         if rank in env:
             return int(env[rank]), int(env.get(local_rank, 0)), int(env.get(size, 1))
     return 0, 0, 1
+
+
+def worker_command() -> list[str]:
+    """The command line of every rank started the usual way, whichever launcher starts it."""
+    return [sys.executable, "-m", WORKER]

@@ -32,7 +32,7 @@ LARGE_PAYLOAD_BYTES = 50 * 1024 * 1024
 class Captured:
     blob: bytes
     notices: list[str]
-    imports: frozenset[str] = frozenset()  # the modules its code imports, dotted (launch.warm reads them)
+    imports: frozenset[str] = frozenset()  # the modules its code imports, dotted (warm.choice reads them)
 
 
 def imports_of(tree: ast.AST) -> set[str]:

@@ -51,7 +51,7 @@ def setup_source(options: RunOptions) -> str:
 
 
 def setup_imports(options: RunOptions) -> frozenset[str]:
-    """What the set-up cell will import, for ``launch.warm``: torch.distributed with
+    """What the set-up cell will import, for ``warm.choice``: torch.distributed with
     ``backend=torch``; else Horovod's PyTorch binding where it is installed here (it is the one
     tried first), or its TensorFlow binding."""
     if options.launcher == "torch":

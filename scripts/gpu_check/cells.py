@@ -42,7 +42,7 @@ t = torch.full((8,), rank + 1.0, device="{device}")
 dist.all_reduce(t)
 current = torch.cuda.current_device() if "{device}" == "cuda" else -1
 seen = [None] * dist.get_world_size()
-forked = "hvd_magic.rank.forkserver" in open(f"/proc/{{os.getppid()}}/cmdline").read()  # a warm rank
+forked = "hvd_magic.warm.fork_server" in open(f"/proc/{{os.getppid()}}/cmdline").read()  # a warm rank
 mine = (rank, os.environ.get("CUDA_VISIBLE_DEVICES"), current, str(t.device), float(t[0]), forked)
 dist.all_gather_object(seen, mine)
 seen

@@ -9,7 +9,7 @@ each executor serves the exec agent that starts that executor's share of the ran
 each task starts its own rank and serves it the rendezvous store on loopback, relaying to the
 driver's store. Every task holds its slot (and GPU) until the driver releases it. Warm ranks
 (``TaskSpec.warm``) are forked from a server the executor's Python workers share, which lasts as
-long as the executor (``launch.forkservers``).
+long as the executor (``warm.servers``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import psutil
 
 from hvd_magic.data.parquet import Piece, write_manifest
 from hvd_magic.hub import RunKeys
-from hvd_magic.launch import forkservers, processes
+from hvd_magic.launch import processes
 from hvd_magic.launch.gloo import LoopbackStoreServer, gloo_env
 from hvd_magic.launch.mpirun import idle_wait_env, mpirun_argv, tcp_interface_env
 from hvd_magic.launch.task.agent import ExecAgent
@@ -46,9 +46,17 @@ from hvd_magic.protocol import (
     StoreAnswer,
     StoreRequest,
 )
-from hvd_magic.protocol.env import ENV_AGENT_TOKEN, ENV_AGENTS, ENV_FORK_SERVER, ENV_SHARDS, ENV_SLOT_GPUS
+from hvd_magic.protocol.env import (
+    ENV_AGENT_TOKEN,
+    ENV_AGENTS,
+    ENV_FORK_SERVER,
+    ENV_SHARDS,
+    ENV_SLOT_GPUS,
+    worker_command,
+)
 from hvd_magic.protocol.plan import gpu_for_local_rank
 from hvd_magic.rank.client import HubClient
+from hvd_magic.warm import servers
 
 __all__ = ["STAGE_SCHEMA", "TaskSpec", "barrier_stage", "barrier_task"]
 PLAN_TIMEOUT = 120.0
@@ -67,7 +75,7 @@ class TaskSpec:
     run_id: str = "run"
     shard_sizes: list[int] = field(default_factory=list)  # data=: rows each partition must hold
     pieces: list[list[Piece]] = field(default_factory=list)  # data= Parquet: what each task reads
-    warm: tuple[str, ...] = ()  # what this worker's fork server preloads for warm ranks (launch.warm)
+    warm: tuple[str, ...] = ()  # what this worker's fork server preloads for warm ranks (warm.choice)
 
 
 STAGE_SCHEMA = "code long"  # what each task of the barrier stage returns: its exit code
@@ -140,7 +148,7 @@ def _run_task(spec: TaskSpec, context: Any, partition: int, executor: str, shard
     # Before joining: mpirun may start this host's ranks as soon as every task has its plan.
     # kept by this Python worker's parent (the executor's Python daemon, or its JVM without one),
     # which Spark keeps as long as the executor: not by this worker, which it may end
-    server = forkservers.serving(spec.warm, spec.env, keeper=os.getppid()) if spec.warm else None
+    server = servers.serving(spec.warm, spec.env, keeper=os.getppid()) if spec.warm else None
     resources = context.resources()
     client = HubClient(spec.hub_address, spec.hub_token, rank=-1)
     ip = own_address(spec.hub_address)
@@ -170,16 +178,16 @@ def _run_task(spec: TaskSpec, context: Any, partition: int, executor: str, shard
         elif agent is not None:
             code = _mpi_task(spec, answer.record.plan, partition, agent, client, server)
         elif spec.launcher == "torch":
-            code = _torch_task(spec, answer.record.plan, partition, client, forkservers.rank_command(server))
+            code = _torch_task(spec, answer.record.plan, partition, client, servers.rank_command(server))
         else:
-            code = _gloo_task(spec, answer.record.plan, partition, client, forkservers.rank_command(server))
+            code = _gloo_task(spec, answer.record.plan, partition, client, servers.rank_command(server))
     finally:
         if held is not None:  # the ranks' store has bound it by now, or will not
             held.close()
         if agent is not None:
             agent.close()
         # The driver returns from its stop only once every task confirmed this.
-        remaining = processes.stop_and_confirm(forkservers.own_processes())
+        remaining = processes.stop_and_confirm(servers.own_processes())
         client.send(Stopped(join.executor, [processes.describe(p) for p in remaining]))
         client.close()
     return code
@@ -206,7 +214,7 @@ def _start_mpirun(spec: TaskSpec, plan: SparkPlan, scratch: str) -> subprocess.P
     agents = {host.token: host.agent for host in plan.hosts}
     argv = mpirun_argv(
         spec.np,
-        forkservers.stand_in() if spec.warm else processes.worker_command(),
+        servers.stand_in() if spec.warm else worker_command(),
         as_root=os.geteuid() == 0,
         hosts=[(host.token, len(host.partitions)) for host in plan.hosts],
         rsh_agent=f"{sys.executable} -m hvd_magic.launch.task.agent",

@@ -1,5 +1,5 @@
 """Which runs get warm ranks: ranks forked from a process that has imported the framework once
-(``launch.forkservers``, ``hvd_magic.rank.forkserver``) instead of each importing it anew (1.5 to
+(``warm.servers``, ``hvd_magic.warm.fork_server``) instead of each importing it anew (1.5 to
 3 CPU-seconds a rank for PyTorch, 4 to 6 for TensorFlow and Keras: the most of a small cell's
 start).
 
@@ -9,7 +9,7 @@ framework that cannot be forked once imported (JAX, MXNet): on this machine (np 
 server the kernel keeps; on Spark, from a server each executor keeps. A run's ``env=`` keeps them
 warm: a rank takes its environment after the fork, and a variable the frameworks or the
 interpreter may read at import (``TF_USE_LEGACY_KERAS``, ``LD_PRELOAD``) gets a server started
-with it (``launch.forkservers`` keys its servers by them). Others, and every rank where
+with it (``warm.servers`` keys its servers by them). Others, and every rank where
 ``HVD_MAGIC_WARM_RANKS=0`` is set in the notebook, start the usual way.
 """
 
@@ -20,13 +20,14 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from hvd_magic.protocol.env import WORKER  # its own imports, preloaded too
+
 if TYPE_CHECKING:
     from hvd_magic.options import RunOptions
 
 __all__ = ["ENV_WARM_RANKS", "warm_modules"]
 
 ENV_WARM_RANKS = "HVD_MAGIC_WARM_RANKS"  # "0": every rank starts the usual way
-WORKER = "hvd_magic.rank.worker"  # its own imports, preloaded too
 # What a server may preload, each where the code imports it or a module of it: importing them
 # neither starts a GPU's driver nor leaves a thread holding a lock that a fork would copy.
 FRAMEWORKS = ("torch", "tensorflow", "keras", "tf_keras")

@@ -1,6 +1,6 @@
 """What tells fork servers apart (``identity``: what a server imports, as it would import it),
 this user's folder of shared fork servers on this machine, and the templates servers are forked
-from (``hvd_magic.rank.template``).
+from (``hvd_magic.warm.template``).
 
 A template imports a server's modules once, as a server of its identity would, and forks a
 server for each kernel that asks, in milliseconds: a restarted kernel or another notebook starts
@@ -32,7 +32,7 @@ from typing import IO
 
 import psutil
 
-from hvd_magic.launch.processes import THREAD_VARS
+from hvd_magic.protocol.env import THREAD_VARS
 
 __all__ = [
     "IDLE_SECONDS",
@@ -56,7 +56,7 @@ NOT_READ_BY = {
     "tensorflow": ("TORCH", "PYTORCH"),
     "tf_keras": ("TORCH", "PYTORCH"),
 }
-# ... but not these: a rank takes its thread budget after the fork (``rank.forkserver``), and its
+# ... but not these: a rank takes its thread budget after the fork (``warm.fork_server``), and its
 # own sys.path and streams
 TAKEN_AFTER_FORK = (*THREAD_VARS, "TF_NUM_INTEROP_THREADS", "PYTHONPATH", "PYTHONUNBUFFERED")
 # The interpreter's own are PYTHONHASHSEED, PYTHONWARNINGS...: no underscore after PYTHON, but for
@@ -70,7 +70,7 @@ INTERPRETER_UNDERSCORED = (
     "PYTHON_PRESITE",
 )
 IDLE_SECONDS = 600.0  # a template without a request for so long ends
-TEMPLATE = "hvd_magic.rank.template"
+TEMPLATE = "hvd_magic.warm.template"
 READY_SECONDS = 120.0  # the template's imports, on a loaded machine
 
 

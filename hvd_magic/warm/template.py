@@ -1,13 +1,13 @@
-"""The template fork servers are forked from: it imports the frameworks once for every fork
+"""The per-user template fork servers are forked from: it imports the frameworks once for every fork
 server of a kernel of this user on this machine that would import them alike, so that a server
 starts in milliseconds instead of importing them anew (PyTorch 3.5 CPU-seconds, TensorFlow 7): a
 kernel restarted, or a second notebook, starts its ranks warm from the first cell.
 
-    python -m hvd_magic.rank.template IDLE SOCKET MODULE...
+    python -m hvd_magic.warm.template IDLE SOCKET MODULE...
 
 Its peers are authenticated as a fork server's are (a folder of the user's only, ``SO_PEERCRED``).
-A request names the new server's socket and its keeper (``launch.templates``); the child becomes
-that server, as one started with ``--keeper`` is (``forkserver``): it ends with its keeper, not
+A request names the new server's socket and its keeper (``warm.templates``); the child becomes
+that server, as one started with ``--keeper`` is (``warm.fork_server``): it ends with its keeper, not
 with the template, and shows that command line. The template is kept by no one: it leaves its
 starter's tree at once, and ends, its folder with it, when no request came for IDLE seconds (or
 within seconds of its folder's removal).
@@ -20,23 +20,23 @@ import json
 import os
 import socket
 import sys
-import time
-from typing import Any
 
-from hvd_magic.rank.forked_rank import join_groups_of, show_as
-from hvd_magic.rank.forkserver import (
+from hvd_magic.warm.fork_server import serve_forever
+from hvd_magic.warm.forked_rank import join_groups_of, show_as
+from hvd_magic.warm.serving import (
+    Request,
+    accept_and_fork,
     check_peer,
     end_with,
     import_frozen,
     listen,
     remove_and_exit,
-    serve_forever,
 )
 
 __all__ = ["SERVER", "detach", "template"]
 
-SERVER = "hvd_magic.rank.forkserver"
-TEMPLATE = "hvd_magic.rank.template"
+SERVER = "hvd_magic.warm.fork_server"
+TEMPLATE = "hvd_magic.warm.template"
 MAX_REQUEST = 1 << 12
 LOOK_SECONDS = 5.0  # how often an idle template looks at its folder and its idle time
 
@@ -54,42 +54,29 @@ def template(path: str, modules: list[str], idle: float) -> None:
     print("ready", flush=True)
     os.dup2(2, 1)  # its stderr is its log: the starter's pipe is not written to again
     listener.settimeout(min(idle, LOOK_SECONDS))
-    last = time.monotonic()
-    while True:
-        try:
-            conn, _ = listener.accept()
-        except TimeoutError:
-            if not os.path.exists(path):  # its folder removed (its TMPDIR's, say): no one finds it
-                os._exit(0)
-            if time.monotonic() - last >= idle and _unclaimed(f"{folder}.lock"):
-                remove_and_exit(folder)
-            continue
-        last = time.monotonic()
-        try:
-            request = _server_request(conn)
-        except (OSError, ValueError) as err:
-            print(f"hvd_magic fork server template: refused a request: {err}", file=sys.stderr, flush=True)
-            conn.close()
-            continue
-        if os.fork() == 0:
-            try:  # a child never returns into this loop, whatever happens in it
-                listener.close()
-                _become_server(conn, request["socket"], request["keeper"], modules)
-            finally:
-                os._exit(1)
-        conn.close()
+
+    def looked(idle_for: float) -> None:
+        if not os.path.exists(path):  # its folder removed (its TMPDIR's, say): no one finds it
+            os._exit(0)
+        if idle_for >= idle and _unclaimed(f"{folder}.lock"):
+            remove_and_exit(folder)
+
+    def become_server(conn: socket.socket, request: Request) -> None:
+        _become_server(conn, request.asked["socket"], request.asked["keeper"], modules)
+
+    accept_and_fork(listener, _server_request, become_server, "fork server template", idle=looked)
 
 
-def _server_request(conn: socket.socket) -> dict[str, Any]:
+def _server_request(conn: socket.socket) -> Request:
     """A template's request: where the new server listens, and whose end it ends with."""
-    check_peer(conn)
+    peer = check_peer(conn)
     request = json.loads(conn.recv(MAX_REQUEST))
     path, keeper = request.get("socket"), request.get("keeper")
     if not (isinstance(path, str) and os.path.isabs(path) and os.path.isdir(os.path.dirname(path))):
         raise ValueError(f"no folder for a server's socket at {path!r}")
     if not (isinstance(keeper, int) and keeper > 0):
         raise ValueError(f"not a keeper's pid: {keeper!r}")
-    return {"socket": path, "keeper": keeper}
+    return Request({"socket": path, "keeper": keeper}, peer)
 
 
 def _become_server(conn: socket.socket, path: str, keeper: int, modules: list[str]) -> None:

@@ -1,4 +1,4 @@
-"""A rank forked by the fork server (``forkserver``) takes the place of its stand-in (``forked``):
+"""A rank forked by the fork server (``fork_server``) takes the place of its stand-in (``stand_in``):
 its streams, environment, directory, CPU affinity and cgroups; random seeds drawn afresh and its
 framework's threads set from its launch's budget; then it runs ``hvd_magic.rank.worker`` as
 ``python -m`` would, shown under that command line, and dies with the stand-in."""
@@ -15,9 +15,9 @@ import sys
 import threading
 from typing import Any
 
-__all__ = ["WORKER", "become_rank", "join_groups_of", "show_as"]
+from hvd_magic.protocol.env import WORKER
 
-WORKER = "hvd_magic.rank.worker"
+__all__ = ["become_rank", "join_groups_of", "show_as"]
 
 
 def become_rank(conn: socket.socket, request: dict[str, Any], fds: list[int], stand_in: int) -> None:

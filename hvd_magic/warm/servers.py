@@ -1,12 +1,12 @@
-"""The fork servers warm ranks are forked from (``hvd_magic.rank.forkserver``), kept by the process
+"""The fork servers warm ranks are forked from (``hvd_magic.warm.fork_server``), kept by the process
 that launches ranks (the notebook's kernel, for local ranks) or, on an executor, shared by the
 executor's Python workers and kept by its Python daemon (``keeper``): Spark ends an idle Python
 worker after a minute without tasks and kills a cancelled task's, but keeps the daemon as long as
 the executor. A server starts with the first run that needs it (a kernel's is forked from this
-machine's template of it, ``launch.templates``: the imports are paid once for every kernel of the
+machine's template of it, ``warm.templates``: the imports are paid once for every kernel of the
 user; an executor's imports for itself) and stays while its keeper lives; one that died, whose
 framework or Horovod was reinstalled since, or whose imports read a variable changed since, is
-started anew. Which runs are warm is decided on the notebook's side (``launch.warm``); this
+started anew. Which runs are warm is decided on the notebook's side (``warm.choice``); this
 module imports nothing of it, as it runs in Spark tasks.
 """
 
@@ -28,8 +28,9 @@ from collections.abc import Iterable, Mapping
 
 import psutil
 
-from hvd_magic.launch.processes import worker_command
-from hvd_magic.launch.templates import (
+from hvd_magic.protocol.env import worker_command
+from hvd_magic.protocol.files import forked_rank_file
+from hvd_magic.warm.templates import (
     forked_server,
     identity,
     listening,
@@ -38,7 +39,6 @@ from hvd_magic.launch.templates import (
     remove_ended,
     shared_base,
 )
-from hvd_magic.protocol.files import forked_rank_file
 
 __all__ = ["forked_ranks", "own_processes", "rank_command", "server_tree", "serving", "stand_in"]
 
@@ -69,7 +69,7 @@ class _Server:
             self.pid = forked
             return
         shared = ["--keeper", str(keeper)] if keeper is not None else []
-        argv = [sys.executable, "-m", "hvd_magic.rank.forkserver", *shared, self.socket, *modules]
+        argv = [sys.executable, "-m", "hvd_magic.warm.fork_server", *shared, self.socket, *modules]
         with open(os.path.join(self.folder, "log"), "wb") as log:  # the server's stderr
             self.started = subprocess.Popen(
                 argv,
@@ -195,7 +195,7 @@ def _shared_serving(modules: tuple[str, ...], env: Mapping[str, str], keeper: in
 
 def stand_in() -> list[str]:
     """A warm rank's stand-in, without its server's socket (``ENV_FORK_SERVER`` names it then)."""
-    found = importlib.util.find_spec("hvd_magic.rank.forked")
+    found = importlib.util.find_spec("hvd_magic.warm.stand_in")
     assert found is not None and found.origin is not None
     # by path, isolated (-I): no package to import, and no module beside it taken for the stdlib's
     return [sys.executable, "-I", found.origin]
