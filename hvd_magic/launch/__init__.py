@@ -38,7 +38,7 @@ def create(options: RunOptions, imports: frozenset[str] = frozenset()) -> Launch
     ``imports``: the modules the ranks' code imports (ranks of PyTorch code are warm)."""
     from hvd_magic.warm.choice import warm_modules
 
-    warm = warm_modules(imports, options)
+    warm = warm_modules(imports, here=options.np < 0)
     if options.np < 0:
         from hvd_magic.launch.local import LocalGlooLauncher, LocalMpiLauncher, LocalTorchLauncher
 

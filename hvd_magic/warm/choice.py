@@ -18,12 +18,8 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from hvd_magic.protocol.env import WORKER  # its own imports, preloaded too
-
-if TYPE_CHECKING:
-    from hvd_magic.options import RunOptions
 
 __all__ = ["ENV_WARM_RANKS", "warm_modules"]
 
@@ -69,18 +65,19 @@ def _preload(names: set[str]) -> tuple[str, ...]:
     return tuple(loaded for module in chosen for loaded in (module, *FIRST_USE.get(module, ())))
 
 
-def warm_modules(imports: Iterable[str], options: RunOptions) -> tuple[str, ...]:
+def warm_modules(imports: Iterable[str], here: bool) -> tuple[str, ...]:
     """What a fork server for these ranks preloads: each framework the code imports (and only
     those, with what they import on first use: a rank must not find in ``sys.modules`` what its
     code would never have imported), then our worker's modules; () where they start the usual
-    way. On Spark what the executors have installed is not known here: a server that cannot
-    import them is not used, and the ranks start the usual way."""
+    way. ``here``: the ranks run on this machine. On Spark what the executors have installed is
+    not known here: a server that cannot import them is not used, and the ranks start the usual
+    way."""
     names = set(imports)
     preload = _preload(names)
     if not preload or any(_within(name, *_COLD) for name in names):
         return ()
     if os.environ.get(ENV_WARM_RANKS) == "0":
         return ()
-    if options.np < 0 and any(importlib.util.find_spec(name.split(".")[0]) is None for name in preload):
+    if here and any(importlib.util.find_spec(name.split(".")[0]) is None for name in preload):
         return ()  # not installed here: each rank's own import error says so
     return (*preload, WORKER)
