@@ -37,9 +37,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const openRun = (run: RunRow) => {
       let view = views.get(run.id);
       if (!view || view.isDisposed) {
-        view = new MainAreaWidget({ content: new RunView(run, openNotebook) });
+        const content = new RunView(run, openNotebook);
+        view = new MainAreaWidget({ content });
         view.id = `hvd-magic-tab-${run.id.replace('/', '-')}`;
-        view.title.label = `Horovod run ${run.number}`;
+        view.title.label = content.title.label; // the notebook's name and the run's number
+        view.title.caption = content.title.caption;
         view.title.icon = icon;
         views.set(run.id, view);
         shell.add(view, 'main');
