@@ -34,7 +34,7 @@ from hvd_magic.widgets.live_view import LiveView
 
 SIMULATOR = """
 import os, sys, time
-from hvd_magic.rank.client import HubClient
+from hvd_magic.rank.hub_client import HubClient
 from hvd_magic.rank import reporting
 from hvd_magic.protocol import Exit, Started
 address, token = sys.argv[1], sys.argv[2]
@@ -147,7 +147,7 @@ def training_cost(rounds: int, steps: int) -> dict[str, str]:
     print(f"    without report {a:.0f} steps/s, with report at every step {b:.0f} steps/s")
     print(f"    cost {(a - b) / a:+.2%} (target <= 1 %)")
     from hvd_magic.rank import reporting
-    from hvd_magic.rank.client import HubClient
+    from hvd_magic.rank.hub_client import HubClient
 
     hub = Hub("127.0.0.1", b"")
     client = HubClient(hub.address, hub.keys.client_token(), 0)

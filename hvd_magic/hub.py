@@ -1,4 +1,4 @@
-"""The notebook's endpoint that ranks and Spark tasks report to (their end is ``rank.client``).
+"""The notebook's endpoint that ranks and Spark tasks report to (their end is ``rank.hub_client``).
 
 Transport is ZeroMQ with CURVE: every run gets a fresh server key pair and a fresh client key
 pair. A server only completes the handshake with a peer that holds the run's client secret key

@@ -13,7 +13,7 @@ from hvd_magic import hub as hub_module
 from hvd_magic.hub import Hub, Replies
 from hvd_magic.launch.gloo import GlooStore, gloo_slots
 from hvd_magic.protocol import Kind, Log, RankStacks, Result, StoreAnswer, StoreRequest
-from hvd_magic.rank.client import HubClient
+from hvd_magic.rank.hub_client import HubClient
 
 from .helpers import forged_token
 

@@ -16,7 +16,7 @@ from hvd_magic.hub import RunKeys
 from hvd_magic.launch.task import agent as agent_module
 from hvd_magic.launch.task.agent import ExecAgent
 from hvd_magic.protocol import ENV_AGENT_TOKEN, ENV_AGENTS, Exec
-from hvd_magic.rank.client import HubClient
+from hvd_magic.rank.hub_client import HubClient
 
 from .helpers import forged_token, wait_for_files
 

@@ -12,7 +12,7 @@ import pytest
 from hvd_magic.hub import Hub
 from hvd_magic.launch.task.slot import hold_slot
 from hvd_magic.protocol import Release
-from hvd_magic.rank.client import HubClient
+from hvd_magic.rank.hub_client import HubClient
 
 TALKER = "while True: print('still talking', flush=True)"
 

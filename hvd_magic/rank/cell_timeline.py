@@ -15,7 +15,7 @@ import tempfile
 import uuid
 from typing import Any
 
-from hvd_magic.rank.client import HubClient
+from hvd_magic.rank.hub_client import HubClient
 from hvd_magic.rank.timeline_stream import TimelineStream, initialized_horovod, stop_and_write_out
 
 __all__ = ["CellTimeline", "horovod_framework"]

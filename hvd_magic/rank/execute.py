@@ -17,7 +17,7 @@ import cloudpickle
 
 from hvd_magic.protocol import CELL_FILENAME, CellPayload, FunctionPayload, RankError, Result
 from hvd_magic.rank import debugger
-from hvd_magic.rank.client import HubClient
+from hvd_magic.rank.hub_client import HubClient
 
 __all__ = ["load_payload", "report_error", "run_payload", "user_call"]
 

@@ -14,7 +14,7 @@ import threading
 import time
 
 from hvd_magic.protocol import SILENT_EXIT, Beat, Cell, Interrupt, RankStatus, StacksAsked, StopAsked
-from hvd_magic.rank.client import LOST_SECONDS, HubClient
+from hvd_magic.rank.hub_client import LOST_SECONDS, HubClient
 from hvd_magic.rank.stacks import snapshot
 from hvd_magic.rank.telemetry import ResourceSampler, gpu_probe
 

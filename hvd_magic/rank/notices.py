@@ -21,7 +21,7 @@ import urllib.request
 from collections.abc import Callable
 
 from hvd_magic.protocol import ENV_PREEMPTION, Noticed
-from hvd_magic.rank.client import HubClient
+from hvd_magic.rank.hub_client import HubClient
 
 __all__ = ["LOOK_SECONDS", "watch", "watcher"]
 

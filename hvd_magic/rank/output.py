@@ -9,7 +9,7 @@ import threading
 
 from hvd_magic.protocol import Log
 from hvd_magic.protocol.env import TF_LEVEL_VARIABLE
-from hvd_magic.rank.client import HubClient
+from hvd_magic.rank.hub_client import HubClient
 from hvd_magic.rank.stalls import StallFilter
 from hvd_magic.rank.tf_logs import TfLogFilter, min_level
 

@@ -17,7 +17,7 @@ from hvd_magic.protocol import FileChunk, Reports
 from hvd_magic.rank import collective_time
 
 if TYPE_CHECKING:
-    from hvd_magic.rank.client import HubClient
+    from hvd_magic.rank.hub_client import HubClient
 
 __all__ = ["Reporter", "attach", "current", "detach", "report", "send_file", "send_file_soon"]
 

@@ -31,8 +31,8 @@ from hvd_magic.protocol import (
 )
 from hvd_magic.rank import debugger, reporting
 from hvd_magic.rank.cell_timeline import CellTimeline
-from hvd_magic.rank.client import HubClient
 from hvd_magic.rank.execute import report_error, run_payload, user_call
+from hvd_magic.rank.hub_client import HubClient
 from hvd_magic.rank.inbox import Inbox
 
 __all__ = ["serve"]

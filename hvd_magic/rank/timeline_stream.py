@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hvd_magic.protocol import FileChunk
-from hvd_magic.rank.client import HubClient
+from hvd_magic.rank.hub_client import HubClient
 from hvd_magic.rank.timeline_events import EventCutter
 
 __all__ = [

@@ -35,7 +35,7 @@ from hvd_magic.protocol import (
     Pong,
 )
 from hvd_magic.protocol.lifetime import die_with_parent
-from hvd_magic.rank.client import HubClient
+from hvd_magic.rank.hub_client import HubClient
 
 __all__ = ["ExecAgent", "main", "open_mpi_dirs"]
 PING_SECONDS = 1.0

@@ -55,7 +55,7 @@ from hvd_magic.protocol.env import (
     worker_command,
 )
 from hvd_magic.protocol.plan import gpu_for_local_rank
-from hvd_magic.rank.client import HubClient
+from hvd_magic.rank.hub_client import HubClient
 from hvd_magic.warm import servers
 
 __all__ = ["STAGE_SCHEMA", "TaskSpec", "barrier_stage", "barrier_task"]

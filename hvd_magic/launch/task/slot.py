@@ -12,7 +12,7 @@ import time
 from hvd_magic.launch import native, processes
 from hvd_magic.launch.memory_cgroup import MemoryWatch
 from hvd_magic.protocol import Abort, LauncherExit, LauncherLog, NativeAsked, Release
-from hvd_magic.rank.client import LOST_SECONDS, HubClient
+from hvd_magic.rank.hub_client import LOST_SECONDS, HubClient
 
 __all__ = ["hold_slot", "say"]
 
