@@ -8,7 +8,8 @@ is about to be taken a minute or two ahead, on a local metadata URL only that VM
 - ``azure``: the scheduled events of the VM, a ``Preempt`` or ``Terminate`` event;
 - ``file:PATH``: a file that appears (what a node's own agent writes; also for tests).
 
-Each rank's inbox thread looks every ``LOOK_SECONDS`` and tells the notebook once, which then
+Each rank's inbox thread looks every ``LOOK_SECONDS`` (a file, which costs nothing to look at,
+every ``FILE_LOOK_SECONDS``) and tells the notebook once, which then
 asks every rank to checkpoint at its next ``hvd_magic.stopping()``, as for Spark's decommission.
 """
 
@@ -23,9 +24,10 @@ from collections.abc import Callable
 from hvd_magic.protocol import ENV_PREEMPTION, Noticed
 from hvd_magic.rank.hub_client import HubClient
 
-__all__ = ["LOOK_SECONDS", "watch", "watcher"]
+__all__ = ["FILE_LOOK_SECONDS", "LOOK_SECONDS", "watch", "watcher"]
 
-LOOK_SECONDS = 5.0
+LOOK_SECONDS = 5.0  # a metadata service: a request each time
+FILE_LOOK_SECONDS = 0.5  # a file: a stat
 _TIMEOUT = 2.0
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # link-local: never a proxy
 AWS = "http://169.254.169.254/latest"
@@ -94,10 +96,12 @@ def watch(client: HubClient) -> None:
     look = watcher()
     if look is None:
         return
+    a_file = os.environ.get(ENV_PREEMPTION, "").strip().startswith("file:")
+    every = FILE_LOOK_SECONDS if a_file else LOOK_SECONDS
 
     def loop() -> None:
         stop = threading.Event()
-        while not stop.wait(LOOK_SECONDS):
+        while not stop.wait(every):
             said = look()
             if said:
                 client.send(Noticed(said))
