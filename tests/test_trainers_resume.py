@@ -21,7 +21,9 @@ pytestmark = pytest.mark.timeout(400)
 
 # How a cell's first attempt ends, at a step its trainer just ended (``at``): rank 1 killed, once
 # (the ``killed`` folder says whether it was); or the ranks wait there, marked started, until the
-# test says ``go`` (once the notebook took a preemption notice)
+# test says ``go`` (once the notebook took a preemption notice). The trainers ask whether to stop
+# every step but read the ranks' answer some 50 ms of steps later (StoppingLate): with this tiny
+# model's 7 ms steps a stop could land after the run's last step, so steps take 50 ms there
 KILL = """
 def step_ended(rank, step):
     if rank == 1 and step == {at} and not os.listdir({marks!r} + "/killed"):
@@ -31,6 +33,7 @@ def step_ended(rank, step):
 NOTICE = """
 def step_ended(rank, step):
     import time
+    time.sleep(0.05)  # steps as long as a real model's: the ranks agree on a stop within a step or two
     go = pathlib.Path({marks!r}, "go")
     if step == {at} and not go.exists():
         pathlib.Path({marks!r}, f"started-{{rank}}").touch()
@@ -87,6 +90,8 @@ class Marks(lightning.Callback):
         pathlib.Path({marks!r}, f"began-{{trainer.global_rank}}-{{trainer.global_step}}").touch()
     def on_train_batch_end(self, trainer, module, outputs, batch, index):
         step_ended(trainer.global_rank, trainer.global_step)
+    def on_train_end(self, trainer, module):
+        pathlib.Path({marks!r}, f"ended-{{trainer.global_rank}}-{{trainer.global_step}}").touch()
 trainer = lightning.Trainer(accelerator="cpu", strategy="ddp", devices=2, max_epochs=3, logger=False,
                             enable_progress_bar=False, enable_model_summary=False, callbacks=[Marks()],
                             default_root_dir=tempfile.mkdtemp())
@@ -151,7 +156,11 @@ TRAINERS = {
     "lightning": (LIGHTNING, 24, 12, {8}),
     "accelerate": (ACCELERATE, 24, 10, {4, 8}),
 }
-NOTICED_AT = 6  # the Hugging Face run's ranks wait at step 6 until the notebook took the notice
+# Where a run's ranks wait until the notebook took the notice, and where the retry resumes after
+# a stop at step N: HF from its checkpoint-N; Lightning from the end of the epoch before (8 steps
+# an epoch; the checkpoint Lightning writes at a stop mid-epoch marks the epoch as ended)
+NOTICED_AT = {"hf": 6, "lightning": 12}
+RESUMED_AT = {"hf": lambda at: at, "lightning": lambda at: at // 8 * 8}
 _never_stopped: dict[str, tuple[int, float]] = {}
 
 
@@ -190,13 +199,14 @@ def test_a_killed_rank_is_resumed_from_the_trainers_own_checkpoint(ip, tmp_path,
     assert math.isclose(weights, expected, rel_tol=1e-6, abs_tol=1e-6), (weights, expected)
 
 
-def test_a_preemption_notice_stops_a_hugging_face_trainer_where_its_retry_resumes(
-    ip, tmp_path, capsys, monkeypatch
+@pytest.mark.parametrize("trainer", ["hf", "lightning"])
+def test_a_preemption_notice_stops_a_trainer_where_its_retry_resumes(
+    ip, tmp_path, capsys, monkeypatch, trainer
 ):
     """HVD_MAGIC_PREEMPTION=file:PATH: the ranks, waiting at a step, see the notice appear; the
-    trainer's own flag stops them at one step, where the trainer writes its checkpoint-N; the
-    retry resumes from it and ends as a run never stopped."""
-    steps = TRAINERS["hf"][1]
+    trainer's own flag stops them at one step, where the trainer writes its checkpoint; the
+    retry resumes (``RESUMED_AT``) and ends as a run never stopped."""
+    steps = TRAINERS[trainer][1]
     marks, notice = tmp_path / "noticed", tmp_path / "spot-notice"
     stops = recorded_stops(monkeypatch)
 
@@ -208,17 +218,19 @@ def test_a_preemption_notice_stops_a_hugging_face_trainer_where_its_retry_resume
 
     when_started(marks, 2, notice_then_go)
     line = f"np=-2 backend=torch retries=1 env=HVD_MAGIC_PREEMPTION=file:{notice}"
-    step, weights = ip.run_cell_magic("horovod", line, cell("hf", marks, NOTICE, NOTICED_AT))
+    step, weights = ip.run_cell_magic("horovod", line, cell(trainer, marks, NOTICE, NOTICED_AT[trainer]))
     first = {(rank, at) for rank, at in marked(marks, "ended") if at < steps}
     stopped = {at for _, at in first}
     assert len(first) == 2 and len(stopped) == 1, first  # both ranks, at one step
     (at_step,) = stopped
-    assert NOTICED_AT < at_step < steps, first
-    assert {(0, at_step), (1, at_step)} <= marked(marks, "saved")  # the trainer wrote checkpoint-N there
-    assert marked(marks, "began") == {(0, 0), (1, 0), (0, at_step), (1, at_step)}  # the retry began there
+    assert NOTICED_AT[trainer] < at_step < steps, first
+    if trainer == "hf":
+        assert {(0, at_step), (1, at_step)} <= marked(marks, "saved")  # the trainer wrote checkpoint-N there
+    resumed = RESUMED_AT[trainer](at_step)
+    assert marked(marks, "began") == {(0, 0), (1, 0), (0, resumed), (1, resumed)}  # the retry began there
     said = capsys.readouterr().err
     assert "preemption notice: rank " in said and ": reclaimed in 2 minutes: the ranks write" in said
-    assert f"attempt 2 of 2 from step {at_step}" in said
-    expected_step, expected = never_stopped(ip, tmp_path, "hf")
+    assert f"attempt 2 of 2 from step {resumed}" in said
+    expected_step, expected = never_stopped(ip, tmp_path, trainer)
     assert step == expected_step == steps
     assert math.isclose(weights, expected, rel_tol=1e-6, abs_tol=1e-6), (weights, expected)

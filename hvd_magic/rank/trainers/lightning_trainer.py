@@ -7,7 +7,11 @@ read at most ten times a second), the learning rate and the validation metrics. 
 it asks whether the run is to stop (``StoppingLate``: the ranks agree on the batch, no rank waits
 for the others) and, when it is, sets ``trainer.should_stop``: ``fit`` ends as an early stop
 does. With ``retries=``, each checkpoint Lightning writes is kept by the run too,
-and a retried attempt's ``fit()`` resumes from the latest (``resuming``).
+and a retried attempt's ``fit()`` resumes from the latest (``resuming``), except the one Lightning
+writes where a stop came mid-epoch: it marks the epoch as ended (a resume would skip the rest of
+it), and a plain ``DataLoader`` cannot resume mid-epoch anyway. The retry resumes from the end of
+the epoch before, doing the part of the epoch done again: no step is lost, and the run ends as
+one never stopped.
 
 Lightning reads torchrun's variables, which ``backend=torch`` sets; its ``devices`` and
 ``num_nodes`` must make the run's ranks. ``devices=`` the ranks a host, ``num_nodes=`` the hosts
@@ -49,6 +53,7 @@ class _LightningCallbackMixin:
         self._reading = LossReading()
         self._stopping = StoppingLate()  # asked each step, answered a few steps late: no wait added
         self._total: int | None = None
+        self._stopped_mid_epoch = False  # the checkpoint Lightning writes now is not one to resume from
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         estimated = trainer.estimated_stepping_batches  # inf where max_epochs=-1
@@ -65,10 +70,12 @@ class _LightningCallbackMixin:
         report(step=trainer.global_step, total=self._total, epoch=trainer.current_epoch, **metrics)
         if self.stoppable and self._stopping():
             trainer.should_stop = True
+            self._stopped_mid_epoch = index + 1 < trainer.num_training_batches
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
-        """The checkpoint Lightning is writing, kept by the run too (rank 0; ``resuming``)."""
-        if trainer.global_rank == 0:
+        """The checkpoint Lightning is writing, kept by the run too (rank 0; ``resuming``), but
+        not one written after a stop mid-epoch."""
+        if trainer.global_rank == 0 and not self._stopped_mid_epoch:
             resuming.keep("lightning", trainer.global_step, checkpoint)
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
