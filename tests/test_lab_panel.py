@@ -116,6 +116,12 @@ def in_chromium(lab, root) -> None:
         page.click('.hvd-run[data-state="running"]')
         page.wait_for_selector(".hvd-view-body .hvd-grid", timeout=30_000)
         timeline_drawn(page, lab, wait_for_run(lab, long_nb, lambda run: True)["id"])
+        # its curves: the live view's plotly traces, drawn by plotly, between the grid and the logs
+        page.wait_for_function("document.querySelector('.hvd-curve')?.data?.length === 3", timeout=60_000)
+        assert page.evaluate("document.querySelector('.hvd-curve').data.map(t => t.name)") == [
+            "rank 0", "rank 1", "mean"
+        ]  # fmt: skip
+        assert page.locator(".hvd-curve .main-svg").count() >= 1
         wait_for_run(lab, long_nb, lambda run: run.get("step") == 40)
         page.wait_for_selector(".hvd-grid .hvd-bar[data-progress='40']", timeout=30_000)
         page.screenshot(path=str(ARTIFACTS / "horovod_panel_live.png"))  # docs/_static/horovod_panel.png
@@ -155,12 +161,12 @@ def many_ranks(lab, root, browser, page) -> None:
     page.click('.hvd-run[data-state="running"]:has-text("wide/live.ipynb")')
     tab = f"#hvd-magic-run-{run['id'].replace('/', '-')}"  # its tab (the first run's is open too)
     page.wait_for_selector(f"{tab} .hvd-view-body .hvd-compact", timeout=30_000)
-    assert page.locator(f"{tab} .hvd-view-body polyline").count() == 1  # the mean curve only
+    traces = f"document.querySelector('{tab} .hvd-curve').data.map(trace => trace.name)"
+    page.wait_for_function(f"{traces}.length > 0", timeout=60_000)
+    assert page.evaluate(traces) == ["min of 64 ranks", "max of 64 ranks", "mean"]  # the mean first
     clicked = time.monotonic()
     page.click(f"{tab} button:has-text('Every rank')")
-    page.wait_for_function(
-        f"document.querySelectorAll('{tab} .hvd-view-body polyline').length == 65", timeout=60_000
-    )
+    page.wait_for_function(f"{traces}.length == 65", timeout=60_000)
     print(f"64 ranks' curves and rows drawn {time.monotonic() - clicked:.2f} s after the click")
     box = page.locator(f"{tab} .hvd-grid-scroll")
     assert box.locator("tr").count() == 65  # a row per rank, under its heading
@@ -170,9 +176,7 @@ def many_ranks(lab, root, browser, page) -> None:
     print(f"the server answered the 64-rank run's view in {time.monotonic() - began:.2f} s")
     page.screenshot(path=str(ARTIFACTS / "horovod_panel_64_ranks.png"))
     page.click(f"{tab} button:has-text('Mean curve only')")
-    page.wait_for_function(
-        f"document.querySelectorAll('{tab} .hvd-view-body polyline').length == 1", timeout=60_000
-    )
+    page.wait_for_function(f"{traces}.length == 3", timeout=60_000)
     page.click(f"{tab} button:has-text('Stop now')")
     wait_for_run(lab, "wide/live.ipynb", lambda run: run["state"] == "ended")
 

@@ -72,9 +72,14 @@ def test_only_the_token_opens_the_record_and_a_row_says_how_the_run_goes(tmp_pat
         assert [row[k] for k in ("number", "state", "ranks", "step", "total")] == [1, "running", 2, 10, 40]
         assert row["hosts"] == ["host-a"] and "loss 0.5" in row["summary"]
         shown = ask(folder, {"ask": "run", "number": 1})["run"]
-        assert "hvd-grid" in shown["html"] and "polyline" in shown["html"]
-        mean_only = ask(folder, {"ask": "run", "number": 1, "per_rank": False})["run"]["html"]
-        assert mean_only.count("<polyline") == 1
+        # the grid and a place for the curves, which come as the live view's plotly traces
+        assert (
+            "hvd-grid" in shown["html"] and "hvd-curves-here" in shown["html"] and "<svg" not in shown["html"]
+        )
+        assert [trace["name"] for trace in shown["curves"]["loss"]] == ["rank 0", "rank 1", "mean"]
+        assert shown["curves"]["loss"][0]["y"] == [0.5]
+        mean_first = ask(folder, {"ask": "run", "number": 1, "per_rank": False})["run"]["curves"]["loss"]
+        assert [trace["name"] for trace in mean_first] == ["min of 2 ranks", "max of 2 ranks", "mean"]
         assert "starting its ranks" in ask(folder, {"ask": "stop", "number": 1})["refused"]
         assert "no run 7" in ask(folder, {"ask": "run", "number": 7})["refused"]
         assert "unknown ask" in ask(folder, {"ask": "delete"})["refused"]

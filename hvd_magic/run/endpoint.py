@@ -30,13 +30,13 @@ import zmq
 
 from hvd_magic.protocol.panel import ASKS, Endpoint, endpoint_folder, refusal
 from hvd_magic.run.history import History, RunEntry
-from hvd_magic.widgets.render import final_html
+from hvd_magic.widgets.render import final_html, plotted
 from hvd_magic.widgets.state import RunModel
 
 if TYPE_CHECKING:
     from hvd_magic.run.served_timeline import ServedTimeline
 
-__all__ = ["RunEndpoint", "row", "serve_in_kernel"]
+__all__ = ["RunEndpoint", "row", "serve_in_kernel", "tab_view"]
 
 POLL_MS = 200  # how often the serving thread looks at its stop flag
 _serving: list[RunEndpoint | None] = []  # the kernel's endpoint once a run began (None: it failed)
@@ -92,8 +92,8 @@ class RunEndpoint:
         if entry is None:
             return refusal(f"no run {request.get('number')!r} is kept in this kernel")
         if ask == "run":
-            html = _html(entry, bool(request.get("per_rank", True)))
-            return {"run": row(entry) | {"html": html, "timeline": bool(entry.timeline)}}
+            html, curves = _view(entry, bool(request.get("per_rank", True)))
+            return {"run": row(entry) | {"html": html, "curves": curves, "timeline": bool(entry.timeline)}}
         if ask == "timeline":
             return self._timeline(entry, request)
         stop, stacks = entry.stop, entry.stacks
@@ -126,12 +126,18 @@ class RunEndpoint:
         self.endpoint.remove_socket()
 
 
-def _html(entry: RunEntry, per_rank: bool) -> str:
+def _view(entry: RunEntry, every_rank: bool) -> tuple[str, dict[str, Any]]:
+    """What a run's tab shows of it: the kernel's HTML of its view (summary, grid, logs), and its
+    curves' plotly traces, as under the cell; every rank's row and line, or not."""
     model = entry.model
     if model is None:
-        return entry.final
+        return entry.views.get(every_rank, (entry.final, {}))
     with model.lock:
-        return final_html(model, per_rank, every_rank=per_rank)
+        return tab_view(model, every_rank)
+
+
+def tab_view(model: RunModel, every_rank: bool) -> tuple[str, dict[str, Any]]:
+    return final_html(model, every_rank, curves=False), plotted(model, every_rank)
 
 
 def row(entry: RunEntry) -> dict[str, Any]:

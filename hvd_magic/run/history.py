@@ -47,6 +47,9 @@ class RunEntry:
     timeline: str = ""  # where the run writes its Horovod Timeline (timeline=), for the panel's tab
     value_text: str = ""  # the value's repr, shortened (for the panel: made here, on the kernel's thread)
     final: str = field(default="", repr=False)  # the final record's HTML, as the view kept it
+    # the panel tab's view of the run once ended: its record's HTML without curves, and the curves'
+    # plotly traces, with every rank's row and line (True) or not (False)
+    views: dict[bool, tuple[str, dict[str, Any]]] = field(default_factory=dict, repr=False)
     model: RunModel | None = field(default=None, repr=False)  # while it runs
     stop: Callable[[bool], None] | None = field(default=None, repr=False)  # while supervised: (at_once)
     stacks: Callable[[], str] | None = field(default=None, repr=False)  # ... every rank's stacks, told

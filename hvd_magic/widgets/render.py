@@ -153,6 +153,18 @@ def log_html(text: str) -> str:
     )
 
 
+def plotted(model: RunModel, every_rank: bool) -> dict[str, list[dict[str, Any]]]:
+    """Each metric's plotly traces as the live view under the cell draws them (``traces``), in
+    plain lists (JSON): every rank's line (``every_rank``), else the band of the ranks around
+    their mean."""
+    ranks = model.ranks if every_rank else 0
+    return {
+        metric: [{k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in trace.items()} for trace in
+                 traces(model, metric, max_ranks=ranks)]
+        for metric in model.series
+    }  # fmt: skip
+
+
 def _thin(steps: list[float], values: list[float], max_points: int) -> tuple[np.ndarray, np.ndarray]:
     stride = max(1, -(-len(steps) // max_points))
     x, y = np.asarray(steps[::stride]), np.asarray(values[::stride])
@@ -228,23 +240,25 @@ def svg_chart(series: dict[str, Series], width: int = 480, height: int = 160) ->
     return f"{svg}{axes}{''.join(lines)}</svg>"
 
 
-def final_html(model: RunModel, per_rank: bool = True, every_rank: bool = False) -> str:
+def final_html(model: RunModel, every_rank: bool = False, curves: bool = True) -> str:
     """The run's record, kept in the notebook: summary, grid, curves (with their data), logs.
-    ``per_rank=False``: the curves' mean only (the panel's first view of a large run);
-    ``every_rank``: a large run's grid with every rank's row (``grid_html``)."""
+    ``every_rank``: a large run's grid with every rank's row (``grid_html``); ``curves=False``:
+    a place for the curves instead (the panel's tab draws them with plotly: ``plotted``)."""
     parts = [
         f'<div class="hvd-summary" style="font-weight:bold">hvd_magic: {html.escape(model.summary())}</div>'
     ]
     parts.append(grid_html(model, every_rank))
     data = {}
-    for metric in model.series:
-        ranks = sorted(model.series[metric].items()) if per_rank else []
-        chart = {f"rank {r}": s for r, s in ranks} | {"mean": model.mean_series(metric)}
+    for metric in model.series if curves else ():
+        chart = {f"rank {r}": s for r, s in sorted(model.series[metric].items())}
+        chart["mean"] = model.mean_series(metric)
         parts.append(f"<div><b>{html.escape(metric)}</b><br>{svg_chart(chart)}</div>")
         data[metric] = {name: {"step": s.steps, "value": s.values} for name, s in chart.items()}
     if data:
         payload = json.dumps(data).replace("</", "<\\/")  # raw text inside <script>: only "</" matters
         parts.append(f'<script type="application/json" class="hvd-metrics">{payload}</script>')
+    if not curves:
+        parts.append('<div class="hvd-curves-here"></div>')
     logs = "".join(
         f"<details><summary>rank {rank} log</summary>{log_html(log.text())}</details>"
         for rank, log in enumerate(model.logs)

@@ -4,6 +4,7 @@ import { Widget } from '@lumino/widgets';
 
 import { askWindow, getRun, getTimeline, stacks, stop } from './api';
 import { details, going, heading, Overview, perRankByDefault, RunRow, sessionLines } from './runs';
+import { CurvesSection } from './curves';
 import { TimelineSection } from './timeline';
 
 /** The side panel: a card per run, live ones first; a click opens the run's tab. */
@@ -84,8 +85,9 @@ export class RunsPanel extends Widget {
 }
 
 /**
- * A run's tab: its view (the kernel's own rendering of grid, curves and logs), its timeline (the
- * notebook's viewer) when it writes one, and its buttons.
+ * A run's tab: its view (the kernel's own rendering of its grid and logs; its curves drawn with
+ * plotly from the live view's own traces), its timeline (the notebook's viewer) when it writes
+ * one, and its buttons.
  */
 export class RunView extends Widget {
   private readonly body: HTMLElement;
@@ -95,6 +97,7 @@ export class RunView extends Widget {
   private timer: ReturnType<typeof setInterval> | null = null;
   private ended = false;
   private timeline: TimelineSection | null = null;
+  private readonly curves = new CurvesSection();
 
   constructor(
     readonly run: RunRow,
@@ -161,6 +164,9 @@ export class RunView extends Widget {
     getRun(this.run.id, this.perRank)
       .then(run => {
         this.body.innerHTML = run.html || '';
+        // the curves between the grid and the logs, where the kernel's HTML leaves them a place
+        (this.body.querySelector('.hvd-curves-here') ?? this.body).append(this.curves.node);
+        this.curves.show(run.curves);
         this.node.dataset.state = run.state;
         this.showTimeline(run);
         if (run.state === 'ended') {

@@ -30,6 +30,7 @@ export interface RunRow {
   attempt?: string;
   counts?: Record<string, number>;
   html?: string;
+  curves?: Record<string, object[]>; // each metric's plotly traces (the run's tab draws them)
   timeline?: boolean; // the run writes a Horovod Timeline (its tab shows it)
 }
 
