@@ -99,7 +99,9 @@ def in_chromium(lab, root) -> None:
             page.wait_for_selector("#jp-main-dock-panel", timeout=90_000)
             shown = time.monotonic()
             page.wait_for_selector('.hvd-run[data-state="running"]', state="attached", timeout=60_000)
-            print(f"the panel listed the live run {time.monotonic() - shown:.2f} s after the lab's shell")
+            listed = time.monotonic() - shown
+            print(f"the panel listed the live run {listed:.2f} s after the lab's shell")
+            assert listed < 6.0  # the issue's 2 s, guarded at 3x as the benchmarks' guards are
             page.click('.jp-SideBar [title="Horovod runs"]')
             page.wait_for_selector(f'.hvd-run:has-text("{short_nb}")', timeout=30_000)
             assert "Horovod: 1 live" in page.text_content(".hvd-status")
