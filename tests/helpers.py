@@ -23,6 +23,8 @@ RUN_MODULES = ("hvd_magic.rank.worker", "hvd_magic.launch.task.agent")
 STAND_IN = os.path.join("hvd_magic", "warm", "stand_in.py")  # a warm rank's stand-in, run by path
 FORK_SERVER = "hvd_magic.warm.fork_server"  # a warm rank's server, and the waiters it forks
 SUITE_VARIABLE = "HVD_MAGIC_TEST_SUITE"  # every process a suite starts inherits its mark (conftest)
+LAUNCHERS_RANK = ("OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "RANK")  # what a launcher sets a rank it starts
+ORPHANED = "an orphaned warm rank"  # _suite_mark's: a warm rank whose waiter is gone, no suite's to tell
 SLEEP_FOREVER = "while True:\n    time.sleep(0.1)\n"
 WAIT_FOR_GO = (  # a cell's ranks wait (up to 120 s) for the test to make ``go`` in the folder ``d``
     "for _ in range(1200):\n    if (d / 'go').exists(): break\n    time.sleep(0.1)\n"
@@ -242,18 +244,24 @@ def _of_another_suite(process: psutil.Process) -> bool:
 
 
 def _suite_mark(process: psutil.Process) -> str | None:
-    """The mark of the suite whose run ``process`` is of. A warm rank (and its fork server) shows
-    the environment its server's template was started with, by whichever suite's kernel started
-    it: the mark of the server's keeper (``--keeper PID``) counts, else that of the first process
-    above that is neither a rank nor a fork server."""
+    """The mark of the suite whose run ``process`` is of. A rank started as itself has it in its
+    own environment (beside its launcher's rank variables). A warm rank (and its fork server)
+    shows the environment its server's template was started with, by whichever suite's kernel
+    started it: the mark of the server's keeper (``--keeper PID``) counts, else that of the
+    first process above that is neither a rank nor a fork server. A warm rank whose waiter is
+    gone (its parent is init) is no one's to tell: it ends with its stand-in (``ORPHANED``)."""
     current: psutil.Process | None = process
     while current is not None:
         argv = current.cmdline()
         if FORK_SERVER in argv and "--keeper" in argv:
             return psutil.Process(int(argv[argv.index("--keeper") + 1])).environ().get(SUITE_VARIABLE)
-        if FORK_SERVER not in argv and not is_rank(argv):
-            return current.environ().get(SUITE_VARIABLE)
-        current = current.parent()
+        environ = current.environ()
+        started_as_itself = is_rank(argv) and any(name in environ for name in LAUNCHERS_RANK)
+        if started_as_itself or (FORK_SERVER not in argv and not is_rank(argv)):
+            return environ.get(SUITE_VARIABLE)
+        rank, current = is_rank(argv), current.parent()
+        if rank and current is not None and current.pid == 1:
+            return ORPHANED
     return None
 
 

@@ -200,6 +200,8 @@ def test_a_runs_timeline_is_served_to_the_viewer_as_the_run_writes_it(tmp_path, 
         window = {"type": "window", "id": 7, "t0": 0, "t1": traits["end_us"] / 4, "width": 300, "rows": [0]}
         detail = ask(folder, {"ask": "timeline", "number": 2, "window": window})
         assert detail["reply"]["id"] == 7 and detail["reply"]["rows"] == [0] and len(detail["buffers"]) == 6
+        endless = ask(folder, {"ask": "timeline", "number": 2, "window": window | {"width": float("inf")}})
+        assert endless["reply"]["rows"] == []  # a malformed window: an empty reply; the endpoint serves on
 
         path.write_bytes(whole)
         entry.ended = time.time()
@@ -207,5 +209,21 @@ def test_a_runs_timeline_is_served_to_the_viewer_as_the_run_writes_it(tmp_path, 
         assert done["version"] > half["version"] and done["traits"]["row_names"] == ["t1", "t2", "t3"]
         assert "so far" not in done["said"]
         assert "traits" not in ask(folder, {"ask": "timeline", "number": 2, "version": done["version"]})
+    finally:
+        endpoint.close()
+
+
+def test_a_metric_gone_to_nan_is_a_gap_in_the_tabs_curves_not_a_broken_answer(tmp_path):
+    """A diverging run's loss (NaN, inf) goes to the tab as null, a gap where plotly draws NaN;
+    the answer is JSON a browser parses."""
+    folder, history = endpoint_folder(tmp_path), History()
+    endpoint = RunEndpoint(history, folder, "k")
+    try:
+        sink = RecordingSink(history.begin(make_options(np=-1)))
+        sink.message(Message(Started("host-a", 100, 0, 1), rank=0))
+        reports = [{"step": step, "metrics": {"loss": loss}} for step, loss in ((1, 0.5), (2, float("nan")))]
+        sink.message(Message(Reports(0), rank=0, blob=json.dumps(reports).encode()))
+        curves = ask(folder, {"ask": "run", "number": 1})["run"]["curves"]["loss"]
+        assert [trace["y"] for trace in curves if trace["name"] == "rank 0"] == [[0.5, None]]
     finally:
         endpoint.close()

@@ -1,6 +1,6 @@
 """A stop is complete when the cell returns: after RunInterrupted, RankFailedError and RunTimeout
-no process of the run is left (mpirun, its ranks, ranks forked warm from this kernel's server),
-checked at once, with no grace. (The same on Spark is in test_launch_spark.py.)"""
+no process of the run exists anywhere on the machine, checked at once, with no grace. (The same
+on Spark is in test_launch_spark.py.)"""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from hvd_magic import RankFailedError, RunInterrupted, RunTimeout
 from hvd_magic.run import supervisor
 
-from .helpers import leftover_processes, placed_ranks, waiting_cell, when_started
+from .helpers import placed_ranks, run_processes_anywhere, waiting_cell, when_started
 
 FAILING_CELL = (
     "import time, horovod.torch as hvd, torch\nhvd.init()\n"
@@ -26,9 +26,7 @@ FAILING_CELL = (
 @pytest.mark.parametrize("launcher", ["mpi", "gloo"])
 def test_nothing_is_left_when_an_interrupted_cell_returns(ip, tmp_path, launcher):
     """The ranks ignore SIGINT and SIGTERM: only the escalation to SIGKILL stops them (Gloo's are
-    the kernel's own children, with no mpirun to die), and it is bounded. (Checked below this
-    process, its warm ranks too: a rank of another pytest worker's, orphaned for a moment as its
-    test ends, cannot be told apart from this test's anywhere on the machine.)"""
+    the kernel's own children, with no mpirun to die), and it is bounded."""
     interrupted: list[float] = []
 
     def interrupt() -> None:
@@ -41,14 +39,14 @@ def test_nothing_is_left_when_an_interrupted_cell_returns(ip, tmp_path, launcher
             "horovod", f"np=-2 launcher={launcher}", waiting_cell(tmp_path, ignore_signals=True)
         )
     assert interrupted and time.monotonic() - interrupted[0] < 20
-    assert leftover_processes(settle=0) == []  # this test's: its ranks, warm ones too, and mpirun's
+    assert run_processes_anywhere() == []
 
 
 @pytest.mark.parametrize("launcher", ["mpi", "gloo"])
 def test_nothing_is_left_when_a_failed_cell_returns(ip, launcher):
     with pytest.raises(RankFailedError):
         ip.run_cell_magic("horovod", f"np=-2 launcher={launcher}", FAILING_CELL)
-    assert leftover_processes(settle=0) == []  # this test's: its ranks, warm ones too, and mpirun's
+    assert run_processes_anywhere() == []
 
 
 @pytest.mark.parametrize("launcher", ["mpi", "gloo"])
@@ -57,7 +55,7 @@ def test_nothing_is_left_when_a_timed_out_cell_returns(ip, tmp_path, launcher):
         ip.run_cell_magic(
             "horovod", f"np=-2 launcher={launcher} timeout=3", waiting_cell(tmp_path, ignore_signals=True)
         )
-    assert leftover_processes(settle=0) == []  # this test's: its ranks, warm ones too, and mpirun's
+    assert run_processes_anywhere() == []
     # the error says where each rank was: in the cell (its sleep), each rank answering
     placed = placed_ranks(str(timed_out.value), "at the timeout")
     assert sorted(placed) == [0, 1] and all("of the cell" in where for where in placed.values()), placed
@@ -72,4 +70,4 @@ def test_an_interrupt_of_a_quiet_run_says_where_each_rank_was(ip, tmp_path, monk
         ip.run_cell_magic("horovod", "np=-2 launcher=gloo", waiting_cell(tmp_path))
     placed = placed_ranks(str(info.value), "when interrupted")
     assert sorted(placed) == [0, 1] and all("of the cell" in where for where in placed.values()), placed
-    assert leftover_processes(settle=0) == []  # this test's: its ranks, warm ones too, and mpirun's
+    assert run_processes_anywhere() == []

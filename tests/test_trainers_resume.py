@@ -23,7 +23,8 @@ pytestmark = pytest.mark.timeout(400)
 # (the ``killed`` folder says whether it was); or the ranks wait there, marked started, until the
 # test says ``go`` (once the notebook took a preemption notice). The trainers ask whether to stop
 # every step but read the ranks' answer some 50 ms of steps later (StoppingLate): with this tiny
-# model's 7 ms steps a stop could land after the run's last step, so steps take 50 ms there
+# model's 7 ms steps a stop could land after the run's last step, so steps take 50 ms there, and
+# the ranks go on only once each has the stop
 KILL = """
 def step_ended(rank, step):
     if rank == 1 and step == {at} and not os.listdir({marks!r} + "/killed"):
@@ -33,6 +34,7 @@ def step_ended(rank, step):
 NOTICE = """
 def step_ended(rank, step):
     import time
+    from hvd_magic.rank import inbox
     time.sleep(0.05)  # steps as long as a real model's: the ranks agree on a stop within a step or two
     go = pathlib.Path({marks!r}, "go")
     if step == {at} and not go.exists():
@@ -41,6 +43,7 @@ def step_ended(rank, step):
             if go.exists():
                 break
             time.sleep(0.1)
+        inbox.current().stop_asked.wait(120)  # until this rank has the stop, however loaded the machine
 """
 NEVER = "\ndef step_ended(rank, step):\n    pass\n"
 

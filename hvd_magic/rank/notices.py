@@ -27,7 +27,7 @@ from hvd_magic.rank.hub_client import HubClient
 __all__ = ["FILE_LOOK_SECONDS", "LOOK_SECONDS", "watch", "watcher"]
 
 LOOK_SECONDS = 5.0  # a metadata service: a request each time
-FILE_LOOK_SECONDS = 0.5  # a file: a stat
+FILE_LOOK_SECONDS = 0.5  # a file: whether it is there, on this machine's own disk
 _TIMEOUT = 2.0
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # link-local: never a proxy
 AWS = "http://169.254.169.254/latest"

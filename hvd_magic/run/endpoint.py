@@ -36,7 +36,7 @@ from hvd_magic.widgets.state import RunModel
 if TYPE_CHECKING:
     from hvd_magic.run.served_timeline import ServedTimeline
 
-__all__ = ["RunEndpoint", "row", "serve_in_kernel", "tab_view"]
+__all__ = ["RunEndpoint", "row", "serve_in_kernel", "serving", "tab_view"]
 
 POLL_MS = 200  # how often the serving thread looks at its stop flag
 _serving: list[RunEndpoint | None] = []  # the kernel's endpoint once a run began (None: it failed)
@@ -71,10 +71,14 @@ class RunEndpoint:
                 continue
             try:
                 request = json.loads(self._socket.recv())
-                reply = self.answer(request) if isinstance(request, dict) else refusal("not a request")
             except ValueError:
-                reply = refusal("not JSON")
-            self._socket.send(json.dumps(reply, default=str).encode())
+                request = None
+            try:
+                reply = self.answer(request) if isinstance(request, dict) else refusal("not a JSON request")
+                answer = json.dumps(reply, default=str, allow_nan=False)
+            except Exception as err:  # noqa: BLE001 - one ask's failure: said, and the socket stays in step
+                answer = json.dumps(refusal(f"the kernel could not answer: {type(err).__name__}: {err}"))
+            self._socket.send(answer.encode())
 
     def answer(self, request: dict[str, Any]) -> dict[str, Any]:
         """The reply to one request (``protocol.panel``); refused without this kernel's token."""
@@ -111,7 +115,7 @@ class RunEndpoint:
             return refusal(f"run {entry.number} writes no timeline (give timeline= to the cell)")
         from hvd_magic.run.served_timeline import ServedTimeline  # the reader: only once a tab asks
 
-        kept = {e.number for e in self.history.entries}
+        kept = {e.number for e in list(self.history.entries)}  # a copy: the kernel's thread appends
         self._timelines = {n: served for n, served in self._timelines.items() if n in kept}
         if entry.number not in self._timelines:
             self._timelines[entry.number] = ServedTimeline(entry.timeline, entry.started)
@@ -195,6 +199,11 @@ def kernel_id() -> str | None:
         return None
     name = Path(kernelapp.IPKernelApp.instance().connection_file).stem
     return name.removeprefix("kernel-")
+
+
+def serving() -> bool:
+    """Whether this kernel serves its record to the Horovod panel."""
+    return bool(_serving) and _serving[0] is not None
 
 
 def serve_in_kernel(history: History) -> None:

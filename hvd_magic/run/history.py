@@ -90,9 +90,10 @@ class History:
 
     def get(self, number: int | None = None) -> RunEntry | None:
         """Run ``number`` (None: the last one) if it is still kept."""
+        entries = list(self.entries)  # a copy: the panel's thread asks while the kernel's appends
         if number is None:
-            return self.entries[-1] if self.entries else None
-        return next((entry for entry in self.entries if entry.number == number), None)
+            return entries[-1] if entries else None
+        return next((entry for entry in entries if entry.number == number), None)
 
     def table(self) -> str:
         if not self.entries:

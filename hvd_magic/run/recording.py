@@ -8,7 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from hvd_magic.protocol import Log, Message
-from hvd_magic.run.endpoint import serve_in_kernel, tab_view
+from hvd_magic.run.endpoint import serve_in_kernel, serving, tab_view
 from hvd_magic.run.history import HISTORY, RunEntry
 from hvd_magic.sinks import Sinks, make_sinks
 from hvd_magic.widgets.render import final_html
@@ -67,7 +67,8 @@ class RecordingSink:
         if model is not None:
             with model.lock:
                 entry.summary, entry.final = model.summary(), final_html(model)
-                entry.views = {every: tab_view(model, every) for every in (False, True)}
+                if serving():  # the panel's tab of an ended run: only where a panel may ask
+                    entry.views = {every: tab_view(model, every) for every in (False, True)}
         entry.model = entry.stop = entry.stacks = None  # its series, logs and run go; the record stays
 
 

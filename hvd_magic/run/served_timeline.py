@@ -13,6 +13,7 @@ from typing import Any
 from hvd_magic.errors import TimelineError
 from hvd_magic.timeline.live import REFRESH_SECONDS, Growing
 from hvd_magic.timeline.reader import read
+from hvd_magic.timeline.store import SpanStore
 from hvd_magic.timeline.viewer_data import ViewerData
 
 __all__ = ["ServedTimeline"]
@@ -29,6 +30,7 @@ class ServedTimeline:
         self.version = 0  # how many times the traits changed
         self.traits: dict[str, Any] | None = None
         self.said = "no timeline yet: the run has not begun writing it"
+        self.spans = 0
         self.read_whole = False
         self.next_read = 0.0  # time.monotonic(): a growing file is read as often as under the cell
 
@@ -57,23 +59,30 @@ class ServedTimeline:
         except OSError:
             self.said = f"no timeline yet at {self.path}" + (" (the run wrote none)" if ended else "")
             return
+        try:
+            store = self._newer(ended)
+            if store is not None:
+                self.traits, self.version, self.spans = self.data.show(store), self.version + 1, len(store)
+        except Exception as err:  # noqa: BLE001 - as under the cell: a timeline's view never fails the panel
+            self.growing.broken, self.said = True, f"{self.path} cannot be shown: {type(err).__name__}: {err}"
+            return
+        if self.traits is not None:
+            so_far = "" if ended else " so far (the run is still writing it)"
+            self.said = f"{self.path}: {self.spans:,} spans{so_far}"
+
+    def _newer(self, ended: bool) -> SpanStore | None:
+        """The spans written since the last look, all of them; None when there are none new."""
         if self.growing.broken:  # not plain Horovod output, or no scanner: the tolerant reader
             if not ended or self.read_whole:  # ... once, at the end
-                return
+                return None
             self.read_whole = True
             try:
-                store = read(self.path).store
+                return read(self.path).store
             except TimelineError as err:
                 self.said = str(err)
-                return
-        else:
-            timeline = self.growing.update()
-            if timeline is None or not len(timeline.store):
-                return
-            store = timeline.store
-        self.traits, self.version = self.data.show(store), self.version + 1
-        so_far = "" if ended else " so far (the run is still writing it)"
-        self.said = f"{self.path}: {len(store):,} spans{so_far}"
+                return None
+        timeline = self.growing.update()
+        return timeline.store if timeline is not None and len(timeline.store) else None
 
 
 def _text(buffer: bytes) -> str:

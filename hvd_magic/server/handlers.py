@@ -92,13 +92,18 @@ class TimelineHandler(RunsHandler):
 
     @web.authenticated
     async def get(self, kernel: str, number: str) -> None:
-        version = int(self.get_argument("version", "-1"))
-        request = {"ask": "timeline", "number": int(number), "version": version}
+        version = self.get_argument("version", "-1")
+        if not version.lstrip("-").isdigit():
+            raise web.HTTPError(400, f"version={version!r}: a number (the version the tab shows)")
+        request = {"ask": "timeline", "number": int(number), "version": int(version)}
         self.finish(json.dumps(await self.ask(kernel, request, TIMELINE_SECONDS)))
 
     @web.authenticated
     async def post(self, kernel: str, number: str) -> None:
-        window = (self.get_json_body() or {}).get("window")
+        body = self.get_json_body()
+        window = body.get("window") if isinstance(body, dict) else None
+        if not isinstance(window, dict):
+            raise web.HTTPError(400, "the body is {\"window\": the viewer's request for a window's detail}")
         request = {"ask": "timeline", "number": int(number), "window": window}
         self.finish(json.dumps(await self.ask(kernel, request, TIMELINE_SECONDS)))
 

@@ -115,7 +115,7 @@ def window_request(
     try:
         t0, t1, width = float(content["t0"]), float(content["t1"]), int(content["width"])
         rows = sorted({int(r) for r in content["rows"]})
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, OverflowError):
         return None
     t0, t1 = (min(max(t, -end_us), 2 * end_us) for t in (t0, t1))
     if not t0 < t1 or not 0 < width <= MAX_WIDTH or any(not 0 <= r < row_count for r in rows):

@@ -54,7 +54,10 @@ def receive(conn: socket.socket) -> Request:
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
-    request = json.loads(data) if len(fds) == STREAMS else None
+    try:
+        request = json.loads(data) if len(fds) == STREAMS else None
+    except ValueError:
+        request = None
     env, cwd = (request.get("env"), request.get("cwd")) if isinstance(request, dict) else (None, None)
     if not (isinstance(cwd, str) and isinstance(env, dict) and all(isinstance(v, str) for v in env.values())):
         for fd in fds:

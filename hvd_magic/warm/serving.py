@@ -56,8 +56,8 @@ def accept_and_fork(
     server: str,
     idle: Callable[[float], None] | None = None,
 ) -> NoReturn:
-    """Serves for ever: each connection's request taken (``take``; ``OSError`` or ``ValueError``:
-    refused, and said in the server's log), then a child forked that runs ``child`` and never
+    """Serves for ever: each connection's request taken (``take``; whatever it raises: refused,
+    and said in the server's log), then a child forked that runs ``child`` and never
     comes back into this loop. ``idle`` (where the listener has a timeout): called with the
     seconds since the last request whenever none came within the timeout."""
     last = time.monotonic()
@@ -71,7 +71,7 @@ def accept_and_fork(
         last = time.monotonic()
         try:
             request = take(conn)
-        except (OSError, ValueError) as err:
+        except Exception as err:  # noqa: BLE001 - a bad request is refused; the server goes on
             print(f"hvd_magic {server}: refused a request: {err}", file=sys.stderr, flush=True)
             conn.close()
             continue

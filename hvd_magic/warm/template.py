@@ -71,6 +71,8 @@ def _server_request(conn: socket.socket) -> Request:
     """A template's request: where the new server listens, and whose end it ends with."""
     peer = check_peer(conn)
     request = json.loads(conn.recv(MAX_REQUEST))
+    if not isinstance(request, dict):
+        raise ValueError("not a request for a server (its socket and keeper)")
     path, keeper = request.get("socket"), request.get("keeper")
     if not (isinstance(path, str) and os.path.isabs(path) and os.path.isdir(os.path.dirname(path))):
         raise ValueError(f"no folder for a server's socket at {path!r}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import statistics
 import time
 from typing import Any
@@ -155,14 +156,22 @@ def log_html(text: str) -> str:
 
 def plotted(model: RunModel, every_rank: bool) -> dict[str, list[dict[str, Any]]]:
     """Each metric's plotly traces as the live view under the cell draws them (``traces``), in
-    plain lists (JSON): every rank's line (``every_rank``), else the band of the ranks around
-    their mean."""
+    plain lists (JSON, a value that is not finite as null: a gap, as plotly draws NaN): every
+    rank's line (``every_rank``), else the band of the ranks around their mean."""
     ranks = model.ranks if every_rank else 0
+    drawn = {metric: traces(model, metric, max_ranks=ranks) for metric in model.series}
     return {
-        metric: [{k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in trace.items()} for trace in
-                 traces(model, metric, max_ranks=ranks)]
-        for metric in model.series
-    }  # fmt: skip
+        metric: [{key: _listed(value) for key, value in trace.items()} for trace in lines]
+        for metric, lines in drawn.items()
+    }
+
+
+def _listed(value: Any) -> Any:
+    if not isinstance(value, np.ndarray):
+        return value
+    if value.dtype.kind != "f" or np.isfinite(value).all():
+        return value.tolist()
+    return [v if math.isfinite(v) else None for v in value.tolist()]
 
 
 def _thin(steps: list[float], values: list[float], max_points: int) -> tuple[np.ndarray, np.ndarray]:

@@ -5,14 +5,29 @@
 
 export type Traces = Record<string, object[]>;
 
-const LAYOUT = { height: 280, margin: { l: 40, r: 10, t: 10, b: 30 }, xaxis: { title: { text: 'step' } } };
+// a chart's own layout each time: plotly keeps the object it is given and writes a zoom into it; the
+// uirevision keeps the user's zoom across the tab's refreshes
+const layout = (metric: string) => ({
+  height: 280,
+  margin: { l: 40, r: 10, t: 10, b: 30 },
+  xaxis: { title: { text: 'step' } },
+  uirevision: metric
+});
 
-type Plotly = { react(node: HTMLElement, data: object[], layout: object, config?: object): Promise<unknown> };
+type Plotly = {
+  react(node: HTMLElement, data: object[], layout: object, config?: object): Promise<unknown>;
+  purge(node: HTMLElement): void;
+};
 let plotly: Promise<Plotly> | null = null;
 
 function loadPlotly(): Promise<Plotly> {
   // @ts-expect-error - plotly.js-dist-min ships no types: only react() is used
-  plotly ??= import('plotly.js-dist-min').then(module => (module.default ?? module) as Plotly);
+  plotly ??= import('plotly.js-dist-min')
+    .then(module => (module.default ?? module) as Plotly)
+    .catch(error => {
+      plotly = null; // asked again at the next refresh
+      throw error;
+    });
   return plotly;
 }
 
@@ -35,12 +50,22 @@ export class CurvesSection {
     loadPlotly()
       .then(Plotly => {
         for (const metric of metrics) {
-          Plotly.react(this.chart(metric), curves![metric], LAYOUT, { displaylogo: false, responsive: true });
+          Plotly.react(this.chart(metric), curves![metric], layout(metric), { displaylogo: false, responsive: true });
         }
       })
       .catch(error => {
+        this.charts.clear();
         this.node.textContent = `the curves could not be drawn: ${error.message || error}`;
       });
+  }
+
+  /** The charts purged (plotly's resize listeners go with them). */
+  dispose(): void {
+    if (plotly !== null) {
+      const charts = [...this.charts.values()];
+      plotly.then(Plotly => charts.forEach(chart => Plotly.purge(chart))).catch(() => undefined);
+    }
+    this.charts.clear();
   }
 
   private chart(metric: string): HTMLElement {

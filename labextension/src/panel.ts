@@ -201,6 +201,7 @@ export class RunView extends Widget {
       clearInterval(this.timer);
     }
     this.timeline?.dispose();
+    this.curves.dispose();
     super.dispose();
   }
 }

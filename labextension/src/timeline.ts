@@ -88,6 +88,7 @@ export class TimelineSection {
   private asking = false;
   private again = false; // asked to refresh while asking: once more, so the last state is shown
   private cleanup: (() => void) | null = null;
+  private disposed = false;
 
   constructor(
     private readonly ask: (version: number) => Promise<TimelineAnswer>,
@@ -105,6 +106,9 @@ export class TimelineSection {
   }
 
   refresh(): void {
+    if (this.disposed) {
+      return;
+    }
     if (this.asking) {
       this.again = true; // a large file's first reading may take longer than the tab's pace
       return;
@@ -116,7 +120,7 @@ export class TimelineSection {
         if (answer.traits && answer.version !== this.version) {
           this.version = answer.version;
           this.model.update(answer);
-          if (this.cleanup === null) {
+          if (this.cleanup === null && !this.disposed) {
             this.cleanup = render({ model: this.model, el: this.canvas });
           }
         }
@@ -134,6 +138,7 @@ export class TimelineSection {
   }
 
   dispose(): void {
+    this.disposed = true;
     this.cleanup?.();
     this.cleanup = null;
   }

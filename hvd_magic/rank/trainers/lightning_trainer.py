@@ -59,6 +59,7 @@ class _LightningCallbackMixin:
         estimated = trainer.estimated_stepping_batches  # inf where max_epochs=-1
         finite = isinstance(estimated, (int, float)) and math.isfinite(estimated)
         self._total = int(estimated) if finite else None
+        self._stopped_mid_epoch = False  # a fit() of its own (the callback may serve several)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, index: int) -> None:
         metrics: dict[str, Any] = {}
