@@ -45,7 +45,7 @@ def hvd_magic_stop(np: int, launcher: str) -> tuple[float, float]:
 
     from hvd_magic import RunInterrupted
     from hvd_magic.options import make_options
-    from hvd_magic.run.capture import capture_cell
+    from hvd_magic.run.packing import pack_cell
     from hvd_magic.run.supervisor import execute
 
     directory = Path(tempfile.mkdtemp())
@@ -58,9 +58,7 @@ def hvd_magic_stop(np: int, launcher: str) -> tuple[float, float]:
 
     threading.Thread(target=interrupt, daemon=True).start()
     try:
-        execute(
-            capture_cell(waiting_cell(directory), {}), make_options(np=np, launcher=launcher), QuietView()
-        )
+        execute(pack_cell(waiting_cell(directory), {}), make_options(np=np, launcher=launcher), QuietView())
     except RunInterrupted:
         returned = time.monotonic()
     return returned - interrupted[0], _gone_at() - interrupted[0]

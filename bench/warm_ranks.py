@@ -27,7 +27,7 @@ from figures import keep
 from timing import QuietView
 
 from hvd_magic.options import make_options
-from hvd_magic.run.capture import capture_cell
+from hvd_magic.run.packing import pack_cell
 from hvd_magic.run.supervisor import execute
 from hvd_magic.warm.choice import ENV_WARM_RANKS
 
@@ -56,7 +56,7 @@ def one_cell(ranks: int, launcher: str, warm: bool, cell: str) -> tuple[float, f
     os.environ[ENV_WARM_RANKS] = "1" if warm else "0"
     options = make_options(np=ranks, launcher=launcher)
     cpu, started = busy_seconds(), time.perf_counter()
-    value, _ = execute(capture_cell(cell, {}), options, QuietView())
+    value, _ = execute(pack_cell(cell, {}), options, QuietView())
     assert value == 4.0, value  # the average of ones
     return time.perf_counter() - started, busy_seconds() - cpu
 

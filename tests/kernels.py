@@ -61,7 +61,7 @@ class Kernel:
         )["content"]
         outcome.status, outcome.ename = reply["status"], reply.get("ename", "")
         outcome.evalue = reply.get("evalue", "")
-        if outcome.status != "ok":  # in full under "Captured stdout" if the test fails
+        if outcome.status != "ok":  # in full under "Packed stdout" if the test fails
             print(f"the cell failed: {outcome.ename}: {outcome.evalue}")
         return outcome
 

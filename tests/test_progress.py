@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hvd_magic.options import make_options
-from hvd_magic.run.capture import capture_cell
+from hvd_magic.run.packing import pack_cell
 from hvd_magic.run.supervisor import execute
 from hvd_magic.widgets.state import RunModel
 
@@ -14,7 +14,7 @@ from .helpers import RecordingView
 
 def run(cell: str) -> RunModel:
     view = RecordingView()
-    execute(capture_cell(cell, {}), make_options(np=-2), view)
+    execute(pack_cell(cell, {}), make_options(np=-2), view)
     model = RunModel(2)
     for message in view.messages:
         model.apply(message)

@@ -16,7 +16,7 @@ from IPython.core.error import UsageError
 from hvd_magic import RankFailedError, RunError, RunInterrupted, Session, SessionEnded
 from hvd_magic.options import make_options
 from hvd_magic.protocol import Cell
-from hvd_magic.run.capture import capture_cell
+from hvd_magic.run.packing import pack_cell
 from hvd_magic.session import commands as sessions
 from hvd_magic.session import live, ranks
 from hvd_magic.session.cell import CellLauncher
@@ -327,8 +327,8 @@ def test_a_cell_that_meets_an_idle_end_runs_on_a_new_session(session, capsys):
     session.run_line_magic("horovod", "start np=-2 idle=2")
     old = sessions.current()
     assert old is not None and old.wait_ended(60)  # no cell: the beat ends it
-    captured = capture_cell("import os\nos.getpid()\n", session.user_ns)
-    value, _ = sessions.run_on(old, captured, None, old.options)
+    packed = pack_cell("import os\nos.getpid()\n", session.user_ns)
+    value, _ = sessions.run_on(old, packed, None, old.options)
     new = sessions.current()
     assert new is not old and new is not None and value == new.ranks[0].started.pid
     assert "the live session ended (idle for 2 s (idle=)); starting a new one" in capsys.readouterr().err

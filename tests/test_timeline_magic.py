@@ -23,10 +23,10 @@ def test_timeline_magic_shows_analysis_and_refuses_missing_files(
     ip: InteractiveShell, real_timelines: dict[str, Path]
 ) -> None:
     path = real_timelines["mpi"]
-    with capture_output() as captured:
+    with capture_output() as packed:
         ip.run_line_magic("horovod_timeline", str(path))
     timeline = read(path)
-    summary, viewer, analysis = (output.data for output in captured.outputs)
+    summary, viewer, analysis = (output.data for output in packed.outputs)
     assert f"{path}: {len(timeline):,} events" in summary["text/html"]
     assert len(timeline) == len(json.loads(path.read_text()))
     assert WIDGET in viewer  # the interactive viewer
@@ -49,9 +49,9 @@ def test_timeline_magic_says_when_a_file_was_cut_off(
     data = real_timelines["mpi"].read_bytes()
     cut = tmp_path / "cut.json"
     cut.write_bytes(data[: data.rindex(b'"ts"')])  # cut inside the last event
-    with capture_output() as captured:
+    with capture_output() as packed:
         ip.run_line_magic("horovod_timeline", str(cut))
-    summary = captured.outputs[0].data["text/html"]
+    summary = packed.outputs[0].data["text/html"]
     assert f"{len(read(cut)):,} events" in summary and "cut off mid-event" in summary
 
 

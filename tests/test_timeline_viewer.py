@@ -73,13 +73,13 @@ def test_the_live_timeline_leaves_neither_widget_nor_text_when_the_run_ends(
 
     now = [0.0]
     live = LiveTimeline(str(real_timelines["gloo"]), written=lambda: True, clock=lambda: now[0])
-    with capture_output() as captured:
+    with capture_output() as packed:
         now[0] = REFRESH_SECONDS
         assert live.tick()
-        viewer, analysis = (output.data for output in captured.outputs)
+        viewer, analysis = (output.data for output in packed.outputs)
         assert viewer["text/plain"].startswith("Horovod Timeline viewer: ")
         assert "events so far" in analysis["text/plain"] and "Horovod Timeline: " in analysis["text/plain"]
         live.close()
-    emptied = captured.outputs[2:]
+    emptied = packed.outputs[2:]
     assert [(output.data, output.update) for output in emptied] == [({"text/html": ""}, True)] * 2
     assert live.viewer.comm is None and live.viewer.layout.comm is None

@@ -17,7 +17,7 @@ from hvd_magic.errors import TrainerError
 from hvd_magic.options import make_options
 from hvd_magic.rank.trainers.lightning_trainer import check_layout
 from hvd_magic.rank.trainers.readings import LossReading, numbers
-from hvd_magic.run.capture import capture_cell
+from hvd_magic.run.packing import pack_cell
 from hvd_magic.run.supervisor import execute
 from hvd_magic.widgets.state import RunModel
 
@@ -109,7 +109,7 @@ for epoch in range(2):
 def watched(cell: str, env: str | None = None, **options: object) -> tuple[object, RunModel]:
     """The cell on 2 torch.distributed ranks: rank 0's value, and the live view's model of it."""
     view = RecordingView()
-    value, _ = execute(capture_cell(cell, {}), make_options(np=-2, backend="torch", env=env, **options), view)
+    value, _ = execute(pack_cell(cell, {}), make_options(np=-2, backend="torch", env=env, **options), view)
     model = RunModel(2)
     for message in view.messages:
         model.apply(message)
@@ -188,7 +188,7 @@ def test_the_lightning_callback_given_by_hand_is_the_one_a_rank_adds():
         "from hvd_magic.rank.trainers.lightning_trainer import callback_class\n"
         "(mine is callback_class('lightning.pytorch'), issubclass(mine, lightning.Callback))"
     )
-    value, _ = execute(capture_cell(cell, {}), make_options(np=-1, backend="torch"), RecordingView())
+    value, _ = execute(pack_cell(cell, {}), make_options(np=-1, backend="torch"), RecordingView())
     assert value == (True, True)
 
 

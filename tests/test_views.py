@@ -26,8 +26,8 @@ def test_stderr_goes_to_stderr_and_an_open_line_is_closed_at_the_end(capsys):
     view.message(log(2, b"warning: slow", "stderr"))
     view.notice("a notice")
     view.close()
-    captured = capsys.readouterr()
-    assert captured.out == "" and captured.err == "[2] warning: slow\na notice\n"
+    packed = capsys.readouterr()
+    assert packed.out == "" and packed.err == "[2] warning: slow\na notice\n"
 
 
 def test_a_character_split_across_chunks_is_printed_whole(capsys):

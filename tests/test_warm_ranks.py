@@ -26,7 +26,7 @@ from hvd_magic import RunError
 from hvd_magic.launch.local import LocalGlooLauncher, LocalMpiLauncher, LocalTorchLauncher
 from hvd_magic.options import make_options
 from hvd_magic.protocol.env import ENV_FORK_SERVER
-from hvd_magic.run.capture import capture_cell, capture_function
+from hvd_magic.run.packing import pack_cell, pack_function
 from hvd_magic.session.ranks import setup_imports
 from hvd_magic.warm import stand_in
 from hvd_magic.warm.choice import ENV_WARM_RANKS, warm_modules
@@ -233,15 +233,15 @@ def test_the_stand_in_reads_the_variable_an_exec_agent_sets():
 
 def test_what_a_cell_or_a_function_imports_is_captured():
     cell = "import os, torch.nn as nn\nfrom horovod import torch as hvd\ndef f():\n    import numpy\n"
-    assert capture_cell(cell, {}).imports >= {"os", "torch.nn", "horovod", "horovod.torch", "numpy"}
-    assert "json" in capture_cell("x = json.dumps(1)", {"json": json}).imports  # a notebook's module
+    assert pack_cell(cell, {}).imports >= {"os", "torch.nn", "horovod", "horovod.torch", "numpy"}
+    assert "json" in pack_cell("x = json.dumps(1)", {"json": json}).imports  # a notebook's module
 
     def train():
         import horovod.torch as hvd
 
         return hvd, os.getpid()
 
-    assert {"horovod.torch", "os"} <= capture_function(train, {}).imports
+    assert {"horovod.torch", "os"} <= pack_function(train, {}).imports
 
 
 def test_a_rank_ends_with_its_stand_in(ip, tmp_path):

@@ -38,7 +38,7 @@ from hvd_magic.options.local_ranks import LOCAL_RANKS_PER_CORE, local_load
 from hvd_magic.rank.distributor import RankSetup, run_script, run_train_function
 
 if TYPE_CHECKING:
-    from hvd_magic.run.capture import Captured
+    from hvd_magic.run.packing import Packed
 
 __all__ = ["TorchDistributor"]
 
@@ -102,19 +102,17 @@ class TorchDistributor:
     ) -> Any:
         """Run ``train_object(*args, **kwargs)`` on every process and return rank 0's value, or
         run the script at path ``train_object`` with ``args`` as its command line (None)."""
-        from hvd_magic.run.capture import capture_function
+        from hvd_magic.run.packing import pack_function
 
         setup = RankSetup(
             hide_gpus=not self.local_mode and not self.use_gpu, task_is_node=not self.local_mode
         )
         if isinstance(train_object, (str, os.PathLike)):
             path, argv, source = self._script(os.fspath(train_object), args, kwargs)
-            captured = capture_function(
-                run_script, {"path": path, "argv": argv, "source": source, "setup": setup}
-            )
+            packed = pack_function(run_script, {"path": path, "argv": argv, "source": source, "setup": setup})
         elif callable(train_object):
             call = {"train_function": train_object, "args": args, "kwargs": kwargs, "setup": setup}
-            captured = capture_function(run_train_function, call)
+            packed = pack_function(run_train_function, call)
         else:
             raise CaptureError(
                 "TorchDistributor.run takes a training function or the path to a Python script, "
@@ -122,7 +120,7 @@ class TorchDistributor:
             )
         notes = self._notes + ([] if self.local_mode else self._ssl_notes())
         self._notes = []
-        return self._execute(captured, notes)
+        return self._execute(packed, notes)
 
     def _script(
         self, path: str, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -155,7 +153,7 @@ class TorchDistributor:
         session = active_or_embedded_session()
         return ssl_notes(conf(session, "spark.ssl.enabled"), conf(session, self.ssl_conf), self.ssl_conf)
 
-    def _execute(self, captured: Captured, notes: list[str]) -> Any:
+    def _execute(self, packed: Packed, notes: list[str]) -> Any:
         from hvd_magic.options import OptionError, make_options
         from hvd_magic.options.local_ranks import machine_cores
         from hvd_magic.run.supervisor import execute
@@ -168,7 +166,7 @@ class TorchDistributor:
         except OptionError as err:
             raise LaunchError(f"TorchDistributor: {err}") from None
         options.notices += notes
-        value, _ = execute(captured, options)
+        value, _ = execute(packed, options)
         return value
 
 

@@ -16,8 +16,8 @@ from hvd_magic.options import OPTIONS, OptionError, RunOptions, make_options
 from hvd_magic.options.option import CELL, SESSION_CELL, START
 from hvd_magic.options.parse import parse_timeout
 from hvd_magic.options.run_options import keywords
-from hvd_magic.run.capture import Captured, capture_cell
 from hvd_magic.run.history import HISTORY
+from hvd_magic.run.packing import Packed, pack_cell
 from hvd_magic.run.supervisor import execute
 from hvd_magic.session import commands as sessions
 
@@ -25,8 +25,8 @@ __all__ = ["HorovodMagics", "check_given", "normalize_line", "usage"]
 
 NAMES = [entry.name for entry in OPTIONS]
 VERBS = f"{sessions.VERBS}|runs|last"
-# A cell's run: captured cell -> (value, rank 0's returned names); fills {rank: host}.
-CellRun = Callable[[Captured, dict[int, str]], tuple[Any, dict[str, Any]]]
+# A cell's run: packed cell -> (value, rank 0's returned names); fills {rank: host}.
+CellRun = Callable[[Packed, dict[int, str]], tuple[Any, dict[str, Any]]]
 
 
 def normalize_line(line: str) -> str:
@@ -144,7 +144,7 @@ class HorovodMagics(Magics):
                 "a live session is running: np= makes this cell a job of its own, apart from the session "
                 "(drop np= to run it on the session's ranks)"
             )
-        return options, lambda captured, hosts: execute(captured, options, hosts=hosts)
+        return options, lambda packed, hosts: execute(packed, options, hosts=hosts)
 
     def _on_session(self, args: Any) -> tuple[RunOptions, CellRun]:
         """A cell without np=: on the live session's ranks, in their namespaces."""
@@ -215,10 +215,10 @@ class HorovodMagics(Magics):
         shell = self.shell
         assert shell is not None
         source = shell.transform_cell(cell)
-        captured = capture_cell(source, shell.user_ns, set(shell.user_ns_hidden), options.return_names)
+        packed = pack_cell(source, shell.user_ns, set(shell.user_ns_hidden), options.return_names)
         hosts: dict[int, str] = {}
         try:
-            value, returned = run(captured, hosts)
+            value, returned = run(packed, hosts)
         finally:
             if options.timeline and os.path.exists(options.timeline):
                 from hvd_magic.timeline.shown import show_run_timeline

@@ -8,7 +8,7 @@ from typing import Any
 from hvd_magic.options import OptionError, make_options
 from hvd_magic.options.option import RUNNER
 from hvd_magic.options.run_options import keywords
-from hvd_magic.run.capture import capture_function
+from hvd_magic.run.packing import pack_function
 from hvd_magic.run.supervisor import execute
 
 __all__ = ["HorovodRunner"]
@@ -65,5 +65,5 @@ class HorovodRunner:
 
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
         """Run ``main(**kwargs)`` on every rank; return rank 0's return value."""
-        value, _ = execute(capture_function(main, kwargs), self.options)
+        value, _ = execute(pack_function(main, kwargs), self.options)
         return value

@@ -21,9 +21,9 @@ from hvd_magic.launch import Launcher
 from hvd_magic.options import RunOptions
 from hvd_magic.protocol import Beat, Message, ResumeRequest
 from hvd_magic.run import diagnosis, stalls, timeouts
-from hvd_magic.run.capture import Captured
 from hvd_magic.run.checkpoint_store import CheckpointStore
 from hvd_magic.run.graceful import GracefulStop, interrupts_deferred
+from hvd_magic.run.packing import Packed
 from hvd_magic.run.prompts import RankPrompts
 from hvd_magic.run.rank_env import rank_env, stall_seconds
 from hvd_magic.run.rank_files import RankFiles
@@ -49,24 +49,24 @@ QUIET_SECONDS = 10.0  # an interrupt after this long without a message also says
 
 
 def execute(
-    captured: Captured, options: RunOptions, view: RunView | None = None, hosts: dict[int, str] | None = None
+    packed: Packed, options: RunOptions, view: RunView | None = None, hosts: dict[int, str] | None = None
 ) -> Any:
     """Run the payload on ``options.np`` ranks; return rank 0's value (and returned names).
     ``hosts``, if given, gets each rank's host (of the last attempt), whatever the outcome."""
     with recorded_sinks(options) as sinks:  # TensorBoard, MLflow, the kernel's record: messages, outcome
-        return sinks.returned(_attempts(captured, options, view, sinks, {} if hosts is None else hosts))
+        return sinks.returned(_attempts(packed, options, view, sinks, {} if hosts is None else hosts))
 
 
 def _attempts(
-    captured: Captured, options: RunOptions, view: RunView | None, sinks: Sinks, hosts: dict[int, str]
+    packed: Packed, options: RunOptions, view: RunView | None, sinks: Sinks, hosts: dict[int, str]
 ) -> Any:
     view = sinks.shown_in(view or make_view(options.ranks))
-    for text in [*options.notices, *captured.notices, *timeline_notice(options.timeline)]:
+    for text in [*options.notices, *packed.notices, *timeline_notice(options.timeline)]:
         view.notice(text)
     store = CheckpointStore(options.checkpoint_dir)
     attempts = Attempts(options, view, store, launch.slots_now)
     shown = HeldView(view) if options.retries else view
-    create = functools.partial(launch.create, imports=captured.imports)  # local PyTorch ranks: warm
+    create = functools.partial(launch.create, imports=packed.imports)  # local PyTorch ranks: warm
     try:
         while True:
             try:
@@ -75,7 +75,7 @@ def _attempts(
                 raise RunInterrupted("interrupted before any rank started; nothing was launched.") from None
             for text in launcher.notices:
                 view.notice(text)
-            run = Run(Hub(launcher.bind_host, captured.blob), launcher, shown, attempts.options, store, sinks)
+            run = Run(Hub(launcher.bind_host, packed.blob), launcher, shown, attempts.options, store, sinks)
             run.grow = attempts.sizes.grow_check()
             try:
                 value = run.execute()

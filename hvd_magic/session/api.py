@@ -13,7 +13,7 @@ from hvd_magic.options import OptionError, make_options
 from hvd_magic.options.option import SESSION, SESSION_RUN
 from hvd_magic.options.parse import parse_timeout
 from hvd_magic.options.run_options import keywords
-from hvd_magic.run.capture import capture_function
+from hvd_magic.run.packing import pack_function
 from hvd_magic.session.commands import session_cell_options, stacks_text, status_text, timeline_ready
 from hvd_magic.session.live import LiveSession
 
@@ -84,7 +84,7 @@ class Session:
         except UsageError as err:
             raise ValueError(str(err)) from None
         try:
-            value, _ = self._live.run(capture_function(main, kwargs), ranks, options=options)
+            value, _ = self._live.run(pack_function(main, kwargs), ranks, options=options)
         except SessionEnded:  # idle= ended it as this call came: the call ran nowhere
             raise self._ended() from None
         return value

@@ -16,7 +16,7 @@ from hvd_magic.errors import RankFailedError, RunError, SessionEnded
 from hvd_magic.options import OptionError, RunOptions, cell_options
 from hvd_magic.protocol import PostMortem
 from hvd_magic.run import stacks
-from hvd_magic.run.capture import Captured
+from hvd_magic.run.packing import Packed
 from hvd_magic.session.live import LiveSession
 from hvd_magic.session.ranks import hosts_and_pids
 
@@ -104,7 +104,7 @@ def timeline_ready(value: str | None, options: RunOptions) -> bool:
     return True
 
 
-CellRun = Callable[[Captured, dict[int, str]], tuple[Any, dict[str, Any]]]
+CellRun = Callable[[Packed, dict[int, str]], tuple[Any, dict[str, Any]]]
 
 
 def cell_run(given: dict[str, Any]) -> tuple[RunOptions, CellRun]:
@@ -115,9 +115,9 @@ def cell_run(given: dict[str, Any]) -> tuple[RunOptions, CellRun]:
     targets = parse_ranks(given["rank"], given["ranks"], session.size)
     options = session_cell_options(session, given, targets)
 
-    def run(captured: Captured, hosts: dict[int, str]) -> tuple[Any, dict[str, Any]]:
+    def run(packed: Packed, hosts: dict[int, str]) -> tuple[Any, dict[str, Any]]:
         try:
-            value, returned = run_on(session, captured, targets, options)
+            value, returned = run_on(session, packed, targets, options)
             return value, returned
         finally:
             live = _session or session
@@ -126,7 +126,7 @@ def cell_run(given: dict[str, Any]) -> tuple[RunOptions, CellRun]:
     return options, run
 
 
-def run_on(session: LiveSession, captured: Any, targets: list[int] | None, options: RunOptions) -> Any:
+def run_on(session: LiveSession, packed: Any, targets: list[int] | None, options: RunOptions) -> Any:
     """The cell on the session; on a new one when its ranks turn out to have left a silent
     notebook (a kernel stopped, or busy holding the GIL, for the silence limit) as the cell was
     sent: they ran no cell after leaving, so it runs once, on the new session. So does a cell
@@ -134,12 +134,12 @@ def run_on(session: LiveSession, captured: Any, targets: list[int] | None, optio
     global _failed
     _failed = None
     try:
-        return session.run(captured, targets, options=options)
+        return session.run(packed, targets, options=options)
     except RankFailedError as err:
         _failed = err.rank
         raise
     except SessionEnded:
-        return _alive(session).run(captured, targets, options=options)
+        return _alive(session).run(packed, targets, options=options)
     except RunError:
         if not session.left_silent():
             raise
@@ -147,7 +147,7 @@ def run_on(session: LiveSession, captured: Any, targets: list[int] | None, optio
             "hvd_magic: the cell did not run on the ranks that left: it runs on a new session",
             file=sys.stderr,
         )
-        return _alive(session).run(captured, targets, options=options)
+        return _alive(session).run(packed, targets, options=options)
 
 
 def _alive(session: LiveSession) -> LiveSession:
@@ -264,5 +264,5 @@ def debug(line: str) -> str:
     if rank is None:
         raise UsageError("the live session's last cell did not fail: there is nothing to debug")
     parse_ranks(str(rank), None, session.size)  # one of the session's
-    value, _ = session.run(Captured(cloudpickle.dumps(PostMortem()), []), [rank])
+    value, _ = session.run(Packed(cloudpickle.dumps(PostMortem()), []), [rank])
     return str(value or "")

@@ -2,7 +2,7 @@
 stage on Spark) that run cell after cell in kept namespaces.
 
 ``LiveSession.start`` launches them with a ``SessionPayload``, whose set-up cell initialises
-Horovod (or torch.distributed) once; ``run`` sends a captured cell or function to some or all
+Horovod (or torch.distributed) once; ``run`` sends a packed cell or function to some or all
 ranks and runs it as a ``CellRun`` (a run's supervision and view, see ``cell``); a thread
 sends each rank a ``Beat`` every second, which the ranks answer with their figures
 (``status``) and without which they exit (a kernel that died leaves nothing behind); ``end``
@@ -40,9 +40,9 @@ from hvd_magic.protocol import (
     Started,
 )
 from hvd_magic.protocol.env import TIMELINE_DYNAMIC
-from hvd_magic.run.capture import Captured
 from hvd_magic.run.endpoint import serve_in_kernel
 from hvd_magic.run.history import HISTORY
+from hvd_magic.run.packing import Packed
 from hvd_magic.run.recording import recorded_sinks
 from hvd_magic.run.views import RunView, make_view
 from hvd_magic.session import ranks
@@ -175,12 +175,12 @@ class LiveSession:
 
     def run(
         self,
-        captured: Captured,
+        packed: Packed,
         targets: list[int] | None = None,
         view: RunView | None = None,
         options: RunOptions | None = None,
     ) -> Any:
-        """Run a captured cell or function on ``targets`` (all ranks by default); the value of
+        """Run a packed cell or function on ``targets`` (all ranks by default); the value of
         the lowest of them, and its returned names. ``options``: the session's, or a copy with
         this cell's ``timeout``, ``timeline`` (rank 0 records it: the session must have been
         started with ``timeline``), ``logdir`` and ``mlflow`` (a run folder, an MLflow run, per cell)."""
@@ -189,12 +189,12 @@ class LiveSession:
             targets = sorted(targets if targets is not None else range(self.size))
             options = options or self.options
             view = view or make_view(self.size)
-            for text in captured.notices:
+            for text in packed.notices:
                 view.notice(text)
             if options.timeline:
                 view.notice(f"timeline of this cell, written to {options.timeline}")
             order = Cell(next(self.cells), targets[0], bool(options.timeline), options.mark_cycles)
-            cell = CellLauncher(self, order, targets, captured.blob)
+            cell = CellLauncher(self, order, targets, packed.blob)
             where = f"live session, {len(targets)} of {self.size} ranks"
             with recorded_sinks(options, where) as sinks:  # TensorBoard, MLflow, the record: this cell's
                 sinks.shown_in(view)

@@ -7,7 +7,7 @@ import pytest
 
 from hvd_magic.errors import CaptureError
 from hvd_magic.protocol import CellPayload
-from hvd_magic.run.capture import capture_cell, capture_function, names_read
+from hvd_magic.run.packing import names_read, pack_cell, pack_function
 
 
 def test_names_read_covers_functions_and_comprehensions():
@@ -17,8 +17,8 @@ def test_names_read_covers_functions_and_comprehensions():
 
 def test_only_names_the_cell_reads_are_shipped():
     ns = {"used": 1, "unused": 2, "helper": lambda: 3, "In": [], "__name__": "__main__"}
-    captured = capture_cell("used + helper()\nIn", ns, hidden={"In"})
-    payload = cloudpickle.loads(captured.blob)
+    packed = pack_cell("used + helper()\nIn", ns, hidden={"In"})
+    payload = cloudpickle.loads(packed.blob)
     assert isinstance(payload, CellPayload)
     assert set(payload.namespace) == {"used", "helper"}
     assert payload.namespace["helper"]() == 3
@@ -26,24 +26,24 @@ def test_only_names_the_cell_reads_are_shipped():
 
 def test_unpicklable_name_reassigned_by_the_cell_is_not_needed():
     ns = {"lock": threading.Lock()}
-    payload = cloudpickle.loads(capture_cell("import threading\nlock = threading.Lock()\nlock", ns).blob)
+    payload = cloudpickle.loads(pack_cell("import threading\nlock = threading.Lock()\nlock", ns).blob)
     assert "lock" not in payload.namespace
 
 
 def test_ipython_syntax_is_refused_with_advice():
     with pytest.raises(CaptureError, match="cell of its own"):
-        capture_cell("get_ipython().run_line_magic('time', 'x')\n", {})
+        pack_cell("get_ipython().run_line_magic('time', 'x')\n", {})
 
 
 def test_large_payload_gets_a_notice():
     big = bytes(60 * 1024 * 1024)
-    captured = capture_cell("len(big)", {"big": big})
-    assert captured.notices and "big 60 MB" in captured.notices[0]
+    packed = pack_cell("len(big)", {"big": big})
+    assert packed.notices and "big 60 MB" in packed.notices[0]
 
 
 def test_function_payload_needs_a_callable():
     with pytest.raises(CaptureError, match="needs a function"):
-        capture_function(42, {})  # type: ignore[arg-type]
+        pack_function(42, {})  # type: ignore[arg-type]
 
 
 def test_functions_from_local_modules_travel_by_value(tmp_path, monkeypatch):
@@ -56,13 +56,13 @@ def test_functions_from_local_modules_travel_by_value(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     import helpers_for_capture
 
-    captured = capture_cell("triple(14)", {"triple": helpers_for_capture.triple})
+    packed = pack_cell("triple(14)", {"triple": helpers_for_capture.triple})
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     loader = (
         "import sys, cloudpickle\nprint(cloudpickle.loads(sys.stdin.buffer.read()).namespace['triple'](14))"
     )
     done = subprocess.run(
-        [sys.executable, "-c", loader], input=captured.blob, capture_output=True, cwd=elsewhere, timeout=60
+        [sys.executable, "-c", loader], input=packed.blob, capture_output=True, cwd=elsewhere, timeout=60
     )
     assert done.stdout.strip() == b"42", done.stderr

@@ -1,4 +1,5 @@
-"""Turns a notebook cell (or a function) into a payload the ranks can run.
+"""Packs a notebook cell (or a function) into a payload the ranks can run (as ipyparallel packs
+an apply request; IPython's ``%%capture``, which captures output, is another thing).
 
 A cell travels as its source (after IPython's own transforms) plus the notebook names it reads,
 pickled with cloudpickle: functions and classes defined in the notebook go by value, modules by
@@ -23,13 +24,13 @@ import cloudpickle
 from hvd_magic.errors import CaptureError
 from hvd_magic.protocol import CELL_FILENAME, CellPayload, FunctionPayload
 
-__all__ = ["Captured", "capture_cell", "capture_function", "names_read"]
+__all__ = ["Packed", "pack_cell", "pack_function", "names_read"]
 
 LARGE_PAYLOAD_BYTES = 50 * 1024 * 1024
 
 
 @dataclass
-class Captured:
+class Packed:
     blob: bytes
     notices: list[str]
     imports: frozenset[str] = frozenset()  # the modules its code imports, dotted (warm.choice reads them)
@@ -173,12 +174,12 @@ def _size_notice(blob: bytes, namespace: dict[str, Any]) -> list[str]:
     ]
 
 
-def capture_cell(
+def pack_cell(
     source: str,
     user_ns: dict[str, Any],
     hidden: set[str] | frozenset[str] = frozenset(),
     return_names: list[str] | None = None,
-) -> Captured:
+) -> Packed:
     """Payload for a cell whose ``source`` already went through IPython's transforms."""
     tree = _parse(source)
     if "get_ipython()" in source:
@@ -199,10 +200,10 @@ def capture_cell(
     silent = source.rstrip().endswith(";")
     payload = CellPayload(source, namespace, list(return_names or []), silent)
     blob = _dump(payload, "the cell", namespace)
-    return Captured(blob, _size_notice(blob, namespace), frozenset(imports_of(tree) | _modules_in(namespace)))
+    return Packed(blob, _size_notice(blob, namespace), frozenset(imports_of(tree) | _modules_in(namespace)))
 
 
-def capture_function(function: Callable[..., Any], kwargs: dict[str, Any]) -> Captured:
+def pack_function(function: Callable[..., Any], kwargs: dict[str, Any]) -> Packed:
     """Payload for ``HorovodRunner.run(function, **kwargs)``."""
     if not callable(function):
         raise CaptureError(f"HorovodRunner.run needs a function, got {type(function).__name__}")
@@ -212,4 +213,4 @@ def capture_function(function: Callable[..., Any], kwargs: dict[str, Any]) -> Ca
     )
     code = getattr(function, "__code__", None)
     imports = _code_imports(code, getattr(function, "__globals__", {})) if code is not None else set()
-    return Captured(blob, _size_notice(blob, namespace), frozenset(imports | _modules_in(kwargs)))
+    return Packed(blob, _size_notice(blob, namespace), frozenset(imports | _modules_in(kwargs)))
