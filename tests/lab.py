@@ -136,3 +136,14 @@ def _serving_at(server: subprocess.Popen[bytes], runtime: Path, token: str, log:
             assert time.monotonic() < deadline, log.read_text()[-3000:]
             assert server.poll() is None, log.read_text()[-3000:]
             time.sleep(0.2)
+
+
+def coloured_pixels(page: Any, canvas: str) -> int:
+    """How many of the canvas's pixels are coloured (neither white nor grey): what a viewer drew."""
+    script = """c => {
+        const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+        let n = 0;
+        for (let i = 0; i < d.length; i += 4) if (Math.abs(d[i] - d[i + 2]) > 40) n++;
+        return n;
+    }"""
+    return int(page.locator(canvas).first.evaluate(script))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .lab import ARTIFACTS, CHROMIUM, chromium, jupyterlab_server, notebook_page
+from .lab import ARTIFACTS, CHROMIUM, chromium, coloured_pixels, jupyterlab_server, notebook_page
 
 TRAIN_CELL = """%%horovod np=-2
 import os, time, torch, hvd_magic, horovod.torch as hvd
@@ -103,15 +103,7 @@ def test_timeline_viewer_with_2m_events(lab, folder):
         box = canvas.bounding_box()
         assert box and box["width"] > 400
         # Something was drawn: the canvas has coloured (non-white, non-grey) pixels.
-        coloured = page.evaluate(
-            """() => {
-                const c = document.querySelector('.hvd-timeline-viewer canvas');
-                const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
-                let n = 0;
-                for (let i = 0; i < d.length; i += 4) if (Math.abs(d[i] - d[i + 2]) > 40) n++;
-                return n;
-            }"""
-        )
+        coloured = coloured_pixels(page, ".hvd-timeline-viewer canvas")
         assert coloured > 1000
         # 2M events are ~590k spans, more than go over whole: the kernel serves each window's
         # detail; the first request goes out on render

@@ -19,7 +19,7 @@ import zmq
 
 from hvd_magic.protocol.panel import endpoint_folder, read_endpoints
 
-from .lab import ARTIFACTS, CHROMIUM, chromium, jupyterlab_server, notebook_page
+from .lab import ARTIFACTS, CHROMIUM, chromium, coloured_pixels, jupyterlab_server, notebook_page
 
 LONG_CELL = """%%horovod np=-2 timeline=timeline.json
 import os, time, torch, hvd_magic, horovod.torch as hvd
@@ -188,15 +188,7 @@ def timeline_drawn(page, lab, run: str) -> None:
     page.wait_for_selector(".hvd-timeline-section .hvd-timeline-viewer[data-first-paint-ms]", timeout=60_000)
     said = page.text_content(".hvd-timeline-said")
     assert re.search(r"timeline\.json: [\d,]+ spans so far", said), said
-    coloured = page.evaluate(
-        """() => {
-            const c = document.querySelector('.hvd-timeline-section canvas');
-            const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
-            let n = 0;
-            for (let i = 0; i < d.length; i += 4) if (Math.abs(d[i] - d[i + 2]) > 40) n++;
-            return n;
-        }"""
-    )
+    coloured = coloured_pixels(page, ".hvd-timeline-section canvas")
     assert coloured > 50, "the timeline viewer drew no spans"
     sent = get(lab, f"/hvd-magic/runs/{run}/timeline", lab.token)  # what the viewer was sent
     assert any("loss" in name for name in sent["traits"]["row_names"]), sent["traits"]["row_names"]
