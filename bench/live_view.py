@@ -94,7 +94,7 @@ def kernel_side(ranks: int, seconds: float, rate: int) -> dict[str, float]:
     run = Run(hub, Simulated(simulator), sinks.shown_in(view), options, sinks=sinks)
     cpu_before, started = me.cpu_times(), time.monotonic()
     with sinks, contextlib.suppress(RunError):
-        run.execute()
+        run.supervise()
     wall = time.monotonic() - started
     cpu_after = me.cpu_times()
     sent, dropped = map(int, simulator.stdout.read().split())  # type: ignore[union-attr]

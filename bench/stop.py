@@ -46,7 +46,7 @@ def hvd_magic_stop(np: int, launcher: str) -> tuple[float, float]:
     from hvd_magic import RunInterrupted
     from hvd_magic.options import make_options
     from hvd_magic.run.packing import pack_cell
-    from hvd_magic.run.supervisor import execute
+    from hvd_magic.run.supervisor import run_on_ranks
 
     directory = Path(tempfile.mkdtemp())
     interrupted: list[float] = []
@@ -58,7 +58,9 @@ def hvd_magic_stop(np: int, launcher: str) -> tuple[float, float]:
 
     threading.Thread(target=interrupt, daemon=True).start()
     try:
-        execute(pack_cell(waiting_cell(directory), {}), make_options(np=np, launcher=launcher), QuietView())
+        run_on_ranks(
+            pack_cell(waiting_cell(directory), {}), make_options(np=np, launcher=launcher), QuietView()
+        )
     except RunInterrupted:
         returned = time.monotonic()
     return returned - interrupted[0], _gone_at() - interrupted[0]

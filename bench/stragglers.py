@@ -31,7 +31,7 @@ from timing import QuietView
 from hvd_magic.options import make_options
 from hvd_magic.protocol import ENV_TIMING_LIMIT, Message, TimingOff
 from hvd_magic.run.packing import pack_cell
-from hvd_magic.run.supervisor import execute
+from hvd_magic.run.supervisor import run_on_ranks
 
 TORCH_MODELS = """
 import time, torch
@@ -155,7 +155,7 @@ def seconds(path: str, steps: int, np: int = -1, device: str = "cpu") -> tuple[f
         env={ENV_TIMING_LIMIT: "off"},  # timed every step, its cost as it is
     )
     cell = f"DEVICE = {device!r}\nSTEPS = {steps}\n" + PATHS[path] + INTERLEAVED
-    (timed, off), _ = execute(pack_cell(cell, {}), options, QuietView())  # rank 0's value
+    (timed, off), _ = run_on_ranks(pack_cell(cell, {}), options, QuietView())  # rank 0's value
     return float(timed), float(off)
 
 
@@ -170,7 +170,7 @@ def limits_itself(device: str = "cpu", steps: int = 400) -> tuple[bool, list[str
                 said.append(message.record.text(message.rank))
 
     cell = f"DEVICE = {device!r}\nSTEPS = {steps}\n" + LIMITED
-    off, _ = execute(pack_cell(cell, {}), make_options(np=-1, backend="torch"), Said())
+    off, _ = run_on_ranks(pack_cell(cell, {}), make_options(np=-1, backend="torch"), Said())
     return bool(off), said
 
 

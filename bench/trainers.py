@@ -22,7 +22,7 @@ from timing import QuietView
 
 from hvd_magic.options import make_options
 from hvd_magic.run.packing import pack_cell
-from hvd_magic.run.supervisor import execute
+from hvd_magic.run.supervisor import run_on_ranks
 
 # Each rank: ``HOOKS`` (the callback's class and its step hooks' names) and ``train(steps)``,
 # which trains ``steps`` steps and returns each step's seconds; the hooks' seconds are gathered
@@ -114,7 +114,7 @@ CELLS = {"hf": HF, "lightning": LIGHTNING}
 def cost(name: str, steps: int) -> tuple[float, float]:
     """Rank 0's median seconds in the callback's step hooks, and its median step (2 ranks)."""
     cell = CELLS[name] + f"STEPS = {steps}\n" + TIMED
-    (hooks, step), _ = execute(pack_cell(cell, {}), make_options(np=-2, backend="torch"), QuietView())
+    (hooks, step), _ = run_on_ranks(pack_cell(cell, {}), make_options(np=-2, backend="torch"), QuietView())
     return float(hooks), float(step)
 
 

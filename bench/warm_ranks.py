@@ -28,7 +28,7 @@ from timing import QuietView
 
 from hvd_magic.options import make_options
 from hvd_magic.run.packing import pack_cell
-from hvd_magic.run.supervisor import execute
+from hvd_magic.run.supervisor import run_on_ranks
 from hvd_magic.warm.choice import ENV_WARM_RANKS
 
 CELLS = {
@@ -56,7 +56,7 @@ def one_cell(ranks: int, launcher: str, warm: bool, cell: str) -> tuple[float, f
     os.environ[ENV_WARM_RANKS] = "1" if warm else "0"
     options = make_options(np=ranks, launcher=launcher)
     cpu, started = busy_seconds(), time.perf_counter()
-    value, _ = execute(pack_cell(cell, {}), options, QuietView())
+    value, _ = run_on_ranks(pack_cell(cell, {}), options, QuietView())
     assert value == 4.0, value  # the average of ones
     return time.perf_counter() - started, busy_seconds() - cpu
 

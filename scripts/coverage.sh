@@ -39,10 +39,10 @@ cd "$ROOT"
 status=0
 COVERAGE_PROCESS_START="$OUT/coveragerc" "$PY" -m pytest "$@" || status=$?
 rm -f "$pth"
-# The fork servers' templates outlive the kernels that used them (they end when idle, minutes
+# The fork servers' preloaders outlive the kernels that used them (they end when idle, minutes
 # on): ended here, as idleness ends them, so that they write their data before it is combined
-pkill -TERM -f -- "$PY -m hvd_magic.warm.template --detached" || true
-for _ in $(seq 100); do pgrep -f -- "$PY -m hvd_magic.warm.template --detached" > /dev/null || break; sleep 0.1; done
+pkill -TERM -f -- "$PY -m hvd_magic.warm.preloader --detached" || true
+for _ in $(seq 100); do pgrep -f -- "$PY -m hvd_magic.warm.preloader --detached" > /dev/null || break; sleep 0.1; done
 "$PY" -m coverage combine --quiet --rcfile "$OUT/coveragerc" --data-file "$OUT/.coverage" "$DATA"
 "$PY" -m coverage report --rcfile "$OUT/coveragerc" --data-file "$OUT/.coverage" > "$OUT/report.txt"
 rm -rf "$DATA"

@@ -246,7 +246,7 @@ def _of_another_suite(process: psutil.Process) -> bool:
 def _suite_mark(process: psutil.Process) -> str | None:
     """The mark of the suite whose run ``process`` is of. A rank started as itself has it in its
     own environment (beside its launcher's rank variables). A warm rank (and its fork server)
-    shows the environment its server's template was started with, by whichever suite's kernel
+    shows the environment its server's preloader was started with, by whichever suite's kernel
     started it: the mark of the server's keeper (``--keeper PID``) counts, else that of the
     first process above that is neither a rank nor a fork server. A warm rank whose waiter is
     gone (its parent is init) is no one's to tell: it ends with its stand-in (``ORPHANED``)."""
@@ -271,8 +271,8 @@ def gone_within(seconds: float) -> list[str]:
 
 
 def fork_servers_of(keeper: int) -> list[psutil.Process]:
-    """The fork servers ``keeper`` keeps: forked from a template and shown with ``--keeper PID``,
-    or started as its children where there is no template (not what a server forked itself)."""
+    """The fork servers ``keeper`` keeps: forked from a preloader and shown with ``--keeper PID``,
+    or started as its children where there is no preloader (not what a server forked itself)."""
     found = []
     for process in psutil.process_iter():
         with suppress(psutil.Error):  # gone, or a zombie
@@ -287,7 +287,7 @@ def fork_servers_of(keeper: int) -> list[psutil.Process]:
 
 def below_with_warm_ranks(root: psutil.Process) -> list[psutil.Process]:
     """What runs below ``root``, and what the fork servers it keeps forked (its warm ranks, which
-    are not below it where their server was forked from a template)."""
+    are not below it where their server was forked from a preloader)."""
     found = {process.pid: process for process in root.children(recursive=True)}
     for server in fork_servers_of(root.pid):
         with suppress(psutil.Error):

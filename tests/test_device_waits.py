@@ -13,7 +13,7 @@ import pytest
 from hvd_magic.options import make_options
 from hvd_magic.rank.device_waits import DeviceWaits
 from hvd_magic.run.packing import pack_cell
-from hvd_magic.run.supervisor import execute
+from hvd_magic.run.supervisor import run_on_ranks
 
 from .helpers import RecordingView
 
@@ -127,7 +127,7 @@ def test_ddp_on_a_device_marks_one_wait_a_step_and_the_waiting_rank_waits_longer
     wait. The timed model pickles and copies as DDP does."""
     checkout = str(Path(__file__).resolve().parents[1])  # the ranks import this file's Mark
     options = make_options(np=-2, backend="torch", stragglers="off", env={"PYTHONPATH": checkout})
-    result, _ = execute(pack_cell(DDP_ON_DEVICE, {}), options, RecordingView())
+    result, _ = run_on_ranks(pack_cell(DDP_ON_DEVICE, {}), options, RecordingView())
     queued, counted_before, left, waited, same, hooks, copies = result
     assert queued == 3  # one mark per step, of three buckets
     assert counted_before == 0.0 and left == 0

@@ -21,7 +21,7 @@ from hvd_magic.launch.memory_cgroup import MemoryWatch
 from hvd_magic.launch.processes import death_of
 from hvd_magic.options import make_options
 from hvd_magic.run.packing import pack_cell
-from hvd_magic.run.supervisor import execute
+from hvd_magic.run.supervisor import run_on_ranks
 
 from .helpers import RecordingView, fork_servers_of, leftover_processes
 from .kernels import Kernel
@@ -149,7 +149,7 @@ dist.all_reduce(torch.ones(1))
 def test_a_crash_on_a_signal_is_its_own_class_in_the_error_and_the_view_and_not_retried():
     view = RecordingView()
     with pytest.raises(RankFailedError) as info:
-        execute(pack_cell(CRASH_CELL, {}), make_options(np=-2, backend="torch", retries=1), view)
+        run_on_ranks(pack_cell(CRASH_CELL, {}), make_options(np=-2, backend="torch", retries=1), view)
     assert info.value.failure is FailureClass.CRASH and info.value.rank == 1
     assert "failed (crashed): it was killed by signal 6 (SIGABRT); rank 0 then failed because of it" in str(
         info.value

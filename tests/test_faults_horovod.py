@@ -10,7 +10,7 @@ import pytest
 from hvd_magic import RankFailedError, RunTimeout
 from hvd_magic.options import make_options
 from hvd_magic.run.packing import pack_cell
-from hvd_magic.run.supervisor import execute
+from hvd_magic.run.supervisor import run_on_ranks
 from hvd_magic.widgets.state import RunModel
 
 from .helpers import RecordingView, leftover_processes
@@ -37,7 +37,7 @@ def test_a_stall_is_shown_live_and_named_by_the_timeout():
     # (every 2 s here) to speak on a loaded machine (10 s was not, once)
     options = make_options(np=-2, env="HOROVOD_STALL_CHECK_TIME_SECONDS=2", timeout=30)
     with pytest.raises(RunTimeout) as info:
-        execute(pack_cell(STALL_CELL, {}), options, view)
+        run_on_ranks(pack_cell(STALL_CELL, {}), options, view)
     message = str(info.value)
     assert "no rank reported anything for 30 s" in message
     assert "stalled: rank 0 never submitted allreduce.t3 (rank 1 waiting over" in message

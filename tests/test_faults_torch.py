@@ -10,7 +10,7 @@ from hvd_magic import FailureClass, RankFailedError
 from hvd_magic.options import make_options
 from hvd_magic.protocol import Stall
 from hvd_magic.run.packing import pack_cell
-from hvd_magic.run.supervisor import execute
+from hvd_magic.run.supervisor import run_on_ranks
 from hvd_magic.widgets.render import grid_html
 from hvd_magic.widgets.state import RunModel
 
@@ -61,7 +61,7 @@ def failing_run(cell: str) -> tuple[RecordingView, str]:
     view = RecordingView()
     options = make_options(np=-2, backend="torch", env=STALL_ENV)
     with pytest.raises(RankFailedError) as info:
-        execute(pack_cell(cell, {}), options, view)
+        run_on_ranks(pack_cell(cell, {}), options, view)
     message = str(info.value).split("\n")[0]
     assert info.value.rank == 1, message
     return view, message

@@ -152,7 +152,7 @@ def test_a_local_rank_loads_only_the_rank_side(ip):
     ip.user_ns["NEVER"] = list(NEVER_IN_A_RANK)
     loaded, heavy = json.loads(ip.run_cell_magic("horovod", "np=-1 launcher=gloo", LOADED_CELL))
     assert [name for name in loaded if name != "hvd_magic" and not within(name, *RANK_SIDE)] == []
-    assert "hvd_magic.rank.execute" in loaded  # it is a rank's list (the worker is __main__)
+    assert "hvd_magic.rank.payload" in loaded  # it is a rank's list (the worker is __main__)
     assert heavy == []
 
 

@@ -367,7 +367,7 @@ def test_a_rank_on_an_executor_loads_only_the_rank_side(ip, cluster, framework):
     ip.user_ns["NEVER"] = list(NEVER_IN_A_RANK)
     loaded, heavy = json.loads(ip.run_cell_magic("horovod", "np=2 launcher=gloo", framework + LOADED_CELL))
     assert [name for name in loaded if name != "hvd_magic" and not within(name, *RANK_SIDE)] == []
-    assert "hvd_magic.rank.execute" in loaded and heavy == []  # a rank's list, with no pyspark
+    assert "hvd_magic.rank.payload" in loaded and heavy == []  # a rank's list, with no pyspark
 
 
 def test_failing_rank_on_spark_names_rank_and_host(ip, cluster):

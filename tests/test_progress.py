@@ -6,7 +6,7 @@ import pytest
 
 from hvd_magic.options import make_options
 from hvd_magic.run.packing import pack_cell
-from hvd_magic.run.supervisor import execute
+from hvd_magic.run.supervisor import run_on_ranks
 from hvd_magic.widgets.state import RunModel
 
 from .helpers import RecordingView
@@ -14,7 +14,7 @@ from .helpers import RecordingView
 
 def run(cell: str) -> RunModel:
     view = RecordingView()
-    execute(pack_cell(cell, {}), make_options(np=-2), view)
+    run_on_ranks(pack_cell(cell, {}), make_options(np=-2), view)
     model = RunModel(2)
     for message in view.messages:
         model.apply(message)

@@ -15,7 +15,7 @@ import pytest
 from hvd_magic.options import RunOptions, make_options
 from hvd_magic.protocol import Message, Started, Straggler
 from hvd_magic.run.packing import pack_cell
-from hvd_magic.run.supervisor import execute
+from hvd_magic.run.supervisor import run_on_ranks
 
 from .helpers import RecordingView, leftover_processes
 
@@ -55,7 +55,7 @@ class SwitchingView(RecordingView):
 def test_a_slowed_rank_is_named_with_its_host_and_reason_then_cleared(tmp_path):
     view = SwitchingView(tmp_path)
     options = make_options(np=-2, backend="torch", stragglers="0.5/2", logdir=str(tmp_path / "logs"))
-    steps, _ = execute(pack_cell(CELL.format(folder=str(tmp_path)), {}), options, view)
+    steps, _ = run_on_ranks(pack_cell(CELL.format(folder=str(tmp_path)), {}), options, view)
     said = view.stragglers()  # exactly these two: rank 1 named once, then cleared once
     assert [(s.slow_rank, s.recovered) for s in said] == [(1, False), (1, True)], said
     named, recovered = said
@@ -102,7 +102,7 @@ def named_in_lock_step(cell: str, options: RunOptions, tmp_path: Path) -> Stragg
     it has been named (rank 1, with its host and most of its time outside collectives) and
     cleared, and the run left nothing behind."""
     view = SwitchingView(tmp_path)
-    steps, _ = execute(pack_cell(cell.format(folder=str(tmp_path)), {}), options, view)
+    steps, _ = run_on_ranks(pack_cell(cell.format(folder=str(tmp_path)), {}), options, view)
     said = view.stragglers()
     assert [(s.slow_rank, s.recovered) for s in said] == [(1, False), (1, True)], said
     named = said[0]
@@ -196,7 +196,7 @@ def test_ddp_keeps_the_users_hook_and_pickles_as_before(tmp_path):
     user's hook run as without hvd_magic, timed from the first training forward on; the timed
     model pickles as DDP does."""
     options = make_options(np=-2, backend="torch")
-    result, _ = execute(pack_cell(DDP_HOOKS, {}), options, RecordingView())
+    result, _ = run_on_ranks(pack_cell(DDP_HOOKS, {}), options, RecordingView())
     before, measured, calls, names, grads, pickles = result
     assert before is None and measured  # timed from the first training forward on
     assert calls == 1 and names == [None, "halved"]  # as DDP logs them without hvd_magic
@@ -265,7 +265,7 @@ def test_ddps_wait_is_timed_whatever_the_shape_of_the_backward(tmp_path):
     checkpointing's nested backward (where DDP's wait then is); from the second step on (the
     first with ``static_graph`` waits earlier, in a callback of DDP's queued before)."""
     options = make_options(np=-1, backend="torch")
-    result, _ = execute(pack_cell(DDP_SHAPES, {}), options, RecordingView())
+    result, _ = run_on_ranks(pack_cell(DDP_SHAPES, {}), options, RecordingView())
     assert all(0.18 <= waited <= 2.0 for waited in result.values()), result
 
 
@@ -300,7 +300,7 @@ def test_a_module_wrapped_anew_is_timed_once_a_step(tmp_path):
     (a notebook's cell run twice) counts each step's wait once, even where the old wrapper's
     last forward had no backward."""
     options = make_options(np=-1, backend="torch")
-    (freed, waited), _ = execute(pack_cell(DDP_REWRAPPED, {}), options, RecordingView())
+    (freed, waited), _ = run_on_ranks(pack_cell(DDP_REWRAPPED, {}), options, RecordingView())
     assert freed  # else the test shows nothing
     assert 0.45 <= waited < 0.95, waited  # 0.5 s; counted twice (the old wrapper's too): 1.0
 
@@ -317,9 +317,9 @@ model(torch.ones(2, 8)).sum().backward()
 
 def test_with_stragglers_off_a_rank_times_nothing(tmp_path):
     """Nothing judges the waits: nothing is added to the user's training (DDP keeps no hook)."""
-    result, _ = execute(
+    result, _ = run_on_ranks(
         pack_cell(DDP_STEP, {}), make_options(np=-2, backend="torch", stragglers="off"), RecordingView()
     )
     assert result == (None, None)
-    timed, _ = execute(pack_cell(DDP_STEP, {}), make_options(np=-2, backend="torch"), RecordingView())
+    timed, _ = run_on_ranks(pack_cell(DDP_STEP, {}), make_options(np=-2, backend="torch"), RecordingView())
     assert timed[0] is not None and timed[0] >= 0

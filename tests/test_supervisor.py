@@ -52,7 +52,7 @@ def run(
 def test_rank0s_value_comes_back_and_everything_is_closed():
     launcher = ScriptedLauncher(on_start=healthy_rank(0, value=42) + healthy_rank(1))
     supervisor, hub, view = run(launcher)
-    assert supervisor.execute() == (42, {})
+    assert supervisor.supervise() == (42, {})
     assert launcher.stops == 1 and hub.closed and view.closed
     assert len(view.messages) == 5
     assert launcher.env[ENV_HUB] == hub.address and launcher.env[ENV_TOKEN] == hub.keys.client_token()
@@ -65,14 +65,14 @@ def test_messages_in_flight_when_the_launcher_ends_are_drained():
     supervisor, hub, view = run(launcher)
     for step in late:
         step(hub)
-    assert supervisor.execute() == ("done", {})
+    assert supervisor.supervise() == ("done", {})
 
 
 def test_a_launcher_that_ends_before_rank1_exits_waits_for_it_then_says_it_died():
     launcher = ScriptedLauncher(on_start=[*healthy_rank(0, value=1), send(1, Started("h", 2, 1, 2))], code=1)
     supervisor, _, _ = run(launcher)
     with pytest.raises(RunError, match=r"ranks \[1\] died without reporting"):
-        supervisor.execute()
+        supervisor.supervise()
 
 
 CANCELLED_WORD = "Spark cancelled the run's tasks (Job 3 cancelled as part of cancellation of all jobs)"
@@ -96,7 +96,7 @@ def test_the_drain_does_not_wait_for_ranks_that_ended_without_a_word(seen, said)
     supervisor = Run(FakeHub(), launcher, RecordingView(), make_options(np=-2, launcher="gloo"), clock=clock)
     supervisor.wait = 0.001
     with pytest.raises(RunError, match=said):
-        supervisor.execute()
+        supervisor.supervise()
     assert clock.now - began < DRAIN_SECONDS
 
 
@@ -108,7 +108,7 @@ def test_a_run_whose_ranks_all_said_their_exit_ends_without_settling():
     began = clock.now
     supervisor = Run(FakeHub(), launcher, RecordingView(), make_options(np=-2, launcher="gloo"), clock=clock)
     supervisor.wait = 0.001
-    assert supervisor.execute() == (7, {})
+    assert supervisor.supervise() == (7, {})
     assert clock.now - began < SETTLE_SECONDS / 4
 
 
@@ -125,7 +125,7 @@ def test_a_clean_end_asks_the_launcher_for_no_deaths():
     its 5 in them, twice a cell. A run whose ranks all said their exit needs no such word."""
     launcher = DeathsCounted(on_start=healthy_rank(0, value=3) + healthy_rank(1), code=0)
     supervisor, _, _ = run(launcher)
-    assert supervisor.execute() == (3, {})
+    assert supervisor.supervise() == (3, {})
     assert launcher.asked == 0
 
 
@@ -139,7 +139,7 @@ def test_what_a_killed_rank_sent_just_before_it_died_is_still_read():
     supervisor.wait = 0.001
     hub.put_after(hub.events.reads + 8, 1, Log())
     with pytest.raises(RunError, match=r"rank 1 was killed by signal 9"):
-        supervisor.execute()
+        supervisor.supervise()
     assert any(isinstance(message.record, Log) for message in view.messages)
 
 
@@ -152,7 +152,7 @@ def test_the_cause_arriving_after_a_consequence_is_named():
     reads = hub.events.reads
     hub.put_after(reads + 8, 1, RankError("b", "ValueError", "bad shard"))  # still on its way
     with pytest.raises(RankFailedError) as info:
-        supervisor.execute()
+        supervisor.supervise()
     assert info.value.rank == 1 and info.value.exc_type == "ValueError" and info.value.host == "b"
     assert launcher.stops >= 1
 
@@ -166,7 +166,7 @@ def test_a_silent_death_seen_by_the_launcher_is_named():
     supervisor, _, _ = run(launcher)
     said = r"rank 1 on a failed \(killed from outside\): it was killed by signal 9"
     with pytest.raises(RankFailedError, match=said):
-        supervisor.execute()
+        supervisor.supervise()
 
 
 def test_a_run_stopped_from_outside_is_the_runs_failure_though_every_rank_spoke_first():
@@ -178,7 +178,7 @@ def test_a_run_stopped_from_outside_is_the_runs_failure_though_every_rank_spoke_
     )
     supervisor, _, view = run(launcher)
     with pytest.raises(RunError) as info:
-        supervisor.execute()
+        supervisor.supervise()
     assert not isinstance(info.value, RankFailedError) and info.value.failure is FailureClass.CANCELLED
     assert str(info.value) == f"the run was stopped: {launcher.ended_by}; its ranks ended with it"
     assert "hvd_magic: the run failed (cancelled in Spark)" in view.notices
@@ -188,7 +188,7 @@ def test_a_consequence_alone_is_reported_after_the_grace():
     launcher = ScriptedLauncher(on_start=[send(0, Started("a", 1, 0, 2)), send(0, SHUT_DOWN)], code=None)
     supervisor, _, _ = run(launcher)
     with pytest.raises(RankFailedError) as info:
-        supervisor.execute()
+        supervisor.supervise()
     assert info.value.rank == 0 and info.value.exc_type == "HorovodInternalError"
 
 
@@ -200,7 +200,7 @@ def test_silence_beyond_the_timeout_ends_the_run_naming_the_silent_ranks():
     with pytest.raises(
         RunTimeout, match=r"no rank reported anything for 30 s.*Silent: rank 0 for \d+ s, rank 1"
     ) as timed_out:
-        supervisor.execute()
+        supervisor.supervise()
     assert launcher.stops >= 1
     # where each was: these ranks never opened their inbox, so they could not be asked; they are
     # on another host than this one, so py-spy is for their host, with each one's pid
@@ -214,7 +214,7 @@ def test_ranks_that_never_start_end_the_run_after_the_start_timeout(monkeypatch)
     launcher = ScriptedLauncher(on_start=[send(0, Started("a", 1, 0, 2))], code=None)
     supervisor, _, _ = run(launcher)
     with pytest.raises(RunTimeout, match=r"ranks \[1\] did not start within 50 s"):
-        supervisor.execute()
+        supervisor.supervise()
 
 
 def test_a_launch_slower_than_the_timeout_is_judged_by_the_start_timeout(monkeypatch):
@@ -222,7 +222,7 @@ def test_a_launch_slower_than_the_timeout_is_judged_by_the_start_timeout(monkeyp
     launcher = ScriptedLauncher(code=None)  # no rank has started: not a hang yet
     supervisor, _, _ = run(launcher, timeout=5)
     with pytest.raises(RunTimeout, match=r"ranks \[0, 1\] did not start within 50 s"):
-        supervisor.execute()
+        supervisor.supervise()
 
 
 def test_stall_reports_do_not_hold_off_the_timeout_and_are_named_by_it():
@@ -234,7 +234,7 @@ def test_stall_reports_do_not_hold_off_the_timeout_and_are_named_by_it():
     )
     supervisor, _, view = run(launcher, timeout=30)
     with pytest.raises(RunTimeout, match=r"Horovod says it stalled: rank 0 never submitted allreduce.t3"):
-        supervisor.execute()
+        supervisor.supervise()
     assert any(m.record == stall for m in view.messages)  # the view got it too
 
 
@@ -247,7 +247,7 @@ def test_torch_ranks_waiting_for_one_that_left_end_the_run_naming_it():
     )
     supervisor, _, view = run(launcher)
     with pytest.raises(RankFailedError) as info:
-        supervisor.execute()
+        supervisor.supervise()
     assert info.value.rank == 1
     assert "rank 1 on a failed: it finished without reaching init_process_group (line 4 of the cell)" in str(
         info.value
@@ -268,7 +268,7 @@ def test_a_torch_stall_is_told_once_and_forgotten_when_the_wait_ends():
         code=0,
     )
     supervisor, _, view = run(launcher)
-    assert supervisor.execute() == (7, {})
+    assert supervisor.supervise() == (7, {})
     stalls = [m.record for m in view.messages if isinstance(m.record, Stall)]
     assert stalls == [Stall([1], [["all_reduce (line 5 of the cell)"]], 15.0, "reached", "")]
     assert supervisor.record.stall is None
@@ -281,7 +281,7 @@ def test_an_interrupt_stops_the_launcher_and_closes_everything():
     launcher = ScriptedLauncher(on_start=healthy_rank(0)[:1], on_poll=[nothing, interrupt], code=None)
     supervisor, hub, view = run(launcher)
     with pytest.raises(RunInterrupted, match="the 2 ranks were stopped"):
-        supervisor.execute()
+        supervisor.supervise()
     assert launcher.stops == 1 and hub.closed and view.closed
 
 
@@ -293,7 +293,7 @@ def test_the_error_says_what_could_not_be_stopped():
     )
     supervisor, _, _ = run(launcher)
     with pytest.raises(RankFailedError) as info:
-        supervisor.execute()
+        supervisor.supervise()
     assert info.value.__notes__ == [
         "still being stopped after the run: 4242: python -m hvd_magic.rank.worker (executor 1)"
     ]
@@ -303,7 +303,7 @@ def test_the_error_says_what_could_not_be_stopped():
 def test_a_successful_run_with_leftovers_says_so_and_still_returns_its_value():
     launcher = ScriptedLauncher(on_start=healthy_rank(0, value=7) + healthy_rank(1), leftovers=["99: orted"])
     supervisor, _, view = run(launcher)
-    assert supervisor.execute() == (7, {})
+    assert supervisor.supervise() == (7, {})
     assert view.notices == ["hvd_magic: still being stopped after the run: 99: orted"]
 
 
@@ -315,7 +315,7 @@ def test_the_stop_comes_once_after_the_decision_and_the_last_output_still_reache
     )
     supervisor, _, view = run(launcher)
     with pytest.raises(RankFailedError) as info:
-        supervisor.execute()
+        supervisor.supervise()
     assert info.value.rank == 1 and launcher.stops == 1
     assert view.messages[-1].blob == b"KeyboardInterrupt\n" and view.closed
 
@@ -328,7 +328,7 @@ def test_a_value_the_notebook_cannot_load_is_a_clear_error():
     ]
     supervisor, _, _ = run(ScriptedLauncher(on_start=broken), ranks=1)
     with pytest.raises(RunError, match="could not be loaded in the notebook"):
-        supervisor.execute()
+        supervisor.supervise()
 
 
 def test_rank0s_timeline_chunks_are_written_where_the_user_asked(tmp_path):
@@ -343,7 +343,7 @@ def test_rank0s_timeline_chunks_are_written_where_the_user_asked(tmp_path):
         send(0, Exit(0)),
     ]
     supervisor, _, _ = run(ScriptedLauncher(on_start=steps), timeline=str(path), ranks=1)
-    supervisor.execute()
+    supervisor.supervise()
     assert [event["ph"] for event in json.loads(path.read_text())] == ["B", "E", "i"]
 
 
@@ -356,7 +356,7 @@ def test_a_timeline_whose_last_chunk_never_came_is_closed_when_the_run_ends(tmp_
         send(0, Exit(0)),
     ]
     supervisor, _, _ = run(ScriptedLauncher(on_start=steps), timeline=str(path), ranks=1)
-    supervisor.execute()
+    supervisor.supervise()
     assert json.loads(path.read_text()) == [{"ph": "B"}]
 
 
@@ -377,7 +377,7 @@ def test_files_rank0_sends_land_in_the_runs_folder_whole_and_nowhere_else(tmp_pa
     supervisor, _, _ = run(ScriptedLauncher(on_start=steps))
     (tmp_path / "files").mkdir()
     supervisor.files.files_dir = str(tmp_path / "files")
-    supervisor.execute()
+    supervisor.supervise()
     assert sorted(os.listdir(tmp_path / "files")) == ["checkpoint-0001.pt", "half.pt.partial"]
     assert (tmp_path / "files" / "checkpoint-0001.pt").read_bytes() == b"abcd"
     assert not (tmp_path / "escape.pt").exists()

@@ -28,7 +28,7 @@ from hvd_magic.rank.timing_cost import (
     CostProbe,
 )
 from hvd_magic.run.packing import pack_cell
-from hvd_magic.run.supervisor import execute
+from hvd_magic.run.supervisor import run_on_ranks
 from hvd_magic.run.views import ConsoleView
 
 CHECKOUT = str(Path(__file__).resolve().parents[1])  # the ranks import this file's Slow
@@ -187,7 +187,7 @@ def test_a_timing_that_costs_over_one_percent_of_the_step_stops_and_says_so_once
     and the view says so in one line, whichever rank said it first."""
     view = SeenView()
     options = make_options(np=-2, backend="torch", env={"PYTHONPATH": CHECKOUT})
-    (figures, records), _ = execute(pack_cell(COSTLY, {}), options, view)
+    (figures, records), _ = run_on_ranks(pack_cell(COSTLY, {}), options, view)
     assert all(figure is not None for figure in figures[:WARM_UP_STEPS])  # timed, as before
     assert all(figure is None for figure in figures[WARM_UP_STEPS:])  # probed (held), then off
     end = WARM_UP_STEPS + PROBE_STEPS  # the probe's last step
@@ -220,7 +220,7 @@ figures
 
 def test_a_cheap_timing_is_kept_after_its_probe_and_its_figure_goes_on():
     view = SeenView()
-    figures, _ = execute(pack_cell(CHEAP, {}), make_options(np=-2, backend="torch"), view)
+    figures, _ = run_on_ranks(pack_cell(CHEAP, {}), make_options(np=-2, backend="torch"), view)
     assert all(figure is not None for figure in figures[:WARM_UP_STEPS])
     assert figures[WARM_UP_STEPS] is None  # held while the probe runs
     resumed = next(i for i in range(WARM_UP_STEPS, len(figures)) if figures[i] is not None)

@@ -18,7 +18,7 @@ from hvd_magic.options import make_options
 from hvd_magic.rank.trainers.lightning_trainer import check_layout
 from hvd_magic.rank.trainers.readings import LossReading, numbers
 from hvd_magic.run.packing import pack_cell
-from hvd_magic.run.supervisor import execute
+from hvd_magic.run.supervisor import run_on_ranks
 from hvd_magic.widgets.state import RunModel
 
 from .helpers import RecordingView, when_started
@@ -109,7 +109,9 @@ for epoch in range(2):
 def watched(cell: str, env: str | None = None, **options: object) -> tuple[object, RunModel]:
     """The cell on 2 torch.distributed ranks: rank 0's value, and the live view's model of it."""
     view = RecordingView()
-    value, _ = execute(pack_cell(cell, {}), make_options(np=-2, backend="torch", env=env, **options), view)
+    value, _ = run_on_ranks(
+        pack_cell(cell, {}), make_options(np=-2, backend="torch", env=env, **options), view
+    )
     model = RunModel(2)
     for message in view.messages:
         model.apply(message)
@@ -188,7 +190,7 @@ def test_the_lightning_callback_given_by_hand_is_the_one_a_rank_adds():
         "from hvd_magic.rank.trainers.lightning_trainer import callback_class\n"
         "(mine is callback_class('lightning.pytorch'), issubclass(mine, lightning.Callback))"
     )
-    value, _ = execute(pack_cell(cell, {}), make_options(np=-1, backend="torch"), RecordingView())
+    value, _ = run_on_ranks(pack_cell(cell, {}), make_options(np=-1, backend="torch"), RecordingView())
     assert value == (True, True)
 
 

@@ -373,13 +373,13 @@ def test_a_killed_kernels_server_ends_and_removes_its_folder(short_tmp):
 COUNTS_ITS_IMPORTS = "import os\nopen(os.environ['MARK'], 'a').write('imported\\n')\n"
 
 
-def template_of(server: psutil.Process) -> psutil.Process:
-    (parent,) = [p for p in [server.parent()] if "hvd_magic.warm.template" in " ".join(p.cmdline())]
+def preloader_of(server: psutil.Process) -> psutil.Process:
+    (parent,) = [p for p in [server.parent()] if "hvd_magic.warm.preloader" in " ".join(p.cmdline())]
     return parent
 
 
 def end_all(kernels: list[subprocess.Popen[str]], folder: Path) -> None:
-    """Ends the test's kernels, and the templates and servers whose sockets lie in ``folder``."""
+    """Ends the test's kernels, and the preloaders and servers whose sockets lie in ``folder``."""
     for kernel in kernels:
         kernel.kill()
         kernel.wait()
@@ -390,15 +390,15 @@ def end_all(kernels: list[subprocess.Popen[str]], folder: Path) -> None:
                 process.wait(10)
 
 
-def test_kernels_one_after_another_fork_their_servers_from_one_template_that_imported_once(short_tmp):
+def test_kernels_one_after_another_fork_their_servers_from_one_preloader_that_imported_once(short_tmp):
     """A second kernel (a restarted one, another notebook) gets a server without importing again:
-    both servers are forked from one template, which is no kernel's child (a launcher stopping
+    both servers are forked from one preloader, which is no kernel's child (a launcher stopping
     what it started spares it) and outlives the first; each server ends with its own kernel."""
     (short_tmp / "counted.py").write_text(COUNTS_ITS_IMPORTS)
     mark = short_tmp / "imports"
     env = os.environ | {"TMPDIR": str(short_tmp), "PYTHONPATH": str(short_tmp), "MARK": str(mark)}
     code = KEEPS_A_SERVER.replace('("json",)', '("counted",)')
-    kernels, templates = [], []
+    kernels, preloaders = [], []
     try:
         for _ in range(2):
             kernel = subprocess.Popen(
@@ -407,16 +407,16 @@ def test_kernels_one_after_another_fork_their_servers_from_one_template_that_imp
             kernels.append(kernel)
             assert Path(kernel.stdout.readline().strip()).is_socket()
             (server,) = fork_servers_of(kernel.pid)
-            templates.append(template_of(server))
-            assert templates[-1].pid not in {
+            preloaders.append(preloader_of(server))
+            assert preloaders[-1].pid not in {
                 p.pid for p in psutil.Process(kernel.pid).children(recursive=True)
             }
             if len(kernels) == 1:
                 kernel.kill()  # the first kernel ends before the second starts
                 kernel.wait()
                 assert psutil.wait_procs([server], timeout=30)[1] == []
-        assert templates[0] == templates[1] and templates[1].is_running()
-        assert mark.read_text() == "imported\n"  # by the template, once
+        assert preloaders[0] == preloaders[1] and preloaders[1].is_running()
+        assert mark.read_text() == "imported\n"  # by the preloader, once
     finally:
         end_all(kernels, short_tmp)
 
@@ -429,9 +429,9 @@ def cpuacct_group(process: psutil.Process) -> str:
     return next(line.split(":", 2)[2] for line in lines if line.split(":")[1] == "cpuacct")
 
 
-def test_a_server_forked_from_a_template_is_accounted_with_its_kernel(short_tmp):
+def test_a_server_forked_from_a_preloader_is_accounted_with_its_kernel(short_tmp):
     """A kernel in a cgroup of its own (a container's, a systemd unit's) gets a server there too,
-    as one it started itself would be, not in the cgroup of whoever started the template."""
+    as one it started itself would be, not in the cgroup of whoever started the preloader."""
     group = CPUACCT / f"hvd_magic-test-{os.getpid()}-{short_tmp.name}"
     try:
         group.mkdir()
@@ -441,26 +441,26 @@ def test_a_server_forked_from_a_template_is_accounted_with_its_kernel(short_tmp)
     argv = [sys.executable, "-c", KEEPS_A_SERVER]
     kernels = []
     try:
-        for moved in (False, True):  # the first starts the template outside the group
+        for moved in (False, True):  # the first starts the preloader outside the group
             join = (lambda: (group / "cgroup.procs").write_text(str(os.getpid()))) if moved else None
             kernels.append(
                 subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env, preexec_fn=join)
             )
             assert Path(kernels[-1].stdout.readline().strip()).is_socket()
         (server,) = fork_servers_of(kernels[1].pid)
-        assert cpuacct_group(server) == f"/{group.name}" != cpuacct_group(template_of(server))
+        assert cpuacct_group(server) == f"/{group.name}" != cpuacct_group(preloader_of(server))
     finally:
         end_all(kernels, short_tmp)
         with contextlib.suppress(OSError):
             group.rmdir()
 
 
-def test_a_kernel_whose_path_finds_another_copy_of_the_framework_gets_a_template_of_its_own(short_tmp):
+def test_a_kernel_whose_path_finds_another_copy_of_the_framework_gets_a_preloader_of_its_own(short_tmp):
     """Two kernels whose paths find two copies of what the servers import (a package installed
-    twice, the same file times) do not share a template: each imports its own."""
+    twice, the same file times) do not share a preloader: each imports its own."""
     mark = short_tmp / "imports"
     code = KEEPS_A_SERVER.replace('("json",)', '("counted",)')
-    kernels, templates = [], []
+    kernels, preloaders = [], []
     try:
         for copy in ("a", "b"):
             (short_tmp / copy).mkdir()
@@ -477,42 +477,42 @@ def test_a_kernel_whose_path_finds_another_copy_of_the_framework_gets_a_template
             kernels.append(kernel)
             assert Path(kernel.stdout.readline().strip()).is_socket()
             (server,) = fork_servers_of(kernel.pid)
-            templates.append(template_of(server))
-        assert templates[0] != templates[1] and mark.read_text() == "imported\n" * 2
+            preloaders.append(preloader_of(server))
+        assert preloaders[0] != preloaders[1] and mark.read_text() == "imported\n" * 2
     finally:
         for kernel in kernels:
             kernel.kill()
             kernel.wait()
-        for template in templates:
-            template.kill()
+        for preloader in preloaders:
+            preloader.kill()
 
 
 @pytest.mark.parametrize("end", ["idle", "folder removed"])
-def test_a_template_ends_when_idle_or_when_its_folder_is_gone(short_tmp, end):
-    """A template outlives its starter: it ends by itself, its folder with it, once no server was
+def test_a_preloader_ends_when_idle_or_when_its_folder_is_gone(short_tmp, end):
+    """A preloader outlives its starter: it ends by itself, its folder with it, once no server was
     asked of it for its idle time, or once its folder was removed (a TMPDIR that went)."""
-    folder = short_tmp / "template"
+    folder = short_tmp / "preloader"
     folder.mkdir(mode=0o700)
     idle = "1" if end == "idle" else "600"
-    argv = [sys.executable, "-m", "hvd_magic.warm.template", idle, str(folder / "socket"), "json"]
+    argv = [sys.executable, "-m", "hvd_magic.warm.preloader", idle, str(folder / "socket"), "json"]
     starter = subprocess.run(argv, stdout=subprocess.PIPE, text=True, timeout=120, cwd=folder)
-    assert starter.stdout == "ready\n"  # said by the template, which forked away from the starter
-    template = psutil.Process(int((folder / "pid").read_text()))
-    assert template.ppid() != os.getpid()
+    assert starter.stdout == "ready\n"  # said by the preloader, which forked away from the starter
+    preloader = psutil.Process(int((folder / "pid").read_text()))
+    assert preloader.ppid() != os.getpid()
     if end == "folder removed":
         shutil.rmtree(folder)
-    assert psutil.wait_procs([template], timeout=60)[1] == []
+    assert psutil.wait_procs([preloader], timeout=60)[1] == []
     assert not folder.exists()
 
 
-def test_a_template_refuses_a_request_that_names_no_server_and_goes_on(short_tmp):
-    folder = short_tmp / "template"
+def test_a_preloader_refuses_a_request_that_names_no_server_and_goes_on(short_tmp):
+    folder = short_tmp / "preloader"
     folder.mkdir(mode=0o700)
-    argv = [sys.executable, "-m", "hvd_magic.warm.template", "600", str(folder / "socket"), "json"]
+    argv = [sys.executable, "-m", "hvd_magic.warm.preloader", "600", str(folder / "socket"), "json"]
     log = folder / "log"
     with log.open("w") as stderr:
         subprocess.run(argv, stdout=subprocess.PIPE, stderr=stderr, timeout=120, cwd=folder, check=True)
-    template = psutil.Process(int((folder / "pid").read_text()))
+    preloader = psutil.Process(int((folder / "pid").read_text()))
     try:
         for request in (
             {"socket": "relative/socket", "keeper": 1},
@@ -526,9 +526,9 @@ def test_a_template_refuses_a_request_that_names_no_server_and_goes_on(short_tmp
         said = log.read_text()
         assert "refused a request: no folder for a server's socket at 'relative/socket'" in said
         assert "refused a request: not a keeper's pid: '1'" in said
-        assert template.is_running() and template.children() == []
+        assert preloader.is_running() and preloader.children() == []
     finally:
-        template.kill()
+        preloader.kill()
 
 
 # Workers that wait for a line on stdin, then ask at the same moment for their keepers' servers.
@@ -583,19 +583,19 @@ def test_a_shared_servers_folder_that_others_may_enter_is_not_used(short_tmp):
     os.chmod(tmp_path / f"hvd_magic-servers-{os.getuid()}", 0o755)
     own = ask_the_keepers_server(os.getpid(), tmp_path)
     assert Path(own).parent.name.startswith("hvd_magic-fork-")
-    assert os.listdir(tmp_path / f"hvd_magic-servers-{os.getuid()}") == []  # no server nor template there
+    assert os.listdir(tmp_path / f"hvd_magic-servers-{os.getuid()}") == []  # no server nor preloader there
 
 
 @pytest.mark.skipif(
     os.geteuid() != 0 or not os.access("/usr/bin/python3", os.X_OK), reason="runs a peer as another user"
 )
-@pytest.mark.parametrize("asked", ["server", "template"])
-def test_the_server_and_its_template_answer_only_their_own_user(ip, tmp_path, asked):
+@pytest.mark.parametrize("asked", ["server", "preloader"])
+def test_the_server_and_its_preloader_answer_only_their_own_user(ip, tmp_path, asked):
     (used,) = {seen["grandparent"] for seen in where(ip, tmp_path)}  # a server is up
-    process = psutil.Process(used) if asked == "server" else template_of(psutil.Process(used))
+    process = psutil.Process(used) if asked == "server" else preloader_of(psutil.Process(used))
     socket_path = next(part for part in process.cmdline() if part.endswith("/socket"))
     folder = os.path.dirname(socket_path)
-    opened = [folder, os.path.dirname(folder)] if asked == "template" else [folder]  # and its base
+    opened = [folder, os.path.dirname(folder)] if asked == "preloader" else [folder]  # and its base
     for path in opened:
         os.chmod(path, 0o755)  # as if the folder let others in: the peer check still holds
     os.chmod(socket_path, 0o777)

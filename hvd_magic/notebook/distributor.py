@@ -120,7 +120,7 @@ class TorchDistributor:
             )
         notes = self._notes + ([] if self.local_mode else self._ssl_notes())
         self._notes = []
-        return self._execute(packed, notes)
+        return self._run_packed(packed, notes)
 
     def _script(
         self, path: str, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -153,10 +153,10 @@ class TorchDistributor:
         session = active_or_embedded_session()
         return ssl_notes(conf(session, "spark.ssl.enabled"), conf(session, self.ssl_conf), self.ssl_conf)
 
-    def _execute(self, packed: Packed, notes: list[str]) -> Any:
+    def _run_packed(self, packed: Packed, notes: list[str]) -> Any:
         from hvd_magic.options import OptionError, make_options
         from hvd_magic.options.local_ranks import machine_cores
-        from hvd_magic.run.supervisor import execute
+        from hvd_magic.run.supervisor import run_on_ranks
 
         np = -self.num_processes if self.local_mode else self.num_processes
         if self.local_mode:
@@ -166,7 +166,7 @@ class TorchDistributor:
         except OptionError as err:
             raise LaunchError(f"TorchDistributor: {err}") from None
         options.notices += notes
-        value, _ = execute(packed, options)
+        value, _ = run_on_ranks(packed, options)
         return value
 
 

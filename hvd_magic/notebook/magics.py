@@ -18,7 +18,7 @@ from hvd_magic.options.parse import parse_timeout
 from hvd_magic.options.run_options import keywords
 from hvd_magic.run.history import HISTORY
 from hvd_magic.run.packing import Packed, pack_cell
-from hvd_magic.run.supervisor import execute
+from hvd_magic.run.supervisor import run_on_ranks
 from hvd_magic.session import commands as sessions
 
 __all__ = ["HorovodMagics", "check_given", "normalize_line", "usage"]
@@ -144,7 +144,7 @@ class HorovodMagics(Magics):
                 "a live session is running: np= makes this cell a job of its own, apart from the session "
                 "(drop np= to run it on the session's ranks)"
             )
-        return options, lambda packed, hosts: execute(packed, options, hosts=hosts)
+        return options, lambda packed, hosts: run_on_ranks(packed, options, hosts=hosts)
 
     def _on_session(self, args: Any) -> tuple[RunOptions, CellRun]:
         """A cell without np=: on the live session's ranks, in their namespaces."""

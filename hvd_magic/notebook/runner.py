@@ -9,7 +9,7 @@ from hvd_magic.options import OptionError, make_options
 from hvd_magic.options.option import RUNNER
 from hvd_magic.options.run_options import keywords
 from hvd_magic.run.packing import pack_function
-from hvd_magic.run.supervisor import execute
+from hvd_magic.run.supervisor import run_on_ranks
 
 __all__ = ["HorovodRunner"]
 
@@ -65,5 +65,5 @@ class HorovodRunner:
 
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
         """Run ``main(**kwargs)`` on every rank; return rank 0's return value."""
-        value, _ = execute(pack_function(main, kwargs), self.options)
+        value, _ = run_on_ranks(pack_function(main, kwargs), self.options)
         return value

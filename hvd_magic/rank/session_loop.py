@@ -31,9 +31,9 @@ from hvd_magic.protocol import (
 )
 from hvd_magic.rank import debugger, reporting
 from hvd_magic.rank.cell_timeline import CellTimeline
-from hvd_magic.rank.execute import report_error, run_payload, user_call
 from hvd_magic.rank.hub_client import HubClient
 from hvd_magic.rank.inbox import Inbox
+from hvd_magic.rank.payload import report_error, run_payload, user_call
 
 __all__ = ["serve"]
 

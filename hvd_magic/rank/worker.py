@@ -44,10 +44,10 @@ from hvd_magic.rank import (
     trainers,
 )
 from hvd_magic.rank import inbox as rank_inbox
-from hvd_magic.rank.execute import load_payload, report_error, run_payload
 from hvd_magic.rank.hub_client import HubClient
 from hvd_magic.rank.inbox import Inbox
 from hvd_magic.rank.output import OutputForwarder
+from hvd_magic.rank.payload import load_payload, report_error, run_payload
 from hvd_magic.rank.stalls import WaitWatch
 from hvd_magic.rank.timeline_stream import TimelineStream
 

@@ -1,4 +1,4 @@
-"""One run, whatever started it (``%%horovod`` or ``HorovodRunner``): ``execute`` picks the launcher
+"""One run, whatever started it (``%%horovod`` or ``HorovodRunner``): ``run_on_ranks`` picks the launcher
 (``launch.create``), starts the hub with the payload, and hands both to a ``Run``, which feeds the
 ranks' messages to a view and turns the outcome into rank 0's value or one clear exception
 (``diagnosis`` says which). ``Run`` knows neither which launcher nor which view it has."""
@@ -37,7 +37,7 @@ from hvd_magic.run.views import RunView, make_view, timeline_notice
 from hvd_magic.sinks import Sinks
 from hvd_magic.timeline.live import live_timeline
 
-__all__ = ["Run", "execute"]
+__all__ = ["Run", "run_on_ranks"]
 
 DRAIN_SECONDS = 5.0  # after the launcher exits: how long to wait for messages still in flight
 SETTLE_SECONDS = 0.25  # ... and at least this long, for what a rank sent just before it died
@@ -48,7 +48,7 @@ CAUSE_GRACE = 3.0  # seconds to look for the cause behind a "Horovod has been sh
 QUIET_SECONDS = 10.0  # an interrupt after this long without a message also says where each rank was
 
 
-def execute(
+def run_on_ranks(
     packed: Packed, options: RunOptions, view: RunView | None = None, hosts: dict[int, str] | None = None
 ) -> Any:
     """Run the payload on ``options.np`` ranks; return rank 0's value (and returned names).
@@ -78,7 +78,7 @@ def _attempts(
             run = Run(Hub(launcher.bind_host, packed.blob), launcher, shown, attempts.options, store, sinks)
             run.grow = attempts.sizes.grow_check()
             try:
-                value = run.execute()
+                value = run.supervise()
             except BaseException as err:  # noqa: BLE001 - raised again unless the run may start again
                 attempts.failed(err)
                 continue
@@ -126,14 +126,14 @@ class Run:
         self.live_timeline = live_timeline(options.timeline, view, self.files.writing_timeline, options.env)
         self.sinks.supervising(self)  # the kernel's record: the Horovod panel's stop and stacks
 
-    def execute(self) -> Any:
+    def supervise(self) -> Any:
         """Start and supervise; then stop whatever is left and return (or raise) only once the
         run's processes are gone, or with a note saying which are still being stopped.
         Interrupts end in RunInterrupted."""
         error: BaseException | None = None
         try:
             self.launcher.start(self.hub, rank_env(self.options, self.hub))
-            value = self.stopper.supervise(self._supervise)
+            value = self.stopper.supervise(self._watch)
         except KeyboardInterrupt:
             error = self._interrupted()
         except BaseException as err:  # noqa: BLE001 - raised again below, after the stop
@@ -176,7 +176,7 @@ class Run:
         started, pids = self.record.started, self.record.pids
         return where_each_rank(self.hub, self.options.ranks, started, pids, self.launcher.native_stacks, when)
 
-    def _supervise(self) -> Any:
+    def _watch(self) -> Any:
         while True:  # once every rank said its exit, the launcher's end is looked for 10x as often
             self._pump(wait=self.wait / 10 if self.record.all_exited() else self.wait)
             self._beat()

@@ -132,9 +132,9 @@ class CellRun(Run):
     def _interrupted(self) -> RunInterrupted:
         return RunInterrupted("interrupted: the cell was stopped on its ranks.")
 
-    def execute(self) -> Any:
+    def supervise(self) -> Any:
         try:
-            return super().execute()
+            return super().supervise()
         except BaseException as err:
             if self.launcher.session.lost:
                 err.add_note(

@@ -104,7 +104,7 @@ class LiveSession:
         with self.claim():  # the set-up cell is a cell: idle= counts from its end, not the start's
             threading.Thread(target=self.beat, name="hvd_magic-beat", daemon=True).start()
             try:
-                CellRun(self.hub, cell, view, options).execute()
+                CellRun(self.hub, cell, view, options).supervise()
             except BaseException:
                 self.end()
                 raise
@@ -198,7 +198,7 @@ class LiveSession:
             where = f"live session, {len(targets)} of {self.size} ranks"
             with recorded_sinks(options, where) as sinks:  # TensorBoard, MLflow, the record: this cell's
                 sinks.shown_in(view)
-                return sinks.returned(CellRun(self.hub, cell, view, options, sinks=sinks).execute())
+                return sinks.returned(CellRun(self.hub, cell, view, options, sinks=sinks).supervise())
 
     @contextmanager
     def claim(self) -> Iterator[None]:

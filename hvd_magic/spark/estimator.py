@@ -18,7 +18,7 @@ from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
 
 from hvd_magic.options import OptionError, make_options
 from hvd_magic.run.packing import pack_function
-from hvd_magic.run.supervisor import execute
+from hvd_magic.run.supervisor import run_on_ranks
 from hvd_magic.spark import callback_files, compat, estimator_io, fit_records, persistence
 from hvd_magic.spark.columns import check_columns, features_column, prediction_column
 from hvd_magic.spark.compat_params import UNUSED, UnusedParams, legacy_accessors, unused_notes
@@ -167,7 +167,7 @@ class HorovodEstimator(Estimator[HorovodModel], EstimatorParams, UnusedParams, M
             spec.save_checkpoints = checkpoints is not None or options.retries > 0
             spec.send_files = checkpoints is not None
             try:
-                value, _ = execute(pack_function(self.train_function(), {"spec": spec}), options)
+                value, _ = run_on_ranks(pack_function(self.train_function(), {"spec": spec}), options)
             finally:
                 if folder and checkpoints:
                     callback_files.place(checkpoints, folder)

@@ -6,8 +6,8 @@ forks every rank from itself, so that a rank starts in milliseconds instead of i
     python -m hvd_magic.warm.fork_server SOCKET MODULE...     # stdin: held open by the notebook
     python -m hvd_magic.warm.fork_server --keeper PID SOCKET MODULE...   # shared: ends with PID
 
-A server may also be forked from the per-user *template* that imported the modules already
-(``warm.template``), and is then the same as one started with ``--keeper``, its command line too.
+A server may also be forked from the per-user *preloader* that imported the modules already
+(``warm.preloader``), and is then the same as one started with ``--keeper``, its command line too.
 
 A launcher starts ``stand_in.py SOCKET`` where it would start the rank (``mpirun`` runs it, or the
 launcher itself): that stand-in hands its standard streams, environment and directory over the
@@ -21,7 +21,7 @@ Peers are authenticated by the kernel: the socket's folder is the user's only (0
 another user id is refused (``SO_PEERCRED``). The server ends when the notebook closes its stdin
 or dies, or (``--keeper``: shared by an executor's Python workers) when the executor's Python
 daemon ends, and removes its folder. Its socket is there once it listens. What it shares with
-the template (the accept-and-fork loop, the frozen imports, no GPU touched before forking) is
+the preloader (the accept-and-fork loop, the frozen imports, no GPU touched before forking) is
 ``warm.serving``'s.
 """
 

@@ -48,7 +48,7 @@ def _rank_path(cwd: str, pythonpath: str) -> list[str]:
 
 def join_groups_of(pid: int) -> None:
     """Takes the CPU affinity and cgroups of the process ``pid`` (a rank its stand-in's, a server
-    forked from a template its keeper's): memory accounting and OOM records among them."""
+    forked from a preloader its keeper's): memory accounting and OOM records among them."""
     try:
         os.sched_setaffinity(0, os.sched_getaffinity(pid))
     except OSError:

@@ -3,7 +3,7 @@ that launches ranks (the notebook's kernel, for local ranks) or, on an executor,
 executor's Python workers and kept by its Python daemon (``keeper``): Spark ends an idle Python
 worker after a minute without tasks and kills a cancelled task's, but keeps the daemon as long as
 the executor. A server starts with the first run that needs it (a kernel's is forked from this
-machine's template of it, ``warm.templates``: the imports are paid once for every kernel of the
+machine's preloader of it, ``warm.preloaders``: the imports are paid once for every kernel of the
 user; an executor's imports for itself) and stays while its keeper lives; one that died, whose
 framework or Horovod was reinstalled since, or whose imports read a variable changed since, is
 started anew. Which runs are warm is decided on the notebook's side (``warm.choice``); this
@@ -30,7 +30,7 @@ import psutil
 
 from hvd_magic.protocol.env import worker_command
 from hvd_magic.protocol.files import forked_rank_file
-from hvd_magic.warm.templates import (
+from hvd_magic.warm.preloaders import (
     forked_server,
     identity,
     listening,
@@ -46,7 +46,7 @@ READY_SECONDS = 120.0  # the server's imports, on a loaded machine
 
 
 class _Server:
-    """One fork server, and what it was started from: forked from a template (``templates``),
+    """One fork server, and what it was started from: forked from a preloader (``preloaders``),
     or started here where there is none."""
 
     def __init__(
@@ -58,7 +58,7 @@ class _Server:
         self.socket = os.path.join(self.folder, "socket")
         environment = os.environ | self.read_at_import | {"PYTHONUNBUFFERED": "1"}
         self.started: subprocess.Popen[bytes] | None = None
-        # a server of this process's own comes from the user's template; an executor's shared one
+        # a server of this process's own comes from the user's preloader; an executor's shared one
         # is started by the task's Python worker, below the executor, as its ranks are
         forked = (
             forked_server(modules, environment, self.identity, self.socket, os.getpid())
@@ -85,7 +85,7 @@ class _Server:
         self.pid = self.started.pid
 
     def ready(self, timeout: float) -> bool:
-        """Whether it said ``ready`` within ``timeout`` seconds (one forked from a template
+        """Whether it said ``ready`` within ``timeout`` seconds (one forked from a preloader
         listened before its pid came)."""
         if self.started is None:
             return True
@@ -105,7 +105,7 @@ class _Server:
     def _alive(self) -> bool:
         if self.started is not None:
             return self.started.poll() is None
-        try:  # a template's child: reaped by the template, or by init once it ended
+        try:  # a preloader's child: reaped by the preloader, or by init once it ended
             return bool(psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE)
         except psutil.Error:
             return False

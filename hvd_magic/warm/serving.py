@@ -1,4 +1,4 @@
-"""What the two server processes of warm ranks share: the per-user template (``warm.template``)
+"""What the two server processes of warm ranks share: the per-user preloader (``warm.preloader``)
 and the per-kernel or per-executor fork server (``warm.fork_server``). Each imports its modules
 once (frozen), listens on a Unix socket in a folder of the user's only, refuses a peer of
 another user (``SO_PEERCRED``), and forks a child for each request it takes, in one loop

@@ -189,7 +189,7 @@ def straggler(mode: Mode) -> str:
     from hvd_magic.options import make_options
     from hvd_magic.protocol import Straggler
     from hvd_magic.run.packing import pack_cell
-    from hvd_magic.run.supervisor import execute
+    from hvd_magic.run.supervisor import run_on_ranks
 
     switches = mode.work
     named: list[Straggler] = []
@@ -213,7 +213,7 @@ def straggler(mode: Mode) -> str:
     cell = mode.cell(cells.STRAGGLER, size=size, repeat=repeat, folder=str(switches))
     # the timing's own limit is the timing check's: here a busy host's slower hooks must not stop it
     options = make_options(np=-2, backend="torch", stragglers="0.5/2", env={"HVD_MAGIC_TIMING_LIMIT": "off"})
-    (steps, timed, device), _ = execute(pack_cell(cell, {}), options, Switching())
+    (steps, timed, device), _ = run_on_ranks(pack_cell(cell, {}), options, Switching())
     said = [(s.slow_rank, s.recovered) for s in named]
     expect(said == [(1, False), (1, True)], f"stragglers said: {named}")
     expect(timed and device == mode.device, f"DDP's waits timed: {timed}, model on {device}")

@@ -1,14 +1,14 @@
 """What tells fork servers apart (``identity``: what a server imports, as it would import it),
-this user's folder of shared fork servers on this machine, and the templates servers are forked
-from (``hvd_magic.warm.template``).
+this user's folder of shared fork servers on this machine, and the preloaders servers are forked
+from (``hvd_magic.warm.preloader``).
 
-A template imports a server's modules once, as a server of its identity would, and forks a
+A preloader imports a server's modules once, as a server of its identity would, and forks a
 server for each kernel that asks, in milliseconds: a restarted kernel or another notebook starts
 its ranks warm instead of importing the framework anew. (An executor's server is not forked from
 one: it stays below the executor, as its ranks must.) It lives in the folder of shared servers,
 is started under its lock by the first that finds none listening, and ends after
 ``IDLE_SECONDS`` without a request. Where there is no such folder of this user's only, there is
-no template: servers are started as they were.
+no preloader: servers are started as they were.
 """
 
 from __future__ import annotations
@@ -69,21 +69,21 @@ INTERPRETER_UNDERSCORED = (
     "PYTHON_FROZEN_MODULES",
     "PYTHON_PRESITE",
 )
-IDLE_SECONDS = 600.0  # a template without a request for so long ends
-TEMPLATE = "hvd_magic.warm.template"
-READY_SECONDS = 120.0  # the template's imports, on a loaded machine
+IDLE_SECONDS = 600.0  # a preloader without a request for so long ends
+PRELOADER = "hvd_magic.warm.preloader"
+READY_SECONDS = 120.0  # the preloader's imports, on a loaded machine
 
 
 def forked_server(
     modules: tuple[str, ...], environment: Mapping[str, str], identity: str, path: str, keeper: int
 ) -> int | None:
     """The pid of a fork server listening at ``path`` and kept by ``keeper``, forked from the
-    template of ``identity`` (started, with ``environment``, if none listens); None where there
-    is no template (the caller starts a server itself)."""
+    preloader of ``identity`` (started, with ``environment``, if none listens); None where there
+    is no preloader (the caller starts a server itself)."""
     base = shared_base()
     if base is None:
         return None
-    name = f"template-{hashlib.sha256(identity.encode()).hexdigest()[:32]}"
+    name = f"preloader-{hashlib.sha256(identity.encode()).hexdigest()[:32]}"
     folder = os.path.join(base, name)
     with open(os.path.join(base, f"{name}.lock"), "a") as lock:
         if not locked(lock, READY_SECONDS):
@@ -94,10 +94,10 @@ def forked_server(
 
 
 def _start(modules: tuple[str, ...], environment: Mapping[str, str], folder: str) -> bool:
-    """A template in ``folder``, listening once this returns True."""
+    """A preloader in ``folder``, listening once this returns True."""
     shutil.rmtree(folder, ignore_errors=True)  # one killed before it could remove it
     os.mkdir(folder, 0o700)
-    argv = [sys.executable, "-m", TEMPLATE, str(IDLE_SECONDS), os.path.join(folder, "socket"), *modules]
+    argv = [sys.executable, "-m", PRELOADER, str(IDLE_SECONDS), os.path.join(folder, "socket"), *modules]
     with open(os.path.join(folder, "log"), "ab") as log:
         starter = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, env=dict(environment),
@@ -110,7 +110,7 @@ def _start(modules: tuple[str, ...], environment: Mapping[str, str], folder: str
     reader.start()
     reader.join(READY_SECONDS)
     stdout.close()
-    starter.wait()  # the template forked away from it at once
+    starter.wait()  # the preloader forked away from it at once
     if said == [b"ready\n"]:
         return True
     pid = listening(folder)
@@ -121,12 +121,12 @@ def _start(modules: tuple[str, ...], environment: Mapping[str, str], folder: str
     return False
 
 
-def _ask(template: str, path: str, keeper: int) -> int | None:
-    """The pid of the server the template at ``template`` forked for ``path`` and ``keeper``."""
+def _ask(preloader: str, path: str, keeper: int) -> int | None:
+    """The pid of the server the preloader at ``preloader`` forked for ``path`` and ``keeper``."""
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
             conn.settimeout(READY_SECONDS)
-            conn.connect(template)
+            conn.connect(preloader)
             conn.sendall(json.dumps({"socket": path, "keeper": keeper}).encode())
             pid = json.loads(conn.recv(1 << 12)).get("pid")
     except (OSError, ValueError, AttributeError):
@@ -158,7 +158,7 @@ def locked(lock: IO[str], timeout: float) -> bool:
 
 
 def listening(folder: str) -> int | None:
-    """The pid of the server (or template) of ``folder`` if it is there (its socket is in place
+    """The pid of the server (or preloader) of ``folder`` if it is there (its socket is in place
     once it listens)."""
     try:
         with open(os.path.join(folder, "pid")) as note:

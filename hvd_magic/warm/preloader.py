@@ -1,14 +1,14 @@
-"""The per-user template fork servers are forked from: it imports the frameworks once for every fork
-server of a kernel of this user on this machine that would import them alike, so that a server
+"""The per-user preloader, the process fork servers are forked from: it imports the frameworks
+once for every fork server of a kernel of this user on this machine that would import them alike, so that a server
 starts in milliseconds instead of importing them anew (PyTorch 3.5 CPU-seconds, TensorFlow 7): a
 kernel restarted, or a second notebook, starts its ranks warm from the first cell.
 
-    python -m hvd_magic.warm.template IDLE SOCKET MODULE...
+    python -m hvd_magic.warm.preloader IDLE SOCKET MODULE...
 
 Its peers are authenticated as a fork server's are (a folder of the user's only, ``SO_PEERCRED``).
-A request names the new server's socket and its keeper (``warm.templates``); the child becomes
+A request names the new server's socket and its keeper (``warm.preloaders``); the child becomes
 that server, as one started with ``--keeper`` is (``warm.fork_server``): it ends with its keeper, not
-with the template, and shows that command line. The template is kept by no one: it leaves its
+with the preloader, and shows that command line. The preloader is kept by no one: it leaves its
 starter's tree at once, and ends, its folder with it, when no request came for IDLE seconds (or
 within seconds of its folder's removal).
 """
@@ -33,16 +33,16 @@ from hvd_magic.warm.serving import (
     remove_and_exit,
 )
 
-__all__ = ["SERVER", "detach", "template"]
+__all__ = ["SERVER", "detach", "preloader"]
 
 SERVER = "hvd_magic.warm.fork_server"
-TEMPLATE = "hvd_magic.warm.template"
+PRELOADER = "hvd_magic.warm.preloader"
 MAX_REQUEST = 1 << 12
-LOOK_SECONDS = 5.0  # how often an idle template looks at its folder and its idle time
+LOOK_SECONDS = 5.0  # how often an idle preloader looks at its folder and its idle time
 
 
-def template(path: str, modules: list[str], idle: float) -> None:
-    """A template: imports ``modules`` once, then forks a fork server for each request (its
+def preloader(path: str, modules: list[str], idle: float) -> None:
+    """A preloader: imports ``modules`` once, then forks a fork server for each request (its
     socket and keeper), which serves as one started with ``--keeper`` would. It is no child of
     whoever started it (``detach``), and ends once no request came for ``idle``
     seconds and no one holds its lock (``FOLDER.lock``: a client asking for a server holds it)."""
@@ -64,11 +64,11 @@ def template(path: str, modules: list[str], idle: float) -> None:
     def become_server(conn: socket.socket, request: Request) -> None:
         _become_server(conn, request.asked["socket"], request.asked["keeper"], modules)
 
-    accept_and_fork(listener, _server_request, become_server, "fork server template", idle=looked)
+    accept_and_fork(listener, _server_request, become_server, "fork server preloader", idle=looked)
 
 
 def _server_request(conn: socket.socket) -> Request:
-    """A template's request: where the new server listens, and whose end it ends with."""
+    """A preloader's request: where the new server listens, and whose end it ends with."""
     peer = check_peer(conn)
     request = json.loads(conn.recv(MAX_REQUEST))
     if not isinstance(request, dict):
@@ -82,7 +82,7 @@ def _server_request(conn: socket.socket) -> Request:
 
 
 def _become_server(conn: socket.socket, path: str, keeper: int, modules: list[str]) -> None:
-    """The template's child: a fork server kept by ``keeper``, writing to the log in its own
+    """The preloader's child: a fork server kept by ``keeper``, writing to the log in its own
     folder and shown as one started with ``--keeper`` is; it answers the request with its pid."""
     folder = os.path.dirname(path)
     log = os.open(os.path.join(folder, "log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -100,7 +100,7 @@ def _become_server(conn: socket.socket, path: str, keeper: int, modules: list[st
 
 
 def _unclaimed(lock: str) -> bool:
-    """Whether no client holds the template's lock; if so, it is held from now on (to the end)."""
+    """Whether no client holds the preloader's lock; if so, it is held from now on (to the end)."""
     fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -112,15 +112,15 @@ def _unclaimed(lock: str) -> bool:
 
 def detach(argv: list[str]) -> None:
     """Leaves the starter's tree: forks (the starter reaps this process, which ends at once), and
-    the child, a child of no one's, runs the template anew as ``--detached`` (a fresh interpreter,
+    the child, a child of no one's, runs the preloader anew as ``--detached`` (a fresh interpreter,
     whose own start a tool that watches processes, coverage.py say, sees)."""
     if os.fork() > 0:
         os._exit(0)
-    os.execv(sys.executable, [sys.executable, "-m", TEMPLATE, "--detached", *argv])
+    os.execv(sys.executable, [sys.executable, "-m", PRELOADER, "--detached", *argv])
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "--detached":
-        template(sys.argv[3], sys.argv[4:], idle=float(sys.argv[2]))
+        preloader(sys.argv[3], sys.argv[4:], idle=float(sys.argv[2]))
     else:
         detach(sys.argv[1:])
