@@ -1,7 +1,8 @@
 """The per-user preloader, the process fork servers are forked from: it imports the frameworks
 once for every fork server of a kernel of this user on this machine that would import them
-alike, so that a server starts in milliseconds instead of importing them anew (PyTorch 3.5 CPU-seconds, TensorFlow 7): a
-kernel restarted, or a second notebook, starts its ranks warm from the first cell.
+alike, so that a server starts in milliseconds instead of importing them anew (PyTorch 3.5
+CPU-seconds, TensorFlow 7): a kernel restarted, or a second notebook, starts its ranks warm from
+the first cell.
 
     python -m hvd_magic.warm.preloader IDLE SOCKET MODULE...
 
