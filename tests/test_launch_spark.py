@@ -30,8 +30,9 @@ from hvd_magic import (
     RunTimeout,
 )
 from hvd_magic.launch import spark as spark_launch
-from hvd_magic.launch import spark_plan
+from hvd_magic.launch import spark_job, spark_plan
 from hvd_magic.launch.spark_session import check_slots
+from hvd_magic.launch.task.barrier import STAGE_SCHEMA
 from hvd_magic.protocol import Join, LauncherExit, LauncherLog, Message, RankError, SparkPlan, Stopped
 from hvd_magic.run.diagnosis import failure_after_exit, rank_failed
 from hvd_magic.run.record import RunRecord
@@ -684,6 +685,31 @@ def test_executor_lost_mid_run_is_a_clear_error(ip, cluster, tmp_path):
     first, *on_it, stopped_a, stopped_b = found.groups()
     assert first == on_it[0] and sorted([*on_it, stopped_a, stopped_b]) == ["0", "1", "2", "3"], message
     assert gone_within(10) == []
+
+
+def test_a_job_whose_run_ended_well_ends_before_the_next_launch_starts(cluster):
+    """A run is over once every task confirmed its end: Spark's end of the job (its tasks
+    returning, their slots going back) is left to the next launch to wait for, not the cell."""
+
+    def returning_late(batches):  # a task that returns 2 s after its work: Spark's end, made long
+        import time
+
+        import pyarrow as pa
+
+        for _ in batches:
+            pass
+        time.sleep(2)
+        yield pa.RecordBatch.from_pydict({"code": [0]}, schema=pa.schema([("code", pa.int64())]))
+
+    job = spark_job.SparkJob(cluster, f"hvd_magic-test-{os.getpid()}")
+    said: list[str] = []
+    stage = cluster.range(0, 2, 1, 2)
+    job.start(lambda: stage.mapInArrow(returning_late, STAGE_SCHEMA, barrier=True), lambda: True, said.append)
+    job.leave()
+    assert job.running()  # its tasks are still in their 2 s
+    spark_job.wait_for_ending_jobs()  # as SparkLauncher.start does first
+    assert not job.running() and (job.code, job.error, said) == (0, "", [])
+    spark_job.wait_for_ending_jobs()  # nothing left to wait for: at once
 
 
 @pytest.mark.parametrize("launcher", ["mpi", "gloo"])

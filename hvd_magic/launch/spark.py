@@ -4,7 +4,8 @@ The driver side: check there are enough slots (fail in seconds, not after Spark'
 barrier retries), submit the barrier stage (``mapInArrow(..., barrier=True)``: the DataFrame API
 only, so classic and Spark Connect sessions run the same code) under a job tag on a thread,
 answer the tasks' ``Join`` with the plan, and release them when the launcher (mpirun, or each
-Gloo rank) ends. With ``data=``, the stage runs on the keyed DataFrame: each task has its shard.
+Gloo rank) ends: a run is over once every task confirmed, not when Spark ends the job
+(``spark_job``). With ``data=``, the stage runs on the keyed DataFrame: each task has its shard.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from hvd_magic.launch.base import HOW, Launcher
 from hvd_magic.launch.gloo import GlooStore
 from hvd_magic.launch.mpirun import lost_node, mpirun_deaths
 from hvd_magic.launch.processes import RankDeath
+from hvd_magic.launch.spark_job import END_SECONDS, SparkJob, wait_for_ending_jobs
 from hvd_magic.launch.spark_session import (
     active_or_embedded_session,
     cancel_tag,
@@ -60,7 +62,6 @@ __all__ = ["SparkLauncher"]
 STOP_SECONDS = 30.0  # for every task to confirm its stop (SIGINT, SIGTERM, SIGKILL 1.5 s apart)
 QUIET_SECONDS = 12.0  # ... but not longer than this after the last confirmation
 AFTER_JOB_SECONDS = 2.0  # once the job ended: for confirmations still on their way
-JOB_END_SECONDS = 10.0
 ASK_SPARK_SECONDS = 1.0  # how often a stop asks Spark which executors it lost
 
 
@@ -82,8 +83,6 @@ class SparkLauncher(Launcher):
         self.pieces = pieces or []  # data= a plain Parquet scan: the row ranges each task reads
         self.bind_host, self.tag = driver_address(session), f"hvd_magic-{uuid.uuid4().hex[:12]}"
         self.warm: tuple[str, ...] = ()  # set by for_options
-        self.exit_code: int | None = None
-        self.job_error: str = ""
         self.log: collections.deque[str] = collections.deque(maxlen=200)
         self._joins: dict[bytes, Join] = {}  # task connection -> its Join
         self._stopped: dict[bytes, Stopped] = {}  # task connection -> its confirmation
@@ -92,7 +91,7 @@ class SparkLauncher(Launcher):
         self._rank_of: dict[bytes, int] = {}  # task connection -> the rank it started
         self._ending: Release | Abort | None = None  # what the tasks were told to do
         self._closed = threading.Event()
-        self._job: threading.Thread | None = None
+        self._job = SparkJob(session, self.tag)
         self._plan: SparkPlan | None = None
         self._lost: list[str] = []  # hosts (plan tokens) mpirun lost: their tasks cannot answer
         self._gone: dict[str, str] = {}  # executors Spark lost, and why: nor can theirs
@@ -122,6 +121,7 @@ class SparkLauncher(Launcher):
         return launcher
 
     def start(self, hub: Hub, env: dict[str, str]) -> None:
+        wait_for_ending_jobs()
         check_slots(self.session, self.np)
         self.hub = hub
         spec = TaskSpec(
@@ -137,28 +137,18 @@ class SparkLauncher(Launcher):
             pieces=self.pieces,
             warm=self.warm,
         )
-        self._job = threading.Thread(
-            target=self._run_job, args=(spec,), name="hvd_magic-spark-job", daemon=True
-        )
-        self._job.start()
+        said = functools.partial(setattr, self, "ended_by")  # Spark cancelled the job itself, and why
+        self._job.start(functools.partial(self._stage, spec), self._stopping, said)
         threading.Thread(target=self._control_loop, name="hvd_magic-spark-control", daemon=True).start()
 
-    def _run_job(self, spec: TaskSpec) -> None:
-        self.session.addTag(self.tag)  # this thread's jobs: stop() interrupts them by the tag
-        try:
-            source = self.stage_input
-            if source is None:
-                source = self.session.range(0, self.np, 1, self.np)
-            stage = source.mapInArrow(functools.partial(barrier_stage, spec), STAGE_SCHEMA, barrier=True)
-            self.exit_code = max((int(row[0]) for row in stage.collect()), default=1)
-        except Exception as err:  # noqa: BLE001 - py4j/gRPC errors: keep the line that says why
-            cancelled = spark_plan.cancelled_by_spark(str(err))
-            self.job_error = cancelled or spark_plan.spark_failure(str(err))
-            if cancelled and self._ending is None:  # Spark's own cancel, not this run's stop
-                self.ended_by = spark_plan.stopped_by_spark(cancelled)
-            self.exit_code = 1
-        finally:
-            self.session.removeTag(self.tag)
+    def _stopping(self) -> bool:
+        return self._ending is not None
+
+    def _stage(self, spec: TaskSpec) -> Any:
+        source = self.stage_input
+        if source is None:
+            source = self.session.range(0, self.np, 1, self.np)
+        return source.mapInArrow(functools.partial(barrier_stage, spec), STAGE_SCHEMA, barrier=True)
 
     def _control_loop(self) -> None:
         """Every message the tasks send the driver, until the stop is over."""
@@ -216,23 +206,33 @@ class SparkLauncher(Launcher):
             self.hub.send_to(identity, record)
 
     def poll(self) -> int | None:
-        if self._job is not None and not self._job.is_alive():
-            return self.exit_code
+        if self._job.started and not self._job.running():
+            return self._job.code
         # A failed launcher ends the run now, though Spark may retry the stage: stop() cancels the job.
         failed = [code for code in self._launcher_exits if code]
-        return failed[0] if failed else 1 if self._lost else None  # mpirun may wait long for a lost daemon
+        if failed or self._lost:  # mpirun may wait long for a lost daemon
+            return failed[0] if failed else 1
+        return 0 if self._ended_well() else None
+
+    def _ended_well(self) -> bool:
+        """Every launcher ended well, and every task, released, confirmed that what it started is
+        gone: the run is over, though Spark has yet to end the job (its tasks returning, 60 to 80 ms
+        here), which the next launch waits for instead of this cell (``_ENDING``)."""
+        return isinstance(self._ending, Release) and len(self._stopped) >= self.np
 
     def stop(self) -> list[str]:
         """Abort the tasks and wait until each confirmed that what it started is gone."""
-        if self._job is None or self._closed.is_set():
+        if not self._job.started or self._closed.is_set():
             return self._leftovers()
         self.release(Abort())
         self._wait_for_confirmations()
-        if not self._lost and not self._executors_lost():  # their tasks never end: cancel at once
-            self._job.join(timeout=JOB_END_SECONDS)
-        if self._job.is_alive():  # tasks that never answered, or Spark retrying the stage
-            cancel_tag(self.session, self.tag, JOB_END_SECONDS)
-            self._job.join(timeout=JOB_END_SECONDS)
+        if self._ended_well():
+            self._job.leave()
+        elif self._lost or self._executors_lost():  # their tasks never end: cancel at once
+            cancel_tag(self.session, self.tag, END_SECONDS)
+            self._job.join()
+        else:
+            self._job.end()
         self._closed.set()
         self.hub.responders.pop(StoreRequest, None)
         return self._leftovers()
@@ -246,13 +246,14 @@ class SparkLauncher(Launcher):
         while len(self._stopped) < self.np - len(self._gone_tasks()) and (now := time.monotonic()) < deadline:
             if len(self._stopped) != confirmed:
                 confirmed, deadline = len(self._stopped), min(start + STOP_SECONDS, now + QUIET_SECONDS)
-            if self._job is not None and not self._job.is_alive():
+            if self._job.started and not self._job.running():
                 deadline = min(deadline, now + AFTER_JOB_SECONDS)
             time.sleep(0.02)
 
     def _leftovers(self) -> list[str]:
         stopped = {self._joins[identity].partition: said for identity, said in self._stopped.items()}
-        return spark_plan.leftovers(self._joins.values(), stopped, self._gone_tasks(fresh=True))
+        gone = self._gone_tasks(fresh=True) if len(stopped) < len(self._joins) else []  # else: not asked
+        return spark_plan.leftovers(self._joins.values(), stopped, gone)
 
     def _gone_tasks(self, fresh: bool = False) -> list[int]:
         """The tasks on a host mpirun lost or an executor Spark lost: they cannot answer."""
@@ -293,7 +294,7 @@ class SparkLauncher(Launcher):
         return f"{described(self.session)} · {HOW[self.launcher]}"
 
     def diagnostics(self) -> str:
-        return "\n".join([*self.log, *([f"Spark job: {self.job_error}"] if self.job_error else [])])
+        return "\n".join([*self.log, *([f"Spark job: {self._job.error}"] if self._job.error else [])])
 
     def said(self) -> list[str]:
         return [line for line in list(self.log) if line.startswith("hvd_magic:")]

@@ -9,6 +9,7 @@ process dies its sockets close, and ``lost_for`` says so within moments, where m
 from __future__ import annotations
 
 import dataclasses
+import select
 import threading
 import time
 
@@ -20,6 +21,7 @@ from hvd_magic.protocol import Hello, Message, Payload, Record, decode, encode
 __all__ = ["LOST_SECONDS", "HubClient"]
 
 LOST_SECONDS = 1.0  # a connection closed this long, and not made again: the notebook is gone
+RELOOK_SECONDS = 0.05  # the longest a receive waits before it looks at the socket again
 
 
 class HubClient:
@@ -43,6 +45,7 @@ class HubClient:
         self._monitor = self._socket.get_monitor_socket(watched)
         self._lost_at: float | None = None
         self._socket.connect(address)
+        self._fd = self._socket.fileno()  # ZeroMQ's descriptor: readable when there is news
 
     def send(self, record: Record, blob: bytes = b"") -> bool:
         """Queue one message; returns False (and drops it) if the send queue is full or the client
@@ -62,14 +65,27 @@ class HubClient:
         """The next message from the server, or None after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         while True:
-            # Poll in slices so other threads can send in between (sockets are not thread-safe).
+            # The lock is held only to look and take, never to wait: a thread that sends (a
+            # task's exit, a rank's output) gets the socket within microseconds, not after
+            # the waits of a receiving loop that took the lock back first (sockets are not
+            # thread-safe).
             with self._lock:
-                if self._socket.poll(50, zmq.POLLIN):
+                if self._socket.closed:
+                    return None
+                if self._socket.poll(0, zmq.POLLIN):
                     message = decode(self._socket.recv_multipart())
                     if message is not None:
                         return message
-            if time.monotonic() >= deadline:
+                    continue
+            left = deadline - time.monotonic()
+            if left <= 0:
                 return None
+            # ZeroMQ's descriptor says "look again", edge-triggered: an edge a sending thread
+            # consumed is caught by the next look, RELOOK_SECONDS on at most.
+            try:
+                select.select([self._fd], [], [], min(left, RELOOK_SECONDS))
+            except (OSError, ValueError):  # closed by another thread: said by the next look
+                continue
 
     def ask(self, request: Record, blob: bytes, timeout: float) -> Message:
         """Send a request (a record with an ``id``) and wait for the answer with the same id;
