@@ -138,11 +138,8 @@ class SparkLauncher(Launcher):
             warm=self.warm,
         )
         said = functools.partial(setattr, self, "ended_by")  # Spark cancelled the job itself, and why
-        self._job.start(functools.partial(self._stage, spec), self._stopping, said)
+        self._job.start(functools.partial(self._stage, spec), lambda: self._ending is not None, said)
         threading.Thread(target=self._control_loop, name="hvd_magic-spark-control", daemon=True).start()
-
-    def _stopping(self) -> bool:
-        return self._ending is not None
 
     def _stage(self, spec: TaskSpec) -> Any:
         source = self.stage_input
@@ -225,13 +222,12 @@ class SparkLauncher(Launcher):
         if not self._job.started or self._closed.is_set():
             return self._leftovers()
         self.release(Abort())
-        self._wait_for_confirmations()
-        if self._ended_well():
+        if self._ended_well():  # every task confirmed already: nothing to wait for, or ask Spark
             self._job.leave()
-        elif self._lost or self._executors_lost():  # their tasks never end: cancel at once
-            cancel_tag(self.session, self.tag, END_SECONDS)
-            self._job.join()
         else:
+            self._wait_for_confirmations()
+            if self._lost or self._executors_lost():  # their tasks never end: cancel at once
+                cancel_tag(self.session, self.tag, END_SECONDS)
             self._job.end()
         self._closed.set()
         self.hub.responders.pop(StoreRequest, None)
