@@ -10,7 +10,8 @@ median over ``--repeat`` runs of each, in turn. The phases:
 - ``ranks start``: the plan sent (locally: the launch) -> every rank said it started;
 - ``work``: -> every rank said its exit (Horovod's init, the allreduce, the value);
 - ``ranks end``: -> the launcher ended (the ranks' processes exit; on Spark, their tasks say so);
-- ``stage end``: -> the Spark job ended (the tasks return their slots: Spark only);
+- ``tasks end``: -> every task confirmed that what it started is gone (Spark only: the run is
+  over then, and Spark ends the job while the notebook goes on);
 - ``close``: -> the run returned (stop, the hub closed).
 
 Usage: python bench/spark_phases.py [--repeat 5] [--launcher gloo]
@@ -33,7 +34,7 @@ from launch import cold_cell
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
-PHASES = ("stage", "ranks start", "work", "ranks end", "stage end", "close")
+PHASES = ("stage", "ranks start", "work", "ranks end", "tasks end", "close")
 
 
 class Trace:
@@ -54,8 +55,8 @@ class Trace:
             ("ranks start", plan, at["started"]),
             ("work", at["started"], at["exited"]),
             ("ranks end", at["exited"], at["launcher ended"]),
-            ("stage end", at["launcher ended"], at.get("job ended", at["launcher ended"])),
-            ("close", at.get("job ended", at["launcher ended"]), ended),
+            ("tasks end", at["launcher ended"], at.get("tasks ended", at["launcher ended"])),
+            ("close", at.get("tasks ended", at["launcher ended"]), ended),
         ]
         return {name: end - start for name, start, end in points}
 
@@ -90,7 +91,7 @@ def traced(trace: Trace) -> None:
     def polled(run: Any, _: Any) -> None:
         code = run.launcher.poll()
         if code is not None:
-            trace.mark("job ended" if isinstance(run.launcher, SparkLauncher) else "launcher ended")
+            trace.mark("tasks ended" if isinstance(run.launcher, SparkLauncher) else "launcher ended")
 
     after(Run, "_beat", polled)
 
