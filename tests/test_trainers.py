@@ -15,6 +15,7 @@ import pytest
 from hvd_magic import RankFailedError
 from hvd_magic.errors import TrainerError
 from hvd_magic.options import make_options
+from hvd_magic.protocol import ENV_RESIZED
 from hvd_magic.rank.trainers.lightning_trainer import check_layout
 from hvd_magic.rank.trainers.readings import LossReading, numbers
 from hvd_magic.run.packing import pack_cell
@@ -274,10 +275,10 @@ def test_lightning_layouts_against_the_runs_ranks(monkeypatch):
         monkeypatch.setenv("GROUP_RANK", "1")
 
     run_of(4, 2)
-    check_layout(2, 2)  # the ranks a host, the hosts: as it is
-    check_layout("auto", 1)  # Lightning's own reading
+    assert check_layout(2, 2) == (2, 2)  # the ranks a host, the hosts: as it is
+    assert check_layout("auto", 1) == ("auto", 1)  # Lightning's own reading
     assert os.environ["LOCAL_RANK"] == "1"
-    check_layout(1, 4)  # a node a process: each rank its own node
+    assert check_layout(1, 4) == (1, 4)  # a node a process: each rank its own node
     as_a_node = (os.environ["LOCAL_RANK"], os.environ["GROUP_RANK"], os.environ["LOCAL_WORLD_SIZE"])
     assert as_a_node == ("0", "3", "1")
     run_of(4, 2)
@@ -288,8 +289,17 @@ def test_lightning_layouts_against_the_runs_ranks(monkeypatch):
         TrainerError, match=re.escape("(1 on each of 2 hosts): write devices=1, num_nodes=2, or c")
     ):
         check_layout(2, 1)
+    # min_np=: an attempt of fewer ranks than the numbers were written for runs on those it has
+    run_of(2, 2)
+    monkeypatch.setenv(ENV_RESIZED, "4,2")
+    assert check_layout(4, 1) == (2, 1)
+    run_of(3, 1)  # Spark, a task a host, one host lost: the one-process-a-node form kept
+    assert check_layout(1, 4) == (1, 3) and os.environ["LOCAL_RANK"] == "0"
+    monkeypatch.delenv(ENV_RESIZED)
+    with pytest.raises(TrainerError, match=re.escape("makes 4 processes, but this run has 3 ranks")):
+        check_layout(4, 1)  # not resized: the numbers are the user's mistake
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
-    check_layout(8, 8)  # not a run of ours: nothing checked
+    assert check_layout(8, 8) == (8, 8)  # not a run of ours: nothing checked
 
 
 def test_a_loss_is_read_at_most_ten_times_a_second():

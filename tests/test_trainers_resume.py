@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from hvd_magic import launch
+
 from .helpers import when_started
 from .test_retry import recorded_stops, wait_until
 from .test_trainers import TINY_BERT
@@ -55,7 +57,8 @@ HF = (
 {end}
 class Marks(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
-        pathlib.Path({marks!r}, f"began-{{args.process_index}}-{{state.global_step}}").touch()
+        began = f"began-{{args.process_index}}-{{state.global_step}}-{{args.world_size}}"
+        pathlib.Path({marks!r}, began).touch()
     def on_step_end(self, args, state, control, **kwargs):
         step_ended(args.process_index, state.global_step)
     def on_save(self, args, state, control, **kwargs):
@@ -90,7 +93,8 @@ class Net(lightning.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.05)
 class Marks(lightning.Callback):
     def on_train_start(self, trainer, module):
-        pathlib.Path({marks!r}, f"began-{{trainer.global_rank}}-{{trainer.global_step}}").touch()
+        began = f"began-{{trainer.global_rank}}-{{trainer.global_step}}-{{trainer.world_size}}"
+        pathlib.Path({marks!r}, began).touch()
     def on_train_batch_end(self, trainer, module, outputs, batch, index):
         step_ended(trainer.global_rank, trainer.global_step)
     def on_train_end(self, trainer, module):
@@ -134,7 +138,7 @@ saved = os.path.join({marks!r}, "saved")
 if os.path.isdir(saved):
     accelerator.load_state(saved)
 rank = accelerator.process_index
-pathlib.Path({marks!r}, f"began-{{rank}}-{{progress.step}}").touch()
+pathlib.Path({marks!r}, f"began-{{rank}}-{{progress.step}}-{{accelerator.num_processes}}").touch()
 {end}
 stopped = False
 while progress.step < 24 and not stopped:
@@ -194,8 +198,13 @@ def never_stopped(ip, tmp_path: Path, trainer: str) -> tuple[int, float]:
 
 
 def marked(marks: Path, what: str) -> set[tuple[int, int]]:
-    """(rank, step) of each ``what-RANK-STEP`` mark."""
+    """(rank, step) of each ``what-RANK-STEP`` mark (a ``began`` mark's world size after)."""
     return {(int(p.name.split("-")[1]), int(p.name.split("-")[2])) for p in marks.glob(f"{what}-*")}
+
+
+def worlds(marks: Path) -> set[tuple[int, int, int]]:
+    """(rank, step, world size) where each rank's training began."""
+    return {tuple(int(n) for n in p.name.split("-")[1:]) for p in marks.glob("began-*")}  # type: ignore[misc]
 
 
 @pytest.mark.parametrize("trainer", ["hf", "lightning", "accelerate"])
@@ -211,6 +220,28 @@ def test_a_killed_rank_is_resumed_from_the_trainers_own_checkpoint(ip, tmp_path,
     expected_step, expected = never_stopped(ip, tmp_path, trainer)
     assert step == expected_step == steps
     assert math.isclose(weights, expected, rel_tol=1e-6, abs_tol=1e-6), (weights, expected)
+
+
+@pytest.mark.parametrize("trainer", ["hf", "lightning", "accelerate"])
+def test_min_np_resumes_a_trainer_on_the_ranks_there_are_as_its_world(
+    ip, tmp_path, monkeypatch, capsys, trainer
+):
+    """``min_np=1``: rank 1 lost, the cluster has one slot left, and the next attempt's trainer
+    resumes its checkpoint on one rank, taking that for its world size (Lightning's
+    ``devices=2``, written for the run, made this attempt's). The slots are an in-memory count
+    here: a Spark host really lost, and the resize it makes, are test_launch_spark_standalone's."""
+    monkeypatch.setattr(launch, "slots_now", lambda options: 1)
+    _, steps, at, kept = TRAINERS[trainer]
+    marks = tmp_path / "smaller"
+    line = "np=-2 backend=torch retries=1 min_np=1 resize_wait=0"
+    step, _ = ip.run_cell_magic("horovod", line, cell(trainer, marks, KILL, at))
+    assert (marks / "killed" / "once").exists()
+    first = {(0, 0, 2), (1, 0, 2)}
+    assert first < worlds(marks), worlds(marks)
+    ((rank, resumed, world),) = worlds(marks) - first
+    assert (rank, world) == (0, 1) and resumed in kept, worlds(marks)  # one rank, from a checkpoint
+    assert max(at for _, at in marked(marks, "ended")) == step > resumed  # and trained on to its end
+    assert "2 → 1 ranks: " in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("trainer", ["hf", "lightning", "accelerate"])

@@ -32,6 +32,7 @@ from hvd_magic.errors import TrainerError
 from hvd_magic.rank.checkpoints import StoppingLate
 from hvd_magic.rank.distributor import RankSetup
 from hvd_magic.rank.reporting import report
+from hvd_magic.rank.resized import resized
 from hvd_magic.rank.trainers import resuming
 from hvd_magic.rank.trainers.readings import LossReading, numbers
 
@@ -105,24 +106,28 @@ def _built(package: str) -> type:
     return type("LightningCallback", (mixin, base), {"__doc__": mixin.__doc__})
 
 
-def check_layout(devices: Any, num_nodes: Any) -> None:
-    """``Trainer(devices=, num_nodes=)`` against this run's ranks (torchrun's variables):
-    ``devices=1, num_nodes=np`` on a host of several ranks makes each rank its own node; numbers
-    that do not make the run raise a ``TrainerError`` naming the ones to use."""
+def check_layout(devices: Any, num_nodes: Any) -> tuple[Any, Any]:
+    """``Trainer(devices=, num_nodes=)`` against this run's ranks (torchrun's variables), and the
+    numbers to build it with: ``devices=1, num_nodes=np`` on a host of several ranks makes each
+    rank its own node; in an attempt ``min_np=`` resized, the numbers written for the run make
+    this attempt's (the trainer runs on the ranks it has); other numbers that do not make the run
+    raise a ``TrainerError`` naming the ones to use."""
     if "WORLD_SIZE" not in os.environ or "LOCAL_WORLD_SIZE" not in os.environ:
-        return  # not a torch.distributed run of ours: Lightning's own reading
+        return devices, num_nodes  # not a torch.distributed run of ours: Lightning's own reading
     if isinstance(devices, str) and devices.strip().isdigit():
         devices = int(devices)
     counted = isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1
     if not counted or not isinstance(num_nodes, int):
-        return  # "auto", -1, a list of devices: Lightning's own reading
+        return devices, num_nodes  # "auto", -1, a list of devices: Lightning's own reading
     size, local = int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"])
     hosts = int(os.environ.get("GROUP_WORLD_SIZE", max(1, size // local)))
     if devices == local and num_nodes == hosts:
-        return
-    if devices == 1 and num_nodes == size:
+        return devices, num_nodes
+    if devices == 1 and (num_nodes == size or (resized() is not None and num_nodes > 1)):
         RankSetup(task_is_node=True).apply()  # LOCAL_RANK=0, GROUP_RANK=RANK: a node of one process
-        return
+        return 1, size
+    if resized() is not None:
+        return local, hosts
     ways = f"devices={local}, num_nodes={hosts}" + ("" if local == 1 else f", or devices=1, num_nodes={size}")
     raise TrainerError(
         f"Lightning's Trainer(devices={devices}, num_nodes={num_nodes}) makes {devices * num_nodes} "
@@ -141,7 +146,9 @@ def patch(module: ModuleType) -> None:
 
     @functools.wraps(init)
     def init_watched(self: Any, *args: Any, **kwargs: Any) -> None:
-        check_layout(kwargs.get("devices", "auto"), kwargs.get("num_nodes", 1))
+        devices, num_nodes = check_layout(kwargs.get("devices", "auto"), kwargs.get("num_nodes", 1))
+        if (devices, num_nodes) != (kwargs.get("devices", "auto"), kwargs.get("num_nodes", 1)):
+            kwargs = {**kwargs, "devices": devices, "num_nodes": num_nodes}  # this attempt's layout
         mine = callback_class(package)  # built at the first Trainer: the package is imported by then
         given = kwargs.get("callbacks")
         callbacks = [] if given is None else list(given) if isinstance(given, list) else [given]
