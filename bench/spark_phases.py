@@ -96,6 +96,21 @@ def traced(trace: Trace) -> None:
     after(Run, "_beat", polled)
 
 
+def empty_stage(session: Any) -> float:
+    """Seconds to build and collect a barrier stage of 2 tasks that do nothing."""
+    began = time.perf_counter()
+    session.range(0, 2, 1, 2).mapInArrow(_nothing, "code long", barrier=True).collect()
+    return time.perf_counter() - began
+
+
+def _nothing(batches: Any) -> Any:
+    import pyarrow as pa
+
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pydict({"code": [0]}, schema=pa.schema([("code", pa.int64())]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
@@ -107,8 +122,10 @@ def main() -> None:
     trace = Trace()
     traced(trace)
     runs = {"spark": cold_cell(2, args.launcher), "local": cold_cell(-2, args.launcher)}
-    for run in runs.values():
-        run()  # warm: Spark's Python workers, the fork servers
+    for _ in range(3):  # warm: Spark's Python workers, the fork servers, the JVM's first jobs
+        for run in runs.values():
+            run()
+    empty = statistics.median(empty_stage(session) for _ in range(args.repeat))
     phases: dict[str, list[dict[str, float]]] = {name: [] for name in runs}
     totals: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(args.repeat):
@@ -131,10 +148,12 @@ def main() -> None:
         print(f"  {phase:12s} {1e3 * median('spark', phase):6.0f} ms {1e3 * median('local', phase):6.0f} ms")
     ratio = spark / local
     print(f"  {'in all':12s} {1e3 * spark:6.0f} ms {1e3 * local:6.0f} ms   Spark {ratio:.2f}x local (<= 1.3)")
+    print(f"  an empty barrier stage of 2 tasks, built and collected: {1e3 * empty:.0f} ms (Spark's floor)")
     figures = {}
     for name, phase in itertools.product(runs, PHASES):
         figures[f"{name}_{phase.replace(' ', '_')}"] = f"{1e3 * median(name, phase):.0f} ms"
     figures |= {"spark": f"{spark:.2f} s", "local": f"{local:.2f} s", "ratio": f"{ratio:.2f}x"}
+    figures["empty_stage"] = f"{1e3 * empty:.0f} ms"
     keep(f"spark_phases_{args.launcher}", figures)
 
 

@@ -213,8 +213,8 @@ class SparkLauncher(Launcher):
 
     def _ended_well(self) -> bool:
         """Every launcher ended well, and every task, released, confirmed that what it started is
-        gone: the run is over, though Spark has yet to end the job (its tasks returning, 60 to 80 ms
-        here), which the next launch waits for instead of this cell (``_ENDING``)."""
+        gone: the run is over, though Spark has yet to end the job (its tasks returning), which
+        the next launch waits for instead of this cell (``spark_job``)."""
         return isinstance(self._ending, Release) and len(self._stopped) >= self.np
 
     def stop(self) -> list[str]:

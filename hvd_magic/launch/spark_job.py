@@ -1,6 +1,6 @@
 """A run's Spark job: the barrier stage collected on a thread of its own, under a job tag that a
-stop cancels. A run that ended well returns before Spark has seen its tasks return (60 to 80 ms
-here: ``bench/spark_phases.py``): its job is left to end, and
+stop cancels. A run that ended well returns before Spark has seen its tasks return
+(``bench/spark_phases.py`` times both): its job is left to end, and
 the next launch waits for it, since it needs the slots."""
 
 from __future__ import annotations

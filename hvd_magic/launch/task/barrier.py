@@ -212,7 +212,7 @@ def _mpi_task(
 def _start_mpirun(spec: TaskSpec, plan: SparkPlan, agent: ExecAgent) -> subprocess.Popen[bytes]:
     """mpirun, its session directory in this executor's scratch (see ``ExecAgent.scratch``).
     Where every rank is on this task's host, mpirun starts them itself, as on the notebook's
-    machine: no agent, no orted (0.2 s of a cold cell here)."""
+    machine: no agent, no orted on the cell's path."""
     alone = len(plan.hosts) == 1
     agents = {host.token: host.agent for host in plan.hosts}
     argv = mpirun_argv(
