@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 
 from figures import keep
@@ -26,7 +28,7 @@ from timing import median_seconds
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
-WARM_UP = 5  # cells of each Spark launcher before any is timed
+WARM_UP = 5  # rounds of the paired cells before any is timed
 
 SCRIPT = """
 import horovod.torch as hvd, torch
@@ -95,6 +97,17 @@ def cold_cell(np: int, launcher: str | None = None) -> Callable[[], object]:
     return run
 
 
+def in_turn(runs: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
+    """Each run's median seconds, the runs timed one after another, ``repeat`` rounds."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeat):
+        for name, run in runs.items():
+            started = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - started)
+    return {name: statistics.median(seconds) for name, seconds in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
@@ -136,12 +149,20 @@ def main() -> None:
         "horovod.spark.run": horovod_spark,
         "TorchDistributor": torch_distributor,
     }
-    for _ in range(WARM_UP):  # "once the cluster is warm": a new JVM's first jobs run slower (JIT)
-        for name in ("hvd_magic np=2 (Spark, mpi)", "hvd_magic np=2 (Spark, gloo)"):
+    # Spark's cells and the same cells here, in turn: a ratio of two runs of the same moment,
+    # once the cluster is warm (a new JVM's first jobs run slower: JIT) and the fork servers are up
+    paired = [name for pair in SAME_CELL_HERE.items() for name in pair]
+    for _ in range(WARM_UP):
+        for name in paired:
             candidates[name]()
     results: dict[str, float] = {}
     print(f"launch benchmark: np=2, trivial allreduce, median of {args.repeat}, {os.cpu_count()} cores")
+    for name, seconds in in_turn({name: candidates[name] for name in paired}, args.repeat).items():
+        results[name] = seconds
+        print(f"  {name:32s} {seconds:6.2f} s", flush=True)
     for name, run in candidates.items():
+        if name in results:
+            continue
         try:
             results[name] = median_seconds(run, args.repeat)
             print(f"  {name:32s} {results[name]:6.2f} s", flush=True)
