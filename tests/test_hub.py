@@ -48,6 +48,10 @@ def test_a_closed_client_drops_what_is_sent_to_it_without_raising(hub):
     client.close()
     assert client.closed
     assert client.send(Log("stdout"), b"after\n") is False
+    began = time.monotonic()
+    with pytest.raises(ConnectionError, match="closed"):  # at once, not after its 30 s
+        client.ask(StoreRequest(0, "GET", "key"), b"", timeout=30)
+    assert client.receive(timeout=30) is None and time.monotonic() - began < 10
 
 
 def test_client_with_other_keys_is_refused(hub):

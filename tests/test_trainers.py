@@ -295,6 +295,9 @@ def test_lightning_layouts_against_the_runs_ranks(monkeypatch):
     assert check_layout(4, 1) == (2, 1)
     run_of(3, 1)  # Spark, a task a host, one host lost: the one-process-a-node form kept
     assert check_layout(1, 4) == (1, 3) and os.environ["LOCAL_RANK"] == "0"
+    run_of(3, 2)  # 2 ranks on this host, 1 on the other: no devices x num_nodes makes 3 but 1 x 3
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    assert check_layout(2, 2) == (1, 3) and os.environ["LOCAL_RANK"] == "0"
     monkeypatch.delenv(ENV_RESIZED)
     with pytest.raises(TrainerError, match=re.escape("makes 4 processes, but this run has 3 ranks")):
         check_layout(4, 1)  # not resized: the numbers are the user's mistake

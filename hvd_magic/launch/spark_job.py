@@ -82,8 +82,14 @@ _ENDING_LOCK = threading.Lock()
 
 
 def wait_for_ending_jobs() -> None:
-    """Until the jobs of the runs that ended well have ended (or were cancelled): their slots."""
-    with _ENDING_LOCK:
-        ending, _ENDING[:] = list(_ENDING), []
-    for job in ending:
+    """Until the jobs of the runs that ended well have ended (or were cancelled): their slots.
+    One at a time, each taken off the list once it ended: an interrupt leaves the rest listed."""
+    while True:
+        with _ENDING_LOCK:
+            if not _ENDING:
+                return
+            job = _ENDING[0]
         job.end()
+        with _ENDING_LOCK:
+            if job in _ENDING:
+                _ENDING.remove(job)

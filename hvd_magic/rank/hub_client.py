@@ -45,7 +45,8 @@ class HubClient:
         self._monitor = self._socket.get_monitor_socket(watched)
         self._lost_at: float | None = None
         self._socket.connect(address)
-        self._fd = self._socket.fileno()  # ZeroMQ's descriptor: readable when there is news
+        self._waiter = select.poll()  # on ZeroMQ's descriptor: readable when there is news
+        self._waiter.register(self._socket.fileno(), select.POLLIN)
 
     def send(self, record: Record, blob: bytes = b"") -> bool:
         """Queue one message; returns False (and drops it) if the send queue is full or the client
@@ -83,14 +84,16 @@ class HubClient:
             # ZeroMQ's descriptor says "look again", edge-triggered: an edge a sending thread
             # consumed is caught by the next look, RELOOK_SECONDS on at most.
             try:
-                select.select([self._fd], [], [], min(left, RELOOK_SECONDS))
-            except (OSError, ValueError):  # closed by another thread: said by the next look
-                continue
+                self._waiter.poll(1e3 * min(left, RELOOK_SECONDS))
+            except OSError:  # closed by another thread: said by the next look
+                time.sleep(min(left, RELOOK_SECONDS))
 
     def ask(self, request: Record, blob: bytes, timeout: float) -> Message:
         """Send a request (a record with an ``id``) and wait for the answer with the same id;
         one request at a time."""
         with self._ask_lock:
+            if self.closed:  # no answer can come: not a wait until the timeout
+                raise ConnectionError("the connection to the notebook's hub was closed")
             self._asked += 1
             self.send(dataclasses.replace(request, id=self._asked), blob)  # type: ignore[type-var]
             deadline = time.monotonic() + timeout

@@ -228,9 +228,10 @@ def _start_mpirun(spec: TaskSpec, plan: SparkPlan, agent: ExecAgent) -> subproce
     # orted, which would then make theirs under this path on their own hosts, held by no one.
     own = os.path.join(agent.scratch(), "mpirun")
     os.makedirs(own, exist_ok=True)
+    if alone:  # what the agent gives the ranks of its host, given by mpirun instead (no secrets)
+        env = dict(os.environ) | agent.host_env | open_mpi_dirs(own) | spec.env
+        return processes.spawn(argv, env | idle_wait_env(env) | {"TMPDIR": own})
     env = dict(os.environ) | spec.env
-    if alone:  # what the agent gives the ranks of its host, given by mpirun instead
-        env |= agent.host_env | open_mpi_dirs(own)
     return processes.spawn(argv, env | idle_wait_env(env) | secrets | {"TMPDIR": own})
 
 

@@ -121,12 +121,14 @@ def check_layout(devices: Any, num_nodes: Any) -> tuple[Any, Any]:
         return devices, num_nodes  # "auto", -1, a list of devices: Lightning's own reading
     size, local = int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"])
     hosts = int(os.environ.get("GROUP_WORLD_SIZE", max(1, size // local)))
-    if devices == local and num_nodes == hosts:
+    resizing = resized() is not None
+    uneven = resizing and local * hosts != size  # a resized attempt of 3 ranks on 2 hosts: 2 and 1
+    if devices == local and num_nodes == hosts and not uneven:
         return devices, num_nodes
-    if devices == 1 and (num_nodes == size or (resized() is not None and num_nodes > 1)):
+    if uneven or (devices == 1 and (num_nodes == size or (resizing and num_nodes > 1))):
         RankSetup(task_is_node=True).apply()  # LOCAL_RANK=0, GROUP_RANK=RANK: a node of one process
         return 1, size
-    if resized() is not None:
+    if resizing:
         return local, hosts
     ways = f"devices={local}, num_nodes={hosts}" + ("" if local == 1 else f", or devices=1, num_nodes={size}")
     raise TrainerError(
