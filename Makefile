@@ -54,8 +54,8 @@ js-test: setup
 
 bench: setup
 	$(PY) bench/launch.py
-	$(PY) bench/spark_phases.py
-	$(PY) bench/spark_phases.py --launcher mpi
+	$(PY) bench/spark_phases.py --repeat 9
+	$(PY) bench/spark_phases.py --launcher mpi --repeat 9
 	$(PY) bench/live_view.py
 	$(PY) bench/panel_cost.py
 	$(PY) bench/timeline_parse.py
