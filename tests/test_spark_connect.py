@@ -72,15 +72,20 @@ TORCH_ALLREDUCE = (
     ids=["mpi", "gloo", "torch"],
 )
 def test_allreduce_on_a_connect_session(connect, options, cell, how, request):
+    expected = "(0, 2, 3.0)"  # rank 0's value is the cell's Out
     if options != "launcher=mpi":
         on_executors_only(request)
+    else:  # and how mpirun reached the rank: itself on one executor (local[2]), else an agent
+        cell = f"import os\n{cell} + (os.environ.get('HVD_MAGIC_VIA_AGENT', 'mpirun'),)"
+        one_host = request.node.callspec.params["connect"] == "local[2]"
+        expected = expected[:-1] + (", 'mpirun')" if one_host else ", 'hvd-host-0')")
     outcome = connect.run(f"%%horovod np=2 {options}\n{cell}")
     assert outcome.status == "ok", outcome
-    assert outcome.value == "(0, 2, 3.0)"  # rank 0's value is the cell's Out
+    assert outcome.value == expected, outcome
     # the run as the Horovod panel lists it, from the kernel's own endpoint: the Connect server's address
     row = kernels_panel(connect.manager).ask({"ask": "runs"})["runs"][-1]
     assert re.fullmatch(rf"Spark Connect sc://localhost:\d+ · {re.escape(how)}", row["launcher"]), row
-    assert (row["state"], row["outcome"], row["value"]) == ("ended", "finished", "(0, 2, 3.0)")
+    assert (row["state"], row["outcome"], row["value"]) == ("ended", "finished", expected)
     assert run_processes_anywhere() == []
 
 

@@ -226,9 +226,11 @@ class SparkLauncher(Launcher):
             self._job.leave()
         else:
             self._wait_for_confirmations()
-            if self._lost or self._executors_lost():  # their tasks never end: cancel at once
-                cancel_tag(self.session, self.tag, END_SECONDS)
-            self._job.end()
+            if self._lost or self._executors_lost():  # their tasks never end: cancel at once, and
+                cancel_tag(self.session, self.tag, END_SECONDS)  # leave Spark's end of it to the next
+                self._job.leave()  # launch: the cell says what was lost without waiting for Spark
+            else:
+                self._job.end()
         self._closed.set()
         self.hub.responders.pop(StoreRequest, None)
         return self._leftovers()
