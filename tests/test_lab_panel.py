@@ -172,7 +172,10 @@ def many_ranks(lab, root, browser, page) -> None:
     print(f"64 ranks' curves and rows drawn {time.monotonic() - clicked:.2f} s after the click")
     box = page.locator(f"{tab} .hvd-grid-scroll")
     assert box.locator("tr").count() == 65  # a row per rank, under its heading
-    assert box.evaluate("b => b.scrollHeight > b.clientHeight")  # in a box that scrolls
+    # in a box that scrolls: looked at until it is laid out (once, just after the rows came, it was not)
+    grid = f"document.querySelector('{tab} .hvd-grid-scroll')"
+    scrolls = f"(b => b !== null && b.scrollHeight > b.clientHeight)({grid})"
+    page.wait_for_function(scrolls, timeout=30_000)
     began = time.monotonic()
     get(lab, f"/hvd-magic/runs/{run['id']}", lab.token)  # the tab's ask, while the run goes on
     print(f"the server answered the 64-rank run's view in {time.monotonic() - began:.2f} s")
