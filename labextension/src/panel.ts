@@ -3,7 +3,16 @@
 import { Widget } from '@lumino/widgets';
 
 import { askWindow, getRun, getTimeline, stacks, stop } from './api';
-import { details, going, heading, Overview, perRankByDefault, RunRow, sessionLines } from './runs';
+import {
+  Answers,
+  details,
+  going,
+  heading,
+  Overview,
+  perRankByDefault,
+  RunRow,
+  sessionLines
+} from './runs';
 import { CurvesSection } from './curves';
 import { TimelineSection } from './timeline';
 
@@ -98,6 +107,7 @@ export class RunView extends Widget {
   private ended = false;
   private timeline: TimelineSection | null = null;
   private readonly curves = new CurvesSection();
+  private readonly answers = new Answers<boolean>();
 
   constructor(
     readonly run: RunRow,
@@ -161,8 +171,13 @@ export class RunView extends Widget {
   }
 
   refresh(): void {
-    getRun(this.run.id, this.perRank)
+    const ask = this.answers.ask();
+    const perRank = this.perRank;
+    getRun(this.run.id, perRank)
       .then(run => {
+        if (!this.answers.draws(ask, perRank, this.perRank)) {
+          return; // a late answer to an older ask: the view has moved on
+        }
         this.body.innerHTML = run.html || '';
         // the curves between the grid and the logs, where the kernel's HTML leaves them a place
         (this.body.querySelector('.hvd-curves-here') ?? this.body).append(this.curves.node);

@@ -181,3 +181,27 @@ export function details(run: RunRow): string[] {
 export function perRankByDefault(ranks: number): boolean {
   return ranks <= 16;
 }
+
+/**
+ * Which of a view's overlapping answers it draws: asks overlap (one a second, and one at each
+ * click), and an older answer that comes late would draw what the view showed before (the mean
+ * curve just after "Every rank", the compact grid after its rows). An answer is drawn only if it
+ * is newer than the last drawn and was asked for what the view shows now.
+ */
+export class Answers<Mode> {
+  private asked = 0;
+  private drawn = 0;
+
+  /** A new ask, for the view's mode now; give its number to `draws` with the answer. */
+  ask(): number {
+    return ++this.asked;
+  }
+
+  draws(ask: number, askedFor: Mode, now: Mode): boolean {
+    if (ask <= this.drawn || askedFor !== now) {
+      return false;
+    }
+    this.drawn = ask;
+    return true;
+  }
+}

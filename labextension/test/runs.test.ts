@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 
 import {
+  Answers,
   bytes,
   details,
   duration,
@@ -120,5 +121,20 @@ describe('a live session as the panel shows it', () => {
   it('counts live runs and sessions in the status bar', () => {
     expect(statusText({ runs: [running, ended], sessions: [session] })).toBe('Horovod: 1 live · 1 session');
     expect(statusText({ runs: [ended], sessions: [] })).toBe('Horovod: 0 live');
+  });
+});
+
+describe('Answers', () => {
+  it('draws an answer only if newer than the last drawn and asked for the view as it is', () => {
+    const answers = new Answers<boolean>();
+    const everySecond = answers.ask(); // the mean view's ask, still on its way at the click
+    const click = answers.ask(); // "Every rank"
+    expect(answers.draws(click, true, true)).toBe(true);
+    expect(answers.draws(everySecond, false, true)).toBe(false); // late: would draw the mean again
+    const next = answers.ask();
+    expect(answers.draws(next, true, true)).toBe(true);
+    const before = answers.ask(); // asked for every rank, answered after "Mean curve only"
+    expect(answers.draws(before, true, false)).toBe(false);
+    expect(answers.draws(answers.ask(), false, false)).toBe(true);
   });
 });
