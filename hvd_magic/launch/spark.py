@@ -226,9 +226,9 @@ class SparkLauncher(Launcher):
             self._job.leave()
         else:
             self._wait_for_confirmations()
-            if self._lost or self._executors_lost():  # their tasks never end: cancel at once, and
-                cancel_tag(self.session, self.tag, END_SECONDS)  # leave Spark's end of it to the next
-                self._job.leave()  # launch: the cell says what was lost without waiting for Spark
+            if self._lost or self._executors_lost():  # their tasks never end: cancel at once; the
+                cancel_tag(self.session, self.tag, END_SECONDS)  # cell says what was lost, and the
+                self._job.leave()  # next launch waits for Spark's end of the job
             else:
                 self._job.end()
         self._closed.set()

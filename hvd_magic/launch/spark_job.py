@@ -1,7 +1,7 @@
 """A run's Spark job: the barrier stage collected on a thread of its own, under a job tag that a
-stop cancels. A run that ended well returns before Spark has seen its tasks return
-(``bench/spark_phases.py`` times both): its job is left to end, and
-the next launch waits for it, since it needs the slots."""
+stop cancels. A run that ended well (or lost a host) returns before Spark has seen its tasks
+return (``bench/spark_phases.py`` times both): its job is left to end, and the next launch waits
+for it, since it needs the slots."""
 
 from __future__ import annotations
 
@@ -59,10 +59,10 @@ class SparkJob:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def join(self, timeout: float | None = None) -> None:
-        """Until the job ended, or ``timeout`` seconds (END_SECONDS by default)."""
+    def join(self) -> None:
+        """Until the job ended, or END_SECONDS."""
         if self._thread is not None:
-            self._thread.join(END_SECONDS if timeout is None else timeout)
+            self._thread.join(END_SECONDS)
 
     def end(self) -> None:
         """Wait for the job to end; cancel it (and wait again) if it does not in time."""
