@@ -218,9 +218,17 @@ def run_processes_anywhere() -> list[str]:
     suite's mark in its environment; one without any mark counts)."""
     found = []
     for process in psutil.process_iter():
-        if _run_process(process) and not _of_another_suite(process):
+        if _run_process(process) and not _of_another_suite(process) and not _ended(process):
             found.append(f"{process.pid}: {_cmdline(process)[:200]}{_whence(process)}")
     return found
+
+
+def _ended(process: psutil.Process) -> bool:
+    """Exited, and only waiting for its parent to reap it (or gone since): nothing is left of it."""
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
 
 
 def _whence(process: psutil.Process) -> str:
