@@ -34,7 +34,7 @@ def test_the_plan_names_what_it_carries_builds_and_runs(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "install-horovod --without-mpi" in done.stdout
     for name in checks.CHECKS:
-        assert f"  {name} " in done.stdout
+        assert (f"  {name} " in done.stdout) == (name not in checks.APART)
     assert "ipython==9.18.1" in done.stdout and "missing: run `--fetch`" in done.stdout
     assert "horovod-0.28.1.tar.gz" in done.stdout
 
@@ -49,6 +49,36 @@ def test_what_it_carries_is_what_hvd_magic_needs_at_the_suites_versions():
     for spec in carry.WHEELS:
         name, version = spec.split("==")
         assert importlib.metadata.version(name) == version, spec
+
+
+def test_the_trainers_check_carries_what_transformers_and_accelerate_need():
+    """The HF Trainer check's group is exactly what transformers and accelerate require, at any
+    depth, beyond the image: a new requirement of theirs fails here, not on the GPU machine."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    needed, todo = set(), ["transformers", "accelerate"]
+    while todo:
+        name = canonicalize_name(todo.pop())
+        if name in needed or name in carry.IMAGE_HAS:
+            continue
+        needed.add(name)
+        for text in importlib.metadata.requires(name) or []:
+            requirement = Requirement(text)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                todo.append(requirement.name)
+    assert {spec.split("==")[0] for spec in carry.GROUPS["trainers"]} == needed
+
+
+def test_the_trainers_check_travels_apart(tmp_path):
+    """Alone, its plan names only what it needs (no build); beside the rest, the plan says it runs apart."""
+    alone = run("--plan", "--carry", str(tmp_path), "--only", "hf_trainer")
+    assert alone.returncode == 0, alone.stderr
+    assert "transformers==5.25.0" in alone.stdout and "cmake==" not in alone.stdout
+    assert "install-horovod" not in alone.stdout and "  hf_trainer " in alone.stdout
+    together = run("--plan", "--carry", str(tmp_path))
+    assert "  hf_trainer " not in together.stdout and "transformers" not in together.stdout
+    assert "--only hf_trainer" in together.stdout
 
 
 def test_every_check_passes_its_cpu_dry_run(tmp_path):

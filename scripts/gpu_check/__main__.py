@@ -46,8 +46,10 @@ def arguments() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def chosen(only: str) -> list[str]:
-    names = [name for name in only.split(",") if name] or list(checks.CHECKS)
+def chosen(only: str, cpu: bool = False) -> list[str]:
+    """The checks ``--only`` names; by default all, but on the GPU those that travel apart."""
+    default = [name for name in checks.CHECKS if cpu or name not in checks.APART]
+    names = [name for name in only.split(",") if name] or default
     unknown = [name for name in names if name not in checks.CHECKS]
     if unknown:
         raise SystemExit(
@@ -56,15 +58,27 @@ def chosen(only: str) -> list[str]:
     return names
 
 
+def carried_for(args: argparse.Namespace) -> carry.Carried:
+    """The carried folder, and the groups of it that the chosen checks need."""
+    needs = {group for name in chosen(args.only, args.cpu) for group in checks.NEEDS.get(name, ())}
+    return carry.Carried(
+        args.carry, tuple(group for group in carry.GROUPS if group == "ipython" or group in needs)
+    )
+
+
 def plan(args: argparse.Namespace) -> None:
-    print("\n".join(carry.describe(carry.Carried(args.carry))))
-    print("build: python -m hvd_magic install-horovod --without-mpi --sdist <carried sdist>")
-    print("  (NCCL from the CUDA toolkit or the nvidia-nccl wheel, Gloo; pip resolves from the carried")
-    print("  folder only; a Horovod wheel carried from an earlier run is installed instead of building)")
+    print("\n".join(carry.describe(carried_for(args))))
+    if "build" in chosen(args.only, args.cpu):
+        print("build: python -m hvd_magic install-horovod --without-mpi --sdist <carried sdist>")
+        print("  (NCCL from the CUDA toolkit or the nvidia-nccl wheel, Gloo; pip resolves from the carried")
+        print("  folder only; a Horovod wheel carried from an earlier run is installed instead of building)")
     print(f"run ({'CPU dry-run' if args.cpu else 'GPU'}, within {args.budget:.0f} s):")
-    for name in chosen(args.only):
+    for name in chosen(args.only, args.cpu):
         doc = (checks.CHECKS[name].__doc__ or "").split("\n")[0]
         print(f"  {name:<11} {LIMITS.get(name, DEFAULT_LIMIT):>4} s  {doc}")
+    apart = [name for name in checks.APART if name not in chosen(args.only, args.cpu)]
+    if apart:
+        print(f"apart (what they need does not travel with the build's): --only {','.join(apart)}")
 
 
 def environment(carried: carry.Carried, gpu: bool) -> dict[str, str]:
@@ -151,7 +165,6 @@ def gather_logs(out: Path) -> None:
 
 def main() -> int:
     args = arguments()
-    carried = carry.Carried(args.carry)
     if args.one:
         for name in args.one.split(","):
             print(f"===== {name}", flush=True)
@@ -161,21 +174,22 @@ def main() -> int:
             print(RESULT + json.dumps([name, passed, detail]), flush=True)
         return 0
     if args.fetch:
-        carry.fetch(carried, args.python)
-        print("\n".join(carry.describe(carried)))
+        carry.fetch(carried_for(args), args.python)
+        print("\n".join(carry.describe(carried_for(args))))
         return 0
     if args.plan:
         plan(args)
         return 0
-    names, began = chosen(args.only), time.monotonic()
+    names, began, folder = chosen(args.only, args.cpu), time.monotonic(), carried_for(args)
     (args.out / "logs").mkdir(parents=True, exist_ok=True)
     print(f"gpu_check: {describe_machine()}", flush=True)
-    gpu, env = not args.cpu, environment(carried, not args.cpu)
+    gpu, env = not args.cpu, environment(folder, not args.cpu)
     results: dict[str, bool] = {}
-    if gpu and carried.folder.is_dir():
-        complaint = carry.install(carried)
+    if gpu and folder.folder.is_dir():
+        complaint = carry.install(folder)
         results["carry"] = not complaint
-        said = complaint or "IPython and pyzmq from the carried wheels"
+        installed = [name for group in folder.groups for name in carry.ENTRY_POINTS.get(group, ())]
+        said = complaint or f"{', '.join(installed)} from the carried wheels"
         print(f"{'PASS' if not complaint else 'FAIL'} carry: {said}", flush=True)
     batches = [[name] for name in names] if gpu else [names]  # --cpu: one process, the limits added
     for batch in batches:

@@ -142,3 +142,27 @@ for step in range(start, 20):
         os.kill(os.getpid(), signal.SIGKILL)
 (str(next(model.parameters()).device), float(model.weight.sum()))
 """
+
+# A Hugging Face Trainer as a user writes it, on a tiny BERT made from its config (nothing
+# downloaded): accelerate sets up the process group (NCCL where there is a GPU), and hvd_magic's
+# callback, added with no code in the cell, feeds the view. 512 rows at 32 a step: 16 steps an epoch.
+HF_TRAINER = """import torch, torch.distributed as dist
+from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
+torch.manual_seed(0)
+config = BertConfig(vocab_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                    intermediate_size=128, max_position_embeddings=32)
+class Rows(torch.utils.data.Dataset):
+    def __len__(self):
+        return 512
+    def __getitem__(self, i):
+        ids = torch.randint(0, 64, (16,), generator=torch.Generator().manual_seed(i))
+        mask = torch.ones(16, dtype=torch.long)
+        return {{"input_ids": ids, "attention_mask": mask, "labels": int(ids[0] % 2)}}
+args = TrainingArguments(output_dir={output!r}, per_device_train_batch_size=32, num_train_epochs=2,
+                         report_to=[], use_cpu={cpu}, disable_tqdm=True, logging_steps=4, save_strategy="no")
+trainer = Trainer(model=BertForSequenceClassification(config), args=args, train_dataset=Rows())
+result = trainer.train()
+added = [type(callback).__name__ for callback in trainer.callback_handler.callbacks]
+device, wrapped = str(next(trainer.model.parameters()).device), type(trainer.model_wrapped).__name__
+(dist.get_backend(), device, wrapped, trainer.args.world_size, result.global_step, added)
+"""

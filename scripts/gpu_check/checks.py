@@ -11,49 +11,14 @@ import os
 import subprocess
 import sys
 import tempfile
-import types
 from collections.abc import Callable
 from contextlib import redirect_stdout
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import cells
-
-
-class Failed(Exception):
-    """A check's reason for failing, in words."""
-
-
-@dataclass(frozen=True)
-class Mode:
-    gpu: bool
-    work: Path  # scratch for this check
-
-    @property
-    def device(self) -> str:
-        return "cuda" if self.gpu else "cpu"
-
-    @property
-    def nccl(self) -> str:
-        return "nccl" if self.gpu else "gloo"
-
-    def cell(self, source: str, **more: Any) -> str:
-        return source.format(device=self.device, nccl=self.nccl, **more)
-
-
-def expect(condition: bool, reason: str) -> None:
-    if not condition:
-        raise Failed(reason)
-
-
-def shell() -> Any:
-    from IPython.core.interactiveshell import InteractiveShell
-
-    ip = InteractiveShell.instance()
-    if "hvd_magic" not in ip.extension_manager.loaded:  # the CPU dry run's checks share one shell
-        ip.run_line_magic("load_ext", "hvd_magic")
-    return ip
+from mode import Failed, Mode, expect, scalars, shell
+from trainer_check import hf_trainer
 
 
 def build(mode: Mode) -> str:
@@ -90,11 +55,6 @@ def build(mode: Mode) -> str:
 def horovod(mode: Mode) -> str:
     """hvd.allreduce of a CUDA tensor through NCCL; the live view's figures (as TensorBoard keeps
     them); a timeline with NCCL spans; Horovod's synchronize timed for the straggler watch."""
-    # TensorBoard's reader without TensorFlow, as on the GPU image: where TensorFlow is installed
-    # (the CPU dry run) it would import it, seconds of CPU and a GB, to read event files
-    sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
-    from tensorboard.backend.event_processing import event_accumulator
-
     from hvd_magic.timeline import read
 
     timeline, logs = mode.work / "timeline.json", mode.work / "logs"
@@ -104,8 +64,7 @@ def horovod(mode: Mode) -> str:
     expect(device == ("cuda:0" if mode.gpu else "cpu") and value == 1.0 and size == 1, f"{device} {value}")
     expect(nccl == mode.gpu, f"hvd.nccl_built() is {nccl}")
     expect(timed, "Horovod's synchronize was not timed (collective_time.waited() is None)")
-    (run,) = logs.iterdir()
-    events = event_accumulator.EventAccumulator(str(run), size_guidance={"scalars": 0}).Reload()
+    events = scalars(logs)
     tags = events.Tags()["scalars"]
     expect(
         len(events.Scalars("loss")) == 30, f"the view's loss has {len(events.Scalars('loss'))} of 30 steps"
@@ -281,7 +240,13 @@ CHECKS: dict[str, Callable[[Mode], str]] = {
     "build": build,
     "horovod": horovod,
     "timing": timing,
+    "hf_trainer": hf_trainer,
 }
+# The carried groups (carry.GROUPS) a check needs beyond IPython's; a check that needs the build's
+# runs after it, in the same carry.
+NEEDS = {"build": ("build",), "horovod": ("build",), "timing": ("build",), "hf_trainer": ("trainers",)}
+# Checks whose needs do not fit one carry (carry.LIMIT_BYTES) with the others': run apart, by --only.
+APART = ("hf_trainer",)
 
 
 def run_one(name: str, gpu: bool) -> tuple[bool, str]:
