@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 
 from figures import keep
-from timing import median_seconds
+from timing import in_turn, median_seconds
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -97,17 +95,6 @@ def cold_cell(np: int, launcher: str | None = None) -> Callable[[], object]:
     return run
 
 
-def in_turn(runs: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
-    """Each run's median seconds, the runs timed one after another, ``repeat`` rounds."""
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(repeat):
-        for name, run in runs.items():
-            started = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - started)
-    return {name: statistics.median(seconds) for name, seconds in times.items()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
@@ -152,12 +139,10 @@ def main() -> None:
     # Spark's cells and the same cells here, in turn: a ratio of two runs of the same moment,
     # once the cluster is warm (a new JVM's first jobs run slower: JIT) and the fork servers are up
     paired = [name for pair in SAME_CELL_HERE.items() for name in pair]
-    for _ in range(WARM_UP):
-        for name in paired:
-            candidates[name]()
     results: dict[str, float] = {}
     print(f"launch benchmark: np=2, trivial allreduce, median of {args.repeat}, {os.cpu_count()} cores")
-    for name, seconds in in_turn({name: candidates[name] for name in paired}, args.repeat).items():
+    timed = in_turn({name: candidates[name] for name in paired}, args.repeat, warm_up=WARM_UP)
+    for name, seconds in timed.items():
         results[name] = seconds
         print(f"  {name:32s} {seconds:6.2f} s", flush=True)
     for name, run in candidates.items():

@@ -27,6 +27,22 @@ def least_seconds(run: Callable[[], object], repeat: int) -> float:
     return min(wall_times(run, repeat))
 
 
+def in_turn(runs: dict[str, Callable[[], object]], repeat: int, warm_up: int = 1) -> dict[str, float]:
+    """Each run's median seconds, the runs timed one after another in each of ``repeat`` rounds,
+    after ``warm_up`` rounds untimed: drift in the machine's load falls on all of them alike, so
+    their ratio is one of the same moment."""
+    for _ in range(warm_up):
+        for run in runs.values():
+            run()
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeat):
+        for name, run in runs.items():
+            started = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - started)
+    return {name: statistics.median(seconds) for name, seconds in times.items()}
+
+
 class QuietView:
     """A run's view that shows nothing: what a benchmark times is not the ranks' output."""
 

@@ -12,10 +12,7 @@ is printed in the summary of the run (``conftest.pytest_terminal_summary``).
 from __future__ import annotations
 
 import importlib
-import statistics
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -50,16 +47,3 @@ class Guard:
         print(line)
         within = figure >= self.limit if self.higher_is_better else figure <= self.limit
         assert within, f"past the guard: {line}"
-
-
-def in_turn(first: Callable[[], object], second: Callable[[], object], rounds: int) -> tuple[float, float]:
-    """Median seconds of two runs timed in turn, after one warm-up each: drift in the machine's
-    load falls on both alike."""
-    first(), second()
-    times: tuple[list[float], list[float]] = ([], [])
-    for _ in range(rounds):
-        for run, kept in ((first, times[0]), (second, times[1])):
-            started = time.perf_counter()
-            run()
-            kept.append(time.perf_counter() - started)
-    return statistics.median(times[0]), statistics.median(times[1])

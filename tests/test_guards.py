@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from .guards import Guard, bench, in_turn
+from .guards import Guard, bench
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -36,7 +36,8 @@ def test_guard_live_cell(ip, record_property):
 def test_guard_cold_local_cell(record_property):
     """Ranks forked warm start faster than mpirun's fresh Pythons that import torch and Horovod."""
     launch = bench("launch")
-    ours, bare = in_turn(launch.cold_cell(-2), launch.bare_mpirun, rounds=2)
+    runs = {"ours": launch.cold_cell(-2), "bare": launch.bare_mpirun}
+    ours, bare = bench("timing").in_turn(runs, 2).values()
     COLD_CELL.judge(ours / bare, record_property, f" ({ours:.2f} s, {bare:.2f} s)")
 
 

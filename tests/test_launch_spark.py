@@ -38,7 +38,7 @@ from hvd_magic.run.diagnosis import failure_after_exit, rank_failed
 from hvd_magic.run.record import RunRecord
 
 from . import spark_jvm
-from .guards import Guard, bench, in_turn
+from .guards import Guard, bench
 from .helpers import (
     ALLREDUCE_FOREVER,
     SLEEP_FOREVER,
@@ -894,7 +894,8 @@ def test_guard_spark_cold_cell(cluster, record_property):
     (issue 77: the barrier stage, the rendezvous and the executors' ranks on its path)."""
     check_slots(cluster, 4, wait=60)  # an executor killed by an earlier test is back
     launch = bench("launch")
-    spark, local = in_turn(launch.cold_cell(2, "gloo"), launch.cold_cell(-2, "gloo"), rounds=2)
+    runs = {"spark": launch.cold_cell(2, "gloo"), "local": launch.cold_cell(-2, "gloo")}
+    spark, local = bench("timing").in_turn(runs, 2).values()
     SPARK_CELL.judge(spark / local, record_property, f" ({spark:.2f} s, {local:.2f} s)")
 
 

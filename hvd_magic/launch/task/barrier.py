@@ -214,7 +214,6 @@ def _start_mpirun(spec: TaskSpec, plan: SparkPlan, agent: ExecAgent) -> subproce
     Where every rank is on this task's host, mpirun starts them itself, as on the notebook's
     machine: no agent, no orted on the cell's path."""
     alone = len(plan.hosts) == 1
-    agents = {host.token: host.agent for host in plan.hosts}
     argv = mpirun_argv(
         spec.np,
         servers.stand_in() if spec.warm else worker_command(),
@@ -223,7 +222,6 @@ def _start_mpirun(spec: TaskSpec, plan: SparkPlan, agent: ExecAgent) -> subproce
         rsh_agent=None if alone else f"{sys.executable} -m hvd_magic.launch.task.agent",
         export_env=sorted(spec.env),
     )
-    secrets = {ENV_AGENTS: json.dumps(agents), ENV_AGENT_TOKEN: spec.agent_keys.client_token()}
     # Its session directory under TMPDIR: mpirun hands its OMPI_MCA_* settings on to every
     # orted, which would then make theirs under this path on their own hosts, held by no one.
     own = os.path.join(agent.scratch(), "mpirun")
@@ -231,6 +229,9 @@ def _start_mpirun(spec: TaskSpec, plan: SparkPlan, agent: ExecAgent) -> subproce
     if alone:  # what the agent gives the ranks of its host, given by mpirun instead (no secrets)
         env = dict(os.environ) | agent.host_env | open_mpi_dirs(own) | spec.env
         return processes.spawn(argv, env | idle_wait_env(env) | {"TMPDIR": own})
+    # mpirun's rsh client reaches each host's agent: their addresses, and its key to them
+    agents = json.dumps({host.token: host.agent for host in plan.hosts})
+    secrets = {ENV_AGENTS: agents, ENV_AGENT_TOKEN: spec.agent_keys.client_token()}
     env = dict(os.environ) | spec.env
     return processes.spawn(argv, env | idle_wait_env(env) | secrets | {"TMPDIR": own})
 
