@@ -15,7 +15,13 @@ from hypothesis import strategies as st
 from hvd_magic.options import OptionError, make_options
 from hvd_magic.options.straggler_rule import StragglerRule, parse_rule
 from hvd_magic.protocol import Exit, Message, RankStatus, Reports, Started, Straggler, TimingOff
-from hvd_magic.run.stragglers import RECOVERY_SHARE, StragglerDetector, StragglerWatch, likely_reason
+from hvd_magic.run.stragglers import (
+    CHECK_SECONDS,
+    RECOVERY_SHARE,
+    StragglerDetector,
+    StragglerWatch,
+    likely_reason,
+)
 from hvd_magic.run.views import ConsoleView
 from hvd_magic.widgets.render import grid_html
 from hvd_magic.widgets.state import RunModel
@@ -165,6 +171,25 @@ def test_the_watch_names_a_rank_with_its_host_and_reason_from_the_messages_it_is
     assert straggler.reason.startswith("data wait") and 3.0 <= at <= 5.0
     watch.take(Message(Exit(0), 1), 8.1)
     assert watch.check(8.2) == []  # it finished: forgotten, not "caught up"
+
+
+def test_the_watch_judges_at_most_twenty_times_a_second_however_often_it_is_asked():
+    """A run's loop asks at every turn (a hundred times a second under a flood of reports): the
+    rates are judged every CHECK_SECONDS, and the slow rank is still named once, in time."""
+    watch = StragglerWatch(StragglerRule(0.7, 2.0))
+    assert watch.detector is not None
+    judged, judge = [], watch.detector.check
+    watch.detector.check = lambda now, rates: judged.append(now) or judge(now, rates)  # type: ignore[method-assign]
+    found = []
+    for tick in range(1, 801):  # asked 100 times a second; rank 0 steps 10 a second, rank 1 2
+        now = tick / 100
+        if tick % 10 == 0:
+            watch.take(Message(Reports(), 0, reports((tick // 10, 1000 + now))), now)
+        if tick % 50 == 0:
+            watch.take(Message(Reports(), 1, reports((tick // 50, 1000 + now))), now)
+        found += [(now, straggler) for straggler in watch.check(now)]
+    assert 8 / (CHECK_SECONDS + 0.01) - 2 <= len(judged) <= 8 / CHECK_SECONDS + 1  # not 800
+    assert [(s.slow_rank, s.recovered) for _, s in found] == [(1, False)] and 3.0 <= found[0][0] <= 5.0
 
 
 def lock_step(

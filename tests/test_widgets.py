@@ -232,3 +232,25 @@ def test_closing_the_live_view_closes_every_widget_it_opened(comms):
     assert all(widget.comm is not None for widget in opened.values())
     view.close()
     assert [widget for widget in opened.values() if widget.comm is not None] == []
+
+
+def test_the_mean_and_band_over_ranks_are_taken_at_each_step_some_rank_reported():
+    """Ranks report at steps of their own (one lags, one skips some, one sends a step twice):
+    at each step, the mean, the lowest and the highest of the values there, as by hand."""
+    import random
+
+    chooser = random.Random(7)
+    model, points = RunModel(4), {}
+    for rank in range(4):
+        for step in sorted(chooser.sample(range(1, 60), 40)) + ([30] if rank == 2 else []):
+            value = chooser.uniform(-5, 5)
+            model.apply(reports(rank, {"step": step, "metrics": {"loss": value}}))
+            points.setdefault(float(step), []).append(value)
+    mean = model.mean_series("loss")
+    low, high = model.band_series("loss")
+    assert mean.steps == low.steps == high.steps == sorted(points)
+    assert mean.values == pytest.approx([sum(points[s]) / len(points[s]) for s in mean.steps])
+    assert low.values == [min(points[s]) for s in low.steps]
+    assert high.values == [max(points[s]) for s in high.steps]
+    model.apply(reports(0, {"step": 99, "metrics": {"loss": 1.0}}))  # a change is seen at once
+    assert model.mean_series("loss").steps[-1] == 99.0 and model.mean_series("nothing").steps == []

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import codecs
+import functools
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from hvd_magic.protocol.messages import Kind, Log, Record, record_type
 from hvd_magic.protocol.task_messages import Join, LauncherExit, LauncherLog, Stopped
@@ -28,6 +30,12 @@ class Message:
     @property
     def kind(self) -> Kind:
         return self.record.KIND
+
+    @functools.cached_property
+    def reports(self) -> Any:
+        """A ``Reports`` message's records, its blob's JSON list: decoded once for every reader
+        (the view, the straggler watch, the scalar sinks). A ValueError where it is not JSON."""
+        return json.loads(self.blob)
 
 
 def encode(record: Record, rank: int = -1, blob: bytes = b"") -> list[bytes]:

@@ -22,7 +22,7 @@ time, and a rank's own clock runs with the wall clock meanwhile (its waits as la
 
 from __future__ import annotations
 
-import json
+import math
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -34,6 +34,9 @@ from hvd_magic.widgets.step_rate import StepRate
 __all__ = ["Change", "StragglerDetector", "StragglerWatch", "likely_reason"]
 
 REPORT_SLACK = 1.0  # seconds: rates are judged this far back (see StragglerWatch.check)
+# ... and at most this often: a rank is named after seconds (``StragglerRule``), while a run's
+# loop turns a hundred times a second under a flood of reports (64 ranks' in bench/live_view.py)
+CHECK_SECONDS = 0.05
 RECOVERY_SHARE = 0.5  # of rule.seconds a named rank must stay back at or above the fraction
 CPU_SATURATED = 90.0  # percent of the host's CPUs, or of the rank's own cores
 GPU_BUSY = 90.0  # percent utilisation
@@ -144,6 +147,7 @@ class StragglerWatch:
         self.own_clocks = False  # at the last check: every rank judged sent its waits
         self.statuses: dict[int, list[tuple[float, RankStatus]]] = {}  # the last two, per rank
         self.ended: set[int] = set()
+        self._checked = -math.inf  # when ``check`` last judged
 
     def take(self, message: Message, now: float) -> None:
         record, rank = message.record, message.rank
@@ -152,7 +156,7 @@ class StragglerWatch:
         if isinstance(record, Started):
             self.hosts[rank] = record.host
         elif isinstance(record, Reports):
-            for step, sent, waited in _steps(message.blob, now):
+            for step, sent, waited in _steps(message, now):
                 if waited is None:
                     self.measuring.discard(rank)
                 else:
@@ -171,8 +175,9 @@ class StragglerWatch:
         real silence has made a rank's rate decay. Rates are on the ranks' own clocks (their
         time outside collectives, where every rank measures them), decayed as their wall-clock
         rates are."""
-        if self.detector is None:
+        if self.detector is None or now - self._checked < CHECK_SECONDS:
             return []
+        self._checked = now
         rates, walls = {}, {}
         for rank, wall in self.walls.items():
             shown, own = wall.at(now - REPORT_SLACK), self.steps[rank].rate
@@ -213,11 +218,11 @@ class StragglerWatch:
         return min(wall.rate / own.rate, 1.0)
 
 
-def _steps(blob: bytes, now: float) -> list[tuple[int, float, float | None]]:
+def _steps(message: Message, now: float) -> list[tuple[int, float, float | None]]:
     """(step, when the rank sent it, the seconds it had waited in collectives by then) of each
-    report in a ``Reports`` blob that has a step."""
+    report of a ``Reports`` message that has a step."""
     try:
-        reports = json.loads(blob)
+        reports = message.reports
         return [(int(r["step"]), float(r.get("t", now)), _float(r.get("w"))) for r in reports if "step" in r]
     except (ValueError, TypeError, KeyError, AttributeError):
         return []  # not what report() sends: nothing to judge by

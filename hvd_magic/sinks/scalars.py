@@ -17,7 +17,6 @@ the ranks that reported, and the next steps' means wait for the new attempt's ra
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,7 +64,7 @@ class Scalars:
         if isinstance(message.record, Started):
             points += self._started_on(message.rank, message.record.size)
         if isinstance(message.record, Reports) and 0 <= message.rank < self.ranks:
-            for record in json.loads(message.blob):
+            for record in message.reports:
                 points += self._fold(message.rank, record, now)
         return points + self._overdue(now)
 

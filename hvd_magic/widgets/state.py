@@ -6,12 +6,13 @@ terminal-like logs; ``version`` counts changes so a view can redraw only when so
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from hvd_magic.protocol import (
     Exit,
@@ -30,6 +31,8 @@ from hvd_magic.widgets.step_rate import StepRate
 
 __all__ = ["RankProgress", "RunModel", "TerminalLog"]
 
+# the steps some rank reported a metric at, and there its mean, lowest and highest over the ranks
+Grouped = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 MAX_POINTS = 2000  # per rank and metric; older points are thinned, never the newest
 MAX_LOG_LINES = 2000
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -159,6 +162,7 @@ class RunModel:
         self._count = [0] * ranks  # x for metrics reported without a step
         self._forwarded = [0] * ranks  # lines of each rank already in the "all" log
         self._decoder = LogDecoder()
+        self._grouped: tuple[tuple[str, int] | None, Grouped] = (None, (np.empty(0),) * 4)  # _by_step's
         self.lock = threading.Lock()  # held while a message is folded: read from another thread under it
 
     def apply(self, message: Message) -> None:
@@ -180,7 +184,7 @@ class RunModel:
                 progress.state = "running"
         elif isinstance(record, Reports):
             self._dropped[rank] = record.dropped  # cumulative per rank
-            for report in json.loads(message.blob):
+            for report in message.reports:
                 self._report(rank, report)
         elif isinstance(record, Log):
             self.logs[rank].feed(self._decoder.text(message))
@@ -233,12 +237,25 @@ class RunModel:
                 self.all_log.feed(f"[{rank}] {line}\n")
             self._forwarded[rank] = log.committed
 
-    def _by_step(self, metric: str) -> dict[float, list[float]]:
-        by_step: dict[float, list[float]] = {}
-        for series in self.series.get(metric, {}).values():
-            for step, value in zip(series.steps, series.values, strict=True):
-                by_step.setdefault(step, []).append(value)
-        return by_step
+    def _by_step(self, metric: str) -> Grouped:
+        """The steps some rank reported ``metric`` at, and there the mean, lowest and highest
+        value over the ranks: one numpy pass over every rank's points (64 ranks hold 128,000),
+        kept until the model changes, since a redraw asks for the mean and then the band."""
+        if self._grouped[0] == (metric, self.version):
+            return self._grouped[1]
+        series = list(self.series.get(metric, {}).values())
+        steps = np.concatenate([np.asarray(one.steps, dtype=float) for one in series] or [np.empty(0)])
+        values = np.concatenate([np.asarray(one.values, dtype=float) for one in series] or [np.empty(0)])
+        order = np.argsort(steps, kind="stable")
+        steps, values = steps[order], values[order]
+        starts = np.flatnonzero(np.diff(steps, prepend=np.nan) != 0)  # each step's first point
+        grouped: Grouped = (np.empty(0),) * 4
+        if len(steps):
+            counts = np.diff(np.append(starts, len(steps)))
+            low, high = np.minimum.reduceat(values, starts), np.maximum.reduceat(values, starts)
+            grouped = (steps[starts], np.add.reduceat(values, starts) / counts, low, high)
+        self._grouped = ((metric, self.version), grouped)
+        return grouped
 
     @property
     def dropped_reports(self) -> int:
@@ -246,17 +263,13 @@ class RunModel:
 
     def mean_series(self, metric: str) -> Series:
         """The mean over ranks at each step some rank reported."""
-        by_step = self._by_step(metric)
-        steps = sorted(by_step)
-        return Series(steps, [sum(by_step[s]) / len(by_step[s]) for s in steps])
+        steps, mean, _, _ = self._by_step(metric)
+        return Series(steps.tolist(), mean.tolist())
 
     def band_series(self, metric: str) -> tuple[Series, Series]:
         """The lowest and highest value over ranks at each step."""
-        by_step = self._by_step(metric)
-        steps = sorted(by_step)
-        return Series(steps, [min(by_step[s]) for s in steps]), Series(
-            steps, [max(by_step[s]) for s in steps]
-        )
+        steps, _, low, high = self._by_step(metric)
+        return Series(steps.tolist(), low.tolist()), Series(steps.tolist(), high.tolist())
 
     def counts(self) -> dict[str, int]:
         counts = {"starting": 0, "running": 0, "stalled": 0, "done": 0, "failed": 0, "skipped": 0}
