@@ -81,7 +81,9 @@ def __dir__() -> list[str]:
 
 
 def load_ipython_extension(ipython: object) -> None:
-    """``%load_ext hvd_magic``: registers ``%%horovod``."""
+    """``%load_ext hvd_magic``: registers ``%%horovod``; in a kernel, warms the live view."""
     from hvd_magic.notebook.magics import HorovodMagics
+    from hvd_magic.run.views import warm_view
 
     ipython.register_magics(HorovodMagics)  # type: ignore[attr-defined]
+    warm_view()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
 from typing import Protocol, TextIO
 
 from hvd_magic.protocol import Log, LogDecoder, Message, Stall, Straggler, TimingOff
 
-__all__ = ["ConsoleView", "RunView", "make_view", "timeline_notice"]
+__all__ = ["ConsoleView", "RunView", "make_view", "timeline_notice", "warm_view"]
 
 
 class RunView(Protocol):
@@ -88,17 +90,47 @@ def _out(stream: str) -> TextIO:
 
 def make_view(ranks: int) -> RunView:
     """Live widgets in a Jupyter kernel (when ipywidgets and plotly are installed), else text."""
-    try:
-        from IPython import get_ipython
-
-        shell = get_ipython()
-        if shell is not None and type(shell).__name__ == "ZMQInteractiveShell":
+    if _in_kernel():
+        if _warming:  # its imports, not another thread's beside them (a module half imported)
+            _warming[0].join()
+        with contextlib.suppress(ImportError):
             from hvd_magic.widgets.live_view import LiveView
 
             return LiveView(ranks)
-    except ImportError:
-        pass
     return ConsoleView()
+
+
+def warm_view() -> threading.Thread | None:
+    """In a Jupyter kernel, the live view's imports made now, on a thread, while the notebook
+    waits for its next cell (``%load_ext``): plotly's ``FigureWidget`` brings nbformat and
+    jsonschema, whose URI grammar is compiled on import, 1.6 s of a first cell's 2.7 s. A cell
+    that comes sooner waits for the same imports (Python's import lock), as it did before."""
+    if not _in_kernel() or _warming:
+        return None
+    thread = threading.Thread(target=_import_view, name="hvd_magic-warm-view", daemon=True)
+    _warming.append(thread)
+    thread.start()
+    return thread
+
+
+_warming: list[threading.Thread] = []  # warm_view's, once a kernel
+
+
+def _import_view() -> None:
+    with contextlib.suppress(Exception):  # a warm-up only: the first cell meets any error itself
+        import plotly.graph_objects as go
+
+        import hvd_magic.widgets.live_view  # noqa: F401 - imported for what it imports
+
+        go.FigureWidget  # noqa: B018 - plotly makes the class, and imports its needs, on first use
+
+
+def _in_kernel() -> bool:
+    with contextlib.suppress(ImportError):
+        from IPython import get_ipython
+
+        return type(get_ipython()).__name__ == "ZMQInteractiveShell"
+    return False
 
 
 def timeline_notice(path: str | None) -> list[str]:
