@@ -100,17 +100,14 @@ def make_view(ranks: int) -> RunView:
     return ConsoleView()
 
 
-def warm_view() -> threading.Thread | None:
+def warm_view() -> None:
     """In a Jupyter kernel, the live view's imports made now, on a thread, while the notebook
     waits for its next cell (``%load_ext``): plotly's ``FigureWidget`` brings nbformat and
     jsonschema, whose URI grammar is compiled on import, 1.6 s of a first cell's 2.7 s. A cell
     that comes sooner waits for the same imports (Python's import lock), as it did before."""
-    if not _in_kernel() or _warming:
-        return None
-    thread = threading.Thread(target=_import_view, name="hvd_magic-warm-view", daemon=True)
-    _warming.append(thread)
-    thread.start()
-    return thread
+    if _in_kernel() and not _warming:
+        _warming.append(threading.Thread(target=_import_view, name="hvd_magic-warm-view", daemon=True))
+        _warming[0].start()
 
 
 _warming: list[threading.Thread] = []  # warm_view's, once a kernel

@@ -67,16 +67,17 @@ def carried_for(args: argparse.Namespace) -> carry.Carried:
 
 
 def plan(args: argparse.Namespace) -> None:
+    names = chosen(args.only, args.cpu)
     print("\n".join(carry.describe(carried_for(args))))
-    if "build" in chosen(args.only, args.cpu):
+    if "build" in names:
         print("build: python -m hvd_magic install-horovod --without-mpi --sdist <carried sdist>")
         print("  (NCCL from the CUDA toolkit or the nvidia-nccl wheel, Gloo; pip resolves from the carried")
         print("  folder only; a Horovod wheel carried from an earlier run is installed instead of building)")
     print(f"run ({'CPU dry-run' if args.cpu else 'GPU'}, within {args.budget:.0f} s):")
-    for name in chosen(args.only, args.cpu):
+    for name in names:
         doc = (checks.CHECKS[name].__doc__ or "").split("\n")[0]
         print(f"  {name:<11} {LIMITS.get(name, DEFAULT_LIMIT):>4} s  {doc}")
-    apart = [name for name in checks.APART if name not in chosen(args.only, args.cpu)]
+    apart = [name for name in checks.APART if name not in names]
     if apart:
         print(f"apart (what they need does not travel with the build's): --only {','.join(apart)}")
 
