@@ -127,8 +127,8 @@ def main() -> None:
 
     from hvd_magic import HorovodRunner
     from hvd_magic.data.source import spark_shards
+    from hvd_magic.launch.embedded_spark import active_or_embedded_session
     from hvd_magic.launch.spark import SparkLauncher
-    from hvd_magic.launch.spark_session import active_or_embedded_session
     from hvd_magic.options import make_options
 
     session = active_or_embedded_session()

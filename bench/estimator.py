@@ -68,7 +68,7 @@ def main() -> None:
     from pyspark.sql.functions import pandas_udf
 
     from hvd_magic import HorovodRunner
-    from hvd_magic.launch.spark_session import active_or_embedded_session
+    from hvd_magic.launch.embedded_spark import active_or_embedded_session
     from hvd_magic.spark import TorchEstimator
 
     session = active_or_embedded_session()

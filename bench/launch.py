@@ -104,7 +104,7 @@ def main() -> None:
     import io
 
     from hvd_magic import HorovodRunner
-    from hvd_magic.launch.spark import active_or_embedded_session
+    from hvd_magic.launch.embedded_spark import active_or_embedded_session
 
     session = active_or_embedded_session()
     quiet = contextlib.redirect_stdout(io.StringIO())

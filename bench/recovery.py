@@ -116,7 +116,8 @@ def notice_seconds(shell: Any, repeat: int) -> float:
 
 
 def _wait_for_slots(count: int) -> None:
-    from hvd_magic.launch.spark_session import active_or_embedded_session, slots_available
+    from hvd_magic.launch.embedded_spark import active_or_embedded_session
+    from hvd_magic.launch.spark_session import slots_available
 
     session = active_or_embedded_session()
     while (slots_available(session) or 0) < count:

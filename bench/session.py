@@ -113,7 +113,7 @@ def main() -> None:
         "cold": f"{cold / 1000:.2f} s",
     }
     if args.spark:
-        from hvd_magic.launch.spark_session import active_or_embedded_session
+        from hvd_magic.launch.embedded_spark import active_or_embedded_session
 
         session = active_or_embedded_session()
         spark_trivial, spark_reads = live_ms(shell, 2, args.repeat)

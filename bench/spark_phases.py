@@ -116,7 +116,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--launcher", default="gloo", choices=["gloo", "mpi"])
     args = parser.parse_args()
-    from hvd_magic.launch.spark_session import active_or_embedded_session
+    from hvd_magic.launch.embedded_spark import active_or_embedded_session
 
     session = active_or_embedded_session()
     trace = Trace()

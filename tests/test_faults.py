@@ -79,8 +79,9 @@ def test_pressing_interrupt_again_does_not_cut_the_clean_up_short(kernel, tmp_pa
     assert _execute(kernel.client, "%%horovod np=-2\n40 + 2")["content"]["status"] == "ok"
 
 
-def test_interrupt_while_spark_starts_is_a_clean_interrupt(kernel):
-    """The first Spark cell starts the embedded session (seconds); stopping it then is normal."""
+def test_interrupt_while_spark_starts_is_clean_and_a_dead_kernel_leaves_no_spark(kernel, tmp_path):
+    """The first Spark cell starts the embedded session (seconds); stopping it then is normal.
+    Then the kernel dies mid-run on that Spark (one embedded session for both): see below."""
     msg_id = kernel.client.execute("%%horovod np=2\n6 * 7", stop_on_error=NO_ABORT)
     deadline = time.monotonic() + 60
     while "java" not in _names_below(kernel.process):
@@ -90,6 +91,7 @@ def test_interrupt_while_spark_starts_is_a_clean_interrupt(kernel):
     reply = reply_to(kernel.client, msg_id, 60)
     assert reply["content"]["ename"] == "RunInterrupted", reply["content"]
     assert _execute(kernel.client, "%%horovod np=2\n6 * 7", timeout=180)["content"]["status"] == "ok"
+    dies_mid_run(kernel, tmp_path, "np=2", horovod=False)  # and none left of the interrupted start
 
 
 def _names_below(process: psutil.Process) -> set[str]:
@@ -117,10 +119,14 @@ def _alive(processes: list[psutil.Process]) -> list[psutil.Process]:
 
 @pytest.mark.parametrize(
     "options, horovod",
-    [("np=-2 launcher=mpi", False), ("np=-2 launcher=gloo", False), ("np=-2", True), ("np=2", False)],
-    ids=["mpi", "gloo", "warm", "spark"],
+    [("np=-2 launcher=mpi", False), ("np=-2 launcher=gloo", False), ("np=-2", True)],
+    ids=["mpi", "gloo", "warm"],
 )
 def test_a_dead_kernel_leaves_nothing_running(kernel, tmp_path, options, horovod):
+    dies_mid_run(kernel, tmp_path, options, horovod)
+
+
+def dies_mid_run(kernel, tmp_path, options: str, horovod: bool) -> None:
     """The kernel is SIGKILLed mid-run (a crash, the OOM killer, a forced restart): mpirun and
     every rank are in sessions of their own, so only the parent-death signal can stop them.
     Warm (PyTorch) ranks: the fork server they were forked from goes too, with its waiters.

@@ -57,7 +57,8 @@ def slots_now(options: RunOptions) -> int | None:
     None on this machine, or where the cluster does not tell (Spark Connect)."""
     if options.np < 0:
         return None
-    from hvd_magic.launch.spark_session import active_or_embedded_session, is_connect, slots_available
+    from hvd_magic.launch.embedded_spark import active_or_embedded_session
+    from hvd_magic.launch.spark_session import is_connect, slots_available
 
     session = getattr(options.data, "sparkSession", None) or active_or_embedded_session()
     return None if is_connect(session) else slots_available(session)

@@ -24,19 +24,18 @@ from hvd_magic.data.source import spark_dataframe, spark_stage
 from hvd_magic.hub import Hub, RunKeys
 from hvd_magic.launch import native, spark_plan
 from hvd_magic.launch.base import HOW, Launcher
+from hvd_magic.launch.embedded_spark import active_or_embedded_session, embedded_notice
 from hvd_magic.launch.gloo import GlooStore
 from hvd_magic.launch.mpirun import lost_node, mpirun_deaths
 from hvd_magic.launch.processes import RankDeath
 from hvd_magic.launch.spark_job import END_SECONDS, SparkJob, wait_for_ending_jobs
 from hvd_magic.launch.spark_session import (
-    active_or_embedded_session,
     cancel_tag,
     check_dynamic_allocation,
     check_slots,
     decommissioned,
     described,
     driver_address,
-    embedded_notice,
     lost_executors,
     task_cpus,
 )

@@ -8,23 +8,18 @@ DataFrame API and the session's configuration, and the slots are counted from it
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import socket
-import sys
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from hvd_magic.errors import LaunchError
 
 __all__ = [
     "cancel_tag",
-    "embedded_notice",
-    "active_or_embedded_session",
     "check_dynamic_allocation",
     "check_slots",
     "described",
@@ -39,67 +34,6 @@ __all__ = [
 
 SLOT_WAIT_SECONDS = 10.0
 ENV_DRIVER_HOST = "HVD_MAGIC_DRIVER_HOST"  # the notebook's address as the executors reach it
-
-
-def active_or_embedded_session() -> Any:
-    """The active SparkSession, or an embedded local one using this Python on the executors.
-    The embedded JVM's own output (log4j's start-up lines, warnings) goes to a log file, not
-    into the cell: ``embedded_notice`` says where, once."""
-    try:
-        from pyspark.sql import SparkSession
-    except ImportError:
-        raise LaunchError(
-            "np > 0 runs on Spark, but pyspark is not installed: `pip install pyspark`."
-        ) from None
-    session = SparkSession.getActiveSession()
-    if session is not None:
-        return session
-    # Executors take PYSPARK_PYTHON from the environment when the context starts.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # our own session: stay on loopback
-    slots = max(4, os.cpu_count() or 1)
-    log = os.path.join(tempfile.gettempdir(), f"hvd_magic-spark-{os.getpid()}.log")
-    with _output_to(log):  # the JVM starts here and keeps these descriptors
-        session = (
-            SparkSession.builder.master(f"local[{slots}]")
-            .appName("hvd_magic")
-            .config("spark.driver.host", "127.0.0.1")
-            .config("spark.driver.bindAddress", "127.0.0.1")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "1")
-            .getOrCreate()
-        )
-    session.sparkContext.setLogLevel("ERROR")
-    _EMBEDDED.append(f"started an embedded Spark session (local[{slots}]); its JVM log: {log}")
-    return session
-
-
-_EMBEDDED: list[str] = []  # the notice of the embedded session, until it is told
-
-
-def embedded_notice() -> list[str]:
-    """Once: where the embedded session's JVM log is (empty otherwise)."""
-    told, _EMBEDDED[:] = list(_EMBEDDED), []
-    return told
-
-
-@contextlib.contextmanager
-def _output_to(path: str) -> Iterator[None]:
-    """Points this process's file descriptors 1 and 2 at ``path`` for the block: a child
-    started in it (the JVM) writes there for good; this process gets its own back."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
-    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        yield
-    finally:
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for fd in (log, *saved):
-            os.close(fd)
 
 
 def cancel_tag(session: Any, tag: str, timeout: float) -> bool:

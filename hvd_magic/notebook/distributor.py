@@ -93,7 +93,8 @@ class TorchDistributor:
             self.num_processes, notes = local_gpu_processes(num_processes, *_local_gpus())
             self._notes += notes
         elif self.use_gpu:
-            from hvd_magic.launch.spark_session import active_or_embedded_session, conf
+            from hvd_magic.launch.embedded_spark import active_or_embedded_session
+            from hvd_magic.launch.spark_session import conf
 
             check_task_gpus(conf(active_or_embedded_session(), GPU_AMOUNT))
 
@@ -148,7 +149,8 @@ class TorchDistributor:
         return path, argv, None
 
     def _ssl_notes(self) -> list[str]:
-        from hvd_magic.launch.spark_session import active_or_embedded_session, conf
+        from hvd_magic.launch.embedded_spark import active_or_embedded_session
+        from hvd_magic.launch.spark_session import conf
 
         session = active_or_embedded_session()
         return ssl_notes(conf(session, "spark.ssl.enabled"), conf(session, self.ssl_conf), self.ssl_conf)
