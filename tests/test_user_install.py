@@ -13,6 +13,9 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import bytecode  # noqa: E402 - scripts/bytecode.py, the bytecode a venv of this suite's pins keeps
 
 
 def run(command: list[str | Path], **kwargs: object) -> subprocess.CompletedProcess[str]:
@@ -74,6 +77,10 @@ def test_a_user_installs_the_wheel_beside_their_torch_and_runs_the_quickstart(tm
     # (venv's own pip, unpacked and compiled by ensurepip, took 6 CPU-s of the test)
     users = ["torch==2.13.0", "jupyterlab==4.6.6", "nbclient", "scikit-learn"]
     run([*uv_install(python), "pip", *users], env=env)
+    # the bytecode the suite's own venv keeps for the same files (uv linked both from its cache, so
+    # Python takes it as this venv's): the user's first imports compiling torch is not this test's
+    site = venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    assert bytecode.take_kept(bytecode.kept_folder(), site)[0] > 1000
     # then hvd_magic's wheel, as the README installs it: with pip
     # (without compiling every module of what it installs: Python compiles those imported, once)
     run([python, "-m", "pip", "install", "-q", "--no-compile", f"{wheel}[widgets,timeline]"], env=env)
