@@ -74,11 +74,15 @@ def _no_jvm_left_if_interrupted() -> Iterator[None]:
         started = [
             child for child in psutil.Process().children() if child.pid not in before and _spark(child)
         ]
+        family: list[psutil.Process] = []
         for process in started:
             with contextlib.suppress(psutil.Error):  # ended meanwhile
-                for below in [*process.children(recursive=True), process]:
-                    below.kill()
-        psutil.wait_procs(started, timeout=10)
+                family += process.children(recursive=True)
+            family.append(process)
+        for member in family:
+            with contextlib.suppress(psutil.Error):
+                member.kill()
+        psutil.wait_procs(family, timeout=10)
         if SparkContext._active_spark_context is None:  # no context: forget a gateway to that JVM
             SparkContext._gateway = SparkContext._jvm = None
         raise
