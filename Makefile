@@ -75,5 +75,6 @@ bench: setup
 	$(PY) bench/warm_ranks.py
 	$(PY) bench/warm_ranks.py --spark "local-cluster[2,1,1024]"
 	$(PY) bench/warm_ranks.py --framework keras
+	$(PY) bench/warm_ranks.py --framework none
 	$(PY) bench/launch_hosts.py --repeat 3
 	$(PY) bench/figures.py   # the figures just kept (bench/figures.json) into the docs' marks

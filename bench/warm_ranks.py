@@ -6,10 +6,12 @@ executors (whose tasks' Python workers keep the servers).
 Per cell: wall time, and the CPU time of the whole machine meanwhile (``/proc/stat``: the
 ranks, mpirun and the server are not all this process's children, so their own counters cannot
 be summed here; run it on an otherwise idle machine). The cell is a small Horovod step
-(``hvd.init()``, one allreduce; ``--framework keras``: Horovod's Keras binding on TensorFlow),
+(``hvd.init()``, one allreduce; ``--framework keras``: Horovod's Keras binding on TensorFlow;
+``--framework none``: a cell of no framework, forked from a server of the rank's modules only),
 so its cost is mostly the start. The first warm cell, which
 starts the server (on Spark: each worker's), is shown on its own. The figures are kept for the
-docs (``figures.py``: ``warm_ranks``, with ``_spark`` and ``_keras`` after it for those options).
+docs (``figures.py``: ``warm_ranks``, with ``_spark``, ``_keras`` or ``_none`` after it for those
+options).
 
 Usage: python bench/warm_ranks.py [--ranks 2] [--repeat 5] [--launcher mpi] [--framework torch]
                                   [--spark local-cluster[2,1,1024]]
@@ -40,6 +42,7 @@ CELLS = {
         "import tensorflow as tf, horovod.tensorflow.keras as hvd\nhvd.init()\n"
         "float(tf.reduce_sum(hvd.allreduce(tf.ones(4), name='x')))\n"
     ),
+    "none": "import os\n4.0 + 0 * os.getpid()\n",  # no framework: the start is all it costs
 }
 
 
@@ -80,7 +83,8 @@ def main() -> None:
     for index in range(2 * args.repeat):
         warm = index % 2 == 1  # in turn
         runs[warm].append(one_cell(ranks, args.launcher, warm, cell))
-    described = f"launcher={args.launcher}, a Horovod-{args.framework} cell, medians of {args.repeat}"
+    kind = "a cell of no framework" if args.framework == "none" else f"a Horovod-{args.framework} cell"
+    described = f"launcher={args.launcher}, {kind}, medians of {args.repeat}"
     print(f"np={ranks} {where}, {described}:")
     medians = {}
     for warm, label in ((False, "started anew"), (True, "warm (forked)")):
@@ -92,7 +96,11 @@ def main() -> None:
     (cold_wall, cold_cpu), (warm_wall, warm_cpu) = medians[False], medians[True]
     ratios = f"{warm_wall / cold_wall:.2f}x the wall time, {warm_cpu / cold_cpu:.2f}x the CPU"
     print(f"warm / started anew: {ratios}")
-    bench = "warm_ranks" + ("_spark" if args.spark else "") + ("_keras" if args.framework == "keras" else "")
+    bench = (
+        "warm_ranks"
+        + ("_spark" if args.spark else "")
+        + ("" if args.framework == "torch" else f"_{args.framework}")
+    )
     figures = {
         "warm": f"{warm_wall:.2f} s",
         "warm_cpu": f"{warm_cpu:.2f} CPU-s",

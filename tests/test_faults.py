@@ -218,6 +218,9 @@ def test_a_value_the_notebook_cannot_load_is_a_clear_error(ip):
 def test_ranks_that_never_start_are_named(ip, tmp_path, monkeypatch):
     """Rank 1 hangs before it can say hello (a sitecustomize that sleeps): the start timeout names it."""
     from hvd_magic.run import supervisor
+    from hvd_magic.warm.choice import ENV_WARM_RANKS
+
+    monkeypatch.setenv(ENV_WARM_RANKS, "0")  # ranks started: a forked one ran sitecustomize in its server
 
     (tmp_path / "sitecustomize.py").write_text(
         "import os, time\nif os.environ.get('OMPI_COMM_WORLD_RANK') == '1':\n    time.sleep(120)\n"

@@ -6,11 +6,16 @@ start).
 Ranks whose code imports PyTorch, TensorFlow or Keras (and Horovod's bindings of them, and the
 trainers built on PyTorch: Hugging Face's Trainer, Lightning, Accelerate), and no
 framework that cannot be forked once imported (JAX, MXNet): on this machine (np < 0), from a
-server the kernel keeps; on Spark, from a server each executor keeps. A run's ``env=`` keeps them
-warm: a rank takes its environment after the fork, and a variable the frameworks or the
-interpreter may read at import (``TF_USE_LEGACY_KERAS``, ``LD_PRELOAD``) gets a server started
-with it (``warm.servers`` keys its servers by them). Others, and every rank where
-``HVD_MAGIC_WARM_RANKS=0`` is set in the notebook, start the usual way.
+server the kernel keeps; on Spark, from a server each executor keeps. Ranks on this machine of
+code that imports no framework are forked too, from a server of the rank's own modules only:
+Python's start and hvd_magic's rank side are about half of such a cell's cost
+(``bench/warm_ranks.py --framework none``, docs/sessions.md). On Spark they start the usual way:
+there a server is not shared through a preloader, and each executor's would cost its own imports
+before its first rank. A run's ``env=`` keeps ranks warm: a rank takes its environment after the
+fork, and a variable the frameworks or the interpreter may read at import
+(``TF_USE_LEGACY_KERAS``, ``LD_PRELOAD``) gets a server started with it (``warm.servers`` keys
+its servers by them). Others, and every rank where ``HVD_MAGIC_WARM_RANKS=0`` is set in the
+notebook, start the usual way.
 """
 
 from __future__ import annotations
@@ -68,13 +73,13 @@ def _preload(names: set[str]) -> tuple[str, ...]:
 def warm_modules(imports: Iterable[str], here: bool) -> tuple[str, ...]:
     """What a fork server for these ranks preloads: each framework the code imports (and only
     those, with what they import on first use: a rank must not find in ``sys.modules`` what its
-    code would never have imported), then our worker's modules; () where they start the usual
-    way. ``here``: the ranks run on this machine. On Spark what the executors have installed is
-    not known here: a server that cannot import them is not used, and the ranks start the usual
-    way."""
+    code would never have imported), then our worker's modules (only those, for ranks here of
+    no framework); () where they start the usual way. ``here``: the ranks run on this machine.
+    On Spark what the executors have installed is not known here: a server that cannot import
+    them is not used, and the ranks start the usual way."""
     names = set(imports)
     preload = _preload(names)
-    if not preload or any(_within(name, *_COLD) for name in names):
+    if (not preload and not here) or any(_within(name, *_COLD) for name in names):
         return ()
     if os.environ.get(ENV_WARM_RANKS) == "0":
         return ()
