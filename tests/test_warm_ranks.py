@@ -51,6 +51,7 @@ seen = {
     "optimizer_imports": len(sys.modules) - before,
     "dynamo_dir": torch._dynamo.config.debug_dir_root == os.path.join(os.getcwd(), "torch_compile_debug"),
     "pid": os.getpid(), "command": cmdline(os.getpid())[1:], "parent": cmdline(os.getppid()),
+    "argv": sys.argv[1:] + sys.orig_argv[1:],
     "grandparent": parent_of(os.getppid()), "threads": torch.get_num_threads(),
     "budget": os.environ.get("OMP_NUM_THREADS"), "draw": random.random(),
     "path0": sys.path[0] == os.getcwd(), "foreign": sorted(set(globals()) & {"serve", "receive", "WORKER"}),
@@ -83,6 +84,7 @@ def test_a_torch_cells_ranks_are_forked_from_one_server_and_are_what_started_ran
     for seen in first + second:
         assert SERVER in " ".join(seen["parent"])  # forked (by the server's waiter)
         assert seen["command"] == ["-m", "hvd_magic.rank.worker"]  # as ps shows a started rank
+        assert seen["argv"] == ["-m", "hvd_magic.rank.worker"]  # as it sees itself: no server's arguments
         assert seen["threads"] == int(seen["budget"]) == 1  # the budget, not the server's 2 cores
         assert seen["path0"] and seen["foreign"] == [] and not seen["horovod"]
         assert seen["optimizer_imports"] == 0  # the server imported what PyTorch's first use does
@@ -113,6 +115,7 @@ def test_ranks_of_no_framework_are_forked_from_a_server_of_the_ranks_own_modules
         "import json, os, sys\nfrom hvd_magic.protocol.env import rank_from_env\n"
         "seen = {'parent': [p for p in open(f'/proc/{os.getppid()}/cmdline').read().split(chr(0)) if p],\n"
         "        'frameworks': sorted({'torch', 'tensorflow', 'keras'} & set(sys.modules)),\n"
+        "        'argv': sys.argv[1:] + sys.orig_argv[1:],\n"
         "        'pid': os.getpid()}\n"
         f"open(os.path.join({str(tmp_path)!r}, str(rank_from_env()[0])), 'w').write(json.dumps(seen))\n"
     )
@@ -122,7 +125,7 @@ def test_ranks_of_no_framework_are_forked_from_a_server_of_the_ranks_own_modules
         seen += [json.loads((tmp_path / str(rank)).read_text()) for rank in (0, 1)]
     assert all(SERVER in " ".join(rank["parent"]) for rank in seen), seen  # forked, whatever the launcher
     assert {" ".join(rank["parent"][-1:]) for rank in seen} == {"hvd_magic.rank.worker"}  # its modules only
-    assert all(rank["frameworks"] == [] for rank in seen)
+    assert all(rank["frameworks"] == [] and rank["argv"] == ["-m", "hvd_magic.rank.worker"] for rank in seen)
     assert len({rank["pid"] for rank in seen}) == 4
 
 
@@ -131,6 +134,7 @@ def test_warm_ranks_can_be_turned_off(ip, tmp_path, monkeypatch):
     cold = where(ip, tmp_path)
     assert all("mpirun" in seen["parent"] for seen in cold)
     assert all(seen["optimizer_imports"] > 100 for seen in cold)  # what a warm rank is spared
+    assert all(seen["argv"] == ["-m", "hvd_magic.rank.worker"] for seen in cold)  # what a warm rank sees
 
 
 def test_which_runs_are_warm_is_read_from_the_code():

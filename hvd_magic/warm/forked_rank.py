@@ -27,7 +27,9 @@ def become_rank(conn: socket.socket, request: dict[str, Any], fds: list[int], st
         os.close(fd)
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
-    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)
+    sys.stderr = io.TextIOWrapper(  # as Python's own stderr: what cannot be encoded is escaped
+        io.FileIO(2, "w", closefd=False), write_through=True, errors="backslashreplace"
+    )
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
@@ -36,6 +38,8 @@ def become_rank(conn: socket.socket, request: dict[str, Any], fds: list[int], st
     _fresh_state()
     threading.Thread(target=_die_with, args=(conn,), name="hvd_magic-stand-in", daemon=True).start()
     show_as([sys.executable, "-m", WORKER])
+    sys.argv[1:] = []  # not the server's arguments: a rank's argparse sees what a started rank's would
+    sys.orig_argv = [sys.executable, "-m", WORKER]
     runpy.run_module(WORKER, run_name="__main__", alter_sys=True)  # as ``python -m``: ends the process
     os._exit(1)  # not reached: the worker's ``__main__`` ends the process
 
