@@ -12,8 +12,17 @@ import pytest
 from jupyter_client.manager import start_new_kernel
 
 from hvd_magic import LaunchError, RunError, RunTimeout
+from hvd_magic.warm.choice import ENV_WARM_RANKS
 
-from .helpers import leftover_processes, run_processes_anywhere, wait_for_ranks, waiting_cell, when_started
+from .helpers import (
+    below_with_warm_ranks,
+    fork_servers_of,
+    leftover_processes,
+    run_processes_anywhere,
+    wait_for_ranks,
+    waiting_cell,
+    when_started,
+)
 from .kernels import NO_ABORT, reply_to
 
 
@@ -118,23 +127,26 @@ def _alive(processes: list[psutil.Process]) -> list[psutil.Process]:
 
 
 @pytest.mark.parametrize(
-    "options, horovod",
-    [("np=-2 launcher=mpi", False), ("np=-2 launcher=gloo", False), ("np=-2", True)],
-    ids=["mpi", "gloo", "warm"],
+    "options, horovod, started",
+    [("np=-2 launcher=mpi", False, True), ("np=-2 launcher=gloo", False, False), ("np=-2", True, False)],
+    ids=["mpi-started", "gloo-forked", "horovod-forked"],
 )
-def test_a_dead_kernel_leaves_nothing_running(kernel, tmp_path, options, horovod):
+def test_a_dead_kernel_leaves_nothing_running(kernel, tmp_path, options, horovod, started):
+    if started:  # ranks started the usual way (a cell of no framework is forked otherwise)
+        assert _execute(kernel.client, f"%env {ENV_WARM_RANKS}=0")["content"]["status"] == "ok"
     dies_mid_run(kernel, tmp_path, options, horovod)
 
 
 def dies_mid_run(kernel, tmp_path, options: str, horovod: bool) -> None:
     """The kernel is SIGKILLed mid-run (a crash, the OOM killer, a forced restart): mpirun and
     every rank are in sessions of their own, so only the parent-death signal can stop them.
-    Warm (PyTorch) ranks: the fork server they were forked from goes too, with its waiters.
+    Forked ranks: the fork server they were forked from goes too, with its waiters, and the ranks
+    (not below the kernel where their server was forked from a preloader) with their stand-ins.
     With np=2 the run is on the embedded Spark: its JVM, Python workers, tasks, agents, orted."""
     cell = waiting_cell(tmp_path, wait="time.sleep(300)\n", horovod=horovod)
     kernel.client.execute(f"%%horovod {options}\n" + cell, stop_on_error=NO_ABORT)
     assert wait_for_ranks(tmp_path, 2)
-    run = kernel.process.children(recursive=True)
+    run = below_with_warm_ranks(kernel.process) + fork_servers_of(kernel.process.pid)
     assert len(run) >= 2
     kernel.process.kill()
     deadline = time.monotonic() + 10
@@ -216,11 +228,10 @@ def test_a_value_the_notebook_cannot_load_is_a_clear_error(ip):
 
 
 def test_ranks_that_never_start_are_named(ip, tmp_path, monkeypatch):
-    """Rank 1 hangs before it can say hello (a sitecustomize that sleeps): the start timeout names it."""
+    """Rank 1 hangs before it can say hello (a sitecustomize that sleeps): the start timeout names it.
+    (Its ranks start the usual way, as ranks with a sitecustomize of their own do: one forked from a
+    server would never run it.)"""
     from hvd_magic.run import supervisor
-    from hvd_magic.warm.choice import ENV_WARM_RANKS
-
-    monkeypatch.setenv(ENV_WARM_RANKS, "0")  # ranks started: a forked one ran sitecustomize in its server
 
     (tmp_path / "sitecustomize.py").write_text(
         "import os, time\nif os.environ.get('OMPI_COMM_WORLD_RANK') == '1':\n    time.sleep(120)\n"

@@ -17,11 +17,13 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import psutil
 import pytest
 
+import hvd_magic.warm
 from hvd_magic import RunError
 from hvd_magic.launch.local import LocalGlooLauncher, LocalMpiLauncher, LocalTorchLauncher
 from hvd_magic.options import make_options
@@ -30,6 +32,7 @@ from hvd_magic.run.packing import pack_cell, pack_function
 from hvd_magic.session.ranks import setup_imports
 from hvd_magic.warm import stand_in
 from hvd_magic.warm.choice import ENV_WARM_RANKS, warm_modules
+from hvd_magic.warm.preloaders import identity, read_at_import
 from hvd_magic.warm.servers import serving
 
 from .helpers import STAND_IN, fork_servers_of, gone_within, leftover_processes, waiting_cell, when_started
@@ -127,6 +130,35 @@ def test_ranks_of_no_framework_are_forked_from_a_server_of_the_ranks_own_modules
     assert {" ".join(rank["parent"][-1:]) for rank in seen} == {"hvd_magic.rank.worker"}  # its modules only
     assert all(rank["frameworks"] == [] and rank["argv"] == ["-m", "hvd_magic.rank.worker"] for rank in seen)
     assert len({rank["pid"] for rank in seen}) == 4
+
+
+def test_a_rank_with_a_sitecustomize_of_its_own_starts_the_usual_way(tmp_path):
+    """Python runs a sitecustomize on the rank's PYTHONPATH as the rank starts; a forked rank never
+    would (its server started before): such ranks are not forked. (test_faults' start timeout runs
+    one: its rank 1 sleeps in it.)"""
+    worker = ("hvd_magic.rank.worker",)
+    assert serving(worker, {"PYTHONPATH": str(tmp_path)}) is not None  # (the server is this process's)
+    (tmp_path / "sitecustomize.py").write_text("")
+    assert serving(worker, {"PYTHONPATH": f"/nonexistent{os.pathsep}{tmp_path}"}) is None
+
+
+def test_servers_are_told_apart_by_an_edit_to_any_of_hvd_magics_modules_and_by_what_their_imports_read():
+    """An edit in a checkout (a rank module's, say) changes no ``__init__``: a server of the old
+    code is not used for the next run. A server of our modules only is not told apart by the
+    frameworks' variables, which nothing it imports reads."""
+    worker = ("hvd_magic.rank.worker",)
+    before = identity(worker, {})
+    module = Path(hvd_magic.warm.__file__)  # two lines no run imports anew
+    times = module.stat()
+    try:
+        os.utime(module, (times.st_atime, time.time() + 3600))  # the newest of them
+        assert identity(worker, {}) != before
+    finally:
+        os.utime(module, ns=(times.st_atime_ns, times.st_mtime_ns))
+    assert identity(worker, {}) == before
+    assert read_at_import(worker, {"TORCH_HVD_TEST": "1", "LD_HVD_TEST": "2"}).keys() >= {"LD_HVD_TEST"}
+    assert "TORCH_HVD_TEST" not in read_at_import(worker, {"TORCH_HVD_TEST": "1"})
+    assert "TORCH_HVD_TEST" in read_at_import(("torch", *worker), {"TORCH_HVD_TEST": "1"})
 
 
 def test_warm_ranks_can_be_turned_off(ip, tmp_path, monkeypatch):

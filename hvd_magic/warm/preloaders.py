@@ -45,6 +45,7 @@ __all__ = [
     "shared_base",
 ]
 
+INTERPRETER_VARIABLES = ("PYTHON", "LD_")  # read by the interpreter itself, whatever it imports
 IMPORT_VARIABLES = (
     *("TORCH", "PYTORCH", "TF_", "KERAS_", "PYTHON", "LD_", "OMP_", "KMP_", "GOMP_", "MKL_"),
     # ... and the trainers' (Hugging Face's, Lightning's, Accelerate's)
@@ -188,8 +189,11 @@ def read_at_import(modules: tuple[str, ...], env: Mapping[str, str]) -> dict[str
     that ``modules``, their OpenMP and the interpreter may read at import: a rank forked later
     would not see another value of one (``TF_USE_LEGACY_KERAS``, say)."""
     roots = [module.split(".")[0] for module in modules if not module.startswith("hvd_magic")]
-    unread = set.intersection(*(set(NOT_READ_BY.get(root, ())) for root in roots)) if roots else set()
-    prefixes = tuple(prefix for prefix in IMPORT_VARIABLES if prefix not in unread)
+    if roots:
+        unread = set.intersection(*(set(NOT_READ_BY.get(root, ())) for root in roots))
+        prefixes = tuple(prefix for prefix in IMPORT_VARIABLES if prefix not in unread)
+    else:  # our own modules only (ranks of no framework): what the interpreter reads
+        prefixes = INTERPRETER_VARIABLES
     merged = os.environ | dict(env)
     return {
         name: value
@@ -211,11 +215,26 @@ def identity(modules: tuple[str, ...], env: Mapping[str, str]) -> str:
 
 def _installed(modules: tuple[str, ...]) -> dict[str, tuple[str, float]]:
     """Where each preloaded package is found, and when its files last changed (a reinstall
-    changes them; another kernel's path may find another copy)."""
+    changes them; another kernel's path may find another copy). hvd_magic's own: the newest of
+    its modules (an edit in a checkout changes no ``__init__``; some 200 files, a millisecond)."""
     found = {}
     for name in {module.split(".")[0] for module in modules}:
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.origin:
             with contextlib.suppress(OSError):
-                found[name] = (spec.origin, os.stat(spec.origin).st_mtime)
+                found[name] = (
+                    spec.origin,
+                    _newest(spec.origin) if name == "hvd_magic" else os.stat(spec.origin).st_mtime,
+                )
     return found
+
+
+def _newest(origin: str) -> float:
+    """The last time a module of the package whose ``__init__`` is ``origin`` changed."""
+    newest = 0.0
+    for folder, _, files in os.walk(os.path.dirname(origin)):
+        for file in files:
+            if file.endswith(".py"):
+                with contextlib.suppress(OSError):
+                    newest = max(newest, os.stat(os.path.join(folder, file)).st_mtime)
+    return newest

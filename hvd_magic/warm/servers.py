@@ -144,6 +144,8 @@ def serving(modules: tuple[str, ...], env: Mapping[str, str], keeper: int | None
     would, started if there is none (or none usable); None if none could start (the ranks then
     start the usual way). This process's own, or, with ``keeper``, the one shared by every process
     of this user with that keeper, which lasts as long as the keeper does (``launch.task.shared``)."""
+    if customized(env):
+        return None
     base = shared_base() if keeper is not None else None
     if keeper is not None and base is not None:  # (else this process's own)
         with _lock:
@@ -166,6 +168,19 @@ def serving(modules: tuple[str, ...], env: Mapping[str, str], keeper: int | None
                 return None
             _servers[modules] = server
         return server.socket
+
+
+def customized(env: Mapping[str, str]) -> bool:
+    """Whether ranks of ``env`` find a ``sitecustomize`` or ``usercustomize`` of their own on their
+    PYTHONPATH (the notebook's folder is on it): Python runs it as a rank starts, which a rank
+    forked from a server that started before never would, so they start the usual way."""
+    path = (os.environ | dict(env)).get("PYTHONPATH", "")
+    return any(
+        os.path.isfile(os.path.join(entry, f"{name}.py"))
+        for entry in path.split(os.pathsep)
+        if entry
+        for name in ("sitecustomize", "usercustomize")
+    )
 
 
 def _shared_serving(modules: tuple[str, ...], env: Mapping[str, str], keeper: int, base: str) -> str | None:
