@@ -72,6 +72,8 @@ def main() -> None:
     parser.add_argument("--framework", default="torch", choices=sorted(CELLS))
     parser.add_argument("--spark", metavar="MASTER", help="ranks on this Spark master's executors")
     args = parser.parse_args()
+    if args.spark and args.framework == "none":
+        parser.error("--framework none: Spark's ranks of no framework start the usual way (warm.choice)")
     cell = CELLS[args.framework]
     ranks, where = -args.ranks, "on this machine"
     if args.spark:

@@ -35,7 +35,7 @@ __all__ = ["Launcher", "RankDeath", "create", "slots_now"]
 def create(options: RunOptions, imports: frozenset[str] = frozenset()) -> Launcher:
     """The launcher for these options; on Spark this finds (or starts) the session. With
     ``data=`` the shards are planned here, so bad data fails before anything launches.
-    ``imports``: the modules the ranks' code imports (ranks of PyTorch code are warm)."""
+    ``imports``: the modules the ranks' code imports (warm.choice: which ranks are forked)."""
     from hvd_magic.warm.choice import warm_modules
 
     warm = warm_modules(imports, here=options.np < 0)

@@ -66,7 +66,7 @@ def _attempts(
     store = CheckpointStore(options.checkpoint_dir)
     attempts = Attempts(options, view, store, launch.slots_now)
     shown = HeldView(view) if options.retries else view
-    create = functools.partial(launch.create, imports=packed.imports)  # local PyTorch ranks: warm
+    create = functools.partial(launch.create, imports=packed.imports)  # which ranks are forked: warm.choice
     try:
         while True:
             try:

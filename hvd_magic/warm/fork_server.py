@@ -1,7 +1,8 @@
 """The fork server, per kernel (local ranks) or per executor (Spark): a process that imports the
 framework once (PyTorch, TensorFlow or Keras; each rank imports Horovod's binding itself), then
 forks every rank from itself, so that a rank starts in milliseconds instead of importing it anew
-(1.5 to 6 CPU-seconds a rank).
+(1.5 to 6 CPU-seconds a rank). For local ranks of no framework, it imports hvd_magic's rank side
+only (Python's start and those imports: about half of such a cell's cost).
 
     python -m hvd_magic.warm.fork_server SOCKET MODULE...     # stdin: held open by the notebook
     python -m hvd_magic.warm.fork_server --keeper PID SOCKET MODULE...   # shared: ends with PID
