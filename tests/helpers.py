@@ -218,9 +218,36 @@ def run_processes_anywhere() -> list[str]:
     suite's mark in its environment; one without any mark counts)."""
     found = []
     for process in psutil.process_iter():
-        if _run_process(process) and not _of_another_suite(process) and not _ended(process):
+        if is_left_running(process):
             found.append(f"{process.pid}: {_cmdline(process)[:200]}{_whence(process)}")
     return found
+
+
+# How long a process caught changing (between fork and exec, or with its memory released on its way
+# out) is looked at again before it counts as it last looked.
+SETTLING_SECONDS = 5.0
+
+
+def is_left_running(process: psutil.Process, seconds: float = SETTLING_SECONDS) -> bool:
+    """A run's process of this suite, not ended (what ``run_processes_anywhere`` lists). Its
+    mark is read from its environment, which is only its own while its command line stays the
+    same around the reading: a child of another suite's mpirun caught in its exec, or one whose
+    memory is gone as it exits, shows an empty environment (no mark, which counts) for a moment.
+    Such a one is looked at again until it stands still (then the look holds) or has gone (it
+    is not counted)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            argv = process.cmdline()
+            if not is_run_process(argv):
+                return False
+            another = _of_another_suite(process)
+            still = process.cmdline() == argv
+        except psutil.Error:  # gone, or a zombie, since it was listed
+            return False
+        if still or time.monotonic() > deadline:
+            return not another and not _ended(process)
+        time.sleep(0.02)
 
 
 def _ended(process: psutil.Process) -> bool:
