@@ -52,8 +52,9 @@ class Panel:
 
 def kernels_panel(manager: Any) -> Panel:
     """What the panel asks of a real kernel (``jupyter_client``'s ``manager``): its endpoint in
-    Jupyter's runtime folder, named by the kernel's id as its connection file names it."""
-    return Panel(endpoint_folder(), Path(manager.connection_file).stem.removeprefix("kernel-"))
+    the folder of its connection file, named by the kernel's id as that file names it."""
+    connection = Path(manager.connection_file)
+    return Panel(endpoint_folder(connection.parent), connection.stem.removeprefix("kernel-"))
 
 
 @contextlib.contextmanager

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
+import uuid
 from types import SimpleNamespace
 
 import pytest
 from IPython.core.error import UsageError
-from jupyter_client.manager import start_new_kernel
+from jupyter_client.manager import KernelManager
 
 from hvd_magic import HorovodRunner, RankFailedError
 from hvd_magic.options import make_options
@@ -103,20 +103,29 @@ def test_the_record_reads_the_live_views_model_rather_than_fold_every_report_twi
 def test_a_run_no_one_watched_keeps_its_value_for_the_next_cell(tmp_path, monkeypatch):
     """A real kernel runs a cell whose output no one reads (as with its notebook's tab closed);
     a later cell gets the run's record and rank 0's value; and the kernel serves that record at
-    its endpoint (the Horovod panel's), named by its kernel id in Jupyter's runtime folder."""
-    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
-    manager, client = start_new_kernel(kernel_name="python3", cwd=str(tmp_path))
+    its endpoint (the Horovod panel's), named by its kernel id in the runtime folder of the
+    server that started it: the folder of its connection file, which ``jupyter lab
+    --ServerApp.runtime_dir=...`` makes another than the kernel's own default."""
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "the-kernels-default"))
+    server_runtime = tmp_path / "runtime"
+    server_runtime.mkdir()
+    kernel_id = uuid.uuid4().hex  # a Jupyter server names a kernel's connection file kernel-<its id>.json
+    manager = KernelManager(
+        kernel_name="python3", connection_file=str(server_runtime / f"kernel-{kernel_id}.json")
+    )
+    manager.start_kernel(cwd=str(tmp_path))
+    client = manager.client()
+    client.start_channels()
     kernel = Kernel(manager, client)
     try:
+        client.wait_for_ready(timeout=120)
         assert kernel.run("%load_ext hvd_magic").status == "ok"
         sent = client.execute("%%horovod np=-2\n" + REPORTING)  # nothing reads what it shows
         assert reply_to(client, sent, timeout=300)["content"]["status"] == "ok"
         last = kernel.run("%horovod last")
         assert last.value == "42"
         assert "loss 0.25" in "".join(last.shown) and "finished" in "".join(last.shown)
-        # a Jupyter server names a kernel's connection file kernel-<its id>.json; this one is a temp name
-        kernel_id = Path(manager.connection_file).stem.removeprefix("kernel-")
-        runs = KernelRuns(endpoint_folder(tmp_path / "runtime"))
+        runs = KernelRuns(endpoint_folder(server_runtime))  # where the server looks
         try:
             assert set(runs.endpoints({kernel_id, "another"})) == {kernel_id}
             listed = asyncio.run(runs.overview({kernel_id}, {}))["runs"]

@@ -2,7 +2,8 @@
 
 A kernel that ran a run serves its record (``run.endpoint``) on a ZeroMQ ``ipc://`` socket in
 a folder that only its user may enter (mode 0700), and writes an *endpoint file* (mode 0600) in
-``<Jupyter's runtime directory>/hvd-magic/`` (mode 0700): the socket's address, a token made for
+``<runtime>/hvd-magic/`` (mode 0700), ``<runtime>`` being the runtime folder of the server that
+started the kernel (where its connection file is): the socket's address, a token made for
 this kernel, its process id and its kernel id. The server extension (``hvd_magic.server``) finds the files,
 and asks with the token; a request without it is answered with a refusal and nothing else.
 
@@ -24,15 +25,11 @@ from typing import Any
 __all__ = ["ASKS", "Endpoint", "endpoint_folder", "read_endpoints"]
 
 ASKS = ("runs", "run", "stop", "stacks", "timeline")
-FOLDER = "hvd-magic"  # in Jupyter's runtime directory
+FOLDER = "hvd-magic"  # in the Jupyter server's runtime folder
 
 
-def endpoint_folder(runtime_dir: str | os.PathLike[str] | None = None) -> Path:
-    """``<runtime>/hvd-magic``: ``runtime_dir`` or Jupyter's own (``jupyter --runtime-dir``)."""
-    if runtime_dir is None:
-        from jupyter_core.paths import jupyter_runtime_dir
-
-        runtime_dir = jupyter_runtime_dir()
+def endpoint_folder(runtime_dir: str | os.PathLike[str]) -> Path:
+    """``<runtime_dir>/hvd-magic``."""
     return Path(runtime_dir) / FOLDER
 
 

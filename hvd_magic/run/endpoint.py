@@ -192,13 +192,16 @@ def _going(model: RunModel, now: float) -> dict[str, Any]:
     }
 
 
-def kernel_id() -> str | None:
-    """This Jupyter kernel's id (from its connection file's name), or None outside one."""
+def jupyter_kernel() -> tuple[str, Path] | None:
+    """This Jupyter kernel's id (from its connection file's name) and the folder of that file
+    (the runtime folder of the server that started it, where the server looks for endpoint
+    files: ``--ServerApp.runtime_dir`` may name another than the kernel's own default); None
+    outside a Jupyter kernel."""
     kernelapp = sys.modules.get("ipykernel.kernelapp")
     if kernelapp is None or not kernelapp.IPKernelApp.initialized():
         return None
-    name = Path(kernelapp.IPKernelApp.instance().connection_file).stem
-    return name.removeprefix("kernel-")
+    connection = Path(kernelapp.IPKernelApp.instance().abs_connection_file)
+    return connection.stem.removeprefix("kernel-"), connection.parent
 
 
 def serving() -> bool:
@@ -210,11 +213,11 @@ def serve_in_kernel(history: History) -> None:
     """Start the kernel's endpoint at its first run, once; nothing outside a Jupyter kernel."""
     if _serving or os.environ.get("HVD_MAGIC_PANEL") == "0":
         return
-    kernel = kernel_id()
+    kernel = jupyter_kernel()
     if kernel is None:
         return
     try:
-        endpoint = RunEndpoint(history, endpoint_folder(), kernel)
+        endpoint = RunEndpoint(history, endpoint_folder(kernel[1]), kernel[0])
     except (OSError, zmq.ZMQError) as err:
         print(f"hvd_magic: the Horovod panel cannot show this kernel's runs: {err}", file=sys.stderr)
         _serving.append(None)  # said once, not tried again
