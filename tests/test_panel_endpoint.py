@@ -105,6 +105,41 @@ def test_a_dead_kernels_endpoint_file_is_dropped(tmp_path):
     assert read_endpoints(folder) == [] and not path.exists()
 
 
+def test_a_busy_kernel_stays_listed_and_what_it_reaches_too_late_is_not_done(tmp_path):
+    """A kernel whose serving thread is held (here the run's model is locked, as the kernel's own
+    thread holds it while it folds a burst of reports; a large timeline's read holds it too):
+    the panel lists its runs as it last answered, beside the other kernel's; and a stop the
+    server gave up waiting for is refused when the kernel reaches it, not done behind the
+    user's back (it was told the kernel did not answer)."""
+    folder = endpoint_folder(tmp_path)
+    busy, other = History(), History()
+    endpoints = [RunEndpoint(busy, folder, "busy"), RunEndpoint(other, folder, "other")]
+    runs = KernelRuns(folder)
+    try:
+        entry = busy.begin(make_options(np=-2))
+        RecordingSink(entry), RecordingSink(other.begin(make_options(np=-2)))
+        stops: list[bool] = []
+        entry.stop = stops.append  # as a supervised run's (RecordingSink.supervising)
+        listed = asyncio.run(runs.overview({"busy", "other"}, {}))["runs"]
+        assert sorted(run["id"] for run in listed) == ["busy/1", "other/1"]
+        assert entry.model is not None
+        with entry.model.lock:  # the kernel's thread waits on it from the list's ask on
+            listed = asyncio.run(runs.overview({"busy", "other"}, {}, seconds=1.0))["runs"]
+            assert sorted(run["id"] for run in listed) == ["busy/1", "other/1"]
+            stop = {"ask": "stop", "number": 1, "at_once": False}
+            refused = asyncio.run(runs.ask(runs.endpoints({"busy"})["busy"], stop, 1.0))["refused"]
+            assert "did not answer within 1 s" in refused
+        # the kernel answers in order: once it answers this, it has reached the stop asked above
+        assert ask(folder, {"ask": "runs"}, kernel="busy")["runs"][0]["number"] == 1
+        assert stops == []
+        assert ask(folder, stop, kernel="busy") == {"asked": "stop at the next step boundary"}
+        assert stops == [False]
+    finally:
+        runs.close()
+        for endpoint in endpoints:
+            endpoint.close()
+
+
 def test_stacks_and_stop_at_once_reach_a_running_cell(ip, tmp_path):
     """From the endpoint's thread, as the panel asks them: every rank's stacks while the cell
     waits at its gate, then "stop now", which ends the cell at once (RunInterrupted)."""

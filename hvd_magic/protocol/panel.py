@@ -8,8 +8,10 @@ this kernel, its process id and its kernel id. The server extension (``hvd_magic
 and asks with the token; a request without it is answered with a refusal and nothing else.
 
 A request is one JSON object: ``{"token": ..., "ask": "runs" | "run" | "stop" | "stacks" |
-"timeline", "number": N, "at_once": bool}`` (a timeline's: ``"version"``, the one the tab shows, or
-``"window"``, the viewer's request for a window's detail); the answer is one JSON object, with
+"timeline", "number": N, "at_once": bool, "until": T}`` (a timeline's: ``"version"``, the one the
+tab shows, or ``"window"``, the viewer's request for a window's detail; ``until``: the time, in
+seconds since the epoch, after which the asker no longer waits for the answer, so a kernel that
+reaches the request later refuses it rather than act on it); the answer is one JSON object, with
 ``"refused"`` (why) when refused.
 """
 

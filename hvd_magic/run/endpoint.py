@@ -85,6 +85,9 @@ class RunEndpoint:
         token = request.get("token")
         if not isinstance(token, str) or not hmac.compare_digest(token, self.endpoint.token):
             return refusal("this kernel's run endpoint answers only with its token")
+        until = request.get("until")
+        if isinstance(until, int | float) and time.time() > until:  # the asker has given up on it
+            return refusal(f"asked {time.time() - until:.0f} s before this kernel could answer: not done")
         ask = request.get("ask")
         if ask == "runs":
             runs = [row(entry) for entry in list(self.history.entries)]
