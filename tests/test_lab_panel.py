@@ -12,6 +12,7 @@ import re
 import secrets
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -199,7 +200,22 @@ def timeline_drawn(page, lab, run: str) -> None:
 
 def refusals(lab, root) -> None:
     """Without the server's token: 403 from its API and its websocket. Without a kernel's own
-    token: its endpoint's refusal, and nothing of its runs."""
+    token: its endpoint's refusal, and nothing of its runs. With the token but bad input: 400,
+    saying what to send, and nothing done (a string "false" was read as stop now)."""
+    run = get(lab, "/hvd-magic/runs", lab.token)["runs"][0]["id"]
+    stop, timeline = f"/hvd-magic/runs/{run}/stop", f"/hvd-magic/runs/{run}/timeline"
+    bad = [  # (method, path, query, body): what it must say
+        ("POST", stop, {}, b"[]", '{"at_once": true} (stop now)'),
+        ("POST", stop, {}, b'{"at_once": "false"}', '{"at_once": true} (stop now)'),
+        ("GET", timeline, {"version": "--1"}, None, "a number"),
+        ("GET", timeline, {"version": "\u00b2"}, None, "a number"),  # a superscript 2: a digit to isdigit()
+    ]
+    for method, path, query, body, says in bad:
+        url = f"{lab.base}{path}?{urllib.parse.urlencode(query | {'token': lab.token})}"
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(url, data=body, method=method), timeout=30)
+        said = json.loads(refused.value.read())["message"]
+        assert refused.value.code == 400 and says in said, (method, path, query, said)
     for token in (None, "not-the-token"):
         with pytest.raises(urllib.error.HTTPError) as refused:
             get(lab, "/hvd-magic/runs", token)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Any
 
 from jupyter_server.auth.decorator import ws_authenticated
@@ -20,7 +21,7 @@ from hvd_magic.server.kernels import STACKS_SECONDS, TIMELINE_SECONDS, KernelRun
 __all__ = ["add_handlers"]
 
 UPDATE_SECONDS = 1.0  # the websocket's pace: the panel shows steps/s and ETAs that move
-RUN = r"/hvd-magic/runs/(?P<kernel>[\w-]+)/(?P<number>\d+)"
+RUN = r"/hvd-magic/runs/(?P<kernel>[\w-]+)/(?P<number>[0-9]{1,9})"
 
 
 async def notebooks(session_manager: Any) -> dict[str, str]:
@@ -72,7 +73,13 @@ class RunHandler(RunsHandler):
 class StopHandler(RunsHandler):
     @web.authenticated
     async def post(self, kernel: str, number: str) -> None:
-        at_once = bool((self.get_json_body() or {}).get("at_once", False))
+        body = self.get_json_body()
+        body = {} if body is None else body
+        at_once = body.get("at_once", False) if isinstance(body, dict) else None
+        if not isinstance(at_once, bool):
+            raise web.HTTPError(
+                400, 'the body is {"at_once": true} (stop now) or {"at_once": false}, or none'
+            )
         self.finish(
             json.dumps(await self.ask(kernel, {"ask": "stop", "number": int(number), "at_once": at_once}))
         )
@@ -93,7 +100,7 @@ class TimelineHandler(RunsHandler):
     @web.authenticated
     async def get(self, kernel: str, number: str) -> None:
         version = self.get_argument("version", "-1")
-        if not version.lstrip("-").isdigit():
+        if not re.fullmatch(r"-?[0-9]{1,18}", version):
             raise web.HTTPError(400, f"version={version!r}: a number (the version the tab shows)")
         request = {"ask": "timeline", "number": int(number), "version": int(version)}
         self.finish(json.dumps(await self.ask(kernel, request, TIMELINE_SECONDS)))
