@@ -92,9 +92,13 @@ class Lab:
 
 
 @contextlib.contextmanager
-def jupyterlab_server(root: Path) -> Iterator[Lab]:
-    """A JupyterLab server on ``root``, until the block ends."""
+def jupyterlab_server(root: Path, config: str = "") -> Iterator[Lab]:
+    """A JupyterLab server on ``root``, until the block ends; ``config``: its
+    ``jupyter_server_config.py``."""
     token = secrets.token_hex(16)
+    if config:
+        (root / "config").mkdir(exist_ok=True)
+        (root / "config" / "jupyter_server_config.py").write_text(config)
     runtime = root / "runtime"
     log = open(root / "jupyterlab.log", "w")  # noqa: SIM115 - closed below
     # Port 0: the server binds a free port itself. A port picked here and handed over could be taken

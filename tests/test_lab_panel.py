@@ -81,6 +81,51 @@ def test_a_run_outlives_its_tab_and_is_stopped_from_the_panel(tmp_path_factory):
         refusals(lab, root)
 
 
+READ_ONLY = """
+from jupyter_server.auth import Authorizer
+
+class ReadOnly(Authorizer):
+    def is_authorized(self, handler, user, action, resource):
+        return action == "read"
+
+c.ServerApp.authorizer_class = ReadOnly
+"""
+
+
+def test_a_servers_authorizer_decides_what_the_panels_api_allows(tmp_path):
+    """A server whose custom authorizer lets its users only read: the runs' list and updates
+    answer, a stop (write on kernels) is refused with 403 as the kernels' own API refuses an
+    interrupt, before any kernel is asked; one that keeps kernels from them: 403 for the list and
+    the updates too."""
+    from tornado.httpclient import HTTPClientError
+    from tornado.ioloop import IOLoop
+    from tornado.websocket import websocket_connect
+
+    (tmp_path / "none").mkdir()
+    with jupyterlab_server(tmp_path, READ_ONLY) as lab:
+        assert get(lab, "/hvd-magic/runs", lab.token) == {"runs": [], "sessions": []}
+        for path in ("/api/kernels", "/hvd-magic/runs/some-kernel/1/stop"):
+            url = f"{lab.base}{path}?token={lab.token}"
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(urllib.request.Request(url, data=b"{}", method="POST"), timeout=30)
+            assert refused.value.code == 403, path
+        ws = lab.base.replace("http", "ws", 1) + f"/hvd-magic/updates?token={lab.token}"
+        updates = IOLoop.current().run_sync(lambda: websocket_connect(ws), timeout=30)
+        first = IOLoop.current().run_sync(updates.read_message, timeout=30)
+        assert json.loads(first) == {"runs": [], "sessions": []}
+        updates.close()
+    with jupyterlab_server(
+        tmp_path / "none", READ_ONLY.replace('action == "read"', 'resource != "kernels"')
+    ) as lab:
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            get(lab, "/hvd-magic/runs", lab.token)
+        assert refused.value.code == 403
+        ws = lab.base.replace("http", "ws", 1) + f"/hvd-magic/updates?token={lab.token}"
+        with pytest.raises(HTTPClientError) as refused_ws:
+            IOLoop.current().run_sync(lambda: websocket_connect(ws), timeout=30)
+        assert refused_ws.value.code == 403
+
+
 def in_chromium(lab, root) -> None:
     with chromium() as browser:
         long_run, short_run = root / "training", root / "quick"

@@ -1,5 +1,7 @@
 """The server extension's REST API and websocket, each behind Jupyter's authentication (the
-server's token or login cookie; a request without it gets 403 and nothing of any kernel)."""
+server's token or login cookie; a request without it gets 403 and nothing of any kernel) and its
+authorizer, as the kernels' own API is: reading runs needs ``read`` on ``kernels``, a stop or a
+stacks request ``write`` (a server's custom ``Authorizer`` may allow one and not the other)."""
 
 from __future__ import annotations
 
@@ -8,10 +10,10 @@ import json
 import re
 from typing import Any
 
-from jupyter_server.auth.decorator import ws_authenticated
+from jupyter_server.auth.decorator import authorized, ws_authenticated
 from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from jupyter_server.base.websocket import WebSocketMixin
-from jupyter_server.utils import url_path_join
+from jupyter_server.utils import ensure_async, url_path_join
 from tornado import web
 from tornado.websocket import WebSocketClosedError, WebSocketHandler
 
@@ -20,6 +22,7 @@ from hvd_magic.server.kernels import STACKS_SECONDS, TIMELINE_SECONDS, KernelRun
 
 __all__ = ["add_handlers"]
 
+AUTH_RESOURCE = "kernels"  # a run is a kernel's: who may read or act on kernels may on their runs
 UPDATE_SECONDS = 1.0  # the websocket's pace: the panel shows steps/s and ETAs that move
 RUN = r"/hvd-magic/runs/(?P<kernel>[\w-]+)/(?P<number>[0-9]{1,9})"
 
@@ -32,6 +35,8 @@ async def notebooks(session_manager: Any) -> dict[str, str]:
 
 class RunsHandler(APIHandler):
     """Base: the kernels this server runs, their notebooks, and the endpoints to ask."""
+
+    auth_resource = AUTH_RESOURCE  # each method's action: read for GET, write for POST
 
     @property
     def kernel_runs(self) -> KernelRuns:
@@ -55,12 +60,14 @@ class RunsHandler(APIHandler):
 
 class ListHandler(RunsHandler):
     @web.authenticated
+    @authorized
     async def get(self) -> None:
         self.finish(json.dumps(await self.kernel_runs.overview(self.known(), await self.notebooks())))
 
 
 class RunHandler(RunsHandler):
     @web.authenticated
+    @authorized
     async def get(self, kernel: str, number: str) -> None:
         per_rank = self.get_argument("per_rank", "1") != "0"
         answer = await self.ask(kernel, {"ask": "run", "number": int(number), "per_rank": per_rank})
@@ -72,6 +79,7 @@ class RunHandler(RunsHandler):
 
 class StopHandler(RunsHandler):
     @web.authenticated
+    @authorized
     async def post(self, kernel: str, number: str) -> None:
         body = self.get_json_body()
         body = {} if body is None else body
@@ -87,6 +95,7 @@ class StopHandler(RunsHandler):
 
 class StacksHandler(RunsHandler):
     @web.authenticated
+    @authorized
     async def post(self, kernel: str, number: str) -> None:
         self.finish(
             json.dumps(await self.ask(kernel, {"ask": "stacks", "number": int(number)}, STACKS_SECONDS))
@@ -98,6 +107,7 @@ class TimelineHandler(RunsHandler):
     ``?version=``, POST the viewer's request for a window's detail."""
 
     @web.authenticated
+    @authorized
     async def get(self, kernel: str, number: str) -> None:
         version = self.get_argument("version", "-1")
         if not re.fullmatch(r"-?[0-9]{1,18}", version):
@@ -106,6 +116,7 @@ class TimelineHandler(RunsHandler):
         self.finish(json.dumps(await self.ask(kernel, request, TIMELINE_SECONDS)))
 
     @web.authenticated
+    @authorized
     async def post(self, kernel: str, number: str) -> None:
         body = self.get_json_body()
         window = body.get("window") if isinstance(body, dict) else None
@@ -122,6 +133,10 @@ class UpdatesHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
 
     @ws_authenticated
     async def get(self, *args: Any, **kwargs: Any) -> None:
+        if not await ensure_async(
+            self.authorizer.is_authorized(self, self.current_user, "read", AUTH_RESOURCE)
+        ):
+            raise web.HTTPError(403, f"not authorized to read {AUTH_RESOURCE}")
         await super().get(*args, **kwargs)
 
     def open(self, *args: Any, **kwargs: Any) -> None:
