@@ -11,7 +11,7 @@ from IPython.core.error import UsageError
 
 from hvd_magic import HorovodRunner
 from hvd_magic.options import make_options
-from hvd_magic.protocol import ENV_RESIZED
+from hvd_magic.protocol import ENV_ATTEMPT, ENV_RESIZED
 from hvd_magic.protocol.files import checkpoint_name
 from hvd_magic.rank.resized import resized
 from hvd_magic.run.checkpoint_store import CheckpointStore
@@ -48,7 +48,7 @@ def test_after_a_loss_a_run_goes_on_with_the_slots_there_are_and_says_so(tmp_pat
     resize, view, store = sizes(tmp_path, cluster)
     land(store, 20)
     smaller = resize.next("executor or host lost: rank 3 on hostD ended without a word")
-    assert smaller.np == 3 and smaller.env == {"A": "1", ENV_RESIZED: "4,3"}
+    assert smaller.np == 3 and smaller.env == {"A": "1", ENV_RESIZED: "4,3", ENV_ATTEMPT: "2"}
     assert view.notices == [
         "hvd_magic: 4 → 3 ranks: executor or host lost: rank 3 on hostD ended without a word; 4 slots were "
         "not there within 0 s, from step 20"
@@ -59,6 +59,7 @@ def test_fewer_slots_than_min_np_or_none_told_keep_np(tmp_path):
     for slots in (1, None, 4, 6):
         resize, view, _ = sizes(tmp_path, Cluster(slots))
         assert resize.next("lost").np == 4 and ENV_RESIZED not in resize.current.env and view.notices == []
+        assert resize.next("lost again").env[ENV_ATTEMPT] == "3"  # each attempt after the first its number
 
 
 def test_without_min_np_the_slots_are_not_even_counted(tmp_path):

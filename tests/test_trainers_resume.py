@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from hvd_magic import launch
+from hvd_magic.run.checkpoint_store import CheckpointStore
 
 from .helpers import when_started
 from .test_retry import recorded_stops, wait_until
@@ -207,13 +208,19 @@ def worlds(marks: Path) -> set[tuple[int, int, int]]:
     return {tuple(int(n) for n in p.name.split("-")[1:]) for p in marks.glob("began-*")}  # type: ignore[misc]
 
 
+# The checkpoints a run of each cell keeps at its end (the last three the trainer wrote): steps of
+# the whole run, however many attempts it took (an attempt's steps go on from those it resumed)
+LAST_KEPT = {"hf": [8, 12, 16], "lightning": [8, 16, 24], "accelerate": [16, 20, 24]}
+
+
 @pytest.mark.parametrize("trainer", ["hf", "lightning", "accelerate"])
 def test_a_killed_rank_is_resumed_from_the_trainers_own_checkpoint(ip, tmp_path, trainer):
     _, steps, at, kept = TRAINERS[trainer]
-    killed = tmp_path / "killed"
+    killed, store = tmp_path / "killed", tmp_path / "store"
     step, weights = ip.run_cell_magic(
-        "horovod", "np=-2 backend=torch retries=1", cell(trainer, killed, KILL, at)
+        "horovod", f"np=-2 backend=torch retries=1 checkpoint_dir={store}", cell(trainer, killed, KILL, at)
     )
+    assert CheckpointStore(str(store)).steps() == LAST_KEPT[trainer]
     assert (killed / "killed" / "once").exists()  # the first attempt lost rank 1
     began = {at for rank, at in marked(killed, "began") if rank == 1}
     assert began - {0} and began - {0} <= kept, began  # the second attempt began where a checkpoint was
@@ -279,3 +286,39 @@ def test_a_preemption_notice_stops_a_trainer_where_its_retry_resumes(
     expected_step, expected = never_stopped(ip, tmp_path, trainer)
     assert step == expected_step == steps
     assert math.isclose(weights, expected, rel_tol=1e-6, abs_tol=1e-6), (weights, expected)
+
+
+def test_only_a_retried_attempt_resumes_and_only_the_training_that_wrote_the_checkpoint(ip, tmp_path):
+    """A run's first attempt resumes nothing: here a cell's second HF trainer, which found the
+    first's checkpoint-16 the latest the run kept and trained no step. (In a retried attempt,
+    each training resumes only what it wrote: the test below.)"""
+    marks = tmp_path / "two"
+    again = (
+        "\ntrainer = Trainer(model=BertForSequenceClassification(config), args=args, train_dataset=Rows(),"
+    )
+    again += " callbacks=[Marks()])\ntrainer.train()\n(trainer.state.global_step, 0.0)\n"
+    step, _ = ip.run_cell_magic("horovod", "np=-2 backend=torch retries=1", cell("hf", marks) + again)
+    assert step == 16 and marked(marks, "began") == {(0, 0), (1, 0)}  # each training from its start
+    assert marked(marks, "ended") == {(0, 16), (1, 16)}
+
+
+def test_a_retried_attempts_training_takes_only_the_checkpoint_the_same_training_kept(monkeypatch):
+    """``resuming`` between the run's own checkpoint() and resume() (in memory here): a checkpoint
+    is marked with its trainer and which of the cell's trainings wrote it; a retried attempt's
+    first training is given none that the second wrote, and a first attempt none at all."""
+    from hvd_magic.protocol.env import ENV_ATTEMPT, ENV_KEEP_CHECKPOINTS
+    from hvd_magic.rank.trainers import resuming
+
+    sent: list[object] = []
+    monkeypatch.setattr(resuming, "checkpoint", lambda state, step: sent.append(state) or True)
+    monkeypatch.setattr(resuming, "resume", lambda: sent[-1] if sent else None)
+    monkeypatch.setattr(resuming, "_begun", {})
+    monkeypatch.setenv(ENV_KEEP_CHECKPOINTS, "1")
+    monkeypatch.delenv(ENV_ATTEMPT, raising=False)
+    first, second = resuming.begin("hf"), resuming.begin("hf")
+    assert (first, second) == (1, 2)
+    assert resuming.keep("hf", 8, {"files": 1}, second)
+    assert resuming.kept("hf", second) is None  # a first attempt: nothing resumed
+    monkeypatch.setenv(ENV_ATTEMPT, "2")
+    assert resuming.kept("hf", first) is None and resuming.kept("lightning", second) is None
+    assert resuming.kept("hf", second) == (8, {"files": 1})

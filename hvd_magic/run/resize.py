@@ -6,7 +6,8 @@ Each size is an attempt's: the ranks start again from the latest checkpoint with
 next attempt starts and all np slots are not there within ``resize_wait``. A grow happens when a
 checkpoint lands in a smaller run and the cluster has np slots again: the run stops there
 (``SlotsBack``) and starts again at np from that checkpoint, so no step before it is lost. The
-ranks learn it from ``hvd_magic.resized()`` (``HVD_MAGIC_RESIZED``: "old,new"). Slots are
+ranks learn it from ``hvd_magic.resized()`` (``HVD_MAGIC_RESIZED``: "old,new"), and every
+attempt after the first its number (``HVD_MAGIC_ATTEMPT``). Slots are
 counted where a cluster says (Spark classic); elsewhere a run keeps its np.
 """
 
@@ -18,7 +19,7 @@ from collections.abc import Callable
 
 from hvd_magic.launch.spark_session import slots_within
 from hvd_magic.options import RunOptions
-from hvd_magic.protocol import ENV_RESIZED
+from hvd_magic.protocol import ENV_ATTEMPT, ENV_RESIZED
 from hvd_magic.run.checkpoint_store import CheckpointStore
 from hvd_magic.run.views import RunView
 
@@ -39,12 +40,14 @@ class Sizes:
         self.options, self.view, self.store, self.slots = options, view, store, slots
         self.current = options
         self.changes: list[str] = []  # "4 → 3 ranks: ...", for the run's last line
+        self.attempt = 1
 
     def next(self, why: str) -> RunOptions:
         """The next attempt's options (``why``: what ended the last), resized when it must be."""
         full, before = self.options.ranks, self.current.ranks
         size = self._size()
-        env = dict(self.options.env)
+        self.attempt += 1
+        env = dict(self.options.env) | {ENV_ATTEMPT: str(self.attempt)}  # a trainer resumes (rank.trainers)
         if size != before:
             env[ENV_RESIZED] = f"{before},{size}"
             steps = self.store.steps()

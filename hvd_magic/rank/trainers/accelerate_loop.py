@@ -39,8 +39,10 @@ def patch(module: ModuleType) -> None:
     @functools.wraps(init)
     def init_restoring(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
-        if (found := resuming.kept("accelerate")) is not None:
+        self._hvd_magic_training = resuming.begin("accelerate")
+        if (found := resuming.kept("accelerate", self._hvd_magic_training)) is not None:
             resuming.restore_folder(found[1]["folder"], found[1]["files"])
+            self._hvd_magic_steps = found[0]  # its steps go on from there: the next kept is the latest
 
     @functools.wraps(save_state)
     def save_state_kept(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -50,7 +52,8 @@ def patch(module: ModuleType) -> None:
             if self.is_main_process:
                 folder = os.path.abspath(location)
                 kept = {"folder": folder, "files": resuming.read_folder(folder)}
-                resuming.keep("accelerate", getattr(self, "_hvd_magic_steps", 0), kept)
+                steps, training = getattr(self, "_hvd_magic_steps", 0), self._hvd_magic_training
+                resuming.keep("accelerate", steps, kept, training)
         return location
 
     @functools.wraps(backward)

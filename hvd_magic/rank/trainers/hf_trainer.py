@@ -42,6 +42,7 @@ class _HFCallbackMixin:
         super().__init__()
         self.stoppable = stoppable
         self.loss: Any = None  # the last step's loss, kept by the trainer's training_step
+        self.training = 1  # which of the cell's train() calls this is (resuming.begin)
         self._reading = LossReading()
         self._stopping = StoppingLate()  # asked each step, answered a few steps late: no wait added
 
@@ -77,7 +78,7 @@ class _HFCallbackMixin:
         """The checkpoint the trainer just wrote, kept by the run too (rank 0; ``resuming``)."""
         if resuming.keeping() and args.process_index == 0:
             folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-            resuming.keep("hf", state.global_step, resuming.read_folder(folder))
+            resuming.keep("hf", state.global_step, resuming.read_folder(folder), self.training)
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
         """What the trainer logs, evaluation's metrics too (``evaluate`` logs them)."""
@@ -117,12 +118,26 @@ def patch(module: ModuleType) -> None:
 
     @functools.wraps(train)
     def train_resumed(self: Any, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
-        if resume_from_checkpoint is None and (found := resuming.kept("hf")) is not None:
-            step, files = found
-            resume_from_checkpoint = os.path.join(resuming.private_folder(), f"checkpoint-{step}")
-            resuming.write_folder(resume_from_checkpoint, files)
+        training = resuming.begin("hf")
+        for callback in self.callback_handler.callbacks:
+            if isinstance(callback, _HFCallbackMixin):
+                callback.training = training
+        if resume_from_checkpoint is None:
+            resume_from_checkpoint = _kept_checkpoint(training)
         return train(self, resume_from_checkpoint, *args, **kwargs)
 
     trainer_class.__init__ = init_watched
     trainer_class.train = train_resumed
     trainer_class._hvd_magic_watched = True
+
+
+def _kept_checkpoint(training: int) -> str | None:
+    """The run's copy of the ``training``-th ``train()``'s latest checkpoint, written as a
+    ``checkpoint-N`` folder of this rank's own, in a retried attempt (its files are not held on
+    to while the trainer trains)."""
+    found = resuming.kept("hf", training)
+    if found is None:
+        return None
+    folder = os.path.join(resuming.private_folder(), f"checkpoint-{found[0]}")
+    resuming.write_folder(folder, found[1])
+    return folder

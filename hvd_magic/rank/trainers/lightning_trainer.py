@@ -55,6 +55,7 @@ class _LightningCallbackMixin:
         self._stopping = StoppingLate()  # asked each step, answered a few steps late: no wait added
         self._total: int | None = None
         self._stopped_mid_epoch = False  # the checkpoint Lightning writes now is not one to resume from
+        self.training = 1  # which of the cell's fit() calls this is (resuming.begin)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         estimated = trainer.estimated_stepping_batches  # inf where max_epochs=-1
@@ -78,7 +79,7 @@ class _LightningCallbackMixin:
         """The checkpoint Lightning is writing, kept by the run too (rank 0; ``resuming``), but
         not one written after a stop mid-epoch."""
         if trainer.global_rank == 0 and not self._stopped_mid_epoch:
-            resuming.keep("lightning", trainer.global_step, checkpoint)
+            resuming.keep("lightning", trainer.global_step, checkpoint, self.training)
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if not trainer.sanity_checking and (found := numbers(trainer.callback_metrics)):
@@ -161,14 +162,29 @@ def patch(module: ModuleType) -> None:
     fit = trainer_class.fit
 
     @functools.wraps(fit)
-    def fit_resumed(self: Any, *args: Any, ckpt_path: Any = None, **kwargs: Any) -> Any:
-        if ckpt_path is None and len(args) < 5 and (found := resuming.kept("lightning")) is not None:
-            import torch
-
-            ckpt_path = os.path.join(resuming.private_folder(), f"step-{found[0]}.ckpt")
-            torch.save(found[1], ckpt_path)
-        return fit(self, *args, ckpt_path=ckpt_path, **kwargs)
+    def fit_resumed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        training = resuming.begin("lightning")
+        for callback in self.callbacks:
+            if isinstance(callback, _LightningCallbackMixin):
+                callback.training = training
+        if kwargs.get("ckpt_path") is None and len(args) < 5:  # ckpt_path, the fifth, not given
+            kwargs["ckpt_path"] = _kept_checkpoint(training)
+        return fit(self, *args, **kwargs)
 
     trainer_class.__init__ = init_watched
     trainer_class.fit = fit_resumed
     trainer_class._hvd_magic_watched = True
+
+
+def _kept_checkpoint(training: int) -> str | None:
+    """The run's copy of the ``training``-th ``fit()``'s latest checkpoint, saved as a file of
+    this rank's own, in a retried attempt (not held on to while the trainer trains: its tensors
+    may be a GPU's)."""
+    found = resuming.kept("lightning", training)
+    if found is None:
+        return None
+    import torch
+
+    path = os.path.join(resuming.private_folder(), f"step-{found[0]}.ckpt")
+    torch.save(found[1], path)
+    return path

@@ -4,11 +4,14 @@ With ``retries=`` (or ``checkpoint_dir=``) the run keeps what ``hvd_magic.checkp
 and a retried attempt's ranks ask for the latest with ``hvd_magic.resume()``. A trainer writes
 checkpoints its own way, on its rank's disk (an executor's, on Spark, lost with it), so rank 0
 also sends each one the trainer writes to the run (``keep``): a HF ``checkpoint-N`` folder's
-files, a Lightning checkpoint's dictionary, an Accelerate ``save_state`` folder's files. In a
-retried attempt, a ``train()`` or ``fit()`` called without a checkpoint of its own to resume from
-is given the latest the run kept (``kept``), written where only this rank reads it; an
-``Accelerator`` finds the folder it saved to again (``restore_folder``) where this rank's disk has
-none, so that the loop's own ``load_state`` finds it. Nothing to write in the cell.
+files, a Lightning checkpoint's dictionary, an Accelerate ``save_state`` folder's files, each
+marked with the trainer and which of the cell's trainings of it wrote it (the first ``train()``,
+the second: ``begin``). In a retried attempt (``HVD_MAGIC_ATTEMPT``; never in a run's first, even
+where ``checkpoint_dir=`` holds an earlier run's), a ``train()`` or ``fit()`` called without a
+checkpoint of its own to resume from is given the latest the run kept where that training wrote
+it (``kept``), written where only this rank reads it; an ``Accelerator`` finds the folder it saved
+to again (``restore_folder``) where this rank's disk has none, so that the loop's own
+``load_state`` finds it. Nothing to write in the cell.
 """
 
 from __future__ import annotations
@@ -18,10 +21,19 @@ import shutil
 import tempfile
 from typing import Any
 
-from hvd_magic.protocol.env import ENV_KEEP_CHECKPOINTS
+from hvd_magic.protocol.env import ENV_ATTEMPT, ENV_KEEP_CHECKPOINTS
 from hvd_magic.rank.checkpoints import checkpoint, resume
 
-__all__ = ["keep", "keeping", "kept", "private_folder", "read_folder", "restore_folder", "write_folder"]
+__all__ = [
+    "begin",
+    "keep",
+    "keeping",
+    "kept",
+    "private_folder",
+    "read_folder",
+    "restore_folder",
+    "write_folder",
+]
 
 KIND = "hvd_magic.trainer"  # the key that marks a trainer's checkpoint among the run's
 
@@ -31,18 +43,32 @@ def keeping() -> bool:
     return os.environ.get(ENV_KEEP_CHECKPOINTS) == "1"
 
 
-def keep(trainer: str, step: int, state: Any) -> bool:
-    """On rank 0, where the run keeps checkpoints: ``state`` sent as the trainer's checkpoint at
-    ``step`` (pickled now, sent in the background). False elsewhere."""
-    return keeping() and checkpoint({KIND: trainer, "step": int(step), "state": state}, step=int(step))
+def begin(trainer: str) -> int:
+    """Which of this rank's trainings of ``trainer`` starts now: 1 for the cell's first
+    ``train()`` (``fit()``, ``Accelerator``), 2 for the next. A retried attempt runs the cell
+    again, so its first training resumes only from what the first one kept."""
+    _begun[trainer] = _begun.get(trainer, 0) + 1
+    return _begun[trainer]
 
 
-def kept(trainer: str) -> tuple[int, Any] | None:
-    """The latest checkpoint the run kept, if it is ``trainer``'s: its step and state."""
-    if not keeping():
+_begun: dict[str, int] = {}
+
+
+def keep(trainer: str, step: int, state: Any, training: int) -> bool:
+    """On rank 0, where the run keeps checkpoints: ``state`` sent as the checkpoint of the
+    ``training``-th training of ``trainer`` at ``step`` (pickled now, sent in the background).
+    False elsewhere."""
+    mark = {KIND: trainer, "training": training, "step": int(step), "state": state}
+    return keeping() and checkpoint(mark, step=int(step))
+
+
+def kept(trainer: str, training: int) -> tuple[int, Any] | None:
+    """In a retried attempt, the latest checkpoint the run kept if the ``training``-th training
+    of ``trainer`` wrote it: its step and state."""
+    if not keeping() or ENV_ATTEMPT not in os.environ:
         return None
     latest = resume()
-    if not isinstance(latest, dict) or latest.get(KIND) != trainer:
+    if not isinstance(latest, dict) or (latest.get(KIND), latest.get("training")) != (trainer, training):
         return None
     return int(latest["step"]), latest["state"]
 
