@@ -24,10 +24,10 @@ from hvd_magic.protocol.control_messages import (
 from hvd_magic.protocol.env import (
     ENV_AGENT_TOKEN,
     ENV_AGENTS,
+    ENV_ATTEMPT,
     ENV_BREAKPOINT_RANKS,
     ENV_HUB,
     ENV_PREEMPTION,
-    ENV_ATTEMPT,
     ENV_RESIZED,
     ENV_SHARD,
     ENV_SHARDS,
