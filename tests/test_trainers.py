@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 
 import pytest
 
@@ -183,6 +184,42 @@ def test_the_first_interrupt_stops_a_hugging_face_trainer_at_one_step_and_keeps_
     size, step, saved = ip.run_cell_magic("horovod", "np=-2 backend=torch", "import os, pathlib\n" + cell)
     assert size == 2 and 0 < step < 100_000  # train() returned; it would hang had a rank gone on alone
     assert saved == [f"checkpoint-{step}"]  # the trainer's own checkpoint, where it stopped
+
+
+def first_losses(cell: str) -> tuple[object, list[float]]:
+    """Rank 0's value, and each rank's first step's loss as the live view has it."""
+    value, model = watched(cell)
+    return value, [model.series["loss"][rank].values[0] for rank in (0, 1)]
+
+
+@pytest.mark.parametrize("accumulated", [1, 4])
+def test_a_hugging_face_steps_loss_is_the_one_the_trainer_logs_however_its_rows_come(accumulated):
+    """16 rows a rank in the first step, in one batch or in 4 accumulated batches of 4: rank 0's
+    loss in the view is the one the trainer itself logs for the step (the sum of its
+    batches' training_step values; the last batch's alone was a quarter of it, or all of it,
+    as the trainer scales each)."""
+    cell = HF.format(
+        output=tempfile.mkdtemp(),
+        arguments='max_steps=1, save_strategy="no"',
+        more="",
+        before="",
+        value="trainer.state.log_history[-1]['train_loss']",
+    ).replace("per_device_train_batch_size=16", f"per_device_train_batch_size={16 // accumulated}, "
+              f"gradient_accumulation_steps={accumulated}")  # fmt: skip
+    (_, _, logged), losses = first_losses(cell)
+    assert losses[0] == pytest.approx(logged, rel=1e-6)  # rank 0's, which logs its own
+
+
+def test_a_lightning_steps_loss_is_the_same_whether_its_rows_come_in_one_batch_or_accumulated():
+    """Lightning divides each batch's loss by accumulate_grad_batches: the step's is their sum."""
+    lightning = ROWS + LIGHTNING.format(layout="devices=2", epochs=1, before="").replace(
+        "max_epochs=1", "max_epochs=1, max_steps=1"
+    )
+    in_fours = lightning.replace("max_steps=1", "max_steps=1, accumulate_grad_batches=4").replace(
+        "loader(data, batch_size=16)", "loader(data, batch_size=4)"
+    )
+    assert in_fours.count("accumulate_grad_batches=4") == 1 and "batch_size=4)" in in_fours
+    assert first_losses(lightning)[1] == pytest.approx(first_losses(in_fours)[1], rel=1e-5)
 
 
 def test_the_lightning_callback_given_by_hand_is_the_one_a_rank_adds():

@@ -41,7 +41,7 @@ class _HFCallbackMixin:
     def __init__(self, stoppable: bool = True) -> None:
         super().__init__()
         self.stoppable = stoppable
-        self.loss: Any = None  # the last step's loss, kept by the trainer's training_step
+        self.loss: Any = None  # the step's loss: the sum of its training_step values (accumulation's)
         self.training = 1  # which of the cell's train() calls this is (resuming.begin)
         self._reading = LossReading()
         self._stopping = StoppingLate()  # asked each step, answered a few steps late: no wait added
@@ -52,16 +52,17 @@ class _HFCallbackMixin:
 
         @functools.wraps(step)
         def training_step(*args: Any, **kwargs: Any) -> Any:
-            loss = step(*args, **kwargs)
+            loss = step(*args, **kwargs)  # divided by the accumulation's steps, as the trainer sums it
             if (callback := me()) is not None:
-                callback.loss = loss
+                callback.loss = loss if callback.loss is None else callback.loss + loss
             return loss
 
         trainer.training_step = training_step
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         metrics: dict[str, Any] = {}
-        if (loss := self._reading.read(self.loss)) is not None:
+        loss, self.loss = self.loss, None
+        if (loss := self._reading.read(loss)) is not None:
             metrics["loss"] = loss
         scheduler = kwargs.get("lr_scheduler")
         if scheduler is not None and hasattr(scheduler, "get_last_lr"):

@@ -56,21 +56,28 @@ class _LightningCallbackMixin:
         self._total: int | None = None
         self._stopped_mid_epoch = False  # the checkpoint Lightning writes now is not one to resume from
         self.training = 1  # which of the cell's fit() calls this is (resuming.begin)
+        self._step, self._loss = 0, None  # the last step reported; the loss of the batches since
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         estimated = trainer.estimated_stepping_batches  # inf where max_epochs=-1
         finite = isinstance(estimated, (int, float)) and math.isfinite(estimated)
         self._total = int(estimated) if finite else None
         self._stopped_mid_epoch = False  # a fit() of its own (the callback may serve several)
+        self._step, self._loss = trainer.global_step, None
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, index: int) -> None:
-        metrics: dict[str, Any] = {}
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        if (value := self._reading.read(loss)) is not None:
-            metrics["loss"] = value
-        if trainer.optimizers:
-            metrics["learning_rate"] = float(trainer.optimizers[0].param_groups[0]["lr"])
-        report(step=trainer.global_step, total=self._total, epoch=trainer.current_epoch, **metrics)
+        if loss is not None:  # a batch's share: Lightning divides it by accumulate_grad_batches
+            loss = loss.detach() if hasattr(loss, "detach") else loss
+            self._loss = loss if self._loss is None else self._loss + loss
+        if trainer.global_step != self._step:  # the optimizer stepped: its batches' sum is the step's loss
+            self._step, (loss, self._loss) = trainer.global_step, (self._loss, None)
+            metrics: dict[str, Any] = {}
+            if (value := self._reading.read(loss)) is not None:
+                metrics["loss"] = value
+            if trainer.optimizers:
+                metrics["learning_rate"] = float(trainer.optimizers[0].param_groups[0]["lr"])
+            report(step=trainer.global_step, total=self._total, epoch=trainer.current_epoch, **metrics)
         if self.stoppable and self._stopping():
             trainer.should_stop = True
             self._stopped_mid_epoch = index + 1 < trainer.num_training_batches
