@@ -92,6 +92,10 @@ class Net(lightning.LightningModule):
         return torch.nn.functional.mse_loss(self.layer(x), y)
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.05)
+    def on_save_checkpoint(self, checkpoint):  # the module's own part, added after the callbacks'
+        checkpoint["steps_seen"] = self.trainer.global_step
+    def on_load_checkpoint(self, checkpoint):
+        assert checkpoint["steps_seen"] == checkpoint["global_step"], "the module's own part is missing"
 class Marks(lightning.Callback):
     def on_train_start(self, trainer, module):
         began = f"began-{{trainer.global_rank}}-{{trainer.global_step}}-{{trainer.world_size}}"

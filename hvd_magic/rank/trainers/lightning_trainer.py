@@ -2,12 +2,12 @@
 checked against the run's (rank side).
 
 ``LightningCallback`` reports each optimizer step (``trainer.global_step`` of
-``estimated_stepping_batches``, the epoch), the rank's loss (what ``training_step`` returned,
+``estimated_stepping_batches``, the epoch), the rank's loss (the step's batches' losses summed,
 read at most ten times a second), the learning rate and the validation metrics. After each batch
 it asks whether the run is to stop (``StoppingLate``: the ranks agree on the batch, no rank waits
 for the others) and, when it is, sets ``trainer.should_stop``: ``fit`` ends as an early stop
-does. With ``retries=``, each checkpoint Lightning writes is kept by the run too,
-and a retried attempt's ``fit()`` resumes from the latest (``resuming``), except the one Lightning
+does. With ``retries=``, each checkpoint Lightning writes is kept by the run too, whole, as its
+strategy is given it to write (``_keep_saved``), and a retried attempt's ``fit()`` resumes from the latest (``resuming``), except the one Lightning
 writes where a stop came mid-epoch: it marks the epoch as ended (a resume would skip the rest of
 it), and a plain ``DataLoader`` cannot resume mid-epoch anyway. The retry resumes from the end of
 the epoch before, doing the part of the epoch done again: no step is lost, and the run ends as
@@ -82,10 +82,11 @@ class _LightningCallbackMixin:
             trainer.should_stop = True
             self._stopped_mid_epoch = index + 1 < trainer.num_training_batches
 
-    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
-        """The checkpoint Lightning is writing, kept by the run too (rank 0; ``resuming``), but
-        not one written after a stop mid-epoch."""
-        if trainer.global_rank == 0 and not self._stopped_mid_epoch:
+    def keep(self, trainer: Any, checkpoint: dict[str, Any]) -> None:
+        """A checkpoint Lightning saves, whole (every hook has added its part: the module's own
+        comes after the callbacks'), kept by the run too (rank 0; ``resuming``); not one of the
+        weights alone (nothing to resume training from), nor one written after a stop mid-epoch."""
+        if trainer.global_rank == 0 and not self._stopped_mid_epoch and "optimizer_states" in checkpoint:
             resuming.keep("lightning", trainer.global_step, checkpoint, self.training)
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
@@ -171,9 +172,11 @@ def patch(module: ModuleType) -> None:
     @functools.wraps(fit)
     def fit_resumed(self: Any, *args: Any, **kwargs: Any) -> Any:
         training = resuming.begin("lightning")
-        for callback in self.callbacks:
-            if isinstance(callback, _LightningCallbackMixin):
-                callback.training = training
+        mine = [callback for callback in self.callbacks if isinstance(callback, _LightningCallbackMixin)]
+        for callback in mine:
+            callback.training = training
+        if mine and resuming.keeping():
+            _keep_saved(self, mine[0])
         if kwargs.get("ckpt_path") is None and len(args) < 5:  # ckpt_path, the fifth, not given
             kwargs["ckpt_path"] = _kept_checkpoint(training)
         return fit(self, *args, **kwargs)
@@ -195,3 +198,19 @@ def _kept_checkpoint(training: int) -> str | None:
     path = os.path.join(resuming.private_folder(), f"step-{found[0]}.ckpt")
     torch.save(found[1], path)
     return path
+
+
+def _keep_saved(trainer: Any, callback: _LightningCallbackMixin) -> None:
+    """Each checkpoint ``trainer`` saves given to ``callback.keep`` as its strategy writes it."""
+    strategy = trainer.strategy
+    if getattr(strategy, "_hvd_magic_keeps", False):
+        return
+    save = strategy.save_checkpoint
+
+    @functools.wraps(save)
+    def save_kept(checkpoint: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        callback.keep(trainer, checkpoint)
+        return save(checkpoint, *args, **kwargs)
+
+    strategy.save_checkpoint = save_kept
+    strategy._hvd_magic_keeps = True
