@@ -6,12 +6,12 @@ checked against the run's (rank side).
 read at most ten times a second), the learning rate and the validation metrics. After each batch
 it asks whether the run is to stop (``StoppingLate``: the ranks agree on the batch, no rank waits
 for the others) and, when it is, sets ``trainer.should_stop``: ``fit`` ends as an early stop
-does. With ``retries=``, each checkpoint Lightning writes is kept by the run too, whole, as its
-strategy is given it to write (``_keep_saved``), and a retried attempt's ``fit()`` resumes from the latest (``resuming``), except the one Lightning
-writes where a stop came mid-epoch: it marks the epoch as ended (a resume would skip the rest of
-it), and a plain ``DataLoader`` cannot resume mid-epoch anyway. The retry resumes from the end of
-the epoch before, doing the part of the epoch done again: no step is lost, and the run ends as
-one never stopped.
+does. With ``retries=``, each checkpoint Lightning writes is kept by the run too, whole, as
+its strategy is given it to write (``_keep_saved``), and a retried attempt's ``fit()`` resumes
+from the latest (``resuming``), except the one Lightning writes where a stop came mid-epoch: it
+marks the epoch as ended (a resume would skip the rest of it), and a plain ``DataLoader`` cannot
+resume mid-epoch anyway. The retry resumes from the end of the epoch before, doing the part of
+the epoch done again: no step is lost, and the run ends as one never stopped.
 
 Lightning reads torchrun's variables, which ``backend=torch`` sets; its ``devices`` and
 ``num_nodes`` must make the run's ranks. ``devices=`` the ranks a host, ``num_nodes=`` the hosts
