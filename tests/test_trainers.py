@@ -7,10 +7,12 @@ the run."""
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import tempfile
 
+import cloudpickle
 import pytest
 
 from hvd_magic import RankFailedError
@@ -19,6 +21,7 @@ from hvd_magic.options import make_options
 from hvd_magic.protocol import ENV_RESIZED
 from hvd_magic.rank.trainers.lightning_trainer import check_layout
 from hvd_magic.rank.trainers.readings import LossReading, numbers
+from hvd_magic.run.checkpoint_store import CheckpointStore
 from hvd_magic.run.packing import pack_cell
 from hvd_magic.run.supervisor import run_on_ranks
 from hvd_magic.widgets.state import RunModel
@@ -220,6 +223,34 @@ def test_a_lightning_steps_loss_is_the_same_whether_its_rows_come_in_one_batch_o
     )
     assert in_fours.count("accumulate_grad_batches=4") == 1 and "batch_size=4)" in in_fours
     assert first_losses(lightning)[1] == pytest.approx(first_losses(in_fours)[1], rel=1e-5)
+
+
+def test_the_checkpoint_the_run_keeps_has_every_ranks_part(tmp_path):
+    """The HF trainer writes rank 1's RNG state into checkpoint-4 with no wait for it; rank 1
+    writes it late here (a loaded host): the run's copy has it whole, rank 0 having waited."""
+    late = (
+        "if os.environ['RANK'] == '1':\n"
+        "    import time\n"
+        "    save_rng = Trainer._save_rng_state\n"
+        "    Trainer._save_rng_state = lambda self, folder: (time.sleep(1.0), save_rng(self, folder))\n"
+    )
+    cell = HF.format(
+        output=str(tmp_path / "out"),
+        arguments='max_steps=4, save_strategy="steps", save_steps=4',
+        more="",
+        before=late,
+        value="0",
+    )
+    store = tmp_path / "store"
+    (_, steps, _), _ = watched(cell, checkpoint_dir=str(store))
+    kept = CheckpointStore(str(store)).latest()
+    assert steps == 4 and kept is not None and kept[0] == 4
+    files = cloudpickle.loads(kept[1])["state"]
+    import torch  # here: collecting the module imports no torch
+
+    for rank in (0, 1):
+        state = torch.load(io.BytesIO(files[f"rng_state_{rank}.pth"]), weights_only=False)
+        assert "cpu" in state, sorted(state)
 
 
 def test_the_lightning_callback_given_by_hand_is_the_one_a_rank_adds():

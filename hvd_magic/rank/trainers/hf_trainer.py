@@ -76,8 +76,15 @@ class _HFCallbackMixin:
         return control
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """The checkpoint the trainer just wrote, kept by the run too (rank 0; ``resuming``)."""
-        if resuming.keeping() and args.process_index == 0:
+        """The checkpoint the trainer just wrote, kept by the run too (rank 0; ``resuming``), once
+        every rank has written its part (each its ``rng_state_N.pth``: the trainer waits for none)."""
+        if not resuming.keeping():
+            return
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()  # every rank saves at the same steps, so every rank is here
+        if args.process_index == 0:
             folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
             resuming.keep("hf", state.global_step, resuming.read_folder(folder), self.training)
 
