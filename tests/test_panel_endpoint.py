@@ -140,6 +140,36 @@ def test_a_busy_kernel_stays_listed_and_what_it_reaches_too_late_is_not_done(tmp
             endpoint.close()
 
 
+def panel_threads() -> set[threading.Thread]:
+    return {thread for thread in threading.enumerate() if thread.name == "hvd_magic-panel"}
+
+
+def test_a_kernel_ending_while_its_endpoint_answers_leaves_the_socket_to_the_answer(tmp_path, monkeypatch):
+    """The kernel ends (the endpoint's atexit close) while a request is held up (the run's model
+    locked): close returns, the file is gone at once, and the serving thread, once free, answers
+    on its socket, still open, and closes it as it ends; nothing raises in it."""
+    raised: list[object] = []
+    monkeypatch.setattr(threading, "excepthook", raised.append)
+    before = panel_threads()
+    folder, history = endpoint_folder(tmp_path), History()
+    endpoint = RunEndpoint(history, folder, "k")
+    (thread,) = panel_threads() - before
+    entry = history.begin(make_options(np=-2))
+    RecordingSink(entry)
+    runs = KernelRuns(folder)
+    try:
+        assert entry.model is not None
+        with entry.model.lock:
+            asked = asyncio.run(runs.ask(runs.endpoints({"k"})["k"], {"ask": "runs"}, 1.0))
+            assert "did not answer" in asked["refused"]
+            endpoint.close()
+            assert not endpoint.file.exists() and thread.is_alive()
+        thread.join(30)
+        assert not thread.is_alive() and raised == []
+    finally:
+        runs.close()
+
+
 def test_stacks_and_stop_at_once_reach_a_running_cell(ip, tmp_path):
     """From the endpoint's thread, as the panel asks them: every rank's stacks while the cell
     waits at its gate, then "stop now", which ends the cell at once (RunInterrupted)."""

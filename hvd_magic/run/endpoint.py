@@ -64,6 +64,12 @@ class RunEndpoint:
         self._thread.start()
 
     def _serve(self) -> None:
+        try:
+            self._serve_until_stopped()
+        finally:  # the socket is this thread's: closed here, never under a request it answers
+            self._socket.close(linger=0)
+
+    def _serve_until_stopped(self) -> None:
         began = time.thread_time()
         while not self._stop.is_set():
             self.cpu = time.thread_time() - began
@@ -125,10 +131,12 @@ class RunEndpoint:
         return self._timelines[entry.number].answer(request, ended=entry.ended is not None)
 
     def close(self) -> None:
+        """Stop serving: the endpoint file and socket go at once; the thread, answering a
+        request still, closes its socket when it is done (the context goes with the process)."""
         self._stop.set()
         self._thread.join(timeout=2)
-        self._socket.close(linger=0)
-        self._context.term()
+        if not self._thread.is_alive():
+            self._context.term()
         self.file.unlink(missing_ok=True)
         self.endpoint.remove_socket()
 
