@@ -104,11 +104,16 @@ def test_a_servers_authorizer_decides_what_the_panels_api_allows(tmp_path):
     (tmp_path / "none").mkdir()
     with jupyterlab_server(tmp_path, READ_ONLY) as lab:
         assert get(lab, "/hvd-magic/runs", lab.token) == {"runs": [], "sessions": []}
-        for path in ("/api/kernels", "/hvd-magic/runs/some-kernel/1/stop"):
+        posts = [  # a kernel's own API's and the panel's stop: write; a timeline window's detail: read
+            ("/api/kernels", b"{}", 403),
+            ("/hvd-magic/runs/some-kernel/1/stop", b"{}", 403),
+            ("/hvd-magic/runs/some-kernel/1/timeline", b'{"window": {}}', 404),  # no such kernel
+        ]
+        for path, body, code in posts:
             url = f"{lab.base}{path}?token={lab.token}"
             with pytest.raises(urllib.error.HTTPError) as refused:
-                urllib.request.urlopen(urllib.request.Request(url, data=b"{}", method="POST"), timeout=30)
-            assert refused.value.code == 403, path
+                urllib.request.urlopen(urllib.request.Request(url, data=body, method="POST"), timeout=30)
+            assert refused.value.code == code, path
         ws = lab.base.replace("http", "ws", 1) + f"/hvd-magic/updates?token={lab.token}"
         updates = IOLoop.current().run_sync(lambda: websocket_connect(ws), timeout=30)
         first = IOLoop.current().run_sync(updates.read_message, timeout=30)

@@ -11,7 +11,7 @@ from IPython.core.error import UsageError
 
 from hvd_magic import HorovodRunner
 from hvd_magic.options import make_options
-from hvd_magic.protocol import ENV_ATTEMPT, ENV_RESIZED
+from hvd_magic.protocol import ENV_ATTEMPT, ENV_RESIZED, ENV_RUN
 from hvd_magic.protocol.files import checkpoint_name
 from hvd_magic.rank.resized import resized
 from hvd_magic.run.checkpoint_store import CheckpointStore
@@ -47,8 +47,9 @@ def test_after_a_loss_a_run_goes_on_with_the_slots_there_are_and_says_so(tmp_pat
     cluster = Cluster(3)
     resize, view, store = sizes(tmp_path, cluster)
     land(store, 20)
+    run = resize.current.env[ENV_RUN]  # the run's id, in its first attempt's ranks too
     smaller = resize.next("executor or host lost: rank 3 on hostD ended without a word")
-    assert smaller.np == 3 and smaller.env == {"A": "1", ENV_RESIZED: "4,3", ENV_ATTEMPT: "2"}
+    assert smaller.np == 3 and smaller.env == {"A": "1", ENV_RESIZED: "4,3", ENV_ATTEMPT: "2", ENV_RUN: run}
     assert view.notices == [
         "hvd_magic: 4 → 3 ranks: executor or host lost: rank 3 on hostD ended without a word; 4 slots were "
         "not there within 0 s, from step 20"

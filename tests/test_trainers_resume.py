@@ -9,8 +9,10 @@ a file that appears stand for the lost executor and the cloud's notice."""
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
+import cloudpickle
 import pytest
 
 from hvd_magic import launch
@@ -306,23 +308,60 @@ def test_only_a_retried_attempt_resumes_and_only_the_training_that_wrote_the_che
     assert marked(marks, "ended") == {(0, 16), (1, 16)}
 
 
-def test_a_retried_attempts_training_takes_only_the_checkpoint_the_same_training_kept(monkeypatch):
-    """``resuming`` between the run's own checkpoint() and resume() (in memory here): a checkpoint
-    is marked with its trainer and which of the cell's trainings wrote it; a retried attempt's
-    first training is given none that the second wrote, and a first attempt none at all."""
-    from hvd_magic.protocol.env import ENV_ATTEMPT, ENV_KEEP_CHECKPOINTS
+def test_a_retried_attempts_training_takes_only_what_the_same_training_of_the_run_kept(monkeypatch, tmp_path):
+    """``resuming`` over a real ``CheckpointStore`` (the run's checkpoint() and resume() in
+    memory): each kept checkpoint is marked with its trainer, the run and which of the cell's
+    trainings wrote it, and a training's steps go to the store above those of the trainings
+    before it (the store's latest is its highest step). A first attempt resumes nothing; a
+    retried attempt's first training nothing the second wrote, nor an earlier run's."""
+    from hvd_magic.protocol.env import ENV_ATTEMPT, ENV_KEEP_CHECKPOINTS, ENV_RUN
+    from hvd_magic.protocol.files import checkpoint_name
     from hvd_magic.rank.trainers import resuming
 
-    sent: list[object] = []
-    monkeypatch.setattr(resuming, "checkpoint", lambda state, step: sent.append(state) or True)
-    monkeypatch.setattr(resuming, "resume", lambda: sent[-1] if sent else None)
-    monkeypatch.setattr(resuming, "_begun", {})
+    store = CheckpointStore(str(tmp_path / "store"))
+
+    def checkpoint(state: object, step: int) -> bool:
+        path = os.path.join(store.folder, checkpoint_name(step))
+        with open(path, "wb") as file:
+            file.write(cloudpickle.dumps(state))
+        store.landed(path)
+        return True
+
+    def resume() -> object:
+        latest = store.latest()
+        return None if latest is None else cloudpickle.loads(latest[1])
+
+    def new_process() -> None:  # an attempt's ranks are new processes
+        monkeypatch.setattr(resuming, "_begun", {})
+        monkeypatch.setattr(resuming, "_above", {})
+        monkeypatch.setattr(resuming, "_sent", [0])
+
+    monkeypatch.setattr(resuming, "checkpoint", checkpoint)
+    monkeypatch.setattr(resuming, "resume", resume)
     monkeypatch.setenv(ENV_KEEP_CHECKPOINTS, "1")
+    monkeypatch.setenv(ENV_RUN, "an earlier run")
+    new_process()
+    resuming.keep("hf", 4, "earlier", resuming.begin("hf"))  # found in checkpoint_dir=
+    monkeypatch.setenv(ENV_RUN, "this run")
     monkeypatch.delenv(ENV_ATTEMPT, raising=False)
-    first, second = resuming.begin("hf"), resuming.begin("hf")
-    assert (first, second) == (1, 2)
-    assert resuming.keep("hf", 8, {"files": 1}, second)
-    assert resuming.kept("hf", second) is None  # a first attempt: nothing resumed
+    new_process()
+    first = resuming.begin("hf")
+    assert resuming.kept("hf", first) is None  # a first attempt: nothing resumed
+    for step in (4, 8, 12, 16):
+        resuming.keep("hf", step, f"first at {step}", first)
+    second = resuming.begin("hf")
+    for step in (4, 8):
+        resuming.keep("hf", step, f"second at {step}", second)
+    assert store.steps() == [16, 20, 24]  # the second's 4 and 8 above the first's 16
     monkeypatch.setenv(ENV_ATTEMPT, "2")
-    assert resuming.kept("hf", first) is None and resuming.kept("lightning", second) is None
-    assert resuming.kept("hf", second) == (8, {"files": 1})
+    new_process()
+    first = resuming.begin("hf")
+    assert resuming.kept("hf", first) is None  # the latest is the second's
+    for step in (4, 8, 12, 16):
+        resuming.keep("hf", step, f"first at {step}", first)  # trained again from its start
+    second = resuming.begin("hf")
+    assert resuming.kept("hf", second) == (8, "second at 8") and resuming.kept("lightning", second) is None
+    resuming.keep("hf", 12, "second at 12", second)
+    assert resume()["state"] == "second at 12"  # above what the last attempt kept: the latest
+    monkeypatch.setenv(ENV_RUN, "another run")
+    assert resuming.kept("hf", second) is None  # not this run's

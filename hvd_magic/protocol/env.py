@@ -16,6 +16,7 @@ __all__ = [
     "ENV_KEEP_CHECKPOINTS",
     "ENV_PREEMPTION",
     "ENV_RESIZED",
+    "ENV_RUN",
     "ENV_SHARD",
     "ENV_SHARDS",
     "ENV_SLOT_GPUS",
@@ -48,6 +49,7 @@ ENV_BREAKPOINT_RANKS = "HVD_MAGIC_BREAKPOINT_RANKS"  # "1", "0,2": whose breakpo
 ENV_PREEMPTION = "HVD_MAGIC_PREEMPTION"  # aws, gcp, azure or file:PATH: a notice each rank looks for
 ENV_RESIZED = "HVD_MAGIC_RESIZED"  # "4,3": this attempt's ranks, resized from 4 to 3 (min_np=)
 ENV_ATTEMPT = "HVD_MAGIC_ATTEMPT"  # "2", "3": a run started again (retries=, min_np=); unset in the first
+ENV_RUN = "HVD_MAGIC_RUN"  # the run's id, the same in each of its attempts (what its trainers kept is marked)
 ENV_FORK_SERVER = "HVD_MAGIC_FORK_SERVER"  # a warm rank's stand-in: its fork server's socket (mpi on Spark)
 ENV_TIME_WAITS = "HVD_MAGIC_TIME_WAITS"  # "0": the rank times no waits in collectives (stragglers=off)
 ENV_KEEP_CHECKPOINTS = "HVD_MAGIC_KEEP_CHECKPOINTS"  # "1": retries= or checkpoint_dir= (trainers.resuming)

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import uuid
 from collections.abc import Callable
 
 from hvd_magic.launch.spark_session import slots_within
 from hvd_magic.options import RunOptions
-from hvd_magic.protocol import ENV_ATTEMPT, ENV_RESIZED
+from hvd_magic.protocol import ENV_ATTEMPT, ENV_RESIZED, ENV_RUN
 from hvd_magic.run.checkpoint_store import CheckpointStore
 from hvd_magic.run.views import RunView
 
@@ -34,9 +35,12 @@ class SlotsBack(Exception):  # noqa: N818 - not an error: how a smaller run hand
 
 
 class Sizes:
-    """The size of each attempt of a run with ``min_np``; the notices that say each change."""
+    """The options of each attempt of a run: its size with ``min_np``, the notices that say each
+    change, and in its ranks' environment the run's id (``HVD_MAGIC_RUN``, in every attempt)
+    and the attempt's number (after the first)."""
 
     def __init__(self, options: RunOptions, view: RunView, store: CheckpointStore, slots: Slots) -> None:
+        options = dataclasses.replace(options, env={**options.env, ENV_RUN: uuid.uuid4().hex})
         self.options, self.view, self.store, self.slots = options, view, store, slots
         self.current = options
         self.changes: list[str] = []  # "4 → 3 ranks: ...", for the run's last line

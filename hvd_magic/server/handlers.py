@@ -1,14 +1,16 @@
 """The server extension's REST API and websocket, each behind Jupyter's authentication (the
 server's token or login cookie; a request without it gets 403 and nothing of any kernel) and its
-authorizer, as the kernels' own API is: reading runs needs ``read`` on ``kernels``, a stop or a
-stacks request ``write`` (a server's custom ``Authorizer`` may allow one and not the other)."""
+authorizer, as the kernels' own API is: reading runs (a timeline window's detail too) needs
+``read`` on ``kernels``, a stop or a stacks request ``write`` (a server's custom ``Authorizer``
+may allow one and not the other)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import re
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
 
 from jupyter_server.auth.decorator import authorized, ws_authenticated
 from jupyter_server.base.handlers import APIHandler, JupyterHandler
@@ -24,6 +26,8 @@ __all__ = ["add_handlers"]
 
 AUTH_RESOURCE = "kernels"  # a run is a kernel's: who may read or act on kernels may on their runs
 UPDATE_SECONDS = 1.0  # the websocket's pace: the panel shows steps/s and ETAs that move
+Handler = Callable[..., Awaitable[None]]
+authorized_to_read = cast(Callable[[Handler], Handler], authorized("read"))  # whatever the method
 RUN = r"/hvd-magic/runs/(?P<kernel>[\w-]+)/(?P<number>[0-9]{1,9})"
 
 
@@ -116,7 +120,7 @@ class TimelineHandler(RunsHandler):
         self.finish(json.dumps(await self.ask(kernel, request, TIMELINE_SECONDS)))
 
     @web.authenticated
-    @authorized
+    @authorized_to_read  # a window's detail: a read, though its request is a body
     async def post(self, kernel: str, number: str) -> None:
         body = self.get_json_body()
         window = body.get("window") if isinstance(body, dict) else None

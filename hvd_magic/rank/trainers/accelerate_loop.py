@@ -39,21 +39,13 @@ def patch(module: ModuleType) -> None:
     @functools.wraps(init)
     def init_restoring(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
-        self._hvd_magic_training = resuming.begin("accelerate")
-        if (found := resuming.kept("accelerate", self._hvd_magic_training)) is not None:
-            resuming.restore_folder(found[1]["folder"], found[1]["files"])
-            self._hvd_magic_steps = found[0]  # its steps go on from there: the next kept is the latest
+        _restore(self)
 
     @functools.wraps(save_state)
     def save_state_kept(self: Any, *args: Any, **kwargs: Any) -> Any:
         location = save_state(self, *args, **kwargs)
         if resuming.keeping() and location is not None:
-            self.wait_for_everyone()  # every rank's files written (those on this host: its RNG's)
-            if self.is_main_process:
-                folder = os.path.abspath(location)
-                kept = {"folder": folder, "files": resuming.read_folder(folder)}
-                steps, training = getattr(self, "_hvd_magic_steps", 0), self._hvd_magic_training
-                resuming.keep("accelerate", steps, kept, training)
+            _keep(self, location)
         return location
 
     @functools.wraps(backward)
@@ -81,3 +73,22 @@ def patch(module: ModuleType) -> None:
     accelerator.__init__ = init_restoring
     accelerator.save_state = save_state_kept
     accelerator._hvd_magic_watched = True
+
+
+def _restore(accelerator: Any) -> None:
+    """In a retried attempt, the folder the latest checkpoint of this ``Accelerator``'s training
+    was saved to, written back where this rank's disk lacks it."""
+    accelerator._hvd_magic_training = resuming.begin("accelerate")
+    if (found := resuming.kept("accelerate", accelerator._hvd_magic_training)) is not None:
+        resuming.restore_folder(found[1]["folder"], found[1]["files"])
+        accelerator._hvd_magic_steps = found[0]  # its steps go on from there: the next kept is the latest
+
+
+def _keep(accelerator: Any, location: str) -> None:
+    """The folder ``save_state`` wrote, kept by the run (rank 0) once every rank wrote its part."""
+    accelerator.wait_for_everyone()  # every rank's files written (those on this host: its RNG's)
+    if accelerator.is_main_process:
+        folder = os.path.abspath(location)
+        kept = {"folder": folder, "files": resuming.read_folder(folder)}
+        steps = getattr(accelerator, "_hvd_magic_steps", 0)
+        resuming.keep("accelerate", steps, kept, accelerator._hvd_magic_training)

@@ -59,6 +59,9 @@ class _HFCallbackMixin:
 
         trainer.training_step = training_step
 
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.loss = None  # what a train() that ended mid-accumulation summed is not this one's
+
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         metrics: dict[str, Any] = {}
         loss, self.loss = self.loss, None

@@ -5,13 +5,14 @@ and a retried attempt's ranks ask for the latest with ``hvd_magic.resume()``. A 
 checkpoints its own way, on its rank's disk (an executor's, on Spark, lost with it), so rank 0
 also sends each one the trainer writes to the run (``keep``): a HF ``checkpoint-N`` folder's
 files, a Lightning checkpoint's dictionary, an Accelerate ``save_state`` folder's files, each
-marked with the trainer and which of the cell's trainings of it wrote it (the first ``train()``,
-the second: ``begin``). In a retried attempt (``HVD_MAGIC_ATTEMPT``; never in a run's first, even
-where ``checkpoint_dir=`` holds an earlier run's), a ``train()`` or ``fit()`` called without a
-checkpoint of its own to resume from is given the latest the run kept where that training wrote
-it (``kept``), written where only this rank reads it; an ``Accelerator`` finds the folder it saved
-to again (``restore_folder``) where this rank's disk has none, so that the loop's own
-``load_state`` finds it. Nothing to write in the cell.
+marked with the trainer, the run (``HVD_MAGIC_RUN``) and which of the cell's trainings of it
+wrote it (the first ``train()``, the second: ``begin``). In a retried attempt
+(``HVD_MAGIC_ATTEMPT``; never in a run's first, even where ``checkpoint_dir=`` holds an earlier
+run's), a ``train()`` or ``fit()`` called without a checkpoint of its own to resume from is
+given the latest the run kept where that training wrote it (``kept``), written where only this
+rank reads it; an ``Accelerator`` finds the folder it saved to again (``restore_folder``) where
+this rank's disk has none, so that the loop's own ``load_state`` finds it. Nothing to write in
+the cell.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import shutil
 import tempfile
 from typing import Any
 
-from hvd_magic.protocol.env import ENV_ATTEMPT, ENV_KEEP_CHECKPOINTS
+from hvd_magic.protocol.env import ENV_ATTEMPT, ENV_KEEP_CHECKPOINTS, ENV_RUN
 from hvd_magic.rank.checkpoints import checkpoint, resume
 
 __all__ = [
@@ -46,29 +47,40 @@ def keeping() -> bool:
 def begin(trainer: str) -> int:
     """Which of this rank's trainings of ``trainer`` starts now: 1 for the cell's first
     ``train()`` (``fit()``, ``Accelerator``), 2 for the next. A retried attempt runs the cell
-    again, so its first training resumes only from what the first one kept."""
+    again, so its first training resumes only from what the first one kept. The run's store
+    takes its highest step for the latest: a training's steps are sent above those of the
+    trainings before it (``keep``)."""
     _begun[trainer] = _begun.get(trainer, 0) + 1
+    _above[(trainer, _begun[trainer])] = _sent[0]
     return _begun[trainer]
 
 
 _begun: dict[str, int] = {}
+_above: dict[tuple[str, int], int] = {}  # each training's steps go to the store above this
+_sent = [0]  # the highest step this rank sent the store
 
 
 def keep(trainer: str, step: int, state: Any, training: int) -> bool:
     """On rank 0, where the run keeps checkpoints: ``state`` sent as the checkpoint of the
-    ``training``-th training of ``trainer`` at ``step`` (pickled now, sent in the background).
-    False elsewhere."""
-    mark = {KIND: trainer, "training": training, "step": int(step), "state": state}
-    return keeping() and checkpoint(mark, step=int(step))
+    ``training``-th training of ``trainer`` at ``step``, marked with the run (pickled now, sent
+    in the background). False elsewhere."""
+    if not keeping():
+        return False
+    mark = {KIND: trainer, "training": training, "run": os.environ.get(ENV_RUN), "step": int(step)}
+    order = _above.get((trainer, training), 0) + int(step)
+    _sent[0] = max(_sent[0], order)
+    return checkpoint(mark | {"state": state}, step=order)
 
 
 def kept(trainer: str, training: int) -> tuple[int, Any] | None:
-    """In a retried attempt, the latest checkpoint the run kept if the ``training``-th training
-    of ``trainer`` wrote it: its step and state."""
+    """In a retried attempt, the latest checkpoint the run kept if this run's ``training``-th
+    training of ``trainer`` wrote it (not an earlier run's, found in ``checkpoint_dir=``): its
+    step and state."""
     if not keeping() or ENV_ATTEMPT not in os.environ:
         return None
     latest = resume()
-    if not isinstance(latest, dict) or (latest.get(KIND), latest.get("training")) != (trainer, training):
+    wrote = (trainer, training, os.environ.get(ENV_RUN))
+    if not isinstance(latest, dict) or (latest.get(KIND), latest.get("training"), latest.get("run")) != wrote:
         return None
     return int(latest["step"]), latest["state"]
 
