@@ -152,3 +152,18 @@ def test_min_np_is_for_a_job_not_a_live_session(ip):
         ip.run_line_magic("horovod", "start np=-2 min_np=1")
     with pytest.raises(ValueError, match="give retries= too"):
         HorovodRunner(np=4, min_np=2)
+
+
+def test_a_checkpoint_dir_that_holds_an_earlier_runs_checkpoints_is_said_at_the_start(tmp_path):
+    """Its checkpoints outrank this run's lower steps (the folder keeps the highest): said once,
+    with what to do; a fresh folder says nothing."""
+    _, view, _ = sizes(tmp_path / "fresh", Cluster(4))
+    assert view.notices == []
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    for step in (800, 900):
+        (earlier / checkpoint_name(step)).write_bytes(b"")
+    _, view, _ = sizes(earlier, Cluster(4))
+    (said,) = view.notices
+    assert f"checkpoint_dir={earlier} holds checkpoints from before this run (steps 800, 900)" in said
+    assert said.endswith("give a new run a folder of its own")

@@ -42,6 +42,13 @@ class Sizes:
     def __init__(self, options: RunOptions, view: RunView, store: CheckpointStore, slots: Slots) -> None:
         options = dataclasses.replace(options, env={**options.env, ENV_RUN: uuid.uuid4().hex})
         self.options, self.view, self.store, self.slots = options, view, store, slots
+        if store.given and (before := store.steps()):  # an earlier run's: they outrank this one's
+            view.notice(
+                f"hvd_magic: checkpoint_dir={store.target} holds checkpoints from before this run (steps "
+                f"{', '.join(map(str, before))}): hvd_magic.resume() returns the latest, and one of this "
+                f"run's of a lower step is not kept there (it keeps the {store.keep} highest): give a new "
+                "run a folder of its own"
+            )
         self.current = options
         self.changes: list[str] = []  # "4 → 3 ranks: ...", for the run's last line
         self.attempt = 1
