@@ -285,6 +285,30 @@ def test_an_interrupt_stops_the_launcher_and_closes_everything():
     assert launcher.stops == 1 and hub.closed and view.closed
 
 
+def test_a_second_interrupt_while_the_ranks_stacks_are_asked_does_not_skip_the_stop(monkeypatch):
+    """A quiet run interrupted asks each rank where it is (seconds, with py-spy); the user, as the
+    docs invite, interrupts again meanwhile: the launcher is still stopped and the hub closed
+    (the second one escaped as a KeyboardInterrupt and left the ranks running)."""
+    import signal
+
+    def interrupt(hub: FakeHub) -> None:
+        raise KeyboardInterrupt
+
+    def asked_where(*args: object) -> str:
+        signal.raise_signal(signal.SIGINT)  # the second interrupt, while the stacks are asked
+        return "\nWhere each rank was when interrupted: ..."
+
+    monkeypatch.setattr(run_supervisor, "where_each_rank", asked_where)
+    launcher = ScriptedLauncher(on_start=healthy_rank(0)[:1], on_poll=[nothing, interrupt], code=None)
+    supervisor, hub, view = run(launcher, step=60.0)  # a minute a clock read: the run is quiet
+    try:
+        with pytest.raises(RunInterrupted, match="Where each rank was when interrupted"):
+            supervisor.supervise()
+    except KeyboardInterrupt:
+        pytest.fail("the second interrupt escaped the stop")
+    assert launcher.stops == 1 and hub.closed and view.closed
+
+
 def test_the_error_says_what_could_not_be_stopped():
     launcher = ScriptedLauncher(
         on_start=[send(0, Started("a", 1, 0, 2)), send(1, RankError("b", "ValueError", "bad"))],

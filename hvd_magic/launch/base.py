@@ -51,6 +51,12 @@ class Launcher:
         """The launcher's own output (e.g. mpirun's error block), bounded."""
         return ""
 
+    def exited(self) -> dict[int, int]:
+        """The ranks whose process has ended while others may still run, and their exit codes,
+        where the launcher can tell at no cost (a process a rank, started here); none elsewhere
+        (mpirun and Spark end the whole job: ``poll``). A live session's ranks never end alone."""
+        return {}
+
     def said(self) -> list[str]:
         """What the parts of the launcher that run beside the ranks decided on their own and
         said (a Spark task that stopped its ranks, an exec agent whose caller went silent):

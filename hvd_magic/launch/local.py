@@ -132,6 +132,10 @@ class _ProcessPerRankLauncher(_ProcessGroupLauncher):
 
     _deaths: list[RankDeath]
 
+    def exited(self) -> dict[int, int]:
+        codes = {rank: process.poll() for rank, process in enumerate(self.processes)}
+        return {rank: code for rank, code in codes.items() if code is not None}
+
     def deaths(self) -> list[RankDeath]:
         """Processes are in rank order; each death is kept in the order it was first seen."""
         seen = {death.rank for death in self._deaths}

@@ -138,6 +138,18 @@ class StoppingLate:
         return min(max(calls, 1), self.MOST_CALLS)
 
 
+def new_cell() -> None:
+    """A live session's next cell stops on its own: the last cell's agreed stop, the stop it
+    was asked, and the notebook's having heard that it polls were that cell's (every later
+    cell stopped at its first ``stopping()``, and its first interrupt could not ask the ranks)."""
+    global _polling_told, _agreed
+    _polling_told = _agreed = False
+    inbox = rank_inbox.current()
+    if inbox is not None:
+        inbox.stop_asked.clear()
+        inbox.stop_reason = ""
+
+
 def _asked() -> bool | None:
     """Whether this rank was asked to stop (None: not in a run); the notebook hears, once, that
     the ranks look (its first interrupt then asks them, rather than stopping them at once)."""

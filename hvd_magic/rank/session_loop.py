@@ -29,7 +29,7 @@ from hvd_magic.protocol import (
     Result,
     SessionPayload,
 )
-from hvd_magic.rank import debugger, reporting
+from hvd_magic.rank import checkpoints, debugger, reporting
 from hvd_magic.rank.cell_timeline import CellTimeline
 from hvd_magic.rank.hub_client import HubClient
 from hvd_magic.rank.inbox import Inbox
@@ -116,6 +116,7 @@ class _Loop:
         self.inbox.busy = cell
         if not isinstance(payload, PostMortem):
             debugger.forget()  # a failure is debugged until the next cell
+            checkpoints.new_cell()  # and a stop was the last cell's
         try:
             if isinstance(payload, PostMortem):
                 ok = self._post_mortem(reply)

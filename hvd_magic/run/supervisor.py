@@ -135,7 +135,8 @@ class Run:
             self.launcher.start(self.hub, rank_env(self.options, self.hub))
             value = self.stopper.supervise(self._watch)
         except KeyboardInterrupt:
-            error = self._interrupted()
+            with interrupts_deferred():  # another, while the ranks' stacks are asked, must not skip the stop
+                error = self._interrupted()
         except BaseException as err:  # noqa: BLE001 - raised again below, after the stop
             error = err
         self._finish(error)
@@ -144,8 +145,7 @@ class Run:
         return value
 
     def _finish(self, error: BaseException | None) -> None:
-        """Stop the launcher and say on ``error`` (or in the view) what it could not stop; hand
-        the view the last messages; close the view and the hub."""
+        """Stop the launcher, say what it could not stop (on ``error``), the last messages; close."""
         with interrupts_deferred():  # pressing stop again must not cut the clean-up short
             leftovers = self.launcher.stop()
             self._pump(wait=0)

@@ -18,6 +18,7 @@ from hvd_magic.launch import Launcher, RankDeath
 from hvd_magic.protocol import SILENT_EXIT, Cell
 from hvd_magic.run.stacks import where_each_rank
 from hvd_magic.run.supervisor import Run
+from hvd_magic.session import ranks
 from hvd_magic.session.ranks import hosts_and_pids
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ class CellLauncher(Launcher):
             self.session.dispatch(self.order, self.targets, self.blob)
 
     def poll(self) -> int | None:
-        code = self.session.launcher.poll()
+        code = ranks.ended(self.session.launcher)
         if code is not None:  # a rank's process ended: the session is over
             self.session.lost = self.session.why_ended(code)
             if code == SILENT_EXIT:  # not a death: they left before this cell came

@@ -122,7 +122,7 @@ class LiveSession:
     def live(self) -> bool:
         """Asked before each cell: its processes are polled now, not only by the beat (a kernel
         resumed after its ranks left would otherwise send its next cell to ranks long gone)."""
-        if not self._over and (code := self.launcher.poll()) is not None:
+        if not self._over and (code := ranks.ended(self.launcher)) is not None:
             self.lost = self.why_ended(code)
         return not self._over
 
@@ -150,6 +150,8 @@ class LiveSession:
             return self.launcher.ended_by
         if code == SILENT_EXIT:
             return f"its ranks left: they heard nothing from the notebook for {ranks.SILENCE_SECONDS:.0f} s"
+        if deaths := self.launcher.deaths():  # rank, host and cause (an OOM kill read from the cgroup)
+            return "; ".join(f"rank {d.rank}{f' on {d.host}' if d.host else ''} {d.what}" for d in deaths)
         return f"its processes ended (exit code {code})"
 
     def left_silent(self) -> bool:

@@ -10,8 +10,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from hvd_magic.launch import Launcher
 from hvd_magic.options import RunOptions
-from hvd_magic.protocol import RankStatus, Started
+from hvd_magic.protocol import SILENT_EXIT, RankStatus, Started
 from hvd_magic.run.supervisor import BEAT_SECONDS
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "SILENCE_SECONDS",
     "RankInfo",
     "beat_interval",
+    "ended",
     "hosts_and_pids",
     "panel_row",
     "setup_imports",
@@ -97,3 +99,13 @@ def panel_row(session: Any) -> dict[str, Any]:
         "gpu": max((status.gpu_text() for status in seen if status.gpu >= 0), default=""),
         "launcher": "torch.distributed" if session.options.launcher == "torch" else "Horovod",
     }
+
+
+def ended(launcher: Launcher) -> int | None:
+    """The session's processes' exit code once one has ended: the job's; where a rank's own
+    process ended while the others wait for it, SILENT_EXIT if each that ended left for the
+    notebook's silence, else 1 (its launcher's deaths say which, and how)."""
+    code = launcher.poll()
+    if code is None and (gone := launcher.exited()):
+        return SILENT_EXIT if set(gone.values()) == {SILENT_EXIT} else 1
+    return code
