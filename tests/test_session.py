@@ -21,8 +21,8 @@ from hvd_magic.session import commands as sessions
 from hvd_magic.session import live, ranks
 from hvd_magic.session.cell import CellLauncher
 
-from .fakes import ScriptedLauncher
-from .helpers import leftover_processes, wait_for_ranks, when_started
+from .fakes import ScriptedLauncher, nothing
+from .helpers import RecordingView, leftover_processes, wait_for_ranks, when_started
 from .test_retry import recorded_stops, wait_until
 
 START = {"mpi": "launcher=mpi", "gloo": "launcher=gloo", "torch": "backend=torch"}
@@ -368,6 +368,32 @@ def test_a_session_cell_names_a_run_stopped_from_outside_as_its_sessions_launche
     cell = CellLauncher(session, Cell(1), [0, 1], b"")
     assert cell.ended_by == word
     assert cell.poll() == 1 and session.lost == word
+
+
+def test_an_interrupt_while_a_session_starts_before_a_rank_spoke_stops_the_start():
+    """The notebook's interrupt during ``%horovod start``, before any rank was heard from (a slow
+    Spark executor): the start ends in RunInterrupted and its processes are stopped (asking the
+    unheard ranks to leave the set-up cell raised a KeyError instead)."""
+    launcher = ScriptedLauncher(on_poll=[nothing, lambda hub: signal.raise_signal(signal.SIGINT)], code=None)
+    session = live.LiveSession(make_options(np=-2), launcher=launcher)
+    with pytest.raises(RunInterrupted, match="interrupted"):
+        session.start(RecordingView())
+    assert launcher.stops >= 1 and session.ended
+
+
+def test_an_interrupt_during_a_sessions_stop_does_not_cut_it_short():
+    """``%horovod stop`` (or any end) of a session whose stop is slow (Spark's): an interrupt
+    meanwhile waits for it, so the hub is closed; cut short, the session was marked ended with
+    its hub open for good (no later end did anything)."""
+    launcher = ScriptedLauncher(on_stop=[lambda hub: signal.raise_signal(signal.SIGINT)], code=None)
+    session = live.LiveSession(make_options(np=-2), launcher=launcher)
+    closed: list[bool] = []
+    session.hub = SimpleNamespace(close=lambda: closed.append(True))
+    launcher.hub = session.hub
+    try:
+        assert session.end() == [] and closed == [True] and launcher.stops == 1
+    except KeyboardInterrupt:
+        pytest.fail("the interrupt cut the session's stop short")
 
 
 def test_a_cell_that_meets_an_idle_end_runs_on_a_new_session(session, capsys):

@@ -41,6 +41,7 @@ from hvd_magic.protocol import (
 )
 from hvd_magic.protocol.env import TIMELINE_DYNAMIC
 from hvd_magic.run.endpoint import serve_in_kernel
+from hvd_magic.run.graceful import interrupts_deferred
 from hvd_magic.run.history import HISTORY
 from hvd_magic.run.packing import Packed
 from hvd_magic.run.recording import recorded_sinks
@@ -162,8 +163,9 @@ class LiveSession:
         """Stop every process (and Spark task) of the session; what could not be stopped. A
         second caller (the user's stop while the beat ends an idle session) waits for the first
         to finish (the first says what was left), so that whoever returns from here finds the
-        processes stopped."""
-        with self._lock:
+        processes stopped. The notebook's interrupt waits until it is done (a slow Spark stop
+        cut short left the hub open and the session marked ended)."""
+        with self._lock, interrupts_deferred():
             if self._ended.is_set():
                 return []
             self._ended.set()
@@ -241,8 +243,9 @@ class LiveSession:
 
     def interrupt(self, cell: int, ranks: list[int]) -> None:
         assert self.hub is not None
-        for rank in ranks:
-            self.hub.send_to(self.ranks[rank].inbox, Interrupt(cell))
+        for rank in ranks:  # a rank not heard from yet (a slow executor at the start) has no inbox
+            if (info := self.ranks.get(rank)) is not None:
+                self.hub.send_to(info.inbox, Interrupt(cell))
 
     def refresh(self, timeout: float = 2.0) -> None:
         """Ask every rank for its figures now and wait (up to ``timeout``) for the answers."""
