@@ -164,6 +164,11 @@ class RankDeath:
     host_lost: bool = False  # its whole host went (the launcher stopped the others itself)
     failure: FailureClass = FailureClass.EXIT
 
+    def said(self, host: str = "") -> str:
+        """'rank 1 on hostB was killed by signal 9 (SIGKILL)': ``host``, else the launcher's."""
+        where = host or self.host
+        return f"rank {self.rank}{f' on {where}' if where else ''} {self.what}"
+
 
 def death_of(rank: int, code: int, host: str = "", memory: MemoryWatch | None = None) -> RankDeath:
     """Describe a rank process's exit status (Popen's: negative for a signal); ``memory`` is the

@@ -97,8 +97,7 @@ def _cause(record: RunRecord, death: RankDeath | None) -> str:
     if record.cause is not None:
         return f"rank {record.cause.rank} raised {record.cause.error.exc_type}"
     if death is not None:
-        host = death_host(record, death)
-        return f"rank {death.rank}{f' on {host}' if host else ''} {death.what}"
+        return death.said(death_host(record, death))
     gone = sorted(set(record.started) - set(record.exited))
     if gone:  # no launcher saw them end: their Spark tasks went with them
         where = sorted({record.started[rank] for rank in gone if record.started[rank]})

@@ -152,7 +152,7 @@ class LiveSession:
         if code == SILENT_EXIT:
             return f"its ranks left: they heard nothing from the notebook for {ranks.SILENCE_SECONDS:.0f} s"
         if deaths := self.launcher.deaths():  # rank, host and cause (an OOM kill read from the cgroup)
-            return "; ".join(f"rank {d.rank}{f' on {d.host}' if d.host else ''} {d.what}" for d in deaths)
+            return "; ".join(death.said() for death in deaths)
         return f"its processes ended (exit code {code})"
 
     def left_silent(self) -> bool:
