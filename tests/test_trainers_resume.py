@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import types
 from pathlib import Path
 
 import cloudpickle
@@ -309,11 +310,12 @@ def test_only_a_retried_attempt_resumes_and_only_the_training_that_wrote_the_che
 
 
 def test_a_retried_attempts_training_takes_only_what_the_same_training_of_the_run_kept(monkeypatch, tmp_path):
-    """``resuming`` over a real ``CheckpointStore`` (the run's checkpoint() and resume() in
-    memory): each kept checkpoint is marked with its trainer, the run and which of the cell's
-    trainings wrote it, and a training's steps go to the store above those of the trainings
-    before it (the store's latest is its highest step). A first attempt resumes nothing; a
-    retried attempt's first training nothing the second wrote, nor an earlier run's."""
+    """``resuming.Trainings`` over a real ``CheckpointStore`` (the run's checkpoint() and
+    resume() in memory; a new ``Trainings`` for each attempt's new rank process): each kept
+    checkpoint is marked with its trainer, the run and which of the cell's trainings wrote it,
+    and a training's steps go to the store above those of the trainings before it (the store's
+    latest is its highest step). A first attempt resumes nothing; a retried attempt's first
+    training nothing the second wrote, nor an earlier run's."""
     from hvd_magic.protocol.env import ENV_ATTEMPT, ENV_KEEP_CHECKPOINTS, ENV_RUN
     from hvd_magic.protocol.files import checkpoint_name
     from hvd_magic.rank.trainers import resuming
@@ -331,37 +333,32 @@ def test_a_retried_attempts_training_takes_only_what_the_same_training_of_the_ru
         latest = store.latest()
         return None if latest is None else cloudpickle.loads(latest[1])
 
-    def new_process() -> None:  # an attempt's ranks are new processes
-        monkeypatch.setattr(resuming, "_begun", {})
-        monkeypatch.setattr(resuming, "_above", {})
-        monkeypatch.setattr(resuming, "_sent", [0])
-
-    monkeypatch.setattr(resuming, "checkpoint", checkpoint)
-    monkeypatch.setattr(resuming, "resume", resume)
     monkeypatch.setenv(ENV_KEEP_CHECKPOINTS, "1")
     monkeypatch.setenv(ENV_RUN, "an earlier run")
-    new_process()
-    resuming.keep("hf", 4, "earlier", resuming.begin("hf"))  # found in checkpoint_dir=
+    rank = resuming.Trainings(checkpoint, resume)  # an attempt's ranks are new processes
+    rank.keep("hf", 4, "earlier", rank.begin("hf"))  # found in checkpoint_dir=
     monkeypatch.setenv(ENV_RUN, "this run")
     monkeypatch.delenv(ENV_ATTEMPT, raising=False)
-    new_process()
-    first = resuming.begin("hf")
-    assert resuming.kept("hf", first) is None  # a first attempt: nothing resumed
+    rank = resuming.Trainings(checkpoint, resume)
+    first = rank.begin("hf")
+    assert rank.kept("hf", first) is None  # a first attempt: nothing resumed
     for step in (4, 8, 12, 16):
-        resuming.keep("hf", step, f"first at {step}", first)
-    second = resuming.begin("hf")
+        rank.keep("hf", step, f"first at {step}", first)
+    second = rank.begin("hf")
     for step in (4, 8):
-        resuming.keep("hf", step, f"second at {step}", second)
+        rank.keep("hf", step, f"second at {step}", second)
     assert store.steps() == [16, 20, 24]  # the second's 4 and 8 above the first's 16
     monkeypatch.setenv(ENV_ATTEMPT, "2")
-    new_process()
-    first = resuming.begin("hf")
-    assert resuming.kept("hf", first) is None  # the latest is the second's
+    rank = resuming.Trainings(checkpoint, resume)
+    first = rank.begin("hf")
+    assert rank.kept("hf", first) is None  # the latest is the second's
     for step in (4, 8, 12, 16):
-        resuming.keep("hf", step, f"first at {step}", first)  # trained again from its start
-    second = resuming.begin("hf")
-    assert resuming.kept("hf", second) == (8, "second at 8") and resuming.kept("lightning", second) is None
-    resuming.keep("hf", 12, "second at 12", second)
+        rank.keep("hf", step, f"first at {step}", first)  # trained again from its start
+    callback = types.SimpleNamespace(training=None)
+    second = rank.begin("hf", [callback])
+    assert callback.training == second == 2
+    assert rank.kept("hf", second) == (8, "second at 8") and rank.kept("lightning", second) is None
+    rank.keep("hf", 12, "second at 12", second)
     assert resume()["state"] == "second at 12"  # above what the last attempt kept: the latest
     monkeypatch.setenv(ENV_RUN, "another run")
-    assert resuming.kept("hf", second) is None  # not this run's
+    assert rank.kept("hf", second) is None  # not this run's

@@ -78,8 +78,8 @@ def patch(module: ModuleType) -> None:
 def _restore(accelerator: Any) -> None:
     """In a retried attempt, the folder the latest checkpoint of this ``Accelerator``'s training
     was saved to, written back where this rank's disk lacks it."""
-    accelerator._hvd_magic_training = resuming.begin("accelerate")
-    if (found := resuming.kept("accelerate", accelerator._hvd_magic_training)) is not None:
+    accelerator._hvd_magic_training = resuming.TRAININGS.begin("accelerate")
+    if (found := resuming.TRAININGS.kept("accelerate", accelerator._hvd_magic_training)) is not None:
         resuming.restore_folder(found[1]["folder"], found[1]["files"])
         accelerator._hvd_magic_steps = found[0]  # its steps go on from there: the next kept is the latest
 
@@ -91,4 +91,4 @@ def _keep(accelerator: Any, location: str) -> None:
         folder = os.path.abspath(location)
         kept = {"folder": folder, "files": resuming.read_folder(folder)}
         steps = getattr(accelerator, "_hvd_magic_steps", 0)
-        resuming.keep("accelerate", steps, kept, accelerator._hvd_magic_training)
+        resuming.TRAININGS.keep("accelerate", steps, kept, accelerator._hvd_magic_training)

@@ -42,7 +42,7 @@ class _HFCallbackMixin:
         super().__init__()
         self.stoppable = stoppable
         self.loss: Any = None  # the step's loss: the sum of its training_step values (accumulation's)
-        self.training = 1  # which of the cell's train() calls this is (resuming.begin)
+        self.training = 1  # which of the cell's train() calls this is (resuming.Trainings.begin)
         self._reading = LossReading()
         self._stopping = StoppingLate()  # asked each step, answered a few steps late: no wait added
 
@@ -89,7 +89,7 @@ class _HFCallbackMixin:
             dist.barrier()  # every rank saves at the same steps, so every rank is here
         if args.process_index == 0:
             folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-            resuming.keep("hf", state.global_step, resuming.read_folder(folder), self.training)
+            resuming.TRAININGS.keep("hf", state.global_step, resuming.read_folder(folder), self.training)
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
         """What the trainer logs, evaluation's metrics too (``evaluate`` logs them)."""
@@ -129,10 +129,8 @@ def patch(module: ModuleType) -> None:
 
     @functools.wraps(train)
     def train_resumed(self: Any, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
-        training = resuming.begin("hf")
-        for callback in self.callback_handler.callbacks:
-            if isinstance(callback, _HFCallbackMixin):
-                callback.training = training
+        mine = [c for c in self.callback_handler.callbacks if isinstance(c, _HFCallbackMixin)]
+        training = resuming.TRAININGS.begin("hf", mine)
         if resume_from_checkpoint is None:
             resume_from_checkpoint = _kept_checkpoint(training)
         return train(self, resume_from_checkpoint, *args, **kwargs)
@@ -146,7 +144,7 @@ def _kept_checkpoint(training: int) -> str | None:
     """The run's copy of the ``training``-th ``train()``'s latest checkpoint, written as a
     ``checkpoint-N`` folder of this rank's own, in a retried attempt (its files are not held on
     to while the trainer trains)."""
-    found = resuming.kept("hf", training)
+    found = resuming.TRAININGS.kept("hf", training)
     if found is None:
         return None
     folder = os.path.join(resuming.private_folder(), f"checkpoint-{found[0]}")

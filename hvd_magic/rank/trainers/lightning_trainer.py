@@ -55,7 +55,7 @@ class _LightningCallbackMixin:
         self._stopping = StoppingLate()  # asked each step, answered a few steps late: no wait added
         self._total: int | None = None
         self._stopped_mid_epoch = False  # the checkpoint Lightning writes now is not one to resume from
-        self.training = 1  # which of the cell's fit() calls this is (resuming.begin)
+        self.training = 1  # which of the cell's fit() calls this is (resuming.Trainings.begin)
         self._step, self._loss = 0, None  # the last step reported; the loss of the batches since
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
@@ -87,7 +87,7 @@ class _LightningCallbackMixin:
         comes after the callbacks'), kept by the run too (rank 0; ``resuming``); not one of the
         weights alone (nothing to resume training from), nor one written after a stop mid-epoch."""
         if trainer.global_rank == 0 and not self._stopped_mid_epoch and "optimizer_states" in checkpoint:
-            resuming.keep("lightning", trainer.global_step, checkpoint, self.training)
+            resuming.TRAININGS.keep("lightning", trainer.global_step, checkpoint, self.training)
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if not trainer.sanity_checking and (found := numbers(trainer.callback_metrics)):
@@ -171,10 +171,8 @@ def patch(module: ModuleType) -> None:
 
     @functools.wraps(fit)
     def fit_resumed(self: Any, *args: Any, **kwargs: Any) -> Any:
-        training = resuming.begin("lightning")
         mine = [callback for callback in self.callbacks if isinstance(callback, _LightningCallbackMixin)]
-        for callback in mine:
-            callback.training = training
+        training = resuming.TRAININGS.begin("lightning", mine)
         if mine and resuming.keeping():
             _keep_saved(self, mine[0])
         if kwargs.get("ckpt_path") is None and len(args) < 5:  # ckpt_path, the fifth, not given
@@ -190,7 +188,7 @@ def _kept_checkpoint(training: int) -> str | None:
     """The run's copy of the ``training``-th ``fit()``'s latest checkpoint, saved as a file of
     this rank's own, in a retried attempt (not held on to while the trainer trains: its tensors
     may be a GPU's)."""
-    found = resuming.kept("lightning", training)
+    found = resuming.TRAININGS.kept("lightning", training)
     if found is None:
         return None
     import torch

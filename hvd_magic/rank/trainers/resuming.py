@@ -6,7 +6,7 @@ checkpoints its own way, on its rank's disk (an executor's, on Spark, lost with 
 also sends each one the trainer writes to the run (``keep``): a HF ``checkpoint-N`` folder's
 files, a Lightning checkpoint's dictionary, an Accelerate ``save_state`` folder's files, each
 marked with the trainer, the run (``HVD_MAGIC_RUN``) and which of the cell's trainings of it
-wrote it (the first ``train()``, the second: ``begin``). In a retried attempt
+wrote it (the first ``train()``, the second: ``Trainings.begin``). In a retried attempt
 (``HVD_MAGIC_ATTEMPT``; never in a run's first, even where ``checkpoint_dir=`` holds an earlier
 run's), a ``train()`` or ``fit()`` called without a checkpoint of its own to resume from is
 given the latest the run kept where that training wrote it (``kept``), written where only this
@@ -20,16 +20,16 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from hvd_magic.protocol.env import ENV_ATTEMPT, ENV_KEEP_CHECKPOINTS, ENV_RUN
 from hvd_magic.rank.checkpoints import checkpoint, resume
 
 __all__ = [
-    "begin",
-    "keep",
+    "TRAININGS",
+    "Trainings",
     "keeping",
-    "kept",
     "private_folder",
     "read_folder",
     "restore_folder",
@@ -44,45 +44,60 @@ def keeping() -> bool:
     return os.environ.get(ENV_KEEP_CHECKPOINTS) == "1"
 
 
-def begin(trainer: str) -> int:
-    """Which of this rank's trainings of ``trainer`` starts now: 1 for the cell's first
-    ``train()`` (``fit()``, ``Accelerator``), 2 for the next. A retried attempt runs the cell
-    again, so its first training resumes only from what the first one kept. The run's store
-    takes its highest step for the latest: a training's steps are sent above those of the
-    trainings before it (``keep``)."""
-    _begun[trainer] = _begun.get(trainer, 0) + 1
-    _above[(trainer, _begun[trainer])] = _sent[0]
-    return _begun[trainer]
+class Trainings:
+    """One rank process's trainings of each trainer and the steps it sent the run's store (an
+    attempt's ranks are new processes: each has its own, ``TRAININGS``). ``checkpoint`` and
+    ``resume`` are the run's (``hvd_magic.checkpoint``, ``hvd_magic.resume``)."""
+
+    def __init__(
+        self, checkpoint: Callable[..., bool] = checkpoint, resume: Callable[[], Any] = resume
+    ) -> None:
+        self._checkpoint, self._resume = checkpoint, resume
+        self._begun: dict[str, int] = {}
+        self._above: dict[tuple[str, int], int] = {}  # each training's steps go to the store above this
+        self._sent = 0  # the highest step this process sent the store
+
+    def begin(self, trainer: str, callbacks: Iterable[Any] = ()) -> int:
+        """Which of this rank's trainings of ``trainer`` starts now, also set as each of
+        ``callbacks``' ``training``: 1 for the cell's first ``train()`` (``fit()``,
+        ``Accelerator``), 2 for the next. A retried attempt runs the cell again, so its first
+        training resumes only from what the first one kept. The run's store takes its highest
+        step for the latest: a training's steps are sent above those of the trainings before it
+        (``keep``)."""
+        training = self._begun[trainer] = self._begun.get(trainer, 0) + 1
+        self._above[(trainer, training)] = self._sent
+        for callback in callbacks:
+            callback.training = training
+        return training
+
+    def keep(self, trainer: str, step: int, state: Any, training: int) -> bool:
+        """On rank 0, where the run keeps checkpoints: ``state`` sent as the checkpoint of the
+        ``training``-th training of ``trainer`` at ``step``, marked with the run (pickled now,
+        sent in the background). False elsewhere."""
+        if not keeping():
+            return False
+        mark = {KIND: trainer, "training": training, "run": os.environ.get(ENV_RUN), "step": int(step)}
+        order = self._above.get((trainer, training), 0) + int(step)
+        self._sent = max(self._sent, order)
+        return self._checkpoint(mark | {"state": state}, step=order)
+
+    def kept(self, trainer: str, training: int) -> tuple[int, Any] | None:
+        """In a retried attempt, the latest checkpoint the run kept if this run's
+        ``training``-th training of ``trainer`` wrote it (not an earlier run's, found in
+        ``checkpoint_dir=``): its step and state."""
+        if not keeping() or ENV_ATTEMPT not in os.environ:
+            return None
+        latest = self._resume()
+        wrote = (trainer, training, os.environ.get(ENV_RUN))
+        if (
+            not isinstance(latest, dict)
+            or (latest.get(KIND), latest.get("training"), latest.get("run")) != wrote
+        ):
+            return None
+        return int(latest["step"]), latest["state"]
 
 
-_begun: dict[str, int] = {}
-_above: dict[tuple[str, int], int] = {}  # each training's steps go to the store above this
-_sent = [0]  # the highest step this rank sent the store
-
-
-def keep(trainer: str, step: int, state: Any, training: int) -> bool:
-    """On rank 0, where the run keeps checkpoints: ``state`` sent as the checkpoint of the
-    ``training``-th training of ``trainer`` at ``step``, marked with the run (pickled now, sent
-    in the background). False elsewhere."""
-    if not keeping():
-        return False
-    mark = {KIND: trainer, "training": training, "run": os.environ.get(ENV_RUN), "step": int(step)}
-    order = _above.get((trainer, training), 0) + int(step)
-    _sent[0] = max(_sent[0], order)
-    return checkpoint(mark | {"state": state}, step=order)
-
-
-def kept(trainer: str, training: int) -> tuple[int, Any] | None:
-    """In a retried attempt, the latest checkpoint the run kept if this run's ``training``-th
-    training of ``trainer`` wrote it (not an earlier run's, found in ``checkpoint_dir=``): its
-    step and state."""
-    if not keeping() or ENV_ATTEMPT not in os.environ:
-        return None
-    latest = resume()
-    wrote = (trainer, training, os.environ.get(ENV_RUN))
-    if not isinstance(latest, dict) or (latest.get(KIND), latest.get("training"), latest.get("run")) != wrote:
-        return None
-    return int(latest["step"]), latest["state"]
+TRAININGS = Trainings()
 
 
 def private_folder() -> str:
