@@ -180,6 +180,8 @@ TRAINERS = {
     "hf": (HF, 16, 10, {4, 8}),
     "lightning": (LIGHTNING, 24, 12, {8}),
     "accelerate": (ACCELERATE, 24, 10, {4, 8}),
+    # Lightning's auto-resume idiom: ckpt_path="last" finds nothing on the retry's new disk
+    "lightning-last": (LIGHTNING.replace("shuffle=True))", 'shuffle=True), ckpt_path="last")'), 24, 12, {8}),
 }
 # Where a run's ranks wait until the notebook took the notice, and where the retry resumes after
 # a stop at step N: HF from its checkpoint-N; Lightning from the end of the epoch before (8 steps
@@ -217,10 +219,15 @@ def worlds(marks: Path) -> set[tuple[int, int, int]]:
 
 # The checkpoints a run of each cell keeps at its end (the last three the trainer wrote): steps of
 # the whole run, however many attempts it took (an attempt's steps go on from those it resumed)
-LAST_KEPT = {"hf": [8, 12, 16], "lightning": [8, 16, 24], "accelerate": [16, 20, 24]}
+LAST_KEPT = {
+    "hf": [8, 12, 16],
+    "lightning": [8, 16, 24],
+    "lightning-last": [8, 16, 24],
+    "accelerate": [16, 20, 24],
+}
 
 
-@pytest.mark.parametrize("trainer", ["hf", "lightning", "accelerate"])
+@pytest.mark.parametrize("trainer", ["hf", "lightning", "lightning-last", "accelerate"])
 def test_a_killed_rank_is_resumed_from_the_trainers_own_checkpoint(ip, tmp_path, trainer):
     _, steps, at, kept = TRAINERS[trainer]
     killed, store = tmp_path / "killed", tmp_path / "store"

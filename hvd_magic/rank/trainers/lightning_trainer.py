@@ -8,7 +8,8 @@ it asks whether the run is to stop (``StoppingLate``: the ranks agree on the bat
 for the others) and, when it is, sets ``trainer.should_stop``: ``fit`` ends as an early stop
 does. With ``retries=``, each checkpoint Lightning writes is kept by the run too, whole, as
 its strategy is given it to write (``_keep_saved``), and a retried attempt's ``fit()`` resumes
-from the latest (``resuming``), except the one Lightning writes where a stop came mid-epoch: it
+from the latest (``resuming``; also where the cell asks for ``ckpt_path="last"``, which a new
+disk lacks), except the one Lightning writes where a stop came mid-epoch: it
 marks the epoch as ended (a resume would skip the rest of it), and a plain ``DataLoader`` cannot
 resume mid-epoch anyway. The retry resumes from the end of the epoch before, doing the part of
 the epoch done again: no step is lost, and the run ends as one never stopped.
@@ -175,8 +176,9 @@ def patch(module: ModuleType) -> None:
         training = resuming.TRAININGS.begin("lightning", mine)
         if mine and resuming.keeping():
             _keep_saved(self, mine[0])
-        if kwargs.get("ckpt_path") is None and len(args) < 5:  # ckpt_path, the fifth, not given
-            kwargs["ckpt_path"] = _kept_checkpoint(training)
+        given = kwargs.get("ckpt_path")  # "last": this host's last, where there is one
+        if (given is None or given == "last") and len(args) < 5:  # ckpt_path is the fifth
+            kwargs["ckpt_path"] = _kept_checkpoint(training) or given
         return fit(self, *args, **kwargs)
 
     trainer_class.__init__ = init_watched
