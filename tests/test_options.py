@@ -126,6 +126,15 @@ def test_parse_env_value_may_contain_equals_and_key_is_stripped() -> None:
     assert parse_env(" KEY =a=b") == {"KEY": "a=b"}
 
 
+def test_parse_env_value_may_hold_commas() -> None:
+    """A comma not followed by KEY= is the value's own: a device list, interfaces."""
+    assert parse_env("CUDA_VISIBLE_DEVICES=0,1,NCCL_SOCKET_IFNAME=eth0,eth1,A=2") == {
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "NCCL_SOCKET_IFNAME": "eth0,eth1",
+        "A": "2",
+    }
+
+
 def test_parse_env_dict_form_stringifies() -> None:
     assert parse_env({"A": 1, 2: "x"}) == {"A": "1", "2": "x"}  # type: ignore[dict-item]
 
@@ -137,7 +146,7 @@ def test_parse_env_empty(empty: object) -> None:
 
 @pytest.mark.parametrize(
     ("text", "bad"),
-    [("A=1,NOEQUALS", "NOEQUALS"), ("A=1,1X=2", "1X=2"), ("A=1,=v", "=v"), ("MY-VAR=1", "MY-VAR=1")],
+    [("NOEQUALS,A=1", "NOEQUALS"), ("A=1,1X=2", "1X=2"), ("A=1,=v", "=v"), ("MY-VAR=1", "MY-VAR=1")],
 )
 def test_parse_env_names_the_bad_item(text: str, bad: str) -> None:
     with pytest.raises(OptionError, match="KEY=VALUE") as info:
@@ -208,7 +217,7 @@ def test_parse_timeout_refuses_non_positive(value: object) -> None:
         parse_timeout(value)
 
 
-@pytest.mark.parametrize("value", ["soon", "", "10s"])
+@pytest.mark.parametrize("value", ["soon", "", "10s", "nan", "inf"])
 def test_parse_timeout_refuses_non_numbers(value: object) -> None:
     with pytest.raises(OptionError, match="number of seconds") as info:
         parse_timeout(value)
@@ -219,10 +228,12 @@ def test_parse_timeout_refuses_non_numbers(value: object) -> None:
 
 
 @pytest.mark.parametrize(
-    ("value", "cycles"), [("on", False), ("yes", False), ("true", False), ("cycles", True)]
+    ("value", "cycles"),
+    [("on", False), ("yes", False), ("true", False), ("cycles", True), ("On", False), ("YES", False)]
+    + [(True, False), ("Cycles", True)],
 )
 def test_parse_timeline_on_makes_a_new_file_in_cwd(
-    value: str, cycles: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    value: str | bool, cycles: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.chdir(tmp_path)
     path, mark_cycles = parse_timeline(value)
@@ -234,8 +245,8 @@ def test_parse_timeline_on_makes_a_new_file_in_cwd(
     assert mark_cycles is cycles
 
 
-@pytest.mark.parametrize("value", [None, "off", "no", "false", ""])
-def test_parse_timeline_off(value: str | None) -> None:
+@pytest.mark.parametrize("value", [None, "off", "no", "false", "", "Off", "NO", "False", False])
+def test_parse_timeline_off(value: str | bool | None) -> None:
     assert parse_timeline(value) == (None, False)
 
 

@@ -156,11 +156,27 @@ def test_what_a_session_cell_and_a_start_refuse_say_what_to_do():
 
 
 def test_the_line_is_read_by_the_tables_names():
-    assert normalize_line("np=-2 return=a,b") == "--np=-2 --return=a,b"
-    assert normalize_line("-np 3") == "--np 3"
+    assert normalize_line("np=-2 return=a,b") == ["--np=-2", "--return=a,b"]
+    assert normalize_line("-np 3") == ["--np", "3"]
     with pytest.raises(UsageError, match="the options are: np, launcher, backend"):
         normalize_line("np=2 nproc=2")
 
 
 def test_every_place_is_named_in_the_table():
     assert set(PLACES) >= {place for entry in OPTIONS for place in entry.where}
+
+
+def test_a_value_is_read_as_the_shell_would_and_reaches_the_option_whole(ip):
+    """Quotes, ``~``, ``*`` and letters beyond ASCII reach the option as written (argparse
+    once saw the shell's quotes kept: "unrecognized arguments"); ``--env A=1`` too."""
+    magics = ip.find_cell_magic("horovod").__self__
+    args = magics._parse(
+        "np=-2 checkpoint_dir=~/ck timeline='/tmp/my file.json' env=\"A=hello world\" data=données"
+    )
+    assert (args.checkpoint_dir, args.timeline, args.env, args.data) == (
+        "~/ck",
+        "/tmp/my file.json",
+        "A=hello world",
+        "données",
+    )
+    assert magics._parse("np=-2 --env X=a*b,CUDA_VISIBLE_DEVICES=0,1").env == "X=a*b,CUDA_VISIBLE_DEVICES=0,1"

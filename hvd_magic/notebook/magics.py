@@ -10,7 +10,7 @@ from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from hvd_magic.options import OPTIONS, OptionError, RunOptions, make_options
 from hvd_magic.options.option import CELL, SESSION_CELL, START
@@ -29,18 +29,22 @@ VERBS = f"{sessions.VERBS}|runs|last"
 CellRun = Callable[[Packed, dict[int, str]], tuple[Any, dict[str, Any]]]
 
 
-def normalize_line(line: str) -> str:
-    """``np=4 env=A=1`` and ``-np 4`` become argparse's ``--np=4 --env=A=1``/``--np 4``."""
-    tokens = []
+def normalize_line(line: str) -> list[str]:
+    """``np=4 env=A=1`` and ``-np 4`` become argparse's ``--np=4 --env=A=1``/``--np 4``: the
+    line's words as the shell splits them (quotes for spaces, ``~`` and ``*`` kept as written),
+    handed to argparse as they are."""
     try:
         words = shlex.split(line)
     except ValueError as err:  # an unclosed quote
         raise UsageError(f"the %%horovod line is not well quoted ({err}): {line}") from None
+    tokens: list[str] = []
     seen: set[str] = set()
     for token in words:
         key, sep, _ = token.partition("=")
         if token == "-np":
             token = key = "--np"
+        elif tokens and tokens[-1][2:] in NAMES and not key.startswith("-"):
+            pass  # the value of ``--env A=1``, written apart from its option
         elif sep and not key.startswith("-"):
             if key not in NAMES:
                 raise UsageError(f"unknown option {key!r}; the options are: {', '.join(NAMES)}")
@@ -49,8 +53,8 @@ def normalize_line(line: str) -> str:
             if key in seen:
                 raise UsageError(f"option {key[2:]!r} is given twice; give it once: {line}")
             seen.add(key)
-        tokens.append(shlex.quote(token))
-    return " ".join(tokens)
+        tokens.append(token)
+    return tokens
 
 
 def usage() -> str:
@@ -130,7 +134,8 @@ class HorovodMagics(Magics):
 
     def _parse(self, line: str) -> Any:
         try:
-            return parse_argstring(self.horovod, normalize_line(line))
+            magic: Any = self.horovod  # magic_arguments gave it its parser
+            return magic.parser.parse_args(normalize_line(line))
         except UsageError as err:
             raise UsageError(f"{err}\n{usage()}") from None
 

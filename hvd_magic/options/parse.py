@@ -3,6 +3,7 @@ keyword's value alike (pure but for the checks that look at this machine: folder
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import time
@@ -46,9 +47,12 @@ class OptionError(ValueError):
 def _as(convert: Callable[[str], Number], value: object, said: str) -> Number:
     """``value`` converted, or an ``OptionError`` that says what it must be and what it was."""
     try:
-        return convert(str(value))
+        number = convert(str(value))
     except ValueError:
         raise OptionError(f"{said}, got {value!r}") from None
+    if not math.isfinite(number):  # nan would compare false with every bound and never end
+        raise OptionError(f"{said}, got {value!r}")
+    return number
 
 
 def parse_np(value: object) -> int:
@@ -117,12 +121,20 @@ def _pairs(text: str | dict[str, str] | None) -> dict[str, str]:
         return {}
     if isinstance(text, dict):
         return {str(k): str(v) for k, v in text.items()}
-    env = {}
+    env: dict[str, str] = {}
+    key = ""
     for item in text.split(","):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip().isidentifier():
-            raise OptionError(f"env takes KEY=VALUE pairs separated by commas, got {item!r}")
-        env[key.strip()] = value
+        name, sep, value = item.partition("=")
+        if sep and name.strip().isidentifier():
+            key = name.strip()
+            env[key] = value
+        elif key and not sep:  # CUDA_VISIBLE_DEVICES=0,1: a comma within the value
+            env[key] += "," + item
+        else:
+            raise OptionError(
+                f"env takes KEY=VALUE pairs separated by commas (a value may hold commas: "
+                f"env=CUDA_VISIBLE_DEVICES=0,1,A=2), got {item!r}"
+            )
     return env
 
 
@@ -168,13 +180,16 @@ def parse_timeout(value: object) -> float | None:
     return seconds
 
 
-def parse_timeline(value: str | None) -> tuple[str | None, bool]:
-    """``on`` / ``cycles`` (a new file in the notebook's folder), a path, or off."""
-    if value is None or value in ("off", "no", "false", ""):
+def parse_timeline(value: str | bool | None) -> tuple[str | None, bool]:
+    """``on`` / ``cycles`` (a new file in the notebook's folder), a path, or off (any case;
+    True and False too)."""
+    word = str(value).lower()
+    if value is None or value is False or word in ("off", "no", "false", ""):
         return None, False
-    if value in ("on", "yes", "true", "cycles"):
+    if value is True or word in ("on", "yes", "true", "cycles"):
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        return os.path.abspath(f"horovod_timeline-{stamp}.json"), value == "cycles"
+        return os.path.abspath(f"horovod_timeline-{stamp}.json"), word == "cycles"
+    value = str(value)
     folder = os.path.dirname(os.path.abspath(value))
     if not os.path.isdir(folder):
         raise OptionError(f"timeline={value!r}: the folder {folder} does not exist")

@@ -92,7 +92,8 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "env",
-        "extra environment for the ranks: KEY=VALUE,KEY2=VALUE2",
+        "extra environment for the ranks: KEY=VALUE,KEY2=VALUE2 (a value may hold commas: "
+        "CUDA_VISIBLE_DEVICES=0,1; quote one with spaces)",
         SESSION_WIDE | {ESTIMATORS},
         Keyword(dict[str, str] | None),
         parse_env,
