@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from hvd_magic.errors import (
     CaptureError,
+    CheckpointError,
     DataError,
     FailureClass,
     HorovodMagicError,
@@ -24,6 +25,7 @@ if TYPE_CHECKING:  # the two that were imported eagerly once, typed for checkers
 
 __all__ = [
     "CaptureError",
+    "CheckpointError",
     "DataError",
     "FailureClass",
     "HorovodMagicError",

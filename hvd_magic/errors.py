@@ -31,6 +31,7 @@ import signal
 
 __all__ = [  # the exception tree; FailureClass (below) is public through hvd_magic
     "CaptureError",
+    "CheckpointError",
     "DataError",
     "HorovodMagicError",
     "InstallError",
@@ -123,6 +124,11 @@ class TimelineError(HorovodMagicError, ValueError):
 class TrainerError(HorovodMagicError, ValueError):
     """A trainer's settings do not fit the run (Lightning's ``devices`` and ``num_nodes`` against
     its ranks); the message names the ones to use."""
+
+
+class CheckpointError(HorovodMagicError):
+    """A checkpoint could not be kept or read (``hvd_magic.checkpoint``, ``hvd_magic.resume``);
+    the message says why."""
 
 
 class InstallError(HorovodMagicError):

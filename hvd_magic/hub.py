@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import queue
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -128,8 +129,16 @@ class CurveServer:
             except zmq.Again:
                 return
             message = decode(frames[1:], identity=frames[0]) if frames else None
-            if message is not None:
+            if message is None:
+                continue
+            try:
                 self.handle(message)
+            except Exception as err:  # noqa: BLE001 (the one thread every rank's messages come by lives on)
+                print(
+                    f"hvd_magic: {self._thread.name} could not handle rank {message.rank}'s "
+                    f"{type(message.record).__name__}: {type(err).__name__}: {err}",
+                    file=sys.stderr,
+                )
 
     def handle(self, message: Message) -> None:
         raise NotImplementedError

@@ -18,6 +18,7 @@ import hvd_magic.timeline
 
 PUBLIC = [
     "CaptureError",
+    "CheckpointError",
     "DataError",
     "FailureClass",
     "HorovodMagicError",
@@ -44,6 +45,7 @@ PUBLIC = [
 
 ERRORS = [
     "CaptureError",
+    "CheckpointError",
     "DataError",
     "HorovodMagicError",
     "InstallError",
@@ -127,6 +129,7 @@ def test_errors_tree_shape() -> None:
         assert issubclass(getattr(errors, name), errors.RunError), name
     for name in (
         "CaptureError",
+        "CheckpointError",
         "DataError",
         "InstallError",
         "LaunchError",

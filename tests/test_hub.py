@@ -107,6 +107,27 @@ def test_responders_answer_requests_on_the_hubs_thread(hub):
     assert hub.events.empty()
 
 
+def test_a_responder_that_raises_is_said_and_the_hub_serves_on(hub, capsys):
+    """A responder's error (an object store's, reading a checkpoint) once ended the hub's one
+    thread: no rank's message reached the notebook after it."""
+
+    def broken(message):
+        raise OSError("the bucket is unreachable")
+
+    hub.responders[StoreRequest] = broken
+    client = HubClient(hub.address, hub.keys.client_token(), rank=2)
+    try:
+        with pytest.raises(TimeoutError):
+            client.ask(StoreRequest(0, "GET", "/global/0"), b"", timeout=2)
+        assert client.fetch_payload(timeout=10) == b"the payload"  # the hub still answers
+        client.send(Log("stdout"), b"after\n")
+        assert [hub.events.get(timeout=10).kind for _ in range(2)] == [Kind.HELLO, Kind.LOG]
+    finally:
+        client.close()
+    said = capsys.readouterr().err
+    assert "could not handle rank 2's StoreRequest: OSError: the bucket is unreachable" in said
+
+
 def test_a_client_sees_its_connection_closed_when_the_hub_is_gone_and_not_before():
     """A hub that goes (its process dies, or it closes) closes its sockets: the client's
     ``lost_for`` counts from then, which ranks and Spark tasks take as the notebook gone; while

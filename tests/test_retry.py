@@ -250,6 +250,46 @@ def test_a_torn_checkpoint_is_never_the_latest(tmp_path):
     assert store.steps() == [10]
 
 
+def test_a_checkpoint_pruned_meanwhile_gives_the_next_and_one_unreadable_an_answer_that_says_why(tmp_path):
+    """Another run sharing the folder pruned the highest between the listing and the read: the
+    next highest is the latest. One that cannot be read is an answer with the error, not an
+    exception on the hub's thread; a prune that finds the file gone goes on."""
+    store = CheckpointStore(str(tmp_path))
+    (tmp_path / checkpoint_name(10)).write_bytes(b"ten")
+    (tmp_path / checkpoint_name(20)).write_bytes(b"twenty")
+    listed = store.steps()
+    (tmp_path / checkpoint_name(20)).unlink()  # pruned by the other run
+    store.steps = lambda: listed  # type: ignore[method-assign]  # the listing taken before it
+    assert store.latest() == (10, b"ten")
+    store = CheckpointStore(str(tmp_path))
+    (tmp_path / checkpoint_name(30)).mkdir()  # not a file a checkpoint can be read from
+    answer, blob = store.answer(Message(ResumeRequest(4), rank=1))
+    assert (answer.found, blob) == (False, b"") and "IsADirectoryError" in answer.error
+    for step in (40, 50, 60):
+        (tmp_path / checkpoint_name(step)).write_bytes(b"x")
+    (tmp_path / checkpoint_name(30)).rmdir()
+    store.steps = lambda: [10, 30, 40, 50, 60]  # type: ignore[method-assign]  # 30 gone meanwhile
+    store.landed(str(tmp_path / checkpoint_name(60)))  # prunes 10, then 30: already gone
+    assert not (tmp_path / checkpoint_name(10)).exists()
+
+
+def test_a_checkpoint_store_that_cannot_be_read_is_named_in_the_ranks_error(ip, tmp_path):
+    """resume() on the ranks raises ``CheckpointError`` with the notebook's reason, at once (it
+    waited 5 minutes: the hub's thread had ended on it)."""
+    (tmp_path / checkpoint_name(7)).mkdir()
+    cell = "import hvd_magic\nhvd_magic.resume()"
+    with pytest.raises(RunError, match="CheckpointError: resume\\(\\): the notebook could not read"):
+        ip.run_cell_magic("horovod", f"np=-2 launcher=gloo checkpoint_dir={tmp_path} timeout=120", cell)
+
+
+def test_a_negative_step_is_refused_where_it_is_given():
+    """checkpoint(step=-1) was written under a name the store never lists: never resumed, never pruned."""
+    from hvd_magic import CheckpointError, checkpoint
+
+    with pytest.raises(CheckpointError, match=r"checkpoint\(step=-1\): a step is 0 or more"):
+        checkpoint({}, step=-1)
+
+
 def test_checkpoints_go_to_an_fsspec_url_whole(tmp_path):
     store = CheckpointStore("memory://hvd-magic-test/run")
     for step in (5, 10, 15, 20):

@@ -38,11 +38,13 @@ class ResumeRequest(Record):
 @_kind(Kind.RESUMED)
 @dataclass(frozen=True)
 class ResumeAnswer(Record):
-    """The latest checkpoint (the blob) and its step; ``found`` is False on a fresh start."""
+    """The latest checkpoint (the blob) and its step; ``found`` is False on a fresh start;
+    ``error``: why the notebook could not read its checkpoints."""
 
     id: int
     step: int = 0
     found: bool = False
+    error: str = ""
 
 
 @_kind(Kind.KEPT_ASK)

@@ -24,7 +24,8 @@ from typing import Any
 
 import cloudpickle
 
-from hvd_magic.protocol import KeptRequest, Polling, ResumeRequest
+from hvd_magic.errors import CheckpointError
+from hvd_magic.protocol import KeptRequest, Polling, ResumeAnswer, ResumeRequest
 from hvd_magic.protocol.files import checkpoint_name
 from hvd_magic.rank import inbox as rank_inbox
 from hvd_magic.rank import reporting
@@ -47,6 +48,8 @@ def checkpoint(state: Any, step: int, wait: bool = False) -> bool:
     a rank killed meanwhile leaves the previous checkpoint the latest. ``wait=True`` returns once
     the notebook kept it (True), or False if it could not say so within 5 minutes: before a
     planned exit, or when a notice says the machine is about to go."""
+    if int(step) < 0:
+        raise CheckpointError(f"checkpoint(step={step}): a step is 0 or more (the latest is the highest)")
     reporter = reporting.current()
     if reporter is None or reporter.client.rank != 0:
         return False
@@ -69,6 +72,10 @@ def resume() -> Any:
     if reporter is None:
         return None
     answer = reporter.client.ask(ResumeRequest(0), b"", RESUME_TIMEOUT)
+    if isinstance(answer.record, ResumeAnswer) and answer.record.error:
+        raise CheckpointError(
+            f"resume(): the notebook could not read the run's checkpoints: {answer.record.error}"
+        )
     if not getattr(answer.record, "found", False):
         return None
     return cloudpickle.loads(answer.blob)

@@ -11,6 +11,7 @@ files land in a local folder first and are copied there, again under a temporary
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -77,15 +78,18 @@ class CheckpointStore:
         return sorted(int(match.group(1)) for match in found if match)
 
     def latest(self) -> tuple[int, bytes] | None:
-        steps = self.steps()
-        if not steps:
-            return None
-        path = self._path(steps[-1])
-        if self.remote:
-            with self.fs.open(path, "rb") as file:
-                return steps[-1], file.read()
-        with open(path, "rb") as file:
-            return steps[-1], file.read()
+        """The highest step's checkpoint (one pruned meanwhile, by another run sharing the
+        folder: the next highest)."""
+        for step in reversed(self.steps()):
+            try:
+                if self.remote:
+                    with self.fs.open(self._path(step), "rb") as file:
+                        return step, file.read()
+                with open(self._path(step), "rb") as file:
+                    return step, file.read()
+            except FileNotFoundError:
+                continue
+        return None
 
     def landed(self, path: str) -> None:
         """A checkpoint arrived whole at ``path`` (in ``folder``): publish it, keep the last."""
@@ -97,15 +101,19 @@ class CheckpointStore:
             self.fs.mv(f"{final}.partial", final)
             os.unlink(path)
         for step in self.steps()[: -self.keep]:
-            if self.remote:
-                self.fs.rm(self._path(step))
-            else:
-                os.unlink(self._path(step))
+            with contextlib.suppress(FileNotFoundError):  # pruned by another run sharing the folder
+                if self.remote:
+                    self.fs.rm(self._path(step))
+                else:
+                    os.unlink(self._path(step))
 
     def answer(self, message: Message) -> tuple[ResumeAnswer, bytes]:
         """The hub's answer to a rank's ``ResumeRequest``."""
         assert isinstance(message.record, ResumeRequest)
-        latest = self.latest()
+        try:
+            latest = self.latest()
+        except OSError as err:  # an object store's error: the rank raises it, naming the store
+            return ResumeAnswer(message.record.id, error=f"{self.target}: {type(err).__name__}: {err}"), b""
         if latest is None:
             return ResumeAnswer(message.record.id), b""
         return ResumeAnswer(message.record.id, step=latest[0], found=True), latest[1]

@@ -14,6 +14,7 @@ Both under a temporary name until their last chunk arrived: a torn file never ha
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from typing import BinaryIO
 
@@ -73,7 +74,10 @@ class RankFiles:
     def take(self, message: Message) -> None:
         record = message.record
         if isinstance(record, KeptRequest) and self.reply is not None:
-            kept = self.checkpoints is not None and record.step in self.checkpoints.steps()
+            try:
+                kept = self.checkpoints is not None and record.step in self.checkpoints.steps()
+            except OSError:  # the store cannot say: not known to be kept
+                kept = False
             self.reply(message.identity, KeptAnswer(record.id, kept=kept))
             return
         if message.rank != 0 or not isinstance(record, FileChunk):
@@ -95,7 +99,20 @@ class RankFiles:
             os.replace(partial, path)
             self.started.discard(record.name)
             if self.checkpoints is not None and record.name.startswith(CHECKPOINT_PREFIX):
-                self.checkpoints.landed(path)
+                self._publish(path)
+
+    def _publish(self, path: str) -> None:
+        """A checkpoint landed: kept by the store. Where the store cannot take it (an object
+        store's error), the run goes on and says so: the checkpoint before stays the latest."""
+        assert self.checkpoints is not None
+        try:
+            self.checkpoints.landed(path)
+        except OSError as err:
+            print(
+                f"hvd_magic: checkpoint {os.path.basename(path)} could not be kept in "
+                f"{self.checkpoints.target}: {type(err).__name__}: {err}",
+                file=sys.stderr,
+            )
 
     def writing_timeline(self) -> bool:
         """Whether this run's timeline has begun arriving (until then the path may hold an
