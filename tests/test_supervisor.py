@@ -58,6 +58,18 @@ def test_rank0s_value_comes_back_and_everything_is_closed():
     assert launcher.env[ENV_HUB] == hub.address and launcher.env[ENV_TOKEN] == hub.keys.client_token()
 
 
+def test_a_smaller_run_that_ended_is_not_run_again_to_grow():
+    """min_np=: the slots came back as the smaller run's ranks sent its value and exited, while
+    its job still ended (a Spark stage takes a moment): the value is the run's (it was thrown
+    away and the cell run again at full size)."""
+    launcher = ScriptedLauncher(
+        on_start=healthy_rank(0, value="done") + healthy_rank(1), on_poll=[nothing] * 5
+    )
+    supervisor, _, _ = run(launcher)
+    supervisor.grow = lambda: True  # a checkpoint landed, and the slots are back
+    assert supervisor.supervise() == ("done", {})
+
+
 def test_messages_in_flight_when_the_launcher_ends_are_drained():
     late = healthy_rank(1)
     launcher = ScriptedLauncher(on_start=healthy_rank(0, value="done"), code=0)

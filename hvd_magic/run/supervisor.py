@@ -236,8 +236,8 @@ class Run:
         if self.record.never_started() and now - self.record.began > START_TIMEOUT:
             raise timeouts.start_timeout(self.record, START_TIMEOUT)
         self.stopper.check(now, self.launcher.preempted)
-        if self.grow is not None and self.grow():
-            raise SlotsBack()
+        if self.grow is not None and self.record.result is None and not self.record.exited and self.grow():
+            raise SlotsBack()  # (never once a rank ended: a run done is not run again to grow)
         timeout = self.options.timeout  # a hang's limit: it counts once a rank started (a
         # launch slower than ``timeout=``, on a busy cluster, is the start limit's to judge)
         if timeout and self.record.started and now - self.record.last_message > timeout:
