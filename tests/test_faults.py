@@ -231,12 +231,10 @@ def test_ranks_that_never_start_are_named(ip, tmp_path, monkeypatch):
     """Rank 1 hangs before it can say hello (a sitecustomize that sleeps): the start timeout names it.
     (Its ranks start the usual way, as ranks with a sitecustomize of their own do: one forked from a
     server would never run it.)"""
-    from hvd_magic.run import supervisor
-
     (tmp_path / "sitecustomize.py").write_text(
         "import os, time\nif os.environ.get('OMPI_COMM_WORLD_RANK') == '1':\n    time.sleep(120)\n"
     )
-    monkeypatch.setattr(supervisor, "START_TIMEOUT", 8.0)
+    monkeypatch.setenv("HVD_MAGIC_START_TIMEOUT", "8")  # as %env sets it: read at the run
     started = time.monotonic()
     with pytest.raises(RunTimeout, match=r"ranks \[1\] did not start within 8 s \(1 of 2 did\)"):
         ip.run_cell_magic("horovod", f"np=-2 env=PYTHONPATH={tmp_path}", "import time\ntime.sleep(60)\n")

@@ -9,7 +9,7 @@ import os
 import cloudpickle
 import pytest
 
-from hvd_magic import RankFailedError, RunError, RunInterrupted, RunTimeout
+from hvd_magic import LaunchError, RankFailedError, RunError, RunInterrupted, RunTimeout
 from hvd_magic.errors import FailureClass
 from hvd_magic.launch.processes import death_of
 from hvd_magic.options import make_options
@@ -26,6 +26,7 @@ from hvd_magic.protocol import (
     Waiting,
 )
 from hvd_magic.run import supervisor as run_supervisor
+from hvd_magic.run import timeouts
 from hvd_magic.run.supervisor import DRAIN_SECONDS, SETTLE_SECONDS, Run
 
 from .fakes import FakeHub, ScriptedLauncher, SteppingClock, healthy_rank, nothing, send
@@ -222,15 +223,23 @@ def test_silence_beyond_the_timeout_ends_the_run_naming_the_silent_ranks():
 
 
 def test_ranks_that_never_start_end_the_run_after_the_start_timeout(monkeypatch):
-    monkeypatch.setattr(run_supervisor, "START_TIMEOUT", 50.0)
+    monkeypatch.setenv("HVD_MAGIC_START_TIMEOUT", "50")  # read at each run, as %env sets it
     launcher = ScriptedLauncher(on_start=[send(0, Started("a", 1, 0, 2))], code=None)
     supervisor, _, _ = run(launcher)
     with pytest.raises(RunTimeout, match=r"ranks \[1\] did not start within 50 s"):
         supervisor.supervise()
 
 
+@pytest.mark.parametrize("text", ["10m", "0", "nan", ""])
+def test_a_start_timeout_that_is_no_number_of_seconds_is_named(monkeypatch, text):
+    """``HVD_MAGIC_START_TIMEOUT=10m`` once broke hvd_magic's import (read when loaded)."""
+    monkeypatch.setenv("HVD_MAGIC_START_TIMEOUT", text)
+    with pytest.raises(LaunchError, match=f"HVD_MAGIC_START_TIMEOUT={text!r}: say how many seconds"):
+        timeouts.start_limit()
+
+
 def test_a_launch_slower_than_the_timeout_is_judged_by_the_start_timeout(monkeypatch):
-    monkeypatch.setattr(run_supervisor, "START_TIMEOUT", 50.0)
+    monkeypatch.setenv("HVD_MAGIC_START_TIMEOUT", "50")  # read at each run, as %env sets it
     launcher = ScriptedLauncher(code=None)  # no rank has started: not a hang yet
     supervisor, _, _ = run(launcher, timeout=5)
     with pytest.raises(RunTimeout, match=r"ranks \[0, 1\] did not start within 50 s"):

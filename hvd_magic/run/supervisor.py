@@ -6,7 +6,6 @@ ranks' messages to a view and turns the outcome into rank 0's value or one clear
 from __future__ import annotations
 
 import functools
-import os
 import queue
 import time
 from collections.abc import Callable
@@ -43,7 +42,6 @@ DRAIN_SECONDS = 5.0  # after the launcher exits: how long to wait for messages s
 SETTLE_SECONDS = 0.25  # ... and at least this long, for what a rank sent just before it died
 PUMP_BATCH = 2000
 BEAT_SECONDS = 1.0
-START_TIMEOUT = float(os.environ.get("HVD_MAGIC_START_TIMEOUT", "300"))
 CAUSE_GRACE = 3.0  # seconds to look for the cause behind a "Horovod has been shut down" error
 QUIET_SECONDS = 10.0  # an interrupt after this long without a message also says where each rank was
 
@@ -70,7 +68,7 @@ def _attempts(
     try:
         while True:
             try:
-                launcher = attempts.launcher(create, START_TIMEOUT)
+                launcher = attempts.launcher(create, timeouts.start_limit())
             except KeyboardInterrupt:
                 raise RunInterrupted("interrupted before any rank started; nothing was launched.") from None
             for text in launcher.notices:
@@ -117,7 +115,7 @@ class Run:
         self.files = RankFiles(options.timeline, options.files_dir, store, hub.send_to)
         self.stopper = GracefulStop(hub, view, store, clock)
         self.prompts = RankPrompts(hub, view, self.record.started)
-        self.last_beat = now
+        self.last_beat, self.start_limit = now, timeouts.start_limit()
         if store is not None:
             hub.responders[ResumeRequest] = store.answer
         self.stall_seconds = stall_seconds(options)
@@ -233,8 +231,8 @@ class Run:
 
     def _check_time_limits(self) -> None:
         now = self.clock()
-        if self.record.never_started() and now - self.record.began > START_TIMEOUT:
-            raise timeouts.start_timeout(self.record, START_TIMEOUT)
+        if self.record.never_started() and now - self.record.began > self.start_limit:
+            raise timeouts.start_timeout(self.record, self.start_limit)
         self.stopper.check(now, self.launcher.preempted)
         if self.grow is not None and self.record.result is None and not self.record.exited and self.grow():
             raise SlotsBack()  # (never once a rank ended: a run done is not run again to grow)

@@ -1,13 +1,25 @@
-"""What a run that stops making progress says (pure): a stall that Horovod or the torch ranks'
+"""What a run that stops making progress says (pure, but for ``start_limit``'s reading of the
+environment): a stall that Horovod or the torch ranks'
 waits reported, a run silent for ``timeout=``, ranks that never started, ranks left waiting in
 a torch.distributed call by ranks that finished."""
 
 from __future__ import annotations
 
-from hvd_magic.errors import RankFailedError, RunTimeout
+import math
+import os
+
+from hvd_magic.errors import LaunchError, RankFailedError, RunTimeout
 from hvd_magic.run.record import RunRecord
 
-__all__ = ["UNEVEN_HINT", "left_waiting", "silence_timeout", "stall_sentence", "stall_text", "start_timeout"]
+__all__ = [
+    "UNEVEN_HINT",
+    "left_waiting",
+    "silence_timeout",
+    "stall_sentence",
+    "stall_text",
+    "start_limit",
+    "start_timeout",
+]
 
 UNEVEN_HINT = (
     "This usually means the ranks had unequal work: shards of different sizes, or a different "
@@ -15,6 +27,21 @@ UNEVEN_HINT = (
     "shards, dropping the remainder), or let a rank that runs out of data join the others "
     "(Horovod: hvd.join(); DDP: the torch.distributed.algorithms.Join context manager)."
 )
+
+
+def start_limit() -> float:
+    """How long a run's ranks have to start: ``HVD_MAGIC_START_TIMEOUT`` as it is now (``%env``
+    in the notebook counts from the next run), 300 s where it is not set."""
+    text = os.environ.get("HVD_MAGIC_START_TIMEOUT", "300")
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise LaunchError(
+            f"HVD_MAGIC_START_TIMEOUT={text!r}: say how many seconds the ranks have to start, e.g. 900"
+        )
+    return seconds
 
 
 def start_timeout(record: RunRecord, limit: float) -> RunTimeout:
