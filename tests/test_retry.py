@@ -5,6 +5,7 @@ that stops at a step boundary and returns the model."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -129,17 +130,25 @@ def press_once_polling(stops: list) -> None:
     os.kill(os.getpid(), signal.SIGINT)
 
 
-def test_a_first_interrupt_stops_at_a_step_boundary_and_returns_the_model(ip, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("given", [True, False])
+def test_a_first_interrupt_stops_at_a_step_boundary_and_returns_the_model(
+    ip, tmp_path, capsys, monkeypatch, given
+):
+    """The final checkpoint is where the run says, in the run's checkpoint_dir= or, without one,
+    in the temporary folder it names (kept: it was removed as the cell returned)."""
     store = tmp_path / "checkpoints"
     stops = recorded_stops(monkeypatch)
     when_started(tmp_path, 2, lambda: press_once_polling(stops))
-    step, total = ip.run_cell_magic(
-        "horovod", f"np=-2 checkpoint_dir={store}", STOPPABLE.format(marks=str(tmp_path), pause=0.01)
-    )
+    line = f"np=-2 checkpoint_dir={store}" if given else "np=-2"
+    step, total = ip.run_cell_magic("horovod", line, STOPPABLE.format(marks=str(tmp_path), pause=0.01))
     assert total == 2.0 * step  # every rank left the loop at the same step
-    assert os.listdir(store) == [checkpoint_name(step)]  # the final checkpoint
     shown = capsys.readouterr().err
     assert "stopping at the next step boundary" in shown and f"stopped on request at step {step:,}" in shown
+    named = Path(shown.split("its checkpoint is in ", 1)[1].split()[0])
+    assert named == store or not given
+    assert os.listdir(named) == [checkpoint_name(step)]  # the final checkpoint
+    if not given:
+        shutil.rmtree(named)
 
 
 def press_once_past_the_first_boundary(stops: list, marks: Path) -> None:
@@ -220,6 +229,38 @@ def test_a_clouds_notice_read_on_the_ranks_machine_checkpoints_where_they_are(ip
         and ": reclaimed in 2 minutes: the ranks write a checkpoint" in said
     )
     assert f"attempt 2 of 2 from step {starts[1]}" in said
+
+
+ENDS_AFTER_A_NOTICE = """
+import pathlib, time, horovod.torch as hvd, hvd_magic
+hvd.init()
+hvd_magic.stopping()  # the ranks poll: a notice asks them to stop at their next call
+pathlib.Path({marks!r}, f"started-{{hvd.rank()}}").touch()
+for _ in range(1200):  # their last step, until the notebook took the notice; no call after it
+    if pathlib.Path({marks!r}, "go").exists():
+        break
+    time.sleep(0.1)
+"the end"
+"""
+
+
+def test_a_run_that_ends_before_its_ranks_stop_for_a_notice_returns_its_value(
+    ip, tmp_path, capsys, monkeypatch
+):
+    """The notice came during the cell's last step, and the ranks ended without calling
+    stopping() again: the run is done, not preempted (its value was dropped for a RunError)."""
+    notice, stops = tmp_path / "spot-notice", recorded_stops(monkeypatch)
+
+    def notice_then_go() -> None:
+        notice.write_text("reclaimed in 2 minutes\n")
+        wait_until(lambda: stops[-1].preempted is not None, 120)
+        (tmp_path / "go").touch()
+
+    when_started(tmp_path, 2, notice_then_go)
+    line = f"np=-2 launcher=gloo env=HVD_MAGIC_PREEMPTION=file:{notice}"
+    assert ip.run_cell_magic("horovod", line, ENDS_AFTER_A_NOTICE.format(marks=str(tmp_path))) == "the end"
+    said = capsys.readouterr().err
+    assert ": reclaimed in 2 minutes: the run ended before its ranks stopped" in said
 
 
 def test_a_preemption_source_that_means_nothing_is_refused_before_launch(ip):

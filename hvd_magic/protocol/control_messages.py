@@ -78,7 +78,10 @@ class StopAsked(Record):
 @_kind(Kind.POLLING)
 @dataclass(frozen=True)
 class Polling(Record):
-    """A rank calls ``hvd_magic.stopping()``: the run can stop gracefully (sent once)."""
+    """A rank calls ``hvd_magic.stopping()``: the run can stop gracefully (sent once); and
+    ``stopping``: the ranks agreed to stop (sent once more, when they do)."""
+
+    stopping: bool = False
 
 
 @_kind(Kind.STACKS_ASKED)

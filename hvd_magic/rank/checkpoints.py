@@ -173,7 +173,9 @@ def _asked() -> bool | None:
 def _agree(agreed: bool) -> bool:
     global _agreed
     _agreed = agreed
-    inbox = rank_inbox.current()
+    inbox, reporter = rank_inbox.current(), reporting.current()
+    if agreed and reporter is not None:
+        reporter.client.send(Polling(stopping=True))  # the run ended for the stop, not at its end
     if agreed and inbox is not None and inbox.stop_reason:
         print(f"hvd_magic: stopping: {inbox.stop_reason}", file=sys.stderr, flush=True)
     return agreed

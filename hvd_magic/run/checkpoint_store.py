@@ -35,6 +35,7 @@ class CheckpointStore:
         self.keep = keep
         self.last_landed: int | None = None  # the step of the checkpoint that arrived last
         self.given = bool(target)
+        self.named = False  # its folder was named to the user (where a stop left the run): kept
         self.remote = bool(target) and "://" in str(target)
         self.fs: Any = None
         if self.remote:
@@ -65,6 +66,8 @@ class CheckpointStore:
 
     def discard(self) -> None:
         """Without a ``checkpoint_dir``, checkpoints live as long as the run (and its retries)."""
+        if self.named and not self.remote:
+            return
         if self._folder and (self.remote or not self.given):  # a URL's local staging folder too
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = ""

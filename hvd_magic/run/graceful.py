@@ -51,6 +51,7 @@ class GracefulStop:
         self.next_look = 0.0
         self.noticed: str | None = None  # a rank's own notice (a cloud's, on its machine)
         self.polls = False  # a rank called stopping(): this run can stop at a step boundary
+        self.stopped = False  # and the ranks agreed to stop (not: ran to their end meanwhile)
         self.asked_at: float | None = None
         self.interrupts = self.raised = 0  # SIGINTs received, and raised as KeyboardInterrupt
         self.at_once = False  # asked to stop at once (the panel's "stop now"), not at a step boundary
@@ -58,7 +59,9 @@ class GracefulStop:
         hub.taps[Noticed] = self._noticed
 
     def _polling(self, message: Message) -> None:
+        assert isinstance(message.record, Polling)
         self.polls = True
+        self.stopped = self.stopped or message.record.stopping
 
     def _noticed(self, message: Message) -> None:
         assert isinstance(message.record, Noticed)
@@ -99,7 +102,11 @@ class GracefulStop:
                     f"{GRACE_SECONDS:.0f} s)"
                 )
                 continue
-            if self.preempted is not None:
+            if self.preempted is not None and not self.stopped:  # the cell ran to its end first
+                self.view.notice(
+                    f"preemption notice: {self.preempted}: the run ended before its ranks stopped"
+                )
+            elif self.preempted is not None:
                 error = RunError(
                     f"preempted: {self.preempted}: the ranks stopped{self._where() or ' (no checkpoint)'}"
                 )
@@ -110,8 +117,11 @@ class GracefulStop:
             return value
 
     def _where(self) -> str:
-        """Where the ranks stopped: their last checkpoint (listed only when a stop was asked)."""
+        """Where the ranks stopped: their last checkpoint (listed only when a stop was asked;
+        kept after the run, though in a temporary folder: it is named)."""
         steps = self.store.steps() if self.store is not None else []
+        if self.store is not None and steps:
+            self.store.named = True
         return (
             f" at step {steps[-1]:,}; its checkpoint is in {self.store.target}"
             if self.store and steps
