@@ -177,6 +177,51 @@ def test_import_is_cheap() -> None:
     assert json.loads(lines[-2]) == ["hvd_magic", "hvd_magic.errors"]  # the rest on first use
 
 
+# In a subprocess: the third-party modules ``%load_ext hvd_magic`` loads whose distribution is
+# not among pyproject's dependencies or theirs (what Python's start loaded left out)
+UNDECLARED = """
+import sys
+started = {m.split(".")[0] for m in sys.modules}
+import json, re, tomllib
+from importlib import metadata
+from IPython.core.interactiveshell import InteractiveShell
+
+InteractiveShell.instance().run_line_magic("load_ext", "hvd_magic")
+def named(requirement):
+    return re.split(r"[ <>=!~;\\[]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+with open("pyproject.toml", "rb") as file:
+    todo = [named(r) for r in tomllib.load(file)["project"]["dependencies"]]
+allowed = set()
+while todo:
+    name = todo.pop()
+    if name not in allowed:
+        allowed.add(name)
+        try:
+            todo += [named(r) for r in metadata.requires(name) or [] if "extra ==" not in r]
+        except metadata.PackageNotFoundError:
+            pass
+owners = metadata.packages_distributions()
+loaded = {m.split(".")[0] for m in sys.modules} - started - set(sys.stdlib_module_names) - {"hvd_magic"}
+print(json.dumps(sorted(m for m in loaded if m in owners
+                        and not {d.lower().replace("_", "-") for d in owners[m]} & allowed)))
+"""
+
+
+def test_loading_the_extension_needs_only_the_declared_dependencies() -> None:
+    """A plain ``pip install hvd_magic`` loads the extension: numpy, imported by the live
+    view's model at ``%load_ext``, was in no dependency but an extra's."""
+    done = subprocess.run(
+        [sys.executable, "-c", UNDECLARED],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
 def test_dir_lists_every_public_name_before_its_first_use() -> None:
     code = "import json, hvd_magic\nprint(json.dumps(sorted(set(hvd_magic.__all__) - set(dir(hvd_magic)))))"
     done = subprocess.run(
