@@ -28,6 +28,7 @@ from hvd_magic.protocol import (
 from hvd_magic.run import supervisor as run_supervisor
 from hvd_magic.run import timeouts
 from hvd_magic.run.supervisor import DRAIN_SECONDS, SETTLE_SECONDS, Run
+from hvd_magic.widgets.state import RunModel
 
 from .fakes import FakeHub, ScriptedLauncher, SteppingClock, healthy_rank, nothing, send
 from .helpers import RecordingView
@@ -176,10 +177,14 @@ def test_a_silent_death_seen_by_the_launcher_is_named():
         code=None,
         seen_deaths=[death_of(1, -9, "a")],
     )
-    supervisor, _, _ = run(launcher)
+    supervisor, _, view = run(launcher)
     said = r"rank 1 on a failed \(killed from outside\): it was killed by signal 9"
     with pytest.raises(RankFailedError, match=said):
         supervisor.supervise()
+    model = RunModel(2)  # the live view's, and the kernel's record's: rank 1 failed, not running
+    for message in view.messages:
+        model.apply(message)
+    assert [p.state for p in model.progress] == ["failed", "failed"]
 
 
 def test_a_run_stopped_from_outside_is_the_runs_failure_though_every_rank_spoke_first():

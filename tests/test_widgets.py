@@ -10,7 +10,8 @@ from ipywidgets.widgets.tests.utils import setup_test_comm, teardown_test_comm
 
 from hvd_magic.protocol import Exit, Log, Message, RankError, Reports, Stall, Started
 from hvd_magic.widgets.render import final_html, grid_html
-from hvd_magic.widgets.state import MAX_POINTS, RunModel, TerminalLog
+from hvd_magic.widgets.state import MAX_POINTS, RunModel
+from hvd_magic.widgets.terminal_log import MAX_LINE, TerminalLog
 
 
 @pytest.fixture
@@ -46,6 +47,37 @@ def test_log_keeps_the_newest_lines():
     terminal = TerminalLog(limit=3)
     terminal.feed("".join(f"{i}\n" for i in range(10)))
     assert terminal.lines == ["7", "8", "9"] and terminal.committed == 10
+
+
+def test_a_line_never_ended_keeps_its_last_characters():
+    """Progress dots with no newline grew one string for ever, copied at every feed."""
+    terminal = TerminalLog()
+    for _ in range(300):
+        terminal.feed("." * 99 + "|")
+    assert len(terminal.current) == MAX_LINE and terminal.current.endswith(".|")
+    terminal.feed("\rX\n")  # a rewind still writes at the line's start
+    assert (
+        terminal.lines == ["X" + "." * 98 + "|" + terminal.lines[0][100:]]
+        and len(terminal.lines[0]) == MAX_LINE
+    )
+
+
+def test_a_retried_attempt_shows_its_ranks_running_again_and_a_run_over_none_running():
+    """A rank failed in attempt 1 (Horovod shut down under it) runs again in attempt 2; at the
+    run's end, one that never said its exit (stopped with the run) is no longer "running"."""
+    model = RunModel(2)
+    for rank in (0, 1):
+        model.apply(Message(Started("h", 1, rank, 2), rank))
+    model.apply(Message(RankError("h", "HorovodInternalError", "shut down"), 0))
+    model.apply(Message(Exit(1), 0))
+    assert [p.state for p in model.progress] == ["failed", "running"]
+    for rank in (0, 1):  # the retry
+        model.apply(Message(Started("h", 2, rank, 2), rank))
+    assert [p.state for p in model.progress] == ["running", "running"]
+    model.apply(Message(Exit(0), 0))
+    model.end()
+    assert [p.state for p in model.progress] == ["done", "stopped"]
+    assert "1 stopped" in model.summary() and "running" not in model.summary()
 
 
 def test_steps_per_second_and_eta_decay_while_a_rank_reports_nothing():

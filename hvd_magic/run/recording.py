@@ -65,6 +65,7 @@ class RecordingSink:
             first = str(outcome).strip().splitlines()[:1]
             entry.outcome = f"{type(outcome).__name__}: {first[0] if first else ''}".rstrip(": ")
         if model is not None:
+            model.end()
             with model.lock:
                 entry.summary, entry.final = model.summary(), final_html(model)
                 if serving():  # the panel's tab of an ended run: only where a panel may ask

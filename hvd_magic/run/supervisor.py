@@ -18,7 +18,7 @@ from hvd_magic.errors import RunError, RunInterrupted
 from hvd_magic.hub import Hub
 from hvd_magic.launch import Launcher
 from hvd_magic.options import RunOptions
-from hvd_magic.protocol import Beat, Message, ResumeRequest
+from hvd_magic.protocol import Beat, Exit, Message, ResumeRequest
 from hvd_magic.run import diagnosis, stalls, timeouts
 from hvd_magic.run.checkpoint_store import CheckpointStore
 from hvd_magic.run.graceful import GracefulStop, interrupts_deferred
@@ -150,12 +150,11 @@ class Run:
             self.files.close()
             if leftovers:
                 note = f"still being stopped after the run: {'; '.join(leftovers)}"
-                if error is None:
-                    self.view.notice(f"hvd_magic: {note}")
-                else:
-                    error.add_note(note)
+                self.view.notice(f"hvd_magic: {note}") if error is None else error.add_note(note)
             if isinstance(error, RunError) and error.failure is not None:  # the class, in the record too
                 self.view.notice(f"hvd_magic: {diagnosis.failure_line(error)}")
+                for death in self.launcher.deaths():  # a rank dead without a word: failed, not running
+                    self._own(Message(Exit(-1), death.rank), self.clock())
             self.view.close()
             if self.live_timeline is not None:
                 self.live_timeline.close()

@@ -142,6 +142,7 @@ class LiveView:
         """The final state, drawn once more, then kept as a static record in the live view's
         place; every live widget is closed, so that it leaves the kernel and the saved notebook
         (each plotly figure carries plotly's 5 MB script in its state)."""
+        self.model.end()
         self.draw(final=True)
         if self._handle is not None:
             self._handle.update(RunRecord(self.model))

@@ -6,7 +6,6 @@ terminal-like logs; ``version`` counts changes so a view can redraw only when so
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,46 +27,13 @@ from hvd_magic.protocol import (
     TimingOff,
 )
 from hvd_magic.widgets.step_rate import StepRate
+from hvd_magic.widgets.terminal_log import TerminalLog
 
-__all__ = ["RankProgress", "RunModel", "TerminalLog"]
+__all__ = ["RankProgress", "RunModel", "TerminalLog"]  # TerminalLog: terminal_log's
 
 # the steps some rank reported a metric at, and there its mean, lowest and highest over the ranks
 Grouped = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 MAX_POINTS = 2000  # per rank and metric; older points are thinned, never the newest
-MAX_LOG_LINES = 2000
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-
-
-class TerminalLog:
-    """Text as a terminal would show it: ``\\r`` rewinds the line (tqdm, Keras verbose=1)."""
-
-    def __init__(self, limit: int = MAX_LOG_LINES) -> None:
-        self.limit = limit
-        self.lines: list[str] = []
-        self.current = ""
-        self._cursor = 0
-        self.committed = 0  # lines ever completed, including those dropped from the front
-
-    def feed(self, text: str) -> None:
-        for piece in re.split(r"(\r\n|\r|\n)", _ANSI.sub("", text)):
-            if piece in ("\n", "\r\n"):
-                self._commit()
-            elif piece == "\r":
-                self._cursor = 0
-            elif piece:
-                line = self.current
-                self.current = line[: self._cursor] + piece + line[self._cursor + len(piece) :]
-                self._cursor += len(piece)
-
-    def _commit(self) -> None:
-        self.lines.append(self.current)
-        self.committed += 1
-        self.current, self._cursor = "", 0
-        if len(self.lines) > self.limit:
-            del self.lines[: len(self.lines) - self.limit]
-
-    def text(self) -> str:
-        return "\n".join(self.lines + ([self.current] if self.current else []))
 
 
 @dataclass
@@ -178,10 +144,9 @@ class RunModel:
         if not 0 <= rank < self.ranks:
             return
         progress = self.progress[rank]
-        if isinstance(record, Started):  # the rank's process runs the cell: no longer "starting"
-            progress.host = record.host
-            if progress.state == "starting":
-                progress.state = "running"
+        if isinstance(record, Started):  # the rank's process runs the cell (a retry's: again)
+            progress.host, progress.state, progress.stalled_on = record.host, "running", []
+            progress.straggling = None
         elif isinstance(record, Reports):
             self._dropped[rank] = record.dropped  # cumulative per rank
             for report in message.reports:
@@ -271,8 +236,16 @@ class RunModel:
         steps, _, low, high = self._by_step(metric)
         return Series(steps.tolist(), low.tolist()), Series(steps.tolist(), high.tolist())
 
+    def end(self) -> None:
+        """The run is over: a rank that never said its exit (stopped with the run) is not running."""
+        with self.lock:
+            for progress in self.progress:
+                if progress.state in ("starting", "running", "stalled"):
+                    progress.state = "stopped"
+                    self.version += 1
+
     def counts(self) -> dict[str, int]:
-        counts = {"starting": 0, "running": 0, "stalled": 0, "done": 0, "failed": 0, "skipped": 0}
+        counts = dict.fromkeys(("starting", "running", "stalled", "done", "failed", "stopped", "skipped"), 0)
         for progress in self.progress:
             counts[progress.state] += 1
         return counts
