@@ -197,10 +197,10 @@ def failure_line(error: RunError) -> str:
 
 def last_memory(record: RunRecord, death: RankDeath) -> str:
     """'; its last reported memory: 1,480 MiB' for a rank the OOM killer took, else ''."""
-    series = record.resources.get(death.rank)
-    if death.failure is not FailureClass.OOM or not series:
+    latest = record.resources.get(death.rank)
+    if death.failure is not FailureClass.OOM or latest is None:
         return ""
-    return f"; its last reported memory: {series[-1][1].rss / 2**20:,.0f} MiB"
+    return f"; its last reported memory: {latest.rss / 2**20:,.0f} MiB"
 
 
 def death_host(record: RunRecord, death: RankDeath) -> str:

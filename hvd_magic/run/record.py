@@ -5,7 +5,7 @@ are only consequences of another rank's."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hvd_magic.protocol import (
     Exit,
@@ -67,7 +67,8 @@ class RunRecord:
     # a wait that just ended, kept until the rank moves on: a call that fails ends its wait, and
     # the rank's watch, or its exit, may be folded in before the failure is judged
     ended_waits: dict[int, WaitSeen] = field(default_factory=dict)
-    resources: dict[int, list[tuple[float, RankStatus]]] = field(default_factory=dict)  # per rank, in time
+    resources: dict[int, RankStatus] = field(default_factory=dict)  # each rank's latest (a beat a second)
+    peaks: dict[int, RankStatus] = field(default_factory=dict)  # each rank's highest memory and CPU seen
     stragglers: list[Straggler] = field(default_factory=list)  # named and recovered, in time
 
     def apply(self, message: Message, at: float) -> None:
@@ -78,8 +79,12 @@ class RunRecord:
             same = self.stall is not None and self.stall.stall == record
             self.stall = StallSeen(record, self.stall.since if self.stall and same else at)
             return
-        if isinstance(record, RankStatus):  # a rank's resources, not progress
-            self.resources.setdefault(message.rank, []).append((at, record))
+        if isinstance(record, RankStatus):  # a rank's resources, not progress; none kept in a list,
+            self.resources[message.rank] = record  # which a run of days of 64 ranks grew to GiBs
+            peak = self.peaks.get(message.rank, record)
+            self.peaks[message.rank] = replace(
+                peak, rss=max(peak.rss, record.rss), cpu=max(peak.cpu, record.cpu)
+            )
             return
         if isinstance(record, Straggler):  # the notebook's own finding
             self.stragglers.append(record)
@@ -137,7 +142,7 @@ class RunRecord:
 
     def peak_rss(self) -> dict[int, int]:
         """Each rank's highest memory (its process tree's RSS, bytes) seen in the run."""
-        return {rank: max(status.rss for _, status in series) for rank, series in self.resources.items()}
+        return {rank: peak.rss for rank, peak in self.peaks.items()}
 
     def never_started(self) -> list[int]:
         return [rank for rank in range(self.ranks) if rank not in self.started]
