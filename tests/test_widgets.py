@@ -88,13 +88,26 @@ def test_steps_per_second_and_eta_decay_while_a_rank_reports_nothing():
     rank = model.progress[0]
     seen = rank.step_seen
     assert rank.rate_at(seen) == 20.0 and rank.eta_at(seen) == pytest.approx(89 / 20)
-    assert rank.rate_at(seen + 0.04) == 20.0  # within one step's time: as measured
-    assert rank.rate_at(seen + 10) == pytest.approx(0.1)  # 10 s without a step: at most 1 in 10 s
-    assert rank.eta_at(seen + 10) == pytest.approx(890.0)
+    assert rank.rate_at(seen + 0.4) == 20.0  # within one report's time (10 steps): as measured
+    assert rank.rate_at(seen + 10) == pytest.approx(1.0)  # 10 s without a step: at most 10 in 10 s
+    assert rank.eta_at(seen + 10) == pytest.approx(89.0)
     model.apply(reports(0, {"t": 10.5, "step": 12, "total": 100}))
     assert rank.rate_at(rank.step_seen) < 20.0  # it moved again; its smoothed rate fell
     model.apply(Message(Exit(0), 0))
     assert rank.eta_at(seen + 100) is None  # done: no ETA
+
+
+def test_a_rank_that_reports_every_100_steps_shows_its_rate_between_reports():
+    """It showed one step in the time since its report: 2 steps/s half a second after a report
+    of a rank at 50 steps/s (an ETA 25 times too long)."""
+    model = RunModel(1)
+    for report, t in enumerate((0.0, 2.0, 4.0)):
+        model.apply(reports(0, {"t": t, "step": 100 * report, "total": 100_000}))
+    rank = model.progress[0]
+    for quiet in (0.5, 1.0, 1.9):
+        assert rank.rate_at(rank.step_seen + quiet) == 50.0
+        assert rank.eta_at(rank.step_seen + quiet) == pytest.approx((100_000 - 200) / 50)
+    assert rank.rate_at(rank.step_seen + 20) == pytest.approx(5.0)  # no report in 10 of its spans: decays
 
 
 def test_the_grid_shows_each_ranks_resources_and_after_the_run_its_peak_memory():

@@ -71,9 +71,9 @@ class RankProgress:
         return min(1.0, self.step / self.total)
 
     def rate_at(self, now: float) -> float | None:
-        """Steps/s as shown at ``now``: the smoothed rate, but never more than one step in the
-        time since the last one came, so a rank that reports nothing (it waits in a collective)
-        decays rather than showing its last rate for ever."""
+        """Steps/s as shown at ``now``: the smoothed rate, but never more than one report's
+        steps in the time since the last one came, so a rank that reports nothing (it waits in
+        a collective) decays rather than showing its last rate for ever (``StepRate.at``)."""
         return self.steps.at(now) if self.state == "running" else self.rate
 
     def eta_at(self, now: float) -> float | None:
