@@ -212,6 +212,23 @@ def test_final_record_holds_the_curve_data():
     assert "<svg" in html
 
 
+def test_a_loss_gone_to_nan_or_inf_breaks_the_saved_curve_there_and_its_data_stays_json():
+    """The saved record's chart drew 'nan' into its points (a browser stops the line there, and a
+    first nan made every point nan), inf flattened the scale, and its data held a bare NaN, which
+    JSON.parse refuses."""
+    model = RunModel(1)
+    losses = [1.0, 0.5, float("nan"), 0.25, float("inf"), 0.125]
+    model.apply(reports(0, *({"step": s, "metrics": {"loss": v}} for s, v in enumerate(losses))))
+    html = final_html(model)
+    payload = re.search(r'class="hvd-metrics">(.*?)</script>', html).group(1)
+    data = json.loads(payload, parse_constant=lambda name: pytest.fail(f"{name} in the record's JSON"))
+    assert data["loss"]["rank 0"]["value"] == [1.0, 0.5, None, 0.25, None, 0.125]
+    points = re.findall(r'points="([^"]*)"><title>rank 0<', html)
+    assert [len(p.split()) for p in points] == [2, 1, 1]  # the line broken at each
+    assert "nan" not in html.lower().replace("nanoseconds", "") and "inf<" not in html
+    assert ">1<" in html and ">0.125<" in html  # the scale of the finite values
+
+
 def test_curves_catch_up_when_the_run_goes_quiet(comms):
     """Curves redraw at most twice a second; the last points must not wait for a next message."""
     from hvd_magic.widgets.live_view import LiveView

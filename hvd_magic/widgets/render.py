@@ -222,8 +222,11 @@ def traces(
 
 
 def svg_chart(series: dict[str, Series], width: int = 480, height: int = 160) -> str:
-    """A small static line chart (for the saved notebook and its HTML export)."""
-    points = [(x, y) for s in series.values() for x, y in zip(s.steps, s.values, strict=True)]
+    """A small static line chart (for the saved notebook and its HTML export). A value that is
+    not finite (a loss gone to nan or inf) breaks its line there and is left out of the scale."""
+    points = [
+        (x, y) for s in series.values() for x, y in zip(s.steps, s.values, strict=True) if math.isfinite(y)
+    ]
     if not points:
         return ""
     xs, ys = [p[0] for p in points], [p[1] for p in points]
@@ -232,22 +235,31 @@ def svg_chart(series: dict[str, Series], width: int = 480, height: int = 160) ->
     sy = (height - 20) / ((y1 - y0) or 1)
     lines = []
     for name, s in series.items():
-        path = " ".join(
-            f"{45 + (x - x0) * sx:.1f},{height - 10 - (y - y0) * sy:.1f}"
-            for x, y in zip(s.steps, s.values, strict=True)
-        )
         style = (
             'stroke="#000" stroke-width="2"'
             if name == "mean"
             else 'stroke="#1e88e5" stroke-width="1" opacity="0.5"'
         )
-        lines.append(
-            f'<polyline fill="none" {style} points="{path}"><title>{html.escape(name)}</title></polyline>'
-        )
+        for run in _finite_runs(s):
+            path = " ".join(f"{45 + (x - x0) * sx:.1f},{height - 10 - (y - y0) * sy:.1f}" for x, y in run)
+            lines.append(
+                f'<polyline fill="none" {style} points="{path}"><title>{html.escape(name)}</title></polyline>'
+            )
     labels = [(0, 12, y1), (0, height - 10, y0), (45, height, x0), (width - 40, height, x1)]
     axes = "".join(f'<text x="{x}" y="{y}" font-size="10">{v:.4g}</text>' for x, y, v in labels)
     svg = f'<svg width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg">'
     return f"{svg}{axes}{''.join(lines)}</svg>"
+
+
+def _finite_runs(series: Series) -> list[list[tuple[float, float]]]:
+    """``series``' points in runs between the values that are not finite."""
+    runs: list[list[tuple[float, float]]] = [[]]
+    for x, y in zip(series.steps, series.values, strict=True):
+        if math.isfinite(y):
+            runs[-1].append((x, y))
+        elif runs[-1]:
+            runs.append([])
+    return [run for run in runs if run]
 
 
 def final_html(model: RunModel, every_rank: bool = False, curves: bool = True) -> str:
@@ -263,7 +275,10 @@ def final_html(model: RunModel, every_rank: bool = False, curves: bool = True) -
         chart = {f"rank {r}": s for r, s in sorted(model.series[metric].items())}
         chart["mean"] = model.mean_series(metric)
         parts.append(f"<div><b>{html.escape(metric)}</b><br>{svg_chart(chart)}</div>")
-        data[metric] = {name: {"step": s.steps, "value": s.values} for name, s in chart.items()}
+        data[metric] = {
+            name: {"step": s.steps, "value": _listed(np.asarray(s.values, dtype=float))}
+            for name, s in chart.items()
+        }
     if data:
         payload = json.dumps(data).replace("</", "<\\/")  # raw text inside <script>: only "</" matters
         parts.append(f'<script type="application/json" class="hvd-metrics">{payload}</script>')
