@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from hvd_magic.rank.telemetry import GpuSample, ResourceSampler, gpu_probe
 from hvd_magic.protocol import Message, RankStatus
+from hvd_magic.rank.telemetry import GpuSample, ResourceSampler, gpu_probe
 from hvd_magic.run import supervisor
 from hvd_magic.run.record import RunRecord
 
