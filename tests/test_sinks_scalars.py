@@ -4,6 +4,7 @@ each step once every rank reported it, or after the grace, or at the end."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import hypothesis
@@ -78,6 +79,21 @@ def test_an_attempt_on_fewer_ranks_gets_its_means_at_once_and_the_last_attempts_
     assert scalars.rest() == []
 
 
+def test_a_retry_that_resumes_below_a_step_written_without_a_rank_means_it_over_every_rank_again():
+    """Attempt 1 wrote step 80's mean without rank 1 (it died); attempt 2 resumed from step 50,
+    and its rank 1's step 80 was taken as late, left out of the mean."""
+    scalars = Scalars(ranks=2)
+    for rank in (0, 1):
+        scalars.take(started(rank, 2), now=0.0)
+    scalars.take(reports(0, {"t": 1.0, "step": 80, "metrics": {"loss": 1.0}}), now=1.0)
+    assert scalars.take(Message(Exit(1), 0), now=1.0 + GRACE_SECONDS)[-1] == Point("loss", 80, 1.0, 1.0)
+    for rank in (0, 1):  # the retry
+        scalars.take(started(rank, 2), now=50.0)
+    scalars.take(reports(0, {"t": 60.0, "step": 80, "metrics": {"loss": 2.0}}), now=60.0)
+    both = scalars.take(reports(1, {"t": 61.0, "step": 80, "metrics": {"loss": 4.0}}), now=61.0)
+    assert both == [Point("loss", 80, 4.0, 61.0, rank=1), Point("loss", 80, 3.0, 61.0)]
+
+
 def test_a_metric_without_a_step_is_at_the_ranks_current_step_else_its_count_of_records():
     scalars = Scalars(ranks=1)
     points = scalars.take(
@@ -114,3 +130,35 @@ def test_run_names_sort_in_the_order_the_runs_started_whatever_the_clock_says(of
     assert sorted(names) == names and len(set(names)) == len(names)
     later = [run_name(now + offset) for offset in offsets]  # the clock jumping back and forth
     assert sorted(later) == later and later[0] > names[-1]
+
+
+class Kept:
+    """A sink of our own interface that keeps what it is given; ``broken``: its messages raise."""
+
+    def __init__(self, broken: bool = False) -> None:
+        self.broken, self.messages, self.closed = broken, 0, []
+        self.ended = threading.Event()
+
+    def message(self, message: Message) -> None:
+        if self.broken:
+            raise OSError("the tracking server went away")
+        self.messages += 1
+
+    def close(self, outcome: BaseException | None) -> None:
+        self.closed.append(outcome)
+        self.ended.set()
+
+
+def test_a_sink_that_fails_mid_run_is_closed_as_it_is_dropped_and_the_others_go_on(capsys):
+    """It was dropped unclosed: an MLflow run it began stayed RUNNING, the notebook's active run."""
+    from hvd_magic.sinks import Sinks
+
+    broken, healthy = Kept(broken=True), Kept()
+    sinks = Sinks({"MLflow": broken, "TensorBoard": healthy})
+    for _ in range(3):
+        sinks.message(reports(0, {"step": 1}))
+    sinks.close(None)
+    assert broken.ended.wait(30)  # closed beside the run, which a slow close must not hold up
+    assert [type(e).__name__ for e in broken.closed] == ["OSError"] and healthy.closed == [None]
+    assert healthy.messages == 3
+    assert "MLflow stopped during the run (OSError: the tracking server went away)" in capsys.readouterr().err

@@ -10,6 +10,7 @@ that fails mid-run is dropped with one line on stderr: the training goes on.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -35,6 +36,11 @@ class Sink(Protocol):
     def close(self, outcome: BaseException | None) -> None: ...
 
 
+def _close_quietly(sink: Sink, error: BaseException) -> None:
+    with contextlib.suppress(Exception):
+        sink.close(error)
+
+
 class Sinks:
     """The run's sinks, fed together; one failing is dropped, never the run."""
 
@@ -48,6 +54,8 @@ class Sinks:
             except Exception as err:  # noqa: BLE001 - a sink's failure must not end the training
                 del self.sinks[what]
                 _say(f"{what} stopped during the run ({type(err).__name__}: {err}); the run goes on")
+                # ended as it can be (an MLflow run it began: ended), not in the run's way
+                threading.Thread(target=_close_quietly, args=(sink, err), daemon=True).start()
 
     def shown_in(self, view: Any) -> Any:
         """The run's view, handed to the sinks that read what it already folds (a sink's

@@ -81,6 +81,8 @@ class Scalars:
         if rank in self._started or size != self.ranks:
             points = self.rest()
             self._started.clear()
+            self._late.clear()  # a resumed attempt reports those steps again, every rank of it
+            self._step.clear()
             self.ranks = size
         self._started.add(rank)
         return points
