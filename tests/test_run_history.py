@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from types import SimpleNamespace
 
@@ -44,6 +45,28 @@ def test_a_cold_cell_is_recorded_with_its_summary_and_value(ip, capsys, tmp_path
     assert f"run {number}, 2 ranks local: finished\nlaunched by local · Horovod (mpirun)\n" in shown
     assert "hvd_magic: 2 ranks" in shown and "loss 0.25" in shown and "rank 0's value: returned" in shown
     assert ip.run_line_magic("horovod", f"runs {number}") == 42
+
+
+def test_a_runs_end_is_stamped_before_the_other_sinks_finish(ip, monkeypatch):
+    """MLflow's close (its metrics sent, the timeline uploaded: up to a minute) came first: the
+    record's end and time included it, and the panel showed the run live meanwhile."""
+    from hvd_magic.run import recording
+    from hvd_magic.sinks import Sinks
+
+    class Slow:
+        closing: float | None = None
+
+        def message(self, message: Message) -> None:
+            pass
+
+        def close(self, outcome: BaseException | None) -> None:
+            Slow.closing = time.time()
+
+    monkeypatch.setattr(recording, "make_sinks", lambda options: Sinks({"MLflow": Slow()}))
+    assert ip.run_cell_magic("horovod", "np=-2 launcher=gloo", "1") == 1
+    entry = HISTORY.get()
+    assert entry is not None and Slow.closing is not None and entry.ended is not None
+    assert entry.ended <= Slow.closing
 
 
 def test_a_failed_run_is_recorded_with_its_error_and_no_value(ip, capsys):

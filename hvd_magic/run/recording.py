@@ -74,8 +74,12 @@ class RecordingSink:
 
 
 def recorded_sinks(options: RunOptions, where: str | None = None) -> Sinks:
-    """The sinks ``options`` ask for (``make_sinks``) and the kernel's record of the run."""
+    """The sinks ``options`` ask for (``make_sinks``) and the kernel's record of the run, closed
+    first: its end is the run's, not MLflow's upload of the timeline after it."""
     sinks = make_sinks(options)
-    sinks.sinks["the kernel's record of its runs"] = RecordingSink(HISTORY.begin(options, where))
+    sinks.sinks = {
+        "the kernel's record of its runs": RecordingSink(HISTORY.begin(options, where)),
+        **sinks.sinks,
+    }
     serve_in_kernel(HISTORY)
     return sinks
