@@ -32,12 +32,18 @@ def _kind(data_type: Any) -> str:
     return data_type.simpleString()  # type: ignore[no-any-return]
 
 
-def check_columns(df: Any, features: list[str], labels: list[str], validation: str | None = None) -> None:
-    """A DataError naming what is missing or unusable, before anything launches."""
+def check_columns(
+    df: Any, features: list[str], labels: list[str] | None, validation: str | None = None
+) -> None:
+    """A DataError naming what is missing or unusable, before anything launches (``labels``:
+    None where none is read, as in a model's ``transform``)."""
     if not features:
         raise DataError(
             "feature_cols is empty: name the column(s) the model reads, e.g. feature_cols=['features']"
         )
+    if labels is not None and not labels:
+        raise DataError("label_cols is empty: name the column(s) the model learns, e.g. label_cols=['label']")
+    labels = labels or []
     types = {field.name: field.dataType for field in df.schema.fields}
     extra = [validation] if validation else []
     missing = [name for name in [*features, *labels, *extra] if name not in types]
@@ -96,10 +102,31 @@ def feature_array(table: Any, features: list[str]) -> Any:
     for name in features:
         column = table.column(name).combine_chunks()
         if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+            _check_even(name, column)
             parts.append(column.flatten().to_numpy(zero_copy_only=False).reshape(rows, -1))
         else:
             parts.append(column.to_numpy(zero_copy_only=False).reshape(rows, 1))
     return numpy.concatenate(parts, axis=1).astype(numpy.float32, copy=False)
+
+
+def _check_even(name: str, column: Any) -> None:
+    """An array column's rows all of one length and none null (flattened, they would shift
+    one row's values into the next), else a DataError that names it."""
+    import pyarrow.compute as pc
+
+    lengths = pc.list_value_length(column)
+    if lengths.null_count:
+        raise DataError(
+            f"column {name!r} has {lengths.null_count} null row(s): an array column's every row needs "
+            "its values (fill or drop them first, e.g. df.dropna(subset=[...]))"
+        )
+    span = pc.min_max(lengths)
+    low, high = span["min"].as_py(), span["max"].as_py()
+    if low != high:
+        raise DataError(
+            f"column {name!r} holds arrays of {low} to {high} values: every row's must be as long "
+            "(pad or cut them to one length first)"
+        )
 
 
 def label_array(table: Any, labels: list[str]) -> Any:

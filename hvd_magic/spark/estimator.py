@@ -62,6 +62,7 @@ class HorovodModel(Model, ModelParams, MLWritable, MLReadable["HorovodModel"]):
             batch_size=self.getOrDefault("batch_size"),
             input_tensor_shapes=[[self.feature_width]] if self.feature_width else None,
         )
+        check_columns(dataset, self.getOrDefault("feature_cols"), None)  # a DataError naming the column
         output = self.getOrDefault("output_cols")[0]
         with_output = dataset.withColumn(
             output, predict(features_column(dataset, self.getOrDefault("feature_cols")))

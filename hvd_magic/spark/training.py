@@ -67,7 +67,8 @@ class Rows:
 
 def load_rows(spec: TrainSpec) -> Rows:
     """This rank's shard as numpy arrays, validation rows apart: those the ``validation`` column
-    marks, or the last ``validation`` share (every rank then holds as many rows)."""
+    marks, or a ``validation`` share of them drawn with the run's seed (every rank then holds as
+    many; not the shard's last rows: data sorted by its label would be validated on one label)."""
     from hvd_magic.data import shard
 
     table = shard("arrow")
@@ -75,8 +76,14 @@ def load_rows(spec: TrainSpec) -> Rows:
     if isinstance(spec.validation, str):
         held = table.column(spec.validation).to_numpy(zero_copy_only=False).astype(bool)
         return Rows(x[~held], y[~held], x[held], y[held])
-    cut = len(x) - int(round(len(x) * spec.validation))
-    return Rows(x[:cut], y[:cut], x[cut:], y[cut:])
+    import numpy
+
+    drawn = numpy.random.default_rng(spec.seed or 0).permutation(len(x))[
+        : int(round(len(x) * spec.validation))
+    ]
+    held = numpy.zeros(len(x), dtype=bool)
+    held[drawn] = True
+    return Rows(x[~held], y[~held], x[held], y[held])
 
 
 def steps_per_epoch(spec: TrainSpec, total_rows: int, ranks: int) -> int:
