@@ -69,3 +69,12 @@ def test_a_fit_without_labels_and_a_transform_without_its_features_are_named_bef
         check_columns(frame, ["pixels"], None)
     with pytest.raises(DataError, match="feature column 'name' is string"):
         check_columns(frame, ["name"], None)
+
+
+def test_a_model_dir_given_as_a_one_slash_url_is_that_folder(tmp_path, monkeypatch):
+    """model.save('file:/x'), model_dir='file:/x': written to ./file:/x before."""
+    from hvd_magic.spark.persistence import local_folder
+
+    monkeypatch.chdir(tmp_path)
+    with local_folder(f"file:{tmp_path}/model") as folder:
+        assert folder == f"{tmp_path}/model"

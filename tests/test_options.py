@@ -9,6 +9,7 @@ import pytest
 
 from hvd_magic.options import OptionError, RunOptions, cell_options, make_options
 from hvd_magic.options import parse as options
+from hvd_magic.options.folders import full_location, parse_checkpoint_dir
 from hvd_magic.options.local_ranks import check_local_ranks
 from hvd_magic.options.parse import (
     parse_env,
@@ -304,3 +305,33 @@ def test_horovod_runner_refuses_a_typo_np_as_a_value_error(monkeypatch: pytest.M
     with pytest.raises(ValueError, match="oversubscribe=True"):
         HorovodRunner(np=-1000)
     assert HorovodRunner(np=-1000, oversubscribe=True).num_processor == 1000
+
+
+# --- places for files ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "read"),
+    [
+        ("dbfs:/models/m", "/dbfs/models/m"),
+        ("file:/tmp/x", "/tmp/x"),
+        ("hdfs:/user/me/ck", "hdfs:///user/me/ck"),
+        ("s3://bucket/key", "s3://bucket/key"),
+        ("file:///tmp/x", "file:///tmp/x"),
+        ("C:/data", "C:/data"),
+        ("runs/mnist", "runs/mnist"),
+    ],
+)
+def test_a_url_with_one_slash_is_a_url_not_a_relative_folder(given: str, read: str) -> None:
+    """dbfs:/, file:/ and hdfs:/ (as Spark writes them) made folders named 'dbfs:' in the cwd."""
+    assert full_location(given) == read
+
+
+def test_checkpoint_dir_and_logdir_read_one_slash_urls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert parse_checkpoint_dir(f"file:{tmp_path}/ck") == f"{tmp_path}/ck"
+    with pytest.raises(OptionError, match="checkpoint_dir=/dbfs/ck: neither it nor its folder /dbfs exists"):
+        parse_checkpoint_dir("dbfs:/ck")  # not on Databricks: no mount
+    assert not (tmp_path / "dbfs:").exists()

@@ -4,16 +4,32 @@
 from __future__ import annotations
 
 import os
+import re
 
 from hvd_magic.options.extras import tensorboard_record_writer
 from hvd_magic.options.parse import OptionError
 
-__all__ = ["COMMON_SCHEMES", "parse_checkpoint_dir", "parse_logdir"]
+__all__ = ["COMMON_SCHEMES", "full_location", "parse_checkpoint_dir", "parse_logdir"]
+
+# file:/x: a scheme of 2 letters or more (not C:/), then one slash
+_SHORT_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):(/(?!/).*)$")
+
+
+def full_location(text: str) -> str:
+    """A place for files, as hvd_magic reads it: a URL with one slash (as Spark writes them;
+    they were taken for relative folders) in its full form (``hdfs:/x`` -> ``hdfs:///x``),
+    ``file:/x`` as the path ``/x``, Databricks' ``dbfs:/x`` as its mount ``/dbfs/x``; else as it is."""
+    found = _SHORT_URL.match(text)
+    if found is None:
+        return text
+    scheme, path = found[1].lower(), found[2]
+    return {"dbfs": f"/dbfs{path}", "file": path}.get(scheme, f"{found[1]}://{path}")
 
 
 def parse_checkpoint_dir(value: str | None) -> str | None:
     if not value:
         return None
+    value = full_location(value)
     if "://" in value:
         return _file_system_url("checkpoint_dir", value)
     folder = os.path.abspath(os.path.expanduser(value))
@@ -57,6 +73,7 @@ def parse_logdir(value: str | None) -> str | None:
     """A folder for TensorBoard event files (made if missing); refused without tensorboard."""
     if not value:
         return None
+    value = full_location(value)
     if "://" in value:
         raise OptionError(f"logdir={value}: give a folder of this machine (or a mount: /dbfs/...), not a URL")
     folder = os.path.abspath(os.path.expanduser(value))

@@ -15,6 +15,7 @@ from typing import Any
 import cloudpickle
 from pyspark.ml.util import MLReader, MLWriter
 
+from hvd_magic.options.folders import full_location
 from hvd_magic.spark.persistence import local_folder, open_location
 
 __all__ = ["EstimatorReader", "EstimatorWriter"]
@@ -37,6 +38,7 @@ class EstimatorWriter(MLWriter):
         self.estimator = estimator
 
     def save(self, path: str) -> None:
+        path = full_location(path)
         if "://" in path:
             from pyarrow import fs
 

@@ -17,6 +17,8 @@ import time
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
+from hvd_magic.options.folders import full_location
+
 __all__ = ["load", "local_folder", "open_location", "save"]
 
 M = TypeVar("M")  # a HorovodModel subclass (not imported here: the estimator imports this module)
@@ -47,6 +49,7 @@ def local_folder(
     """``location`` as a local folder: a path is itself; for a URL (``open_location``) a local
     copy, fetched first and sent back after, even when the block fails (the checkpoints a
     failed fit made are kept)."""
+    location = full_location(location) if location else location
     if not location or ("://" not in location and filesystem is None):
         yield os.path.abspath(location) if location else None
         return
@@ -66,6 +69,7 @@ def local_folder(
 
 
 def save(model: Any, location: str, overwrite: bool = False) -> None:
+    location = full_location(location)
     if "://" in location:
         from pyarrow import fs
 
