@@ -117,3 +117,36 @@ def test_a_manifest_reads_its_row_ranges_and_chosen_columns_in_every_form(tmp_pa
     assert batches.column_names == ["label", "id"] and batches.column("id").to_pylist() == expected
     whole = write_manifest(str(tmp_path / "all"), [Piece(b, 2, 10, 20)], {"rank": "1"})
     assert read_shard(whole, "arrow").column_names == ["id", "x", "label"]  # None: every column
+
+
+def test_every_ranks_shard_of_a_pandas_frame_has_its_columns_dtypes(tmp_path):
+    """Nullable Int64 and boolean columns: the shard with a null read back as float64 and
+    object, the one without as int64 and bool (pandas' own metadata was dropped)."""
+    import pandas as pd
+
+    frame = pd.DataFrame({"n": pd.array([1, None, 3, 4], "Int64"), "b": pd.array([True, None, False, True])})
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    kinds = []
+    for rank, rows in enumerate((table.slice(0, 2), table.slice(2, 2))):  # a null in the first only
+        path = str(tmp_path / f"shard-{rank}")
+        write_shard(path, rows.to_batches(), table.schema, {"rank": str(rank)})
+        shard = read_shard(path, "pandas")
+        kinds.append((str(shard["n"].dtype), str(shard["b"].dtype)))
+    assert kinds == [("Int64", "boolean"), ("Int64", "boolean")]
+
+
+def test_a_parquet_file_pandas_wrote_keeps_its_index_a_column_as_spark_reads_it(tmp_path):
+    """df.to_parquet() with a named index: the Parquet path's shard made it the DataFrame's
+    index (shard()['key'] raised KeyError there only)."""
+    import pandas as pd
+
+    from hvd_magic.data.parquet import Piece, write_manifest
+
+    pd.DataFrame({"key": [10, 11, 12], "x": [0.5, 1.5, 2.5]}).set_index("key").to_parquet(
+        tmp_path / "a.parquet"
+    )
+    manifest = write_manifest(
+        str(tmp_path / "shard"), [Piece(str(tmp_path / "a.parquet"), 0, 0, 3)], {"rank": "0"}
+    )
+    shard = read_shard(manifest, "pandas")
+    assert shard["key"].tolist() == [10, 11, 12] and list(shard.columns) == ["x", "key"]

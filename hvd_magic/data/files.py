@@ -41,7 +41,10 @@ def write_shard(
     never sees half a file); returns the number of rows."""
     rows = 0
     partial = f"{path}.partial"
-    schema = schema.with_metadata({f"hvd_magic.{key}": value for key, value in metadata.items()})
+    ours = {f"hvd_magic.{key}".encode(): value.encode() for key, value in metadata.items()}
+    schema = schema.with_metadata(
+        {**(schema.metadata or {}), **ours}
+    )  # pandas' dtypes kept: every rank's alike
     with pa.OSFile(partial, "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
         for batch in batches:
             if batch.num_rows:

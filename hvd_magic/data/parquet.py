@@ -219,4 +219,13 @@ def read_manifest(path: str) -> tuple[Any, list[Piece]]:
     if pieces[0].columns is not None:
         schema = pa.schema([schema.field(name) for name in pieces[0].columns], schema.metadata)
     ours = {f"hvd_magic.{key}".encode(): value.encode() for key, value in content["metadata"].items()}
-    return schema.with_metadata({**(schema.metadata or {}), **ours}), pieces
+    return schema.with_metadata({**_no_index(schema.metadata or {}), **ours}), pieces
+
+
+def _no_index(metadata: dict[bytes, bytes]) -> dict[bytes, bytes]:
+    """A file pandas wrote (``df.to_parquet()``) keeps its dtypes, but its index is a column as
+    Spark reads it (the other paths' shards have it as a column too)."""
+    if b"pandas" not in metadata:
+        return metadata
+    described = json.loads(metadata[b"pandas"])
+    return metadata | {b"pandas": json.dumps(described | {"index_columns": []}).encode()}
