@@ -133,6 +133,9 @@ def test_every_ranks_shard_of_a_pandas_frame_has_its_columns_dtypes(tmp_path):
         shard = read_shard(path, "pandas")
         kinds.append((str(shard["n"].dtype), str(shard["b"].dtype)))
     assert kinds == [("Int64", "boolean"), ("Int64", "boolean")]
+    indexed = pa.Table.from_pandas(frame.set_index(pd.Index([5, 6, 7, 8], name="key")))
+    write_shard(str(tmp_path / "indexed"), indexed.to_batches(), indexed.schema, {"rank": "0"})
+    assert read_shard(str(tmp_path / "indexed"), "pandas")["key"].tolist() == [5, 6, 7, 8]  # a column
 
 
 def test_a_parquet_file_pandas_wrote_keeps_its_index_a_column_as_spark_reads_it(tmp_path):

@@ -147,7 +147,13 @@ def test_parse_env_empty(empty: object) -> None:
 
 @pytest.mark.parametrize(
     ("text", "bad"),
-    [("NOEQUALS,A=1", "NOEQUALS"), ("A=1,1X=2", "1X=2"), ("A=1,=v", "=v"), ("MY-VAR=1", "MY-VAR=1")],
+    [
+        ("NOEQUALS,A=1", "NOEQUALS"),
+        ("A=1,1X=2", "1X=2"),
+        ("A=1,=v", "=v"),
+        ("MY-VAR=1", "MY-VAR=1"),
+        ("A=1,", ""),
+    ],
 )
 def test_parse_env_names_the_bad_item(text: str, bad: str) -> None:
     with pytest.raises(OptionError, match="KEY=VALUE") as info:

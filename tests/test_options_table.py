@@ -180,3 +180,8 @@ def test_a_value_is_read_as_the_shell_would_and_reaches_the_option_whole(ip):
         "données",
     )
     assert magics._parse("np=-2 --env X=a*b,CUDA_VISIBLE_DEVICES=0,1").env == "X=a*b,CUDA_VISIBLE_DEVICES=0,1"
+    assert normalize_line("--checkpoint_dir ~/checkpoint_dir np=-2") == [  # a value is not an option
+        "--checkpoint_dir",
+        "~/checkpoint_dir",
+        "--np=-2",
+    ]

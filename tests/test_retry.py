@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import tempfile
 import time
 from pathlib import Path
 
@@ -229,6 +230,8 @@ def test_a_clouds_notice_read_on_the_ranks_machine_checkpoints_where_they_are(ip
         and ": reclaimed in 2 minutes: the ranks write a checkpoint" in said
     )
     assert f"attempt 2 of 2 from step {starts[1]}" in said
+    named = said.split("its checkpoint is in ", 1)[1].split()[0].rstrip(":;,")
+    assert named.startswith(tempfile.gettempdir()) and not os.path.exists(named)  # the retry went on from it
 
 
 ENDS_AFTER_A_NOTICE = """

@@ -187,6 +187,27 @@ def test_a_silent_death_seen_by_the_launcher_is_named():
     assert [p.state for p in model.progress] == ["failed", "failed"]
 
 
+class StopKills(ScriptedLauncher):
+    """A local launcher's deaths: after its stop, every rank it stopped has died too."""
+
+    def stop(self) -> list[str]:
+        self.seen_deaths.append(death_of(0, -15, "a"))  # rank 0: stopped by the run, not failed
+        return super().stop()
+
+
+def test_only_the_ranks_dead_before_the_stop_are_shown_failed():
+    launcher = StopKills(
+        on_start=[send(0, Started("a", 1, 0, 2)), send(1, Started("a", 2, 1, 2)), send(0, SHUT_DOWN)],
+        code=None,
+        seen_deaths=[death_of(1, -9, "a")],
+    )
+    supervisor, _, view = run(launcher)
+    with pytest.raises(RankFailedError, match="rank 1 on a failed"):
+        supervisor.supervise()
+    dead = [m.rank for m in view.messages if isinstance(m.record, Exit) and m.record.code == -1]
+    assert dead == [1]
+
+
 def test_a_run_stopped_from_outside_is_the_runs_failure_though_every_rank_spoke_first():
     """Spark cancelled the job: each rank saw its peers go and said so before the launcher's word."""
     started = [send(0, Started("a", 1, 0, 2)), send(1, Started("b", 2, 1, 2))]
@@ -227,10 +248,10 @@ def test_silence_beyond_the_timeout_ends_the_run_naming_the_silent_ranks():
     assert "`py-spy dump --native --pid 1` on its host" in said and "--pid 2`" in said
 
 
-def test_ranks_that_never_start_end_the_run_after_the_start_timeout(monkeypatch):
-    monkeypatch.setenv("HVD_MAGIC_START_TIMEOUT", "50")  # read at each run, as %env sets it
+def test_ranks_that_never_start_end_the_run_after_the_start_timeout():
     launcher = ScriptedLauncher(on_start=[send(0, Started("a", 1, 0, 2))], code=None)
     supervisor, _, _ = run(launcher)
+    supervisor.start_limit = 50.0  # each run's HVD_MAGIC_START_TIMEOUT (test_faults sets it)
     with pytest.raises(RunTimeout, match=r"ranks \[1\] did not start within 50 s"):
         supervisor.supervise()
 
@@ -243,10 +264,10 @@ def test_a_start_timeout_that_is_no_number_of_seconds_is_named(monkeypatch, text
         timeouts.start_limit()
 
 
-def test_a_launch_slower_than_the_timeout_is_judged_by_the_start_timeout(monkeypatch):
-    monkeypatch.setenv("HVD_MAGIC_START_TIMEOUT", "50")  # read at each run, as %env sets it
+def test_a_launch_slower_than_the_timeout_is_judged_by_the_start_timeout():
     launcher = ScriptedLauncher(code=None)  # no rank has started: not a hang yet
     supervisor, _, _ = run(launcher, timeout=5)
+    supervisor.start_limit = 50.0
     with pytest.raises(RunTimeout, match=r"ranks \[0, 1\] did not start within 50 s"):
         supervisor.supervise()
 

@@ -76,8 +76,8 @@ def test_a_retried_attempt_shows_its_ranks_running_again_and_a_run_over_none_run
     assert [p.state for p in model.progress] == ["running", "running"]
     model.apply(Message(Exit(0), 0))
     model.end()
-    assert [p.state for p in model.progress] == ["done", "stopped"]
-    assert "1 stopped" in model.summary() and "running" not in model.summary()
+    assert [p.state for p in model.progress] == ["done", "ended"]
+    assert "1 ended" in model.summary() and "running" not in model.summary()
 
 
 def test_steps_per_second_and_eta_decay_while_a_rank_reports_nothing():

@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from hvd_magic.data.parquet import MANIFEST, read_manifest, read_pieces, read_table
+from hvd_magic.data.parquet import MANIFEST, no_index, read_manifest, read_pieces, read_table
 
 __all__ = ["read_shard", "scratch_dir", "write_shard"]
 
@@ -42,9 +42,8 @@ def write_shard(
     rows = 0
     partial = f"{path}.partial"
     ours = {f"hvd_magic.{key}".encode(): value.encode() for key, value in metadata.items()}
-    schema = schema.with_metadata(
-        {**(schema.metadata or {}), **ours}
-    )  # pandas' dtypes kept: every rank's alike
+    # pandas' dtypes kept (alike on every rank), its index a column
+    schema = schema.with_metadata({**no_index(schema.metadata or {}), **ours})
     with pa.OSFile(partial, "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
         for batch in batches:
             if batch.num_rows:

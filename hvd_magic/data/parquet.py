@@ -26,6 +26,7 @@ from hvd_magic.data.split import ShardPlan, plan_shards
 __all__ = [
     "MANIFEST",
     "Piece",
+    "no_index",
     "parquet_plan",
     "pieces_of",
     "read_manifest",
@@ -219,12 +220,12 @@ def read_manifest(path: str) -> tuple[Any, list[Piece]]:
     if pieces[0].columns is not None:
         schema = pa.schema([schema.field(name) for name in pieces[0].columns], schema.metadata)
     ours = {f"hvd_magic.{key}".encode(): value.encode() for key, value in content["metadata"].items()}
-    return schema.with_metadata({**_no_index(schema.metadata or {}), **ours}), pieces
+    return schema.with_metadata({**no_index(schema.metadata or {}), **ours}), pieces
 
 
-def _no_index(metadata: dict[bytes, bytes]) -> dict[bytes, bytes]:
-    """A file pandas wrote (``df.to_parquet()``) keeps its dtypes, but its index is a column as
-    Spark reads it (the other paths' shards have it as a column too)."""
+def no_index(metadata: dict[bytes, bytes]) -> dict[bytes, bytes]:
+    """Pandas' metadata of a table (``df.to_parquet()``, ``Table.from_pandas``) with its index a
+    column, as Spark reads it: every path's shard keeps the dtypes and has the index a column."""
     if b"pandas" not in metadata:
         return metadata
     described = json.loads(metadata[b"pandas"])

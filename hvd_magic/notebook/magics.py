@@ -43,7 +43,7 @@ def normalize_line(line: str) -> list[str]:
         key, sep, _ = token.partition("=")
         if token == "-np":
             token = key = "--np"
-        elif tokens and tokens[-1][2:] in NAMES and not key.startswith("-"):
+        elif tokens and tokens[-1].startswith("--") and tokens[-1][2:] in NAMES and not key.startswith("-"):
             pass  # the value of ``--env A=1``, written apart from its option
         elif sep and not key.startswith("-"):
             if key not in NAMES:

@@ -128,7 +128,7 @@ def _pairs(text: str | dict[str, str] | None) -> dict[str, str]:
         if sep and name.strip().isidentifier():
             key = name.strip()
             env[key] = value
-        elif key and not sep:  # CUDA_VISIBLE_DEVICES=0,1: a comma within the value
+        elif key and not sep and item:  # CUDA_VISIBLE_DEVICES=0,1: a comma within the value
             env[key] += "," + item
         else:
             raise OptionError(

@@ -10,8 +10,8 @@
 ...         hvd_magic.checkpoint({"step": step, "model": model.state_dict()}, step=step)
 ...         break
 
-Outside a run each is harmless: ``checkpoint`` returns False, ``resume`` None, ``stopping``
-False.
+Outside a run each is harmless: ``checkpoint`` returns False (a negative step is refused
+everywhere), ``resume`` None, ``stopping`` False.
 """
 
 from __future__ import annotations

@@ -64,6 +64,7 @@ class Attempts:
         slots it needs (a lost executor takes a while to come back)."""
         deadline = time.monotonic() + wait
         if self.again:
+            self.store.named = False  # the last attempt's stop named its folder: this one goes on from it
             self.sizes.next(self.causes[-1] if self.causes else "")
             self.again = False
             self.sizes.wait_for_slots(deadline)

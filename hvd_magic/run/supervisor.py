@@ -68,13 +68,13 @@ def _attempts(
     try:
         while True:
             try:
-                launcher = attempts.launcher(create, timeouts.start_limit())
+                launcher = attempts.launcher(create, limit := timeouts.start_limit())
             except KeyboardInterrupt:
                 raise RunInterrupted("interrupted before any rank started; nothing was launched.") from None
             for text in launcher.notices:
                 view.notice(text)
             run = Run(Hub(launcher.bind_host, packed.blob), launcher, shown, attempts.options, store, sinks)
-            run.grow = attempts.sizes.grow_check()
+            run.grow, run.start_limit = attempts.sizes.grow_check(), limit
             try:
                 value = run.supervise()
             except BaseException as err:  # noqa: BLE001 - raised again unless the run may start again
@@ -98,6 +98,7 @@ class Run:
     keeps_hub = False  # a live session's cell: the hub outlives the run
     beats = True  # ask the ranks for their resources every BEAT_SECONDS (a session beats itself)
     grow: Callable[[], bool] | None = None  # a smaller run (min_np=): stop now, the slots are back?
+    start_limit = 300.0  # seconds the ranks have to start (HVD_MAGIC_START_TIMEOUT, read at each run)
 
     def __init__(
         self,
@@ -115,7 +116,7 @@ class Run:
         self.files = RankFiles(options.timeline, options.files_dir, store, hub.send_to)
         self.stopper = GracefulStop(hub, view, store, clock)
         self.prompts = RankPrompts(hub, view, self.record.started)
-        self.last_beat, self.start_limit = now, timeouts.start_limit()
+        self.last_beat = now
         if store is not None:
             hub.responders[ResumeRequest] = store.answer
         self.stall_seconds = stall_seconds(options)
@@ -145,7 +146,9 @@ class Run:
     def _finish(self, error: BaseException | None) -> None:
         """Stop the launcher, say what it could not stop (on ``error``), the last messages; close."""
         with interrupts_deferred():  # pressing stop again must not cut the clean-up short
-            leftovers = self.launcher.stop()
+            failed = isinstance(error, RunError) and error.failure is not None  # a rank's failure ended it
+            dead = {d.rank for d in self.launcher.deaths()} - set(self.record.exited) if failed else set()
+            leftovers = self.launcher.stop()  # (after it, every rank it stopped is a death too)
             self._pump(wait=0)
             self.files.close()
             if leftovers:
@@ -153,8 +156,8 @@ class Run:
                 self.view.notice(f"hvd_magic: {note}") if error is None else error.add_note(note)
             if isinstance(error, RunError) and error.failure is not None:  # the class, in the record too
                 self.view.notice(f"hvd_magic: {diagnosis.failure_line(error)}")
-                for death in self.launcher.deaths():  # a rank dead without a word: failed, not running
-                    self._own(Message(Exit(-1), death.rank), self.clock())
+            for rank in sorted(dead):  # dead without a word: failed, not running
+                self._own(Message(Exit(-1), rank), self.clock())
             self.view.close()
             if self.live_timeline is not None:
                 self.live_timeline.close()

@@ -36,11 +36,6 @@ class Sink(Protocol):
     def close(self, outcome: BaseException | None) -> None: ...
 
 
-def _close_quietly(sink: Sink, error: BaseException) -> None:
-    with contextlib.suppress(Exception):
-        sink.close(error)
-
-
 class Sinks:
     """The run's sinks, fed together; one failing is dropped, never the run."""
 
@@ -54,8 +49,9 @@ class Sinks:
             except Exception as err:  # noqa: BLE001 - a sink's failure must not end the training
                 del self.sinks[what]
                 _say(f"{what} stopped during the run ({type(err).__name__}: {err}); the run goes on")
-                # ended as it can be (an MLflow run it began: ended), not in the run's way
-                threading.Thread(target=_close_quietly, args=(sink, err), daemon=True).start()
+                # ended as it can be, here: MLflow keeps the run it began as this thread's active run
+                with contextlib.suppress(Exception):
+                    sink.close(err)
 
     def shown_in(self, view: Any) -> Any:
         """The run's view, handed to the sinks that read what it already folds (a sink's

@@ -6,13 +6,14 @@ ranks report (``if hvd.rank() == 0: report(val_acc=...)``) never gets there: its
 taken over the ranks that did, ``GRACE_SECONDS`` after the first of them (ranks in step report
 within a flush or two of each other, 0.1 s apart), or when the run ends. A value that comes
 after its step's mean was written (a rank more than the grace behind) is that rank's point
-only: a step has one mean. A metric reported without a step belongs to the rank's current
+only: a step has one mean in an attempt. A metric reported without a step belongs to the rank's current
 step, as in the live view.
 
 A run that starts again (``retries=``; on another number of ranks with ``min_np=``) is seen by
 its ranks' ``Started``: a rank that starts a second time, or on another size, begins the next
 attempt. The steps the last attempt left without every rank's value get their means then, over
-the ranks that reported, and the next steps' means wait for the new attempt's ranks.
+the ranks that reported, and the next steps' means wait for the new attempt's ranks: one that
+resumed from a checkpoint reports steps again, and they get their means again, over every rank.
 """
 
 from __future__ import annotations

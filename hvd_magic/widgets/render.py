@@ -24,7 +24,7 @@ STATE_COLOURS = {
     "stalled": "#fb8c00",
     "done": "#43a047",
     "failed": "#e53935",
-    "stopped": "#757575",  # ended with the run without saying its exit (an interrupt, a timeout)
+    "ended": "#757575",  # ended with the run without saying its exit (an interrupt, a timeout)
     "skipped": "#bdbdbd",  # a live session's rank that is not part of the cell (rank=, ranks=)
 }
 

@@ -40,7 +40,8 @@ MAX_POINTS = 2000  # per rank and metric; older points are thinned, never the ne
 class RankProgress:
     rank: int
     host: str = ""
-    state: str = "starting"  # starting, running, stalled, done, failed; skipped: not in the cell
+    state: str = "starting"  # starting, running, stalled, done, failed, ended (with the run,
+    # no exit said); skipped: not in the cell
     stalled_on: list[str] = field(default_factory=list)  # tensors (calls) the others wait on it for
     stalled_action: str = "submitted"  # torch.distributed ranks: "reached"
     step: int | None = None
@@ -241,11 +242,11 @@ class RunModel:
         with self.lock:
             for progress in self.progress:
                 if progress.state in ("starting", "running", "stalled"):
-                    progress.state = "stopped"
+                    progress.state = "ended"
                     self.version += 1
 
     def counts(self) -> dict[str, int]:
-        counts = dict.fromkeys(("starting", "running", "stalled", "done", "failed", "stopped", "skipped"), 0)
+        counts = dict.fromkeys(("starting", "running", "stalled", "done", "failed", "ended", "skipped"), 0)
         for progress in self.progress:
             counts[progress.state] += 1
         return counts
