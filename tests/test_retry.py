@@ -334,6 +334,18 @@ def test_a_negative_step_is_refused_where_it_is_given():
         checkpoint({}, step=-1)
 
 
+def test_an_attempts_ranks_share_one_read_of_the_latest_until_another_lands(tmp_path):
+    """Each rank's resume() read the checkpoint anew: np copies of it in the kernel at once."""
+    store = CheckpointStore(str(tmp_path))
+    (tmp_path / checkpoint_name(10)).write_bytes(b"ten" * 1000)
+    blobs = [store.answer(Message(ResumeRequest(rank), rank=rank))[1] for rank in range(4)]
+    assert blobs[0] == b"ten" * 1000 and all(blob is blobs[0] for blob in blobs)
+    (tmp_path / checkpoint_name(10)).write_bytes(b"ten again")  # a resumed attempt writes step 10 anew
+    store.landed(str(tmp_path / checkpoint_name(10)))
+    answer, blob = store.answer(Message(ResumeRequest(5), rank=0))
+    assert (answer.step, blob) == (10, b"ten again")
+
+
 def test_checkpoints_go_to_an_fsspec_url_whole(tmp_path):
     store = CheckpointStore("memory://hvd-magic-test/run")
     for step in (5, 10, 15, 20):

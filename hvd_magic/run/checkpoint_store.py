@@ -36,6 +36,8 @@ class CheckpointStore:
         self.last_landed: int | None = None  # the step of the checkpoint that arrived last
         self.given = bool(target)
         self.named = False  # its folder was named to the user (where a stop left the run): kept
+        self._landings = 0  # checkpoints landed so far (what ``_shared`` was read after)
+        self._shared: tuple[int, tuple[int, bytes] | None] | None = None  # the latest, as answered
         self.remote = bool(target) and "://" in str(target)
         self.fs: Any = None
         if self.remote:
@@ -66,6 +68,7 @@ class CheckpointStore:
 
     def discard(self) -> None:
         """Without a ``checkpoint_dir``, checkpoints live as long as the run (and its retries)."""
+        self._shared = None
         if self.named and not self.remote:
             return
         if self._folder and (self.remote or not self.given):  # a URL's local staging folder too
@@ -98,6 +101,7 @@ class CheckpointStore:
         """A checkpoint arrived whole at ``path`` (in ``folder``): publish it, keep the last."""
         found = _NAME.match(os.path.basename(path))
         self.last_landed = int(found.group(1)) if found else self.last_landed
+        self._landings += 1
         if self.remote:
             final = f"{self.target}/{os.path.basename(path)}"
             self.fs.put_file(path, f"{final}.partial")
@@ -111,10 +115,16 @@ class CheckpointStore:
                     os.unlink(self._path(step))
 
     def answer(self, message: Message) -> tuple[ResumeAnswer, bytes]:
-        """The hub's answer to a rank's ``ResumeRequest``."""
+        """The hub's answer to a rank's ``ResumeRequest``. An attempt's ranks ask at once: the
+        latest is read once and the answers share it (np copies of a large checkpoint in the
+        kernel, else), until the next checkpoint lands."""
         assert isinstance(message.record, ResumeRequest)
         try:
-            latest = self.latest()
+            if self._shared is not None and self._shared[0] == self._landings:
+                latest = self._shared[1]
+            else:
+                landings, latest = self._landings, self.latest()
+                self._shared = (landings, latest)  # (a checkpoint landing meanwhile: read again next)
         except Exception as err:  # noqa: BLE001 (an object store's own errors: gcsfs', adlfs'): the rank raises it
             return ResumeAnswer(message.record.id, error=f"{self.target}: {type(err).__name__}: {err}"), b""
         if latest is None:
