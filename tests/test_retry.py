@@ -392,6 +392,31 @@ def test_each_failure_class_and_whether_it_is_retried():
     assert not FailureClass.CODE.retried
 
 
+def test_an_interrupt_while_a_retry_waits_for_its_slots_says_which_attempt_it_stopped(tmp_path):
+    """It said "nothing was launched" after attempts had run."""
+    from hvd_magic.options import make_options
+    from hvd_magic.run.retry import Attempts
+
+    from .helpers import RecordingView
+
+    attempts = Attempts(
+        make_options(np=-2, retries=2), RecordingView(), CheckpointStore(None), lambda o: None
+    )
+    assert "nothing was launched" in str(attempts.interrupted())
+    lost = RunError("rank 1 on hostB was lost")
+    lost.failure, lost.cause = FailureClass.LOST, "rank 1 on hostB was lost"
+    attempts.failed(lost)
+
+    def interrupted_while_waiting(options: object) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        attempts.launcher(interrupted_while_waiting, 0)
+    said = str(attempts.interrupted())
+    assert said.startswith("interrupted while attempt 2 waited for its slots; it was not launched")
+    assert "1. executor or host lost: rank 1 on hostB was lost" in said and "nothing was launched" not in said
+
+
 PROGRESS = """
 import pathlib, time, horovod.torch as hvd, torch, hvd_magic
 hvd.init()

@@ -76,6 +76,16 @@ class Attempts:
                     raise
                 time.sleep(SLOT_POLL_SECONDS)
 
+    def interrupted(self) -> RunInterrupted:
+        """An interrupt before this attempt's ranks started (while it waited for its slots)."""
+        if self.sizes.attempt == 1:
+            return RunInterrupted("interrupted before any rank started; nothing was launched.")
+        earlier = "; ".join(f"{n}. {c}" for n, c in enumerate(self.causes, 1)) or "slots came back"
+        return RunInterrupted(
+            f"interrupted while attempt {self.sizes.attempt} waited for its slots; it was not launched "
+            f"(earlier attempts: {earlier})."
+        )
+
     def failed(self, error: BaseException) -> None:
         """Raise ``error`` unless the run may start again (its class, ``RunError.failure``, is
         retried and retries are left); else say so in the view."""

@@ -70,7 +70,7 @@ def _attempts(
             try:
                 launcher = attempts.launcher(create, limit := timeouts.start_limit())
             except KeyboardInterrupt:
-                raise RunInterrupted("interrupted before any rank started; nothing was launched.") from None
+                raise attempts.interrupted() from None
             for text in launcher.notices:
                 view.notice(text)
             run = Run(Hub(launcher.bind_host, packed.blob), launcher, shown, attempts.options, store, sinks)
