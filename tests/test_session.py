@@ -3,6 +3,7 @@ real Horovod), cells run on them in kept namespaces; errors, interrupts, status 
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import signal
@@ -262,6 +263,47 @@ def test_a_session_from_python_keeps_globals_between_calls():
         assert session.run(total) == 6.0
         assert session.run(mine, ranks=[1]) == 4.0
         assert "2 ranks" in session.status()
+    assert leftover_processes() == []
+
+
+class Scaler:
+    def __init__(self, factor: float) -> None:
+        self.factor = factor
+
+    def times(self, value: float) -> float:
+        return self.factor * value
+
+    def __call__(self, value: float) -> float:
+        return self.factor + value
+
+
+def test_a_session_from_python_runs_any_callable_and_refuses_ranks_it_has_not():
+    """A partial, a callable object or a bound method ended the session (its ranks read the
+    function's globals, or dropped ``self``); keyword-only defaults were lost; ranks=[5] on 2
+    ranks ended the session too, and ranks=[0, 0] ran the function twice."""
+
+    def scaled(value, *, by=3.0):
+        return value * by
+
+    def counted():
+        global calls
+        calls = globals().get("calls", 0) + 1
+        return calls
+
+    with Session(np=-2) as session:
+        assert session.run(functools.partial(scaled, 2.0)) == 6.0
+        assert session.run(Scaler(2.0).times, value=5.0) == 10.0
+        assert session.run(Scaler(2.0), value=5.0) == 7.0
+        assert session.run(scaled, value=1.0) == 3.0
+        for ranks_, said in [
+            ([5], "the live session has ranks 0 to 1; '5' names others"),
+            ([], "ranks=\\[\\] names no rank"),
+            ("0", "ranks takes a list of rank numbers"),
+        ]:
+            with pytest.raises(ValueError, match=said):
+                session.run(scaled, value=1.0, ranks=ranks_)
+        assert session.run(counted, ranks=[1, 1]) == 1  # once on rank 1
+        assert session.run(counted, ranks=1) == 2
     assert leftover_processes() == []
 
 

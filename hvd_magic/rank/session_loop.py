@@ -73,12 +73,25 @@ class Namespace:
             payload.namespace = {}
         elif isinstance(payload, FunctionPayload):  # its globals are the kept namespace
             function = payload.function
-            self.names.update({k: v for k, v in function.__globals__.items() if k not in self.owned})
-            payload.function = types.FunctionType(
-                function.__code__, self.names, function.__name__, function.__defaults__, function.__closure__
-            )
+            inner = getattr(function, "__func__", None)
+            if isinstance(function, types.MethodType) and isinstance(inner, types.FunctionType):
+                payload.function = types.MethodType(self._kept(inner), function.__self__)  # bound again
+            elif isinstance(function, types.FunctionType):
+                payload.function = self._kept(function)
+            # else a partial, a callable object: called as it is, with its own globals
         self._before = {name: id(value) for name, value in self.names.items()}
         return payload
+
+    def _kept(self, function: types.FunctionType) -> types.FunctionType:
+        """``function`` with the kept namespace for its globals (all else as it was: keyword-only
+        defaults, attributes, its qualified name)."""
+        self.names.update({k: v for k, v in function.__globals__.items() if k not in self.owned})
+        kept = types.FunctionType(
+            function.__code__, self.names, function.__name__, function.__defaults__, function.__closure__
+        )
+        kept.__kwdefaults__, kept.__qualname__ = function.__kwdefaults__, function.__qualname__
+        kept.__dict__.update(function.__dict__)
+        return kept
 
     def settle(self) -> None:
         """After a cell: what it assigned is the ranks' own."""
@@ -148,7 +161,12 @@ class _Loop:
             report_error(self.client, self.host, err)
             return False
         try:
-            ok = run_payload(self.client, self.namespace.prepare(payload), self.host, reply=reply) == 0
+            prepared = self.namespace.prepare(payload)
+        except Exception as err:  # noqa: BLE001 - the cell's error: the session goes on
+            report_error(self.client, self.host, err)
+            prepared = None
+        try:
+            ok = prepared is not None and run_payload(self.client, prepared, self.host, reply=reply) == 0
             self.namespace.settle()
         finally:
             if recording is not None:

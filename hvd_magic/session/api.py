@@ -14,7 +14,13 @@ from hvd_magic.options.option import SESSION, SESSION_RUN
 from hvd_magic.options.parse import parse_timeout
 from hvd_magic.options.run_options import keywords
 from hvd_magic.run.packing import pack_function
-from hvd_magic.session.commands import session_cell_options, stacks_text, status_text, timeline_ready
+from hvd_magic.session.commands import (
+    parse_ranks,
+    session_cell_options,
+    stacks_text,
+    status_text,
+    timeline_ready,
+)
 from hvd_magic.session.live import LiveSession
 
 __all__ = ["Session"]
@@ -80,11 +86,12 @@ class Session:
             raise self._ended()
         asked = keywords(SESSION_RUN, locals())
         try:
-            options = session_cell_options(self._live, asked, ranks)
+            targets = parse_ranks(None, _listed(ranks), self._live.size)
+            options = session_cell_options(self._live, asked, targets)
         except UsageError as err:
             raise ValueError(str(err)) from None
         try:
-            value, _ = self._live.run(pack_function(main, kwargs), ranks, options=options)
+            value, _ = self._live.run(pack_function(main, kwargs), targets, options=options)
         except SessionEnded:  # idle= ended it as this call came: the call ran nowhere
             raise self._ended() from None
         return value
@@ -116,3 +123,15 @@ class Session:
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def _listed(ranks: object) -> str | None:
+    """``ranks=`` of ``Session.run`` (a list of rank numbers, or one) as ``parse_ranks`` reads it."""
+    if ranks is None:
+        return None
+    chosen = [ranks] if isinstance(ranks, int) else ranks
+    if isinstance(ranks, (bool, str)) or not isinstance(chosen, (list, tuple, set, range)):
+        raise ValueError(f"ranks takes a list of rank numbers, e.g. ranks=[0, 2]; got {ranks!r}")
+    if not chosen:
+        raise ValueError("ranks=[] names no rank: leave ranks out to run on every rank")
+    return ",".join(str(rank) for rank in chosen)
