@@ -60,4 +60,12 @@ def test_spans_are_computed_once_per_timeline(tmp_path: Path) -> None:
 def test_a_timeline_without_spans_gives_an_empty_frame(tmp_path: Path) -> None:
     path = write_events(tmp_path / "marks.json", [{"name": "CYCLE_START", "ph": "i", "ts": 5, "s": "g"}])
     frame = spans(read(path))
-    assert frame.empty and list(frame.columns) == ["pid", "name", "start", "end", "duration", "depth"]
+    assert frame.empty and list(frame.columns) == [
+        "pid",
+        "name",
+        "start",
+        "end",
+        "duration",
+        "depth",
+        "tensor",
+    ]

@@ -149,6 +149,44 @@ def test_metadata_names_tensors_from_process_name_events(tmp_path: Path) -> None
     assert _metadata_args(fast) == _metadata_args(general)
 
 
+@pytest.mark.parametrize(
+    ("args", "read_as"),
+    [('"x"', {}), ("null", {}), ('{"name": "a", "x": tru}', None)],
+    ids=["text", "null", "bad"],
+)
+def test_metadata_args_that_are_not_an_object_are_none_and_bad_json_a_timeline_error(
+    tmp_path: Path, args: str, read_as: dict | None
+) -> None:
+    """They raised AttributeError or JSONDecodeError, from read() or later from .events."""
+    path = tmp_path / "odd-args.json"
+    path.write_text(
+        f'[{{"name": "process_name", "ph": "M", "pid": 1, "args": {args}}},\n'
+        '{"ph": "B", "name": "ALLREDUCE", "ts": 1, "pid": 1},\n{"ph": "E", "ts": 3, "pid": 1}]'
+    )
+    if read_as is None:
+        with pytest.raises(TimelineError, match="not a Horovod Timeline"):
+            read(path)
+        return
+    timeline = read(path)
+    assert timeline.tensors == {} and len(timeline.events) == 3 and len(spans(timeline)) == 1
+
+
+def test_a_fractional_or_huge_time_is_read_or_refused_never_wrapped(tmp_path: Path) -> None:
+    """Fractional microseconds (other tools' traces) were refused by the general reader; a time
+    past int64 wrapped around in the scanner, giving a span of minus 7.7e18 us."""
+    fraction = write_events(
+        tmp_path / "fraction.json",
+        [{"ph": "B", "name": "ALLREDUCE", "ts": 1.4, "pid": 1}, {"ph": "E", "ts": 3.6, "pid": 1}],
+    )
+    assert spans(read(fraction))[["start", "end"]].values.tolist() == [[1, 4]]
+    huge = tmp_path / "huge.json"
+    huge.write_text(
+        '[{"ph": "B", "name": "A", "ts": 1, "pid": 1},{"ph": "E", "ts": 99999999999999999999, "pid": 1}]'
+    )
+    with pytest.raises(TimelineError, match="not a Horovod Timeline"):
+        read(huge)
+
+
 def test_timeline_error_is_the_one_from_hvd_magic_errors() -> None:
     assert hvd_magic.timeline.TimelineError is hvd_magic.errors.TimelineError
     assert issubclass(TimelineError, hvd_magic.errors.HorovodMagicError)

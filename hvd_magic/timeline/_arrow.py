@@ -30,10 +30,16 @@ __all__ = ["metadata_rows", "parse", "span_store", "tensor_bytes"]
 
 TENSOR = [("dtype", pa.string()), ("shape", pa.string())]
 # What is parsed: SCHEMA, and the dtype and shape Horovod writes where an operation on a tensor
-# ends (turned into the tensor's bytes, then dropped from the events)
+# ends (turned into the tensor's bytes, then dropped from the events); times as numbers, a
+# fraction of a microsecond too (other tools' Chrome traces), rounded to SCHEMA's int64 after
+TIMES = ("ts", "dur")
 PARSED = pa.schema(
     [
-        *(field for field in SCHEMA if field.name != "args"),
+        *(
+            pa.field(field.name, pa.float64()) if field.name in TIMES else field
+            for field in SCHEMA
+            if field.name != "args"
+        ),
         pa.field("args", pa.struct([*SCHEMA.field("args").type, *TENSOR])),
     ]
 )
@@ -50,6 +56,14 @@ def parse(
     for offset, view, last, closed in chunks:
         table, cut = _parse_chunk(path, offset, bytes(view), last and not closed)
         truncated |= cut
+        for name in TIMES:
+            try:
+                column = pc.round(table[name]).cast(pa.int64())
+            except pa.ArrowInvalid:
+                raise TimelineError(
+                    f"{path}: not a Horovod Timeline: a {name} past 2**63 microseconds"
+                ) from None
+            table = table.set_column(table.schema.get_field_index(name), name, column)
         keep_largest(sizes, *_sizes(table))
         table = table.set_column(
             table.schema.get_field_index("args"), "args", table["args"].cast(SCHEMA.field("args").type)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hvd_magic.errors import TimelineError
 from hvd_magic.timeline.store import StoreBuilder, keep_largest
 
 if TYPE_CHECKING:
@@ -163,7 +164,7 @@ class Digest:
             row = (
                 known[label] if label >= 0 else None,
                 None if tensor == ABSENT else tensor,
-                json.loads(args),
+                meta_args(args),
             )
             self.meta.append(row)
         if sizes:
@@ -175,6 +176,18 @@ class Digest:
     def names(self) -> list[str]:
         """Names by id."""
         return list(self.vocabulary)
+
+
+def meta_args(raw: bytes | str) -> dict[str, Any]:
+    """A metadata event's ``args``: a JSON object (anything else counts as none); a
+    TimelineError where it is not JSON."""
+    try:
+        args = json.loads(raw)
+    except ValueError:
+        raise TimelineError(
+            f"not a Horovod Timeline: a metadata event's args are not JSON: {raw[:80]!r}"
+        ) from None
+    return args if isinstance(args, dict) else {}
 
 
 def global_ids(vocabulary: dict[str, int], names: list[str], ids: bytes) -> np.ndarray:
@@ -196,7 +209,7 @@ def _assemble(parts: list[Part], truncated: bool) -> Columns:
         columns["name"].append(global_ids(vocabulary, names, ids))
         for key, raw in (("ts", ts), ("pid", pid), ("dur", dur)):
             columns[key].append(np.frombuffer(raw, np.int64))
-        meta.extend((rows + index, json.loads(args)) for index, args in chunk_meta)
+        meta.extend((rows + index, meta_args(args)) for index, args in chunk_meta)
         rows += len(ph)
     dtypes = {"ph": np.uint8, "name": np.int32}
     merged = {

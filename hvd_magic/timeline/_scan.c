@@ -113,7 +113,10 @@ static int64_t integer(const char *s, Py_ssize_t i, Py_ssize_t end, int *ok) {
     int64_t value = 0;
     for (; i < end; i++) {
         if (s[i] < '0' || s[i] > '9') { *ok = 0; return 0; }
-        value = value * 10 + (s[i] - '0');
+        int digit = s[i] - '0';
+        /* past int64: not ours to read (the constant first: the scan's hot loop) */
+        if (value > (INT64_MAX - 9) / 10 && value > (INT64_MAX - digit) / 10) { *ok = 0; return 0; }
+        value = value * 10 + digit;
     }
     *ok = 1;
     return negative ? -value : value;

@@ -170,7 +170,7 @@ def metadata(rows: Iterable[MetadataRow]) -> tuple[dict[int, str], int | None]:
     tensors: dict[int, str] = {}
     start: int | None = None
     for name, pid, args in rows:
-        args = args or {}
+        args = args if isinstance(args, dict) else {}  # (a trace of another tool's: args may be anything)
         tensor = args.get("name")
         if name == "process_name" and isinstance(tensor, str) and isinstance(pid, int):
             tensors[pid] = tensor

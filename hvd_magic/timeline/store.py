@@ -83,7 +83,7 @@ class SpanStore:
             import pandas as pd
 
             if not len(self):
-                return pd.DataFrame(columns=["pid", "name", "start", "end", "duration", "depth"])
+                return pd.DataFrame(columns=["pid", "name", "start", "end", "duration", "depth", "tensor"])
             order = np.lexsort((self.row_pids[self.row], self.start))
             row = self.row[order]
             tensor_codes = np.array([-1 if t is None else i for i, t in enumerate(self.row_tensors)])
