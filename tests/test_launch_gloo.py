@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import errno
 import http.client
+import os
 import socket
 import subprocess
 import sys
@@ -22,6 +23,11 @@ def test_gloo_slots_number_ranks_host_by_host_and_become_horovods_environment():
         ("h0", 0, 0, 0),
         ("h0", 1, 1, 0),
         ("h1", 2, 0, 1),
+    ]
+    assert [(s.cross_rank, s.cross_size, s.group_rank, s.group_size) for s in slots] == [
+        (0, 2, 0, 2),
+        (0, 1, 0, 2),  # local rank 1: only h0 has one (the hosts' count, 2, made it wait for ever)
+        (1, 2, 1, 2),
     ]
     env = gloo_env(slots[2], 4242, "lo")
     assert env["HOROVOD_RANK"] == "2" and env["HOROVOD_SIZE"] == "3" and env["HOROVOD_HOSTNAME"] == "h1"
@@ -136,3 +142,47 @@ def test_a_tasks_store_closes_without_waiting_out_a_half_second_poll():
     started = time.monotonic()
     server.close()
     assert time.monotonic() - started < 0.25
+
+
+@pytest.mark.parametrize("layout", [[2, 1], [1, 3, 2], [4], [2, 2], [1, 1, 1]])
+def test_the_layout_is_horovodruns_for_hosts_of_any_sizes(layout):
+    """horovodrun's own assignment is the oracle (horovod.runner's get_host_assignments)."""
+    from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
+
+    hosts = [(f"h{index}", count) for index, count in enumerate(layout)]
+    theirs = get_host_assignments([HostInfo(name, count) for name, count in hosts], sum(layout))
+    fields = ("hostname", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")
+    ours = gloo_slots(hosts)
+    assert [[getattr(s, f) for f in fields] for s in ours] == [
+        [getattr(s, f) for f in fields] for s in theirs
+    ]
+
+
+def test_ranks_on_hosts_of_uneven_sizes_meet_in_horovods_gloo_rendezvous():
+    """np=3 over executors of 2 and 1 ranks: every rank waited in hvd.init() for a cross peer
+    that did not exist, and the run ended at Gloo's timeout."""
+    slots = gloo_slots([("h0", 2), ("h1", 1)])
+    server = LoopbackStoreServer(GlooStore(slots).request)
+    code = (
+        "import horovod.torch as hvd, torch\nhvd.init()\n"
+        "print(hvd.allreduce(torch.ones(1), op=hvd.Sum).item())"
+    )
+    quick = {"HOROVOD_GLOO_TIMEOUT_SECONDS": "60", "OMP_NUM_THREADS": "1"}
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            env={**os.environ, **gloo_env(slot, server.port, "lo"), **quick},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for slot in slots
+    ]
+    try:
+        said = [rank.communicate(timeout=120)[0] for rank in ranks]
+    finally:
+        for rank in ranks:
+            rank.kill()
+        server.close()
+    assert [rank.returncode for rank in ranks] == [0, 0, 0], said
+    assert all(text.strip().splitlines()[-1] == "3.0" for text in said), said

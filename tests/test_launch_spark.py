@@ -110,6 +110,7 @@ def test_spark_plan_groups_tasks_by_executor_and_numbers_ranks_host_by_host():
     assert dataclasses.asdict(plan.slots[2]) == {
         "hostname": "hvd-host-0",
         "rank": 1, "size": 4, "local_rank": 1, "local_size": 2, "cross_rank": 0, "cross_size": 2,
+        "group_rank": 0, "group_size": 2,
     }  # fmt: skip
     assert plan.slots[1].rank == 2
     assert SparkPlan.from_json(json.loads(json.dumps(plan.to_json()))) == plan  # as the tasks get it

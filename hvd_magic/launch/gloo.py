@@ -35,12 +35,24 @@ Backend = Callable[[str, str, bytes], tuple[int, bytes]]
 
 
 def gloo_slots(hosts: list[tuple[str, int]]) -> list[GlooSlot]:
-    """Horovod's rank layout for ``(hostname, ranks there)`` pairs, in rank order."""
+    """Horovod's rank layout for ``(hostname, ranks there)`` pairs, in rank order, as horovodrun
+    makes it: a rank's cross rank and size count the hosts that have a rank of its local rank
+    (hosts of 2 and 1 ranks: local rank 1's cross size is 1; the hosts' count, it waited for a
+    peer that never came)."""
     size = sum(count for _, count in hosts)
+    having = [
+        sum(1 for _, count in hosts if count > local)
+        for local in range(max((c for _, c in hosts), default=0))
+    ]
+    seen = [0] * len(having)
     slots: list[GlooSlot] = []
-    for cross_rank, (hostname, count) in enumerate(hosts):
+    for group_rank, (hostname, count) in enumerate(hosts):
         for local_rank in range(count):
-            slots.append(GlooSlot(hostname, len(slots), size, local_rank, count, cross_rank, len(hosts)))
+            cross = (seen[local_rank], having[local_rank])
+            seen[local_rank] += 1
+            slots.append(
+                GlooSlot(hostname, len(slots), size, local_rank, count, *cross, group_rank, len(hosts))
+            )
     return slots
 
 

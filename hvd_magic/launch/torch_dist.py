@@ -22,8 +22,8 @@ def torch_env(slot: GlooSlot, master_addr: str, master_port: int) -> dict[str, s
         "WORLD_SIZE": str(slot.size),
         "LOCAL_RANK": str(slot.local_rank),
         "LOCAL_WORLD_SIZE": str(slot.local_size),
-        "GROUP_RANK": str(slot.cross_rank),
-        "GROUP_WORLD_SIZE": str(slot.cross_size),
+        "GROUP_RANK": str(slot.group_rank),
+        "GROUP_WORLD_SIZE": str(slot.group_size),
         "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(master_port),
     }

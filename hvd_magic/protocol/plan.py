@@ -12,19 +12,23 @@ __all__ = ["GlooSlot", "PlanHost", "SparkPlan", "gpu_for_local_rank"]
 
 @dataclass(frozen=True)
 class GlooSlot:
-    """One rank's place in Horovod's layout (what horovodrun --gloo hands each rank)."""
+    """One rank's place in Horovod's layout (what horovodrun --gloo hands each rank), and its
+    host's among the hosts (torchrun's ``GROUP_RANK``)."""
 
     hostname: str
     rank: int
     size: int
     local_rank: int
     local_size: int
-    cross_rank: int
+    cross_rank: int  # among the hosts that have a rank of this local rank (Horovod's cross_<local_rank>)
     cross_size: int
+    group_rank: int = 0  # its host's place among the hosts
+    group_size: int = 1
 
     def env(self) -> dict[str, str]:
         """``HOROVOD_RANK``, ``HOROVOD_HOSTNAME``, ...: the rank's Gloo environment."""
-        return {f"HOROVOD_{key.upper()}": str(value) for key, value in dataclasses.asdict(self).items()}
+        horovod = ("hostname", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")
+        return {f"HOROVOD_{key.upper()}": str(getattr(self, key)) for key in horovod}
 
 
 @dataclass(frozen=True)
