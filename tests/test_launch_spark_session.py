@@ -140,3 +140,35 @@ def test_a_cancel_by_tag_is_bounded_whatever_spark_does():
     assert not sessions.cancel_tag(_Answering(never), "run-3", timeout=0.5)
     assert time.monotonic() - began < 30  # returned at its bound, not when Spark answers
     never.set()
+
+
+def test_an_interrupt_before_any_task_began_cancels_the_stage_at_once(monkeypatch):
+    """The stage waits for slots (a busy cluster) and the cell is interrupted: the stop waited
+    12 s for confirmations no task could send, then 10 s for the job, before Spark was told to
+    cancel. Spark's side is a stand-in here: a session whose stage ends when its tag is cancelled."""
+    from hvd_magic.hub import Hub
+    from hvd_magic.launch.spark import SparkLauncher
+
+    monkeypatch.setenv("HVD_MAGIC_DRIVER_HOST", "127.0.0.1")
+    cancelled = threading.Event()
+    session = SimpleNamespace(
+        conf=SimpleNamespace(get=lambda key, default=None: default),
+        addTag=lambda tag: None,
+        removeTag=lambda tag: None,
+        interruptTag=lambda tag: cancelled.set() or [],
+    )
+
+    class WaitingStage:
+        def collect(self) -> None:
+            cancelled.wait(120)
+            raise RuntimeError("Job 1 cancelled part of cancelled job tag")
+
+    launcher = SparkLauncher(2, "gloo", session)
+    launcher.hub = Hub("127.0.0.1", b"")
+    try:
+        launcher._job.start(WaitingStage, lambda: launcher._ending is not None, lambda stage: None)
+        began = time.monotonic()
+        assert launcher.stop() is not None
+        assert cancelled.is_set() and time.monotonic() - began < 8  # not 22 s: told at once
+    finally:
+        launcher.hub.close()

@@ -223,6 +223,9 @@ class SparkLauncher(Launcher):
         self.release(Abort())
         if self._ended_well():  # every task confirmed already: nothing to wait for, or ask Spark
             self._job.leave()
+        elif not self._joins:  # no task began (the stage waits for slots): none can confirm
+            cancel_tag(self.session, self.tag, END_SECONDS)
+            self._job.join()
         else:
             self._wait_for_confirmations()
             if self._lost or self._executors_lost():  # their tasks never end: cancel at once; the
