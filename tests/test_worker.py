@@ -13,6 +13,9 @@ def test_gpu_for_local_rank():
     # torch.distributed ranks pick cuda:LOCAL_RANK: all the host's slots, in local-rank order
     assert gpu_for_local_rank('[["3"], ["5"]]', 1, by_local_rank=True) == "3,5"
     assert gpu_for_local_rank('[["0", "1"], ["2", "3"]]', 1, by_local_rank=True) == "2,3"  # not one each
+    # two tasks sharing GPU 0 (gpu.amount=0.5): "0,0" hid every device from CUDA
+    assert gpu_for_local_rank('[["0"], ["0"]]', 1, by_local_rank=True) == "0"
+    assert gpu_for_local_rank('[["0"], ["0"]]', 0) == "0"
 
 
 def test_shard_for_local_rank():

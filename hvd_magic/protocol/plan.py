@@ -79,13 +79,19 @@ def gpu_for_local_rank(slot_gpus: str | None, local_rank: int, by_local_rank: bo
     """CUDA_VISIBLE_DEVICES for this rank: the GPUs Spark gave the slot of ``local_rank``.
 
     ``by_local_rank`` (torch.distributed ranks, whose code picks ``cuda:LOCAL_RANK``, as under
-    torchrun) with one GPU a slot: every slot's GPU on the host, in local-rank order, so that
-    device ``LOCAL_RANK`` is the rank's own."""
+    torchrun) with one GPU a slot, each its own: every slot's GPU on the host, in local-rank
+    order, so that device ``LOCAL_RANK`` is the rank's own. Slots that share a GPU (Spark's
+    ``spark.task.resource.gpu.amount=0.5``) see theirs once: a device listed twice hides every
+    device from CUDA."""
     if not slot_gpus:
         return None
     slots = json.loads(slot_gpus)
     if local_rank >= len(slots) or not slots[local_rank]:
         return None
-    if by_local_rank and all(len(slot) == 1 for slot in slots):
+    if (
+        by_local_rank
+        and all(len(slot) == 1 for slot in slots)
+        and len({slot[0] for slot in slots}) == len(slots)
+    ):
         return ",".join(str(slot[0]) for slot in slots)
-    return ",".join(str(gpu) for gpu in slots[local_rank])
+    return ",".join(dict.fromkeys(str(gpu) for gpu in slots[local_rank]))
