@@ -7,6 +7,7 @@ import os
 import queue
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
@@ -47,6 +48,21 @@ def test_rsh_client_runs_command_through_agent(agent):
     assert done.stdout.strip() == "yes hvd-host-0"
     assert done.returncode == 7
     assert agent.launches == 1
+
+
+def test_a_command_that_comes_before_its_hosts_plan_waits_for_it():
+    """mpirun's rsh client can reach an executor's agent before that executor's task applied the
+    launch plan: the ranks started without their GPUs, shards or thread budget."""
+    keys = RunKeys.generate()
+    late = ExecAgent("127.0.0.1", keys, "", {})
+    try:
+        placing = threading.Timer(1.0, late.place, args=("hvd-host-0", {"FROM_AGENT": "placed"}))
+        placing.start()
+        done = _rsh(late, keys.client_token(), "hvd-host-0", "echo $FROM_AGENT $HVD_MAGIC_VIA_AGENT")
+        placing.join()
+    finally:
+        late.close()
+    assert done.stdout.strip() == "placed hvd-host-0" and done.returncode == 0
 
 
 def test_wrong_keys_run_nothing(agent):

@@ -42,6 +42,7 @@ PING_SECONDS = 1.0
 # Generous (a loaded machine can starve a thread for seconds), yet short enough that a host cut
 # off from the others is reported, and its ranks stopped, within 30 s of the cut.
 PING_TIMEOUT = 12.0
+PLACED_SECONDS = 60.0  # an Exec that came before this host's plan waits this long for it
 
 
 class ExecAgent(CurveServer):
@@ -57,6 +58,9 @@ class ExecAgent(CurveServer):
     ) -> None:
         self.host_token = host_token
         self.host_env = host_env
+        self._placed = threading.Event()  # this host's token and environment are known
+        if host_token:
+            self._placed.set()
         self.say = say  # what it decides on its own, to the notebook (the task's client)
         self.launches = 0
         self._children: dict[bytes, subprocess.Popen[bytes]] = {}
@@ -67,9 +71,19 @@ class ExecAgent(CurveServer):
         self._watchdog = threading.Thread(target=self._watch, daemon=True)
         self._watchdog.start()
 
+    def place(self, host_token: str, host_env: dict[str, str]) -> None:
+        """This host's token and its ranks' environment (its slots' GPUs, its shards, ...), from
+        the launch plan; an ``Exec`` waits for them."""
+        self.host_token, self.host_env = host_token, host_env
+        self._placed.set()
+
     def handle(self, message: Message) -> None:
         record = message.record
-        if isinstance(record, Exec):
+        if isinstance(record, Exec) and not self._placed.wait(PLACED_SECONDS):
+            # mpirun reached this host before its task applied the plan, and it never did
+            self.say(f"hvd_magic: the ranks of this executor were not placed within {PLACED_SECONDS:.0f} s")
+            self.send_to(message.identity, Exit(1))
+        elif isinstance(record, Exec):
             # Started from the server thread, which lives as long as the agent: the child's
             # PDEATHSIG then fires only if the whole task dies.
             self._start(message.identity, record.command)

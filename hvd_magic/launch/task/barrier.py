@@ -197,14 +197,14 @@ def _mpi_task(
     spec: TaskSpec, plan: SparkPlan, partition: int, agent: ExecAgent, client: HubClient, server: str | None
 ) -> int:
     host = plan.host_of(partition)
-    if host.partitions[0] == partition:
-        agent.host_token = host.token
+    if host.partitions[0] == partition:  # (mpirun may reach the agent first: its Exec waits)
         local_ranks = len(host.partitions)
-        agent.host_env = {ENV_SLOT_GPUS: json.dumps(host.gpus), ENV_SHARDS: json.dumps(host.shards)}
-        agent.host_env |= processes.thread_budget_env(local_ranks, local_ranks * spec.task_cpus, spec.env)
-        agent.host_env |= tcp_interface_env(interface_of(host.ip), os.environ | spec.env)
+        env = {ENV_SLOT_GPUS: json.dumps(host.gpus), ENV_SHARDS: json.dumps(host.shards)}
+        env |= processes.thread_budget_env(local_ranks, local_ranks * spec.task_cpus, spec.env)
+        env |= tcp_interface_env(interface_of(host.ip), os.environ | spec.env)
         if server:  # this host's ranks are forked from this task's server
-            agent.host_env[ENV_FORK_SERVER] = server
+            env[ENV_FORK_SERVER] = server
+        agent.place(host.token, env)
     process = _start_mpirun(spec, plan, agent) if partition == plan.mpirun_partition else None
     return hold_slot(client, process)
 
