@@ -160,6 +160,8 @@ def test_a_failing_rank_is_named():
         TorchDistributor(num_processes=2, use_gpu=False).run(failing_on_rank_1)
     assert info.value.rank == 1 and info.value.exc_type == "ValueError"
     assert str(info.value).startswith("rank 1") and "bad batch on rank 1" in str(info.value)
+    first = info.value.remote_traceback.split("\n", 2)[1]  # the user's frame, not run_train_function's
+    assert "failing_on_rank_1" in first and "run_train_function" not in info.value.remote_traceback
     assert leftover_processes() == []
 
 

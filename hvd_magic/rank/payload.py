@@ -8,6 +8,8 @@ from __future__ import annotations
 import ast
 import bdb
 import linecache
+import os
+import runpy
 import sys
 import traceback
 import types
@@ -55,10 +57,20 @@ def load_payload(blob: bytes) -> CellPayload | FunctionPayload:
     return payload
 
 
+# Frames before the user's: this module's, TorchDistributor's calls of a function or a script
+# (rank/distributor.py), and runpy's, which runs a script
+_OURS = {
+    __file__,
+    os.path.join(os.path.dirname(__file__), "distributor.py"),
+    runpy.__file__,
+    "<frozen runpy>",
+}
+
+
 def _user_frames(err: BaseException) -> types.TracebackType | None:
     """The traceback without the worker's own frames: the user's story starts in their code."""
     tb: types.TracebackType | None = err.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+    while tb is not None and tb.tb_frame.f_code.co_filename in _OURS:
         tb = tb.tb_next
     return tb
 
