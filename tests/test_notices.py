@@ -5,6 +5,7 @@ notice). A whole run stopped by a notice is in test_retry."""
 from __future__ import annotations
 
 import json
+import queue
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,6 +21,7 @@ class Metadata(BaseHTTPRequestHandler):
     """EC2 (IMDSv2), Compute Engine and Azure's metadata, with or without a notice."""
 
     noticed = False
+    azure_answer: str | None = None  # an odd answer of Azure's, where set
 
     def _answer(self, status: int, body: str = "") -> None:
         self.send_response(status)
@@ -44,6 +46,8 @@ class Metadata(BaseHTTPRequestHandler):
         if self.path.startswith("/metadata/scheduledevents"):
             if self.headers.get("Metadata") != "true":
                 return self._answer(400)
+            if type(self).azure_answer is not None:
+                return self._answer(200, type(self).azure_answer)
             events = (
                 [{"EventType": "Preempt", "NotBefore": "Fri, 27 Nov 2026 10:00:00 GMT"}] if noticed else []
             )
@@ -62,7 +66,7 @@ def metadata(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[Metadata]]:
     monkeypatch.setattr(notices, "AWS", f"{base}/latest")
     monkeypatch.setattr(notices, "GCP", f"{base}/computeMetadata/v1/instance/preempted")
     monkeypatch.setattr(notices, "AZURE", f"{base}/metadata/scheduledevents?api-version=2020-07-01")
-    Metadata.noticed = False
+    Metadata.noticed, Metadata.azure_answer = False, None
     yield Metadata
     server.shutdown()
 
@@ -101,3 +105,41 @@ def test_a_file_notice_and_what_is_refused(tmp_path, monkeypatch):
     assert notices.watcher() is None
     assert preemption_error("AWS") is None and preemption_error(f"file:{path}") is None
     assert "say where each rank looks" in (preemption_error("file:") or "")
+
+
+@pytest.mark.parametrize("answer", ['{"Events": null}', "[]", '{"Events": ["soon"]}', '{"Events": 3}'])
+def test_an_odd_answer_of_azures_is_no_notice(metadata, monkeypatch, answer):
+    """It raised (TypeError, AttributeError) and ended the rank's watch for good."""
+    monkeypatch.setenv(ENV_PREEMPTION, "azure")
+    metadata.azure_answer = answer
+    assert notices.azure() is None
+
+
+def test_the_watch_goes_on_after_a_look_that_failed_and_tells_the_first_notice(tmp_path, monkeypatch):
+    """One look that raised (a notice file's bytes that are not UTF-8 once did) ended the watch:
+    no notice after it reached the notebook."""
+    path = tmp_path / "notice"
+    path.write_bytes(b"\xff\xfe reclaimed")
+    monkeypatch.setenv(ENV_PREEMPTION, f"file:{path}")
+    assert "reclaimed" in (notices.watcher()() or "")  # read, whatever its bytes
+    looks = iter([RuntimeError("a metadata service's odd answer"), None, "reclaimed in 2 minutes"])
+
+    def look():
+        said = next(looks)
+        if isinstance(said, Exception):
+            raise said
+        return said
+
+    class Client:
+        def __init__(self) -> None:
+            self.told: queue.Queue[object] = queue.Queue()
+
+        def send(self, record: object) -> bool:
+            self.told.put(record)
+            return True
+
+    monkeypatch.setattr(notices, "watcher", lambda: look)
+    monkeypatch.setattr(notices, "FILE_LOOK_SECONDS", 0.01)
+    client = Client()
+    notices.watch(client)  # type: ignore[arg-type]
+    assert client.told.get(timeout=30).text == "reclaimed in 2 minutes"

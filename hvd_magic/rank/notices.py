@@ -15,6 +15,7 @@ asks every rank to checkpoint at its next ``hvd_magic.stopping()``, as for Spark
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import threading
@@ -41,7 +42,7 @@ def _get(url: str, headers: dict[str, str], method: str = "GET") -> str | None:
     try:
         with _DIRECT.open(request, timeout=_TIMEOUT) as answer:
             return str(answer.read().decode("utf-8", "replace"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, http.client.HTTPException):  # (a body cut short: IncompleteRead)
         return None
 
 
@@ -60,10 +61,12 @@ def gcp() -> str | None:
 def azure() -> str | None:
     answer = _get(AZURE, {"Metadata": "true"})
     try:
-        events = json.loads(answer or "{}").get("Events", [])
+        found = json.loads(answer or "{}")
     except ValueError:
         return None
-    going = [event for event in events if event.get("EventType") in ("Preempt", "Terminate")]
+    events = found.get("Events") if isinstance(found, dict) else None
+    listed = events if isinstance(events, list) else []  # (an odd answer: no notice)
+    going = [e for e in listed if isinstance(e, dict) and e.get("EventType") in ("Preempt", "Terminate")]
     if not going:
         return None
     return f"Azure scheduled event: {going[0].get('EventType')} at {going[0].get('NotBefore', 'soon')}"
@@ -72,7 +75,7 @@ def azure() -> str | None:
 def _file(path: str) -> Callable[[], str | None]:
     def look() -> str | None:
         try:
-            with open(path, encoding="utf-8") as notice:
+            with open(path, encoding="utf-8", errors="replace") as notice:
                 said = notice.readline().strip()
         except OSError:
             return None
@@ -102,9 +105,11 @@ def watch(client: HubClient) -> None:
     def loop() -> None:
         stop = threading.Event()
         while not stop.wait(every):
-            said = look()
-            if said:
-                client.send(Noticed(said))
+            try:
+                said = look()
+            except Exception:  # noqa: BLE001 - one odd answer: look again (the thread is the watch)
+                continue
+            if said and client.send(Noticed(said)):  # (not sent, the queue full: told at the next look)
                 return
 
     threading.Thread(target=loop, name="hvd_magic-notices", daemon=True).start()
