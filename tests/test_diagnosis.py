@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 from hvd_magic import RankFailedError, RunError, RunTimeout
 from hvd_magic.errors import FailureClass
 from hvd_magic.launch.processes import death_of
@@ -212,6 +214,19 @@ def test_a_stall_is_described_and_does_not_count_as_progress():
     )
     record.apply(Message(Reports(0), 0), at=70.0)  # the stalled rank moved on
     assert stall_text(record, now=71.0) == ""
+    crossed = Stall([0, 1], [["allreduce.b"], ["allreduce.a"]], 15.0)  # each waits for the other's
+    record.apply(Message(crossed, 0), at=80.0)
+    assert stall_text(record, now=90.0) == (  # "(ranks  waiting ...)", no rank named
+        "stalled: rank 0 never submitted allreduce.b; rank 1 never submitted allreduce.a (every rank "
+        "waiting over 25 s for a tensor another never submitted: the ranks' calls do not match)"
+    )
+
+
+def test_a_rank_killed_by_a_real_time_signal_is_named():
+    """signal.Signals names only the first and last real-time signals: 40 raised ValueError."""
+    assert (
+        death_of(1, -(signal.SIGRTMIN + 6)).what == f"was killed by signal {signal.SIGRTMIN + 6} (SIGRTMIN+6)"
+    )
 
 
 GLOO_TIMEOUT = RankError(

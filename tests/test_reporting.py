@@ -116,6 +116,24 @@ def test_values_are_coerced_to_numbers(no_flusher: None) -> None:
     assert records[0]["metrics"] == {"loss": 0.25}
 
 
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ({"loss": None}, "each metric is one number .*; not loss \\(NoneType\\)"),
+        ({"loss": [1.0, 2.0]}, "each metric is one number .*; not loss \\(list\\)"),
+        ({"step": "ten"}, "step must be a whole number, got 'ten'"),
+        ({"step": float("nan")}, "step must be a whole number, got nan"),
+        ({"step": 2.7}, "step must be a whole number, got 2.7"),
+        ({"epoch": "x"}, "epoch must be a whole number"),
+    ],
+)
+def test_a_value_that_is_no_number_is_named(no_flusher: None, given: dict[str, Any], said: str) -> None:
+    """They raised from inside hvd_magic without a name (TypeError, ValueError), or 2.7 was cut to step 2."""
+    reporting.attach(FakeClient())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=f"hvd_magic.report\\(\\): {said}"):
+        reporting.report(**given)
+
+
 def test_background_thread_flushes_without_detach() -> None:
     client = FakeClient()
     reporting.attach(client)  # type: ignore[arg-type]

@@ -170,11 +170,21 @@ class RankDeath:
         return f"rank {self.rank}{f' on {where}' if where else ''} {self.what}"
 
 
+def _signal_name(number: int) -> str:
+    """'SIGKILL'; a real-time signal's 'SIGRTMIN+6' (signal.Signals names only the first and last)."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        if signal.SIGRTMIN < number < signal.SIGRTMAX:
+            return f"SIGRTMIN+{number - signal.SIGRTMIN}"
+        return "?"
+
+
 def death_of(rank: int, code: int, host: str = "", memory: MemoryWatch | None = None) -> RankDeath:
     """Describe a rank process's exit status (Popen's: negative for a signal); ``memory`` is the
     watch of its memory cgroup, taken when it started (None where it could not be read)."""
     if code < 0:
-        name = signal.Signals(-code).name if -code in signal.valid_signals() else "?"
+        name = _signal_name(-code)
         what = f"was killed by signal {-code} ({name})"
         if -code == signal.SIGKILL and memory is not None and (oom := memory.oom_kill()) is not None:
             return RankDeath(rank, oom.text(), host, failure=FailureClass.OOM)

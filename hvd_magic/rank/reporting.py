@@ -131,17 +131,46 @@ def report(
         return
     record: dict[str, Any] = {"t": time.time()}
     if step is not None:
-        record["step"] = int(step)
+        record["step"] = _whole("step", step)
         waited = collective_time.waited()
         if waited is not None:
             record["w"] = round(waited, 6)  # its own time is "t" less this (see stragglers)
     if total is not None:
-        record["total"] = int(total)
+        record["total"] = _whole("total", total)
     if epoch is not None:
-        record["epoch"] = int(epoch)
+        record["epoch"] = _whole("epoch", epoch)
     if metrics:
-        record["metrics"] = {name: float(value) for name, value in metrics.items()}
+        try:
+            record["metrics"] = {name: float(value) for name, value in metrics.items()}
+        except (TypeError, ValueError):
+            raise _not_numbers(metrics) from None
     reporter.add(record)
+
+
+def _whole(name: str, value: Any) -> int:
+    """``value`` as a whole number, or a TypeError that names it (2.7 was cut to 2, nan raised
+    from int())."""
+    try:
+        whole = int(value)
+    except (TypeError, ValueError, OverflowError):
+        whole = None
+    if whole is None or (isinstance(value, float) and value != whole):
+        raise TypeError(f"hvd_magic.report(): {name} must be a whole number, got {value!r}") from None
+    return whole
+
+
+def _not_numbers(metrics: dict[str, Any]) -> TypeError:
+    """The metrics that are no number (None, a list, a tensor of many values), named."""
+    bad = []
+    for name, value in metrics.items():
+        try:
+            float(value)
+        except (TypeError, ValueError):
+            bad.append(f"{name} ({type(value).__name__})")
+    return TypeError(
+        "hvd_magic.report(): each metric is one number (a float, an int, a one-value tensor); "
+        f"not {', '.join(bad)}"
+    )
 
 
 FILE_CHUNK_BYTES = 4 * 1024 * 1024

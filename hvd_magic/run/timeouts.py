@@ -74,6 +74,11 @@ def stall_text(record: RunRecord, now: float) -> str:
     waiting = [rank for rank in range(record.ranks) if rank not in stall.ranks]
     who = f"rank {waiting[0]}" if len(waiting) == 1 else f"ranks {', '.join(map(str, waiting))}"
     seconds = now - record.stall.since + stall.threshold
+    if not waiting:  # each rank waits for a tensor another never submitted
+        return (
+            f"stalled: {stall.missing()} (every rank waiting over {seconds:.0f} s for a tensor another "
+            "never submitted: the ranks' calls do not match)"
+        )
     return f"stalled: {stall.missing()} ({who} waiting over {seconds:.0f} s)"
 
 
