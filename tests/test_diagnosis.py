@@ -260,6 +260,11 @@ def test_the_rank_not_waiting_when_the_others_timed_out_is_behind():
     assert left_behind(record_of(2, (0, waiting), (1, elsewhere), (0, GLOO_TIMEOUT))).rank == 1
     # A wait that ended is no longer a wait.
     assert record_of(2, (0, waiting), (0, Waiting())).waits == {}
+    # Rank 1's wait in the call just ended (its own timeout on its way), rank 2 was elsewhere:
+    # rank 2 is behind, not rank 1
+    four = [(rank, Started(f"h{rank}", rank, rank, 4)) for rank in range(4)]
+    ended = record_of(4, *four, (0, waiting), (1, waiting), (2, elsewhere), (1, Waiting()), (0, GLOO_TIMEOUT))
+    assert ended.waits.keys() == {0, 2} and left_behind(ended).rank == 2
 
 
 def test_a_timed_out_call_is_named_however_the_end_of_its_wait_is_folded_in():

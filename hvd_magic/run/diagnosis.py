@@ -258,7 +258,8 @@ def left_behind(record: RunRecord) -> RankFailedError | None:
         return None
     late, wait = found
     failed = {f.rank for f in record.errors}
-    alongside = {rank for rank, other in record.waits.items() if other.call == wait.call}
+    # the others waiting in the call, or until just now (their own failure in it still on its way)
+    alongside = {r for r in range(record.ranks) if (other := record.last_wait(r)) and other.call == wait.call}
     gone = failed | alongside | set(record.exited)
     behind = [rank for rank in range(record.ranks) if rank not in gone]
     if not behind:
