@@ -221,6 +221,30 @@ def test_soak_many_runs_leave_nothing_behind(ip):
     assert after == before, f"after {runs} runs: {before} -> {after}"
 
 
+HELD_OUTPUT = """
+import os, pathlib, subprocess
+child = subprocess.Popen(["sleep", "300"])  # inherits the rank's stdout and stderr
+pathlib.Path({marks!r}, f"child-{{os.getpid()}}").write_text(str(child.pid))
+print("a child holds my output", flush=True)
+"""
+
+
+def test_a_child_that_holds_a_ranks_output_does_not_hold_the_ranks_end(ip, tmp_path, capsys):
+    """Each rank's end waited 10 s for pipes a child of it still held open. (The child itself
+    outlives its rank: stopping a rank's own children is not the run's to do yet.)"""
+    began = time.monotonic()
+    try:
+        ip.run_cell_magic("horovod", "np=-2 launcher=gloo", HELD_OUTPUT.format(marks=str(tmp_path)))
+        took = time.monotonic() - began
+    finally:
+        children = [psutil.Process(int(p.read_text())) for p in tmp_path.glob("child-*")]
+        for child in children:
+            child.kill()
+        psutil.wait_procs(children, timeout=30)
+    assert len(children) == 2 and capsys.readouterr().out.count("a child holds my output") == 2
+    assert took < 8, took  # a cold cell takes 1 to 3 s here; the wait was 10 s a rank
+
+
 def test_a_value_the_notebook_cannot_load_is_a_clear_error(ip):
     cell = "class Local:\n    def __reduce__(self):\n        return (open, ('/nonexistent/x',))\nLocal()"
     with pytest.raises(RunError, match="could not be loaded in the notebook.*End the cell with ';'"):

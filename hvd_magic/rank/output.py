@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 
 from hvd_magic.protocol import Log
 from hvd_magic.protocol.env import TF_LEVEL_VARIABLE
@@ -16,6 +17,7 @@ from hvd_magic.rank.tf_logs import TfLogFilter, min_level
 __all__ = ["OutputForwarder", "take_token"]
 
 _CHUNK = 65536
+CLOSE_SECONDS = 1.0  # after the last sync: for the pipes' end (none of the rank's own output is left)
 
 
 def take_token(data: bytes, token: bytes | None) -> tuple[bytes, bytes, bool]:
@@ -94,11 +96,14 @@ class OutputForwarder:
             event.wait(timeout)
 
     def close(self) -> None:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        """What the rank wrote, sent; then the pipes are let go. A child the rank started may
+        hold them open for ever (a helper process, a loader's workers): their end is not awaited
+        beyond ``CLOSE_SECONDS`` (each rank's end waited 10 s on one)."""
+        self.sync()
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
         os.close(devnull)
+        deadline = time.monotonic() + CLOSE_SECONDS
         for thread in self.threads:
-            thread.join(timeout=5)
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
