@@ -221,6 +221,31 @@ def test_soak_many_runs_leave_nothing_behind(ip):
     assert after == before, f"after {runs} runs: {before} -> {after}"
 
 
+KILLED_THEN_ABORTED = """
+import os, pathlib, time
+from hvd_magic.protocol.env import rank_from_env
+if rank_from_env()[0] == 1:
+    pathlib.Path({marks!r}, "pid").write_text(str(os.getpid()))
+    os.kill(os.getpid(), 9)  # as the OOM killer would
+while not pathlib.Path({marks!r}, "pid").exists():
+    time.sleep(0.05)
+pid = int(pathlib.Path({marks!r}, "pid").read_text())
+while os.path.exists(f"/proc/{{pid}}"):
+    time.sleep(0.05)
+time.sleep(2)  # 20 of the notebook's looks at its ranks
+os.abort()  # what a communication library's watchdog does once its peer is gone
+"""
+
+
+def test_the_rank_that_died_first_is_named_the_cause_not_the_lowest_numbered(ip, tmp_path):
+    """Deaths were listed in rank order once every rank had ended: rank 0's abort, a
+    consequence, was named the cause of rank 1's kill."""
+    with pytest.raises(RunError) as info:
+        ip.run_cell_magic("horovod", "np=-2 launcher=gloo", KILLED_THEN_ABORTED.format(marks=str(tmp_path)))
+    said = str(info.value)
+    assert "rank 1" in said.split("rank 0")[0] and "signal 9" in said, said
+
+
 HELD_OUTPUT = """
 import os, pathlib, subprocess
 child = subprocess.Popen(["sleep", "300"])  # inherits the rank's stdout and stderr

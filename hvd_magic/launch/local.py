@@ -11,7 +11,7 @@ import tempfile
 from typing import TYPE_CHECKING
 
 from hvd_magic.data.source import local_shards
-from hvd_magic.errors import LaunchError
+from hvd_magic.errors import FailureClass, LaunchError
 from hvd_magic.launch.base import Launcher
 from hvd_magic.launch.gloo import GlooStore, LoopbackStoreServer, gloo_env, gloo_slots
 from hvd_magic.launch.memory_cgroup import MemoryWatch
@@ -136,14 +136,25 @@ class _ProcessPerRankLauncher(_ProcessGroupLauncher):
         codes = {rank: process.poll() for rank, process in enumerate(self.processes)}
         return {rank: code for rank, code in codes.items() if code is not None}
 
+    def poll(self) -> int | None:
+        self._note_deaths()  # at every look: the first death is the cause, named first
+        return super().poll()
+
     def deaths(self) -> list[RankDeath]:
-        """Processes are in rank order; each death is kept in the order it was first seen."""
-        seen = {death.rank for death in self._deaths}
-        for rank, process in enumerate(self.processes):
-            code = process.poll()
-            if code and rank not in seen:
-                self._deaths.append(death_of(rank, code, memory=self.memory[rank]))
+        """Each death in the order it was first seen (a poll ten times a second); of those seen
+        at once, a kill (the OOM killer's) before what it brings about (another rank's abort)."""
+        self._note_deaths()
         return list(self._deaths)
+
+    def _note_deaths(self) -> None:
+        seen = {death.rank for death in self._deaths}
+        new = [
+            death_of(rank, code, memory=self.memory[rank])
+            for rank, process in enumerate(self.processes)
+            if (code := process.poll()) and rank not in seen
+        ]
+        kills = (FailureClass.OOM, FailureClass.KILLED)
+        self._deaths += sorted(new, key=lambda death: death.failure not in kills)
 
 
 class LocalGlooLauncher(_ProcessPerRankLauncher):
