@@ -130,7 +130,11 @@ class LocalMpiLauncher(_ProcessGroupLauncher):
 class _ProcessPerRankLauncher(_ProcessGroupLauncher):
     """One process per rank, started here in rank order: each death is seen in its status."""
 
-    _deaths: list[RankDeath]
+    def __init__(
+        self, np: int, cwd: str | None = None, shards: list[str] | None = None, warm: tuple[str, ...] = ()
+    ) -> None:
+        super().__init__(np, cwd, shards, warm)
+        self._deaths: list[RankDeath] = []  # in the order first seen (a poll may come before start)
 
     def exited(self) -> dict[int, int]:
         codes = {rank: process.poll() for rank, process in enumerate(self.processes)}
@@ -166,7 +170,6 @@ class LocalGlooLauncher(_ProcessPerRankLauncher):
 
     def start(self, hub: Hub, env: dict[str, str]) -> None:
         slots = gloo_slots([("localhost", self.np)])
-        self._deaths = []
         self._server = LoopbackStoreServer(GlooStore(slots).request)
         base, command = self.base_env(env), self.rank_command(env)
         for slot in slots:
@@ -188,7 +191,6 @@ class LocalTorchLauncher(_ProcessPerRankLauncher):
     _held: socket.socket | None = None  # rank 0's store's port, held until the ranks are gone
 
     def start(self, hub: Hub, env: dict[str, str]) -> None:
-        self._deaths = []
         self._held = reserve_port()
         base, port, command = self.base_env(env), self._held.getsockname()[1], self.rank_command(env)
         for slot in gloo_slots([("localhost", self.np)]):
