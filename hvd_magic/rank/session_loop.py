@@ -11,8 +11,10 @@ an interrupt that comes as a cell ends can never land in the loop between cells.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
+import threading
 import types
 from collections.abc import Callable
 from typing import Any
@@ -38,16 +40,26 @@ from hvd_magic.rank.payload import report_error, run_payload, user_call
 __all__ = ["serve"]
 
 
-def _in_user_code(frame: types.FrameType | None) -> bool:
+def _in(code: types.CodeType, frame: types.FrameType | None) -> bool:
     while frame is not None:
-        if frame.f_code is user_call.__code__:
+        if frame.f_code is code:
             return True
         frame = frame.f_back
     return False
 
 
+def _in_user_code(frame: types.FrameType | None) -> bool:
+    return _in(user_call.__code__, frame)
+
+
+RETAKE_SECONDS = 0.01  # an interrupt that came while a message was being sent: taken again after
+
+
 def _sigint_handler(inbox: Inbox) -> Callable[[int, types.FrameType | None], None]:
     def handle(signum: int, frame: types.FrameType | None) -> None:
+        if _in(HubClient.send.__code__, frame):  # between a message's frames: it would be cut in two
+            threading.Timer(RETAKE_SECONDS, os.kill, (os.getpid(), signal.SIGINT)).start()
+            return
         if inbox.interrupting:  # ours: for one cell, and only while its code runs
             cell, inbox.interrupting = inbox.interrupting, 0
             if cell == inbox.busy and _in_user_code(frame):
