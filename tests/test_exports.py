@@ -152,6 +152,20 @@ def test_timeline_all_names_resolve() -> None:
 HEAVY = ("torch", "tensorflow", "keras", "pyspark", "ipywidgets", "anywidget")
 
 
+def _python_here(code: str, *args: str) -> list[str]:
+    """The lines ``code`` printed, run by a fresh interpreter in this checkout."""
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()
+
+
 def test_import_is_cheap() -> None:
     code = (
         "import json, sys\n"
@@ -161,16 +175,7 @@ def test_import_is_cheap() -> None:
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('hvd_magic', 'zmq'))))\n"
         "print(json.dumps(hvd_magic.__file__))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code, *HEAVY],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        cwd=Path(__file__).resolve().parents[1],
-    )
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.strip().splitlines()
+    lines = _python_here(code, *HEAVY)
     repo = Path(__file__).resolve().parents[1]
     assert Path(json.loads(lines[-1])).resolve().is_relative_to(repo)  # this checkout's package
     assert json.loads(lines[-3]) == []
@@ -210,16 +215,7 @@ print(json.dumps(sorted(m for m in loaded if m in owners
 def test_loading_the_extension_needs_only_the_declared_dependencies() -> None:
     """A plain ``pip install hvd_magic`` loads the extension: numpy, imported by the live
     view's model at ``%load_ext``, was in no dependency but an extra's."""
-    done = subprocess.run(
-        [sys.executable, "-c", UNDECLARED],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        cwd=Path(__file__).resolve().parents[1],
-    )
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+    assert json.loads(_python_here(UNDECLARED)[-1]) == []
 
 
 def test_dir_lists_every_public_name_before_its_first_use() -> None:

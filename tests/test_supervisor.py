@@ -35,6 +35,8 @@ from .helpers import RecordingView
 
 pytestmark = pytest.mark.timeout(10)
 SHUT_DOWN = RankError("vm", "HorovodInternalError", "Horovod has been shut down")
+# two ranks start on host a, and Horovod shuts down under rank 0 (rank 1 died without a word)
+SHUT_DOWN_UNDER_RANK_0 = [send(0, Started("a", 1, 0, 2)), send(1, Started("a", 2, 1, 2)), send(0, SHUT_DOWN)]
 
 
 def run(
@@ -173,9 +175,7 @@ def test_the_cause_arriving_after_a_consequence_is_named():
 
 def test_a_silent_death_seen_by_the_launcher_is_named():
     launcher = ScriptedLauncher(
-        on_start=[send(0, Started("a", 1, 0, 2)), send(1, Started("a", 2, 1, 2)), send(0, SHUT_DOWN)],
-        code=None,
-        seen_deaths=[death_of(1, -9, "a")],
+        on_start=SHUT_DOWN_UNDER_RANK_0, code=None, seen_deaths=[death_of(1, -9, "a")]
     )
     supervisor, _, view = run(launcher)
     said = r"rank 1 on a failed \(killed from outside\): it was killed by signal 9"
@@ -196,11 +196,7 @@ class StopKills(ScriptedLauncher):
 
 
 def test_only_the_ranks_dead_before_the_stop_are_shown_failed():
-    launcher = StopKills(
-        on_start=[send(0, Started("a", 1, 0, 2)), send(1, Started("a", 2, 1, 2)), send(0, SHUT_DOWN)],
-        code=None,
-        seen_deaths=[death_of(1, -9, "a")],
-    )
+    launcher = StopKills(on_start=SHUT_DOWN_UNDER_RANK_0, code=None, seen_deaths=[death_of(1, -9, "a")])
     supervisor, _, view = run(launcher)
     with pytest.raises(RankFailedError, match="rank 1 on a failed"):
         supervisor.supervise()

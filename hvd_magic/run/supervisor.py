@@ -146,7 +146,7 @@ class Run:
     def _finish(self, error: BaseException | None) -> None:
         """Stop the launcher, say what it could not stop (on ``error``), the last messages; close."""
         with interrupts_deferred():  # pressing stop again must not cut the clean-up short
-            failed = isinstance(error, RunError) and error.failure is not None  # a rank's failure ended it
+            failed = error if isinstance(error, RunError) and error.failure is not None else None
             dead = {d.rank for d in self.launcher.deaths()} - set(self.record.exited) if failed else set()
             leftovers = self.launcher.stop()  # (after it, every rank it stopped is a death too)
             self._pump(wait=0)
@@ -154,8 +154,8 @@ class Run:
             if leftovers:
                 note = f"still being stopped after the run: {'; '.join(leftovers)}"
                 self.view.notice(f"hvd_magic: {note}") if error is None else error.add_note(note)
-            if isinstance(error, RunError) and error.failure is not None:  # the class, in the record too
-                self.view.notice(f"hvd_magic: {diagnosis.failure_line(error)}")
+            if failed is not None:  # the class, in the record too
+                self.view.notice(f"hvd_magic: {diagnosis.failure_line(failed)}")
             for rank in sorted(dead):  # dead without a word: failed, not running
                 self._own(Message(Exit(-1), rank), self.clock())
             self.view.close()
